@@ -1,0 +1,427 @@
+"""The worker runtime: one wrapper runs every AI worker.
+
+Order, as in the seed diagram::
+
+    request -> validate input -> enforce constraints -> execute
+            -> validate output -> log line, metrics, span -> response
+
+A worker module holds only its domain logic (:class:`Worker`); everything
+else — contracts, deadlines, tool allow-lists, quotas, error mapping,
+telemetry — happens here, the same way for every worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import traceback
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from opentelemetry import trace
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.errors import (
+    InternalError,
+    InvalidInputError,
+    InvalidOutputError,
+    WorkerError,
+    WorkerTimeoutError,
+)
+from activities.jsonschema_cache import describe, validator_for
+from activities.metrics import WorkerMetrics
+from activities.toolbox import Toolbox
+from schemas.errors import ErrorCode, is_retryable
+from schemas.options import effective_timeout
+from schemas.protocol import (
+    ArtifactRef,
+    Observability,
+    RequestConstraints,
+    Usage,
+    WarningInfo,
+    WorkerRequest,
+    WorkerResponse,
+)
+from schemas.settings import Settings
+from schemas.spec import WorkerSpec
+
+log = logging.getLogger("aiworker.worker")
+tracer = trace.get_tracer("aiworker.runtime")
+
+
+@dataclass
+class WorkerResult:
+    """What a worker's ``execute`` returns; the runtime makes the response."""
+
+    outputs: dict[str, Any]
+    status: str = "succeeded"
+    warnings: list[WarningInfo] = field(default_factory=list)
+    artifacts: list[ArtifactRef] = field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    log_fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WorkerContext:
+    """Everything one worker call may use."""
+
+    request: WorkerRequest
+    spec: WorkerSpec
+    settings: Settings
+    tools: Toolbox
+    attempt: int
+    deadline: float
+    max_tokens: int | None
+    workflow_id: str | None = None
+    activity_id: str | None = None
+
+    def remaining(self) -> float:
+        """Seconds left before this attempt's deadline."""
+        return max(0.0, self.deadline - time.monotonic())
+
+    def heartbeat(self, *details: Any) -> None:
+        """Report progress of long work to Temporal (no-op outside an activity)."""
+        if activity.in_activity():
+            activity.heartbeat(*details)
+
+
+class Worker(Protocol):
+    """The domain logic of one AI worker."""
+
+    worker_id: ClassVar[str]
+
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult: ...
+
+
+def _field_of(loc: tuple[Any, ...] | list[Any]) -> str:
+    return ".".join(str(p) for p in loc) or "$"
+
+
+def tighten(spec: WorkerSpec, c: RequestConstraints) -> RequestConstraints:
+    """Check that ``c`` only tightens ``spec``; ``invalid_input`` names the loosened field."""
+    sc = spec.constraints
+    if c.timeout_seconds is not None and c.timeout_seconds > sc.timeout_seconds:
+        raise InvalidInputError(
+            f"constraints.timeout_seconds={c.timeout_seconds} loosens the spec's "
+            f"{sc.timeout_seconds}",
+            field="constraints.timeout_seconds",
+        )
+    if c.max_tokens is not None and sc.max_tokens is not None and c.max_tokens > sc.max_tokens:
+        raise InvalidInputError(
+            f"constraints.max_tokens={c.max_tokens} loosens the spec's {sc.max_tokens}",
+            field="constraints.max_tokens",
+        )
+    if c.tools_allowed is not None:
+        extra = sorted(set(c.tools_allowed) - set(sc.tools_allowed))
+        if extra:
+            raise InvalidInputError(
+                f"constraints.tools_allowed adds {extra} beyond the spec's {sc.tools_allowed}",
+                field="constraints.tools_allowed",
+            )
+    if (
+        c.max_external_calls is not None
+        and sc.max_external_calls is not None
+        and c.max_external_calls > sc.max_external_calls
+    ):
+        raise InvalidInputError(
+            f"constraints.max_external_calls={c.max_external_calls} loosens the spec's "
+            f"{sc.max_external_calls}",
+            field="constraints.max_external_calls",
+        )
+    return RequestConstraints(
+        timeout_seconds=effective_timeout(spec, c),
+        max_tokens=_min_opt(sc.max_tokens, c.max_tokens),
+        tools_allowed=sorted(sc.tools_allowed if c.tools_allowed is None else c.tools_allowed),
+        max_external_calls=_min_opt(sc.max_external_calls, c.max_external_calls),
+    )
+
+
+def _min_opt(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+class WorkerRuntime:
+    """Runs workers under their specs; shared by every activity in a process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        specs: Mapping[str, WorkerSpec],
+        *,
+        tools: Mapping[str, Any] | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.specs = specs
+        self.tools: dict[str, Any] = dict(tools or {})
+        self.metrics = metrics
+
+    def spec(self, worker_id: str) -> WorkerSpec:
+        try:
+            return self.specs[worker_id]
+        except KeyError:
+            raise InvalidInputError(f"unknown worker {worker_id!r}", field="worker_id") from None
+
+    def parse_request(self, raw: Any, worker_id: str) -> WorkerRequest:
+        """Parse and check the envelope; ``invalid_input`` names the field."""
+        if isinstance(raw, WorkerRequest):
+            req = raw
+        else:
+            try:
+                req = WorkerRequest.model_validate(raw)
+            except ValidationError as e:
+                err = e.errors()[0]
+                raise InvalidInputError(
+                    f"request field {_field_of(err['loc'])}: {err['msg']}",
+                    field=_field_of(err["loc"]),
+                    reasons=[
+                        {"path": _field_of(x["loc"]), "message": x["msg"], "validator": x["type"]}
+                        for x in e.errors()
+                    ],
+                ) from None
+        if req.worker_id != worker_id:
+            raise InvalidInputError(
+                f"request for worker {req.worker_id!r} sent to worker {worker_id!r}",
+                field="worker_id",
+            )
+        spec = self.spec(worker_id)
+        if req.version.split(".")[0] != spec.version.split(".")[0]:
+            raise InvalidInputError(
+                f"request speaks contract version {req.version!r}; worker {worker_id!r} "
+                f"implements {spec.version!r}",
+                field="version",
+            )
+        return req
+
+    @staticmethod
+    def check_schema(schema: dict[str, Any], value: Any, what: str) -> list[dict[str, str]]:
+        errors = list(validator_for(schema).iter_errors(value))
+        return describe(errors) if errors else []
+
+    async def run(self, worker: Worker, raw: Any) -> WorkerResponse:
+        """Run one attempt of ``worker`` on the request ``raw``; raise ``ApplicationError``."""
+        started = time.monotonic()
+        worker_id = worker.worker_id
+        info = activity.info() if activity.in_activity() else None
+        attempt = info.attempt if info else 1
+        fields: dict[str, Any] = {
+            "worker_id": worker_id,
+            "attempt": attempt,
+            "workflow_id": info.workflow_id if info else None,
+            "run_id": info.workflow_run_id if info else None,
+            "activity_id": info.activity_id if info else None,
+        }
+        tenant = "unknown"
+        status = "failed"
+        error_code: str | None = None
+        if self.metrics:
+            self.metrics.in_flight.labels(worker_id).inc()
+        with tracer.start_as_current_span(f"worker {worker_id}") as span:
+            span.set_attribute("aiworker.worker_id", worker_id)
+            span.set_attribute("aiworker.attempt", attempt)
+            try:
+                request = self.parse_request(raw, worker_id)
+                tenant = request.tenant
+                fields.update(tenant=tenant, idempotency_key=request.idempotency_key)
+                span.set_attribute("aiworker.tenant", tenant)
+                trace_id, span_id = self._trace_ids(span, request)
+                fields.update(trace_id=trace_id, span_id=span_id)
+                response = await self._run(worker, request, attempt, started, fields, info)
+                response = response.model_copy(
+                    update={
+                        "observability": Observability(
+                            trace_id=trace_id,
+                            span_id=span_id,
+                            worker_id=worker_id,
+                            attempt=attempt,
+                            duration_ms=round((time.monotonic() - started) * 1000, 3),
+                        )
+                    }
+                )
+                status = response.status
+                return response
+            except WorkerError as e:
+                error_code = e.code.value
+                fields.update(error_code=error_code, error=e.message)
+                if e.retry_after is not None:
+                    fields["retry_after_seconds"] = e.retry_after
+                span.set_attribute("aiworker.error_code", error_code)
+                raise e.to_application_error(worker_id, attempt) from e
+            except ApplicationError as e:
+                # A worker raised Temporal's error itself: keep it, but only with a stable code.
+                if e.type in ErrorCode.__members__.values():
+                    error_code = e.type
+                    fields.update(error_code=error_code, error=e.message)
+                    raise
+                error_code = ErrorCode.INTERNAL.value
+                fields.update(error_code=error_code, error=str(e))
+                raise InternalError(f"unexpected ApplicationError: {e}").to_application_error(
+                    worker_id, attempt
+                ) from e
+            except asyncio.CancelledError:
+                status = "cancelled"
+                error_code = "cancelled"
+                fields.update(error_code="cancelled")
+                raise
+            except Exception as e:
+                error_code = ErrorCode.INTERNAL.value
+                fields.update(
+                    error_code=error_code,
+                    error=f"{type(e).__name__}: {e}",
+                    traceback=traceback.format_exc(),
+                )
+                raise InternalError(
+                    f"internal error in worker {worker_id}: {type(e).__name__}: {e}"
+                ).to_application_error(worker_id, attempt) from e
+            finally:
+                duration = time.monotonic() - started
+                fields.update(status=status, duration_ms=round(duration * 1000, 3))
+                level = logging.INFO if error_code is None else logging.WARNING
+                if error_code == ErrorCode.INTERNAL.value:
+                    level = logging.ERROR
+                log.log(
+                    level,
+                    "worker.%s",
+                    "completed" if error_code is None else "failed",
+                    extra={"aiworker": {"event": "worker_call", **fields}},
+                )
+                if self.metrics:
+                    m = self.metrics
+                    m.in_flight.labels(worker_id).dec()
+                    m.requests.labels(worker_id, status, error_code or "", tenant).inc()
+                    m.duration.labels(worker_id, status).observe(duration)
+                    if attempt > 1:
+                        m.retries.labels(worker_id, tenant).inc()
+
+    def _trace_ids(self, span: trace.Span, request: WorkerRequest) -> tuple[str | None, str | None]:
+        sc = span.get_span_context()
+        if sc.is_valid:
+            return format(sc.trace_id, "032x"), format(sc.span_id, "016x")
+        if request.trace is not None:
+            return request.trace.trace_id, request.trace.span_id
+        return None, None
+
+    async def _run(
+        self,
+        worker: Worker,
+        request: WorkerRequest,
+        attempt: int,
+        started: float,
+        fields: dict[str, Any],
+        info: activity.Info | None,
+    ) -> WorkerResponse:
+        spec = self.spec(worker.worker_id)
+        problems = self.check_schema(spec.input_schema, request.input, "input")
+        if problems:
+            first = problems[0]
+            raise InvalidInputError(
+                f"input {first['path']}: {first['message']} (rule {first['validator']})",
+                field="input" + first["path"][1:],
+                reasons=problems,
+            )
+        limits = tighten(spec, request.constraints)
+        timeout = limits.timeout_seconds or spec.constraints.timeout_seconds
+        metrics = self.metrics
+        toolbox = Toolbox(
+            self.tools,
+            frozenset(limits.tools_allowed or ()),
+            limits.max_external_calls,
+            on_external_call=(
+                (lambda tool: metrics.external_calls.labels(spec.worker_id, tool).inc())
+                if metrics
+                else None
+            ),
+        )
+        ctx = WorkerContext(
+            request=request,
+            spec=spec,
+            settings=self.settings,
+            tools=toolbox,
+            attempt=attempt,
+            deadline=started + timeout,
+            max_tokens=limits.max_tokens,
+            workflow_id=info.workflow_id if info else None,
+            activity_id=info.activity_id if info else None,
+        )
+        for name in spec.observability.log_fields:
+            if name in request.input:
+                fields[f"input.{name}"] = request.input[name]
+        deadline = asyncio.timeout(max(0.0, ctx.remaining()))
+        try:
+            async with self._heartbeats(spec), deadline:
+                result = await worker.execute(ctx, request.input)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise WorkerTimeoutError(
+                f"worker {spec.worker_id} passed its deadline of {timeout:g}s",
+                timeout_seconds=timeout,
+            ) from None
+        fields.update(result.log_fields)
+        if result.status not in ("succeeded", "partial"):
+            raise InternalError(f"worker returned status {result.status!r}")
+        problems = self.check_schema(spec.output_schema, result.outputs, "output")
+        if problems:
+            first = problems[0]
+            raise InvalidOutputError(
+                f"output {first['path']}: {first['message']} (rule {first['validator']})",
+                field="outputs" + first["path"][1:],
+                reasons=problems,
+            )
+        if self.metrics and (result.input_tokens or result.output_tokens):
+            model = str(result.log_fields.get("model", ""))
+            self.metrics.tokens.labels(spec.worker_id, model, "input").inc(result.input_tokens)
+            self.metrics.tokens.labels(spec.worker_id, model, "output").inc(result.output_tokens)
+        return WorkerResponse(
+            worker_id=spec.worker_id,
+            version=spec.version,
+            status="partial" if result.status == "partial" else "succeeded",
+            outputs=result.outputs,
+            warnings=result.warnings,
+            artifacts=result.artifacts,
+            usage=Usage(
+                input_tokens=result.input_tokens,
+                output_tokens=result.output_tokens,
+                external_calls=toolbox.external_calls,
+            ),
+            observability=Observability(worker_id=spec.worker_id, attempt=attempt),
+        )
+
+    @contextlib.asynccontextmanager
+    async def _heartbeats(self, spec: WorkerSpec) -> AsyncIterator[None]:
+        """Heartbeat in the background for workers whose spec asks for it."""
+        if not spec.heartbeat_seconds or not activity.in_activity():
+            yield
+            return
+        interval = max(0.5, spec.heartbeat_seconds / 3)
+
+        async def beat() -> None:
+            while True:
+                activity.heartbeat()
+                await asyncio.sleep(interval)
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def retryable_code(code: str) -> bool:
+    """Whether a code from a failure may be retried (unknown codes count as internal)."""
+    try:
+        return is_retryable(code)
+    except ValueError:
+        return True

@@ -1,0 +1,62 @@
+"""The ``validator`` worker: JSON Schema validation with actionable reasons.
+
+Returns ``{valid, errors: [{path, message, validator, schema_path}]}``. Used
+as a gate (``gate: true`` in its input, which pipelines set for gate steps),
+invalid data fails with ``validation_failed`` carrying the same reasons, so a
+workflow can route on the code and feed the reasons back to the producer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from temporalio import activity
+
+from activities.errors import InvalidInputError, ValidationFailedError
+from activities.jsonschema_cache import SchemaError, describe, validator_for
+from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
+from schemas import names
+from schemas.protocol import WorkerResponse
+
+
+class Validator:
+    """Validates ``data`` against ``schema`` (JSON Schema 2020-12 with formats)."""
+
+    worker_id: ClassVar[str] = names.VALIDATOR
+
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+        schema = input["schema"]
+        try:
+            validator = validator_for(schema)
+        except SchemaError as e:
+            path = "/".join(str(p) for p in e.absolute_path) or "(root)"
+            raise InvalidInputError(
+                f"input.schema is not a valid JSON Schema at {path}: {e.message}",
+                field="input.schema",
+            ) from None
+        limit = int(input.get("max_errors", 100))
+        errors = list(validator.iter_errors(input["data"]))
+        reasons = describe(errors, limit)
+        if errors and input.get("gate", False):
+            raise ValidationFailedError(
+                f"{len(errors)} validation error(s); first: {reasons[0]['path']}: "
+                f"{reasons[0]['message']}",
+                reasons=reasons,
+            )
+        outputs: dict[str, Any] = {"valid": not errors, "errors": reasons}
+        if len(errors) > limit:
+            outputs["truncated"] = True
+        return WorkerResult(outputs=outputs, log_fields={"valid": not errors})
+
+
+class ValidatorActivities:
+    """The ``validator`` activity, bound to a runtime."""
+
+    def __init__(self, runtime: WorkerRuntime) -> None:
+        self._runtime = runtime
+        self._worker = Validator()
+
+    @activity.defn(name=names.VALIDATOR)
+    async def validator(self, request: dict[str, Any]) -> WorkerResponse:
+        """Validate data against a JSON Schema."""
+        return await self._runtime.run(self._worker, request)

@@ -1,0 +1,39 @@
+"""The contracts of aiworker: protocol models, worker specs, error codes,
+pipeline spec. Pure models and functions; no I/O on import.
+"""
+
+from schemas.errors import ErrorCode, is_retryable
+from schemas.pipeline import PipelineResult, PipelineSpec, Step, StepResult
+from schemas.protocol import (
+    ArtifactRef,
+    ErrorInfo,
+    Observability,
+    RequestConstraints,
+    TraceContext,
+    Usage,
+    WarningInfo,
+    WorkerRequest,
+    WorkerResponse,
+)
+from schemas.spec import WorkerSpec, get_spec, load_specs
+
+__all__ = [
+    "ArtifactRef",
+    "ErrorCode",
+    "ErrorInfo",
+    "Observability",
+    "PipelineResult",
+    "PipelineSpec",
+    "RequestConstraints",
+    "Step",
+    "StepResult",
+    "TraceContext",
+    "Usage",
+    "WarningInfo",
+    "WorkerRequest",
+    "WorkerResponse",
+    "WorkerSpec",
+    "get_spec",
+    "is_retryable",
+    "load_specs",
+]

@@ -1,0 +1,41 @@
+"""Names that the whole system shares: task queues, workflows, activities,
+search attributes. No other module spells one of these as a literal.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Task queues (kebab-case). A deployment may add a suffix to every queue
+# (``AIWORKER_TASK_QUEUE_SUFFIX``) to run an isolated stack on one cluster;
+# the pipeline workflow derives the suffix from its own queue.
+PIPELINES_QUEUE: Final = "aiworker-pipelines"
+SCRAPE_QUEUE: Final = "aiworker-scrape"
+LLM_QUEUE: Final = "aiworker-llm"
+
+# Workflow types.
+PIPELINE_WORKFLOW: Final = "PipelineWorkflow"
+
+# Activity names are the worker ids; never renamed once released.
+VALIDATOR: Final = "validator"
+AGGREGATOR: Final = "aggregator"
+WEB_SCRAPE: Final = "web-scrape"
+LLM_CALL: Final = "llm-call"
+PUBLISH: Final = "publish"
+
+# Custom search attributes (Keyword) registered by `aiworker dev` and tests.
+SA_STATUS: Final = "AiworkerStatus"
+SA_TENANT: Final = "AiworkerTenant"
+SA_PIPELINE: Final = "AiworkerPipeline"
+SEARCH_ATTRIBUTES: Final = (SA_STATUS, SA_TENANT, SA_PIPELINE)
+
+# Queries and updates of the pipeline workflow.
+PROGRESS_QUERY: Final = "progress"
+REVIEW_UPDATE: Final = "review"
+
+
+def queue_suffix_of(task_queue: str) -> str:
+    """The deployment suffix of a pipelines queue (``aiworker-pipelines-x`` -> ``-x``)."""
+    if task_queue.startswith(PIPELINES_QUEUE):
+        return task_queue[len(PIPELINES_QUEUE) :]
+    return ""

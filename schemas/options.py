@@ -1,0 +1,70 @@
+"""Temporal activity options derived from a worker spec, in one place.
+
+No call site writes a timeout or retry policy by hand: workflows call
+:func:`activity_options` and splat the result into ``execute_activity``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TypedDict
+
+from temporalio.common import RetryPolicy
+
+from schemas.errors import NON_RETRYABLE_CODES
+from schemas.protocol import RequestConstraints
+from schemas.spec import WorkerSpec
+
+# Temporal's own start-to-close timeout sits a little past the worker's own
+# deadline, so that the worker reports `timeout` with context first and the
+# server's timeout only catches a worker that is stuck or gone.
+_GRACE_SECONDS = 5.0
+
+
+class ActivityOptions(TypedDict):
+    """Keyword arguments for ``workflow.execute_activity``."""
+
+    task_queue: str
+    start_to_close_timeout: timedelta
+    heartbeat_timeout: timedelta | None
+    retry_policy: RetryPolicy
+
+
+def retry_policy(spec: WorkerSpec, max_attempts: int | None = None) -> RetryPolicy:
+    """The retry policy of a spec; ``max_attempts`` may only lower the spec's."""
+    r = spec.retries
+    attempts = r.max_attempts if max_attempts is None else min(max_attempts, r.max_attempts)
+    return RetryPolicy(
+        initial_interval=timedelta(milliseconds=r.initial_interval_ms),
+        backoff_coefficient=2.0 if r.backoff == "exponential" else 1.0,
+        maximum_interval=timedelta(milliseconds=r.max_interval_ms),
+        maximum_attempts=attempts,
+        non_retryable_error_types=list(NON_RETRYABLE_CODES),
+    )
+
+
+def effective_timeout(spec: WorkerSpec, constraints: RequestConstraints | None = None) -> float:
+    """The worker's own deadline in seconds for one attempt."""
+    t = spec.constraints.timeout_seconds
+    if constraints is not None and constraints.timeout_seconds is not None:
+        t = min(t, constraints.timeout_seconds)
+    return t
+
+
+def activity_options(
+    spec: WorkerSpec,
+    *,
+    constraints: RequestConstraints | None = None,
+    max_attempts: int | None = None,
+    queue_suffix: str = "",
+) -> ActivityOptions:
+    """Activity options for one call of the worker ``spec`` describes."""
+    timeout = effective_timeout(spec, constraints)
+    return ActivityOptions(
+        task_queue=spec.task_queue + queue_suffix,
+        start_to_close_timeout=timedelta(seconds=timeout + _GRACE_SECONDS),
+        heartbeat_timeout=(
+            timedelta(seconds=spec.heartbeat_seconds) if spec.heartbeat_seconds else None
+        ),
+        retry_policy=retry_policy(spec, max_attempts),
+    )

@@ -1,0 +1,289 @@
+"""The pipeline format users write, and the result a pipeline returns.
+
+:func:`check_pipeline` checks a whole spec before anything runs (unknown
+worker, duplicate id, cycle, dangling or forward reference, bad JSON Schema)
+and returns every problem as a message naming the step and field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.protocol import Usage
+from schemas.refs import ReferenceError_, find_refs
+
+TerminalStatus = Literal[
+    "succeeded",
+    "partial",
+    "failed",
+    "rejected",
+    "escalation_timed_out",
+    "budget_exhausted",
+    "cancelled",
+]
+StepStatus = Literal[
+    "pending",
+    "running",
+    "succeeded",
+    "partial",
+    "failed",
+    "skipped",
+    "blocked",
+    "awaiting_review",
+    "rejected",
+    "cancelled",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Budget(_Model):
+    """Limits across the whole pipeline, children included."""
+
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_external_calls: int | None = Field(default=None, ge=0)
+    deadline_seconds: float | None = Field(default=None, gt=0)
+
+
+class StepRetry(_Model):
+    """Per-step override of the worker's retries; may only tighten."""
+
+    max_attempts: int = Field(ge=1, le=100)
+
+
+class Validation(_Model):
+    """The bounded validation loop of a step: run, validate, feed back reasons."""
+
+    schema_: dict[str, Any] | bool = Field(alias="schema")
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    feedback_field: str = Field(
+        default="feedback", description="input field that receives the validator's reasons"
+    )
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Concurrency(_Model):
+    """At most ``limit`` steps with the same ``key`` run at once."""
+
+    key: str
+    limit: int = Field(ge=1)
+
+
+class Step(_Model):
+    """One node of the pipeline DAG."""
+
+    id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$", max_length=64)
+    worker: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    depends_on: list[str] = Field(default_factory=list)
+    when: dict[str, Any] | None = Field(
+        default=None, description='{"value": <reference>, "schema": <JSON Schema>}'
+    )
+    for_each: str | list[Any] | None = None
+    max_parallel: int = Field(default=10, ge=1, le=1000)
+    gate: str | None = None
+    fallback: str | None = Field(default=None, description="worker to run when this one fails")
+    fallback_input: dict[str, Any] | None = None
+    on_failure: Literal["fail", "continue", "escalate"] = "fail"
+    timeout_seconds: float | None = Field(default=None, gt=0)
+    retry: StepRetry | None = None
+    validate_: Validation | None = Field(default=None, alias="validate")
+    review_timeout_seconds: float = Field(default=86400, gt=0)
+    concurrency: Concurrency | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class PipelineSpec(_Model):
+    """A pipeline: the input of ``PipelineWorkflow``."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    tenant: str = Field(default="default", min_length=1, max_length=128)
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    budget: Budget = Field(default_factory=Budget)
+    steps: list[Step] = Field(min_length=1, max_length=200)
+    output: dict[str, Any] = Field(default_factory=dict)
+
+
+class StepResult(_Model):
+    """How one step ended."""
+
+    status: StepStatus
+    attempts: int = 0
+    error_code: str | None = None
+    error_message: str | None = None
+    duration_ms: float = 0.0
+    outputs: Any = None
+    warnings: list[dict[str, Any]] = Field(default_factory=list)
+    artifacts: list[dict[str, Any]] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+
+
+class PipelineResult(_Model):
+    """The result of ``PipelineWorkflow``."""
+
+    status: TerminalStatus
+    output: dict[str, Any] = Field(default_factory=dict)
+    steps: dict[str, StepResult] = Field(default_factory=dict)
+    usage: Usage = Field(default_factory=Usage)
+    trace_id: str | None = None
+    error: dict[str, Any] | None = None
+
+
+def _schema_problem(schema: Any) -> str | None:
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as e:
+        return str(e.message)
+    return None
+
+
+def check_pipeline(spec: PipelineSpec, known_workers: set[str]) -> list[str]:
+    """Every problem of a pipeline, each naming the step and field; empty when fine."""
+    problems: list[str] = []
+    ids = [s.id for s in spec.steps]
+    index = {s.id: i for i, s in enumerate(spec.steps)}
+    seen: set[str] = set()
+    for sid in ids:
+        if sid in seen:
+            problems.append(f"step {sid!r}: duplicate id")
+        seen.add(sid)
+
+    deps: dict[str, set[str]] = {}
+    for step in spec.steps:
+        where = f"step {step.id!r}"
+        if step.worker not in known_workers:
+            problems.append(
+                f"{where}: field 'worker': unknown worker {step.worker!r} "
+                f"(known: {', '.join(sorted(known_workers))})"
+            )
+        if step.fallback is not None and step.fallback not in known_workers:
+            problems.append(f"{where}: field 'fallback': unknown worker {step.fallback!r}")
+        d = set(step.depends_on)
+        for dep in step.depends_on:
+            if dep not in index:
+                problems.append(f"{where}: field 'depends_on': unknown step {dep!r}")
+            elif dep == step.id:
+                problems.append(f"{where}: field 'depends_on': a step cannot depend on itself")
+        if step.gate is not None:
+            if step.gate not in index:
+                problems.append(f"{where}: field 'gate': unknown step {step.gate!r}")
+            else:
+                gate_worker = spec.steps[index[step.gate]].worker
+                if gate_worker != "validator":
+                    problems.append(
+                        f"{where}: field 'gate': step {step.gate!r} is a {gate_worker!r} step, "
+                        "a gate must be a validator step"
+                    )
+                d.add(step.gate)
+        fields: list[tuple[str, Any]] = [("input", step.input)]
+        if step.fallback_input is not None:
+            fields.append(("fallback_input", step.fallback_input))
+        if step.when is not None:
+            fields.append(("when", step.when))
+            if set(step.when) != {"value", "schema"}:
+                problems.append(f"{where}: field 'when': needs exactly 'value' and 'schema'")
+            elif (p := _schema_problem(step.when["schema"])) is not None:
+                problems.append(f"{where}: field 'when.schema': invalid JSON Schema: {p}")
+        if isinstance(step.for_each, str):
+            fields.append(("for_each", step.for_each))
+        if step.validate_ is not None and (p := _schema_problem(step.validate_.schema_)):
+            problems.append(f"{where}: field 'validate.schema': invalid JSON Schema: {p}")
+        if step.concurrency is not None:
+            fields.append(("concurrency.key", step.concurrency.key))
+        for field, value in fields:
+            try:
+                refs = find_refs(value)
+            except ReferenceError_ as e:
+                problems.append(f"{where}: field {field!r}: {e}")
+                continue
+            for ref in refs:
+                if ref.root in ("item", "item_index") and step.for_each is None:
+                    problems.append(
+                        f"{where}: field {field!r}: {ref.text} is only available in for_each"
+                    )
+                if ref.root in ("item", "item_index") and field == "for_each":
+                    problems.append(f"{where}: field 'for_each': cannot refer to item")
+                target = ref.step_id
+                if target is None:
+                    continue
+                if target not in index:
+                    problems.append(
+                        f"{where}: field {field!r}: reference {ref.text} names unknown step "
+                        f"{target!r}"
+                    )
+                elif target == step.id:
+                    problems.append(f"{where}: field {field!r}: reference {ref.text} is to itself")
+                else:
+                    d.add(target)
+        deps[step.id] = d
+    if step_refs_problems := _output_problems(spec, index):
+        problems.extend(step_refs_problems)
+    if not problems:
+        cycle = _find_cycle(deps)
+        if cycle:
+            problems.append(f"step {cycle[0]!r}: field 'depends_on': cycle {' -> '.join(cycle)}")
+    return problems
+
+
+def _output_problems(spec: PipelineSpec, index: dict[str, int]) -> list[str]:
+    problems: list[str] = []
+    try:
+        refs = find_refs(spec.output)
+    except ReferenceError_ as e:
+        return [f"pipeline: field 'output': {e}"]
+    for ref in refs:
+        if ref.root in ("item", "item_index"):
+            problems.append(f"pipeline: field 'output': {ref.text} is only available in for_each")
+        elif ref.step_id is not None and ref.step_id not in index:
+            problems.append(
+                f"pipeline: field 'output': reference {ref.text} names unknown step {ref.step_id!r}"
+            )
+    return problems
+
+
+def _find_cycle(deps: dict[str, set[str]]) -> list[str] | None:
+    color: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        color[n] = 1
+        stack.append(n)
+        for m in sorted(deps.get(n, ())):
+            if color.get(m) == 1:
+                return [*stack[stack.index(m) :], m]
+            if color.get(m, 0) == 0 and (found := visit(m)):
+                return found
+        stack.pop()
+        color[n] = 2
+        return None
+
+    for n in deps:
+        if color.get(n, 0) == 0 and (found := visit(n)):
+            return found
+    return None
+
+
+def step_dependencies(spec: PipelineSpec) -> dict[str, set[str]]:
+    """Each step's dependencies: ``depends_on``, its gate and the steps it references."""
+    out: dict[str, set[str]] = {}
+    for step in spec.steps:
+        d = set(step.depends_on)
+        if step.gate:
+            d.add(step.gate)
+        values: list[Any] = [step.input, step.when, step.for_each, step.fallback_input]
+        if step.concurrency is not None:
+            values.append(step.concurrency.key)
+        for v in values:
+            for ref in find_refs(v):
+                if ref.step_id is not None and ref.step_id != step.id:
+                    d.add(ref.step_id)
+        out[step.id] = d
+    return out

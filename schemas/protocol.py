@@ -1,0 +1,139 @@
+"""The worker protocol: the envelopes every AI worker speaks.
+
+A worker is called with a :class:`WorkerRequest` and either returns a
+:class:`WorkerResponse` or fails with ``ApplicationError(type=<ErrorCode>,
+details=[ErrorInfo])``. Models evolve by adding optional fields only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas.errors import ErrorCode
+
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_HEX16 = re.compile(r"^[0-9a-f]{16}$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TraceContext(_Model):
+    """W3C trace identifiers carried with a request (lower-case hex)."""
+
+    trace_id: str = Field(description="32 hex digits")
+    span_id: str = Field(description="16 hex digits")
+    parent_span_id: str | None = Field(default=None, description="16 hex digits")
+
+    @field_validator("trace_id")
+    @classmethod
+    def _trace_id(cls, v: str) -> str:
+        if not _HEX32.match(v) or v == "0" * 32:
+            raise ValueError("trace_id must be 32 lower-case hex digits, not all zero")
+        return v
+
+    @field_validator("span_id", "parent_span_id")
+    @classmethod
+    def _span_id(cls, v: str | None) -> str | None:
+        if v is not None and (not _HEX16.match(v) or v == "0" * 16):
+            raise ValueError("span ids must be 16 lower-case hex digits, not all zero")
+        return v
+
+
+class RequestConstraints(_Model):
+    """Per-request overrides; each may only tighten the worker spec."""
+
+    timeout_seconds: float | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(default=None, ge=0)
+    tools_allowed: list[str] | None = None
+    max_external_calls: int | None = Field(default=None, ge=0)
+
+
+class WorkerRequest(_Model):
+    """One call of one worker."""
+
+    worker_id: str = Field(min_length=1)
+    version: str = Field(default="1", description="contract version of the worker spec")
+    idempotency_key: str = Field(
+        min_length=1,
+        max_length=512,
+        description="the same for every retry of one step: {workflow_id}/{step_id}[/{item}]",
+    )
+    tenant: str = Field(default="default", min_length=1, max_length=128)
+    trace: TraceContext | None = None
+    input: dict[str, Any] = Field(default_factory=dict)
+    constraints: RequestConstraints = Field(default_factory=RequestConstraints)
+
+
+class WarningInfo(_Model):
+    """A non-fatal finding, e.g. a field a partial result is missing."""
+
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ArtifactRef(_Model):
+    """A large output stored out of band."""
+
+    uri: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size_bytes: int = Field(ge=0)
+    media_type: str = "application/octet-stream"
+
+
+class Usage(_Model):
+    """What a call consumed; summed by the pipeline's budget ledger."""
+
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    external_calls: int = Field(default=0, ge=0)
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            external_calls=self.external_calls + other.external_calls,
+        )
+
+
+class Observability(_Model):
+    """Where to find this call in traces and logs."""
+
+    trace_id: str | None = None
+    span_id: str | None = None
+    worker_id: str
+    attempt: int = Field(default=1, ge=1)
+    duration_ms: float = Field(default=0.0, ge=0)
+
+
+class WorkerResponse(_Model):
+    """A successful (or partial) result of a worker call."""
+
+    worker_id: str
+    version: str
+    status: Literal["succeeded", "partial"]
+    outputs: dict[str, Any] = Field(default_factory=dict)
+    warnings: list[WarningInfo] = Field(default_factory=list)
+    artifacts: list[ArtifactRef] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    observability: Observability
+
+
+class ErrorInfo(_Model):
+    """The details of a failure, attached to the ``ApplicationError``."""
+
+    code: ErrorCode
+    message: str
+    retryable: bool
+    worker_id: str | None = None
+    field: str | None = None
+    retry_after_seconds: float | None = None
+    reasons: list[dict[str, Any]] = Field(
+        default_factory=list, description="machine-actionable reasons, e.g. validator errors"
+    )
+    context: dict[str, Any] = Field(default_factory=dict)

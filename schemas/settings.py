@@ -1,0 +1,209 @@
+"""Operator settings: every ``AIWORKER_*`` variable in one frozen model.
+
+Built once at process start from an explicit environment mapping
+(:meth:`Settings.from_env`) and validated there, so a typo stops the process
+with a clear message instead of failing a workflow task later. Activities get
+the object through their constructors; they never read the environment.
+The Temporal connection itself comes from ``temporalio.envconfig``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from schemas.spec import parse_rate
+
+ENV_PREFIX = "AIWORKER_"
+
+
+class SettingsError(ValueError):
+    """Settings that cannot start a process; the message names the variable."""
+
+
+def _csv(value: str | None) -> list[str]:
+    if not value:
+        return []
+    return [p.strip() for p in value.split(",") if p.strip()]
+
+
+def _bool(name: str, value: str | None, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={value!r}: expected true or false")
+
+
+class RateLimitRule(BaseModel):
+    """``worker:tenant=N/period``; ``*`` matches any tenant."""
+
+    model_config = ConfigDict(frozen=True)
+    worker_id: str
+    tenant: str
+    limit: int
+    period_seconds: float
+
+
+class Settings(BaseModel):
+    """Process-wide settings (see the README for every variable)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    data_dir: Path = Path(".aiworker")
+    task_queues: tuple[str, ...] = ()
+    task_queue_suffix: str = ""
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    allow_private_networks: bool = False
+    egress_allow: tuple[str, ...] = ()
+    llm_base_url: str | None = None
+    llm_model: str | None = None
+    llm_api_key: SecretStr | None = None
+    llm_provider: Literal["openai", "anthropic"] = "openai"
+    models_file: Path | None = None
+    rate_limits: tuple[RateLimitRule, ...] = ()
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    max_concurrent_activities: int = Field(default=100, ge=1)
+    max_concurrent_workflow_tasks: int = Field(default=100, ge=1)
+    pollers: int = Field(default=10, ge=1, le=100)
+    shutdown_grace_seconds: float = Field(default=60.0, ge=0)
+
+    @field_validator("task_queue_suffix")
+    @classmethod
+    def _suffix(cls, v: str) -> str:
+        if v and not all(c.isalnum() or c in "-_." for c in v):
+            raise ValueError("may only hold letters, digits, '-', '_' and '.'")
+        return v
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _domains(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for d in v:
+            d = d.lower().lstrip(".")
+            try:
+                ipaddress.ip_address(d)
+                raise ValueError(f"{d!r}: the egress allow-list takes domains, not addresses")
+            except ValueError as e:
+                if "takes domains" in str(e):
+                    raise
+            out.append(d)
+        return tuple(out)
+
+    def secret_values(self) -> list[str]:
+        """Configured secrets, for redaction in logs."""
+        return [s.get_secret_value() for s in (self.llm_api_key,) if s and s.get_secret_value()]
+
+    def queue(self, base: str) -> str:
+        """A task queue name with this deployment's suffix."""
+        return base + self.task_queue_suffix
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """Build settings from an environment mapping; ``SettingsError`` names the variable."""
+        known = {
+            "DATA_DIR",
+            "TASK_QUEUES",
+            "TASK_QUEUE_SUFFIX",
+            "METRICS_PORT",
+            "METRICS_HOST",
+            "ALLOW_PRIVATE_NETWORKS",
+            "EGRESS_ALLOW",
+            "LLM_BASE_URL",
+            "LLM_MODEL",
+            "LLM_API_KEY",
+            "LLM_PROVIDER",
+            "MODELS_FILE",
+            "RATE_LIMITS",
+            "LOG_LEVEL",
+            "MAX_CONCURRENT_ACTIVITIES",
+            "MAX_CONCURRENT_WORKFLOW_TASKS",
+            "POLLERS",
+            "SHUTDOWN_GRACE_SECONDS",
+        }
+        # Variables consumed by other parts (tests, dev server) are not settings.
+        ignored_prefixes = ("TEST_", "DEV_")
+        for key in env:
+            if key.startswith(ENV_PREFIX):
+                name = key[len(ENV_PREFIX) :]
+                if name not in known and not name.startswith(ignored_prefixes):
+                    raise SettingsError(
+                        f"{key}: unknown setting (known: "
+                        f"{', '.join(ENV_PREFIX + k for k in sorted(known))})"
+                    )
+
+        def get(name: str) -> str | None:
+            v = env.get(ENV_PREFIX + name)
+            return v if v not in (None, "") else None
+
+        raw: dict[str, Any] = {}
+        if (v := get("DATA_DIR")) is not None:
+            raw["data_dir"] = Path(v)
+        raw["task_queues"] = tuple(_csv(get("TASK_QUEUES")))
+        if (v := get("TASK_QUEUE_SUFFIX")) is not None:
+            raw["task_queue_suffix"] = v
+        for name, key in (
+            ("METRICS_PORT", "metrics_port"),
+            ("MAX_CONCURRENT_ACTIVITIES", "max_concurrent_activities"),
+            ("MAX_CONCURRENT_WORKFLOW_TASKS", "max_concurrent_workflow_tasks"),
+            ("POLLERS", "pollers"),
+        ):
+            if (v := get(name)) is not None:
+                raw[key] = v
+        for name, key in (
+            ("METRICS_HOST", "metrics_host"),
+            ("LLM_BASE_URL", "llm_base_url"),
+            ("LLM_MODEL", "llm_model"),
+            ("LLM_API_KEY", "llm_api_key"),
+            ("LLM_PROVIDER", "llm_provider"),
+            ("MODELS_FILE", "models_file"),
+            ("SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds"),
+        ):
+            if (v := get(name)) is not None:
+                raw[key] = v
+        if (v := get("LOG_LEVEL")) is not None:
+            raw["log_level"] = v.upper()
+        raw["allow_private_networks"] = _bool(
+            ENV_PREFIX + "ALLOW_PRIVATE_NETWORKS", get("ALLOW_PRIVATE_NETWORKS"), False
+        )
+        raw["egress_allow"] = tuple(_csv(get("EGRESS_ALLOW")))
+        raw["rate_limits"] = tuple(parse_rate_limits(get("RATE_LIMITS") or ""))
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as e:
+            lines = []
+            for err in e.errors():
+                field = str(err["loc"][0]) if err["loc"] else "?"
+                lines.append(f"{ENV_PREFIX}{field.upper()}: {err['msg']}")
+            raise SettingsError("; ".join(lines)) from None
+
+
+def parse_rate_limits(text: str) -> list[RateLimitRule]:
+    """Parse ``web-scrape:acme=600/min,llm-call:*=60/min``."""
+    rules = []
+    for item in _csv(text):
+        try:
+            target, rate = item.split("=", 1)
+            worker_id, tenant = target.split(":", 1)
+            limit, period = parse_rate(rate)
+        except ValueError as e:
+            raise SettingsError(
+                f"{ENV_PREFIX}RATE_LIMITS: {item!r} is not worker:tenant=N/period ({e})"
+            ) from None
+        rules.append(
+            RateLimitRule(
+                worker_id=worker_id.strip(),
+                tenant=tenant.strip(),
+                limit=limit,
+                period_seconds=period,
+            )
+        )
+    return rules

