@@ -101,11 +101,12 @@ class Stack:
     def pipelines_queue(self) -> str:
         return self.settings.queue(names.PIPELINES_QUEUE)
 
-    async def start(self, pipeline: dict[str, Any], **kw: Any) -> WorkflowHandle[Any, Any]:
+    async def start(self, pipeline: Any, **kw: Any) -> WorkflowHandle[Any, Any]:
+        name = pipeline.get("name", "p") if isinstance(pipeline, dict) else "p"
         return await self.client.start_workflow(
             names.PIPELINE_WORKFLOW,
             pipeline,
-            id=kw.pop("id", f"{pipeline.get('name', 'p')}-{uuid.uuid4().hex[:8]}"),
+            id=kw.pop("id", f"{name}-{uuid.uuid4().hex[:8]}"),
             task_queue=self.pipelines_queue,
             result_type=PipelineResult,
             **kw,

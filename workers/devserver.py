@@ -199,6 +199,9 @@ class DevServer:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C reaches us; we stop the server ourselves
             )
+            assert self._lock is not None
+            self._lock.write(f"server pid {self.process.pid}\n")
+            self._lock.flush()
             self._wait_ready(timeout)
         except BaseException:
             self.stop()

@@ -30,8 +30,8 @@ with workflow.unsafe.imports_passed_through():
         PipelineResult,
         PipelineSpec,
         Step,
-        TerminalStatus,
         StepResult,
+        TerminalStatus,
         check_pipeline,
         step_dependencies,
     )
@@ -138,8 +138,13 @@ class PipelineWorkflow:
         }
 
     @workflow.run
-    async def run(self, pipeline: dict[str, Any]) -> PipelineResult:
-        """Run the pipeline; the argument is the pipeline JSON users write."""
+    async def run(self, pipeline: Any) -> PipelineResult:
+        """Run the pipeline; the argument is the pipeline JSON users write.
+
+        Typed ``Any`` on purpose: the JSON is checked here, so that malformed
+        input fails the workflow with ``invalid_input`` instead of failing
+        payload decoding, which would retry the workflow task forever.
+        """
         specs = _specs()
         spec = parse_spec(pipeline, set(specs))
         info = workflow.info()

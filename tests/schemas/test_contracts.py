@@ -1,0 +1,120 @@
+"""The published contracts: exported JSON Schemas, error table, worker specs,
+activity options derived from specs, settings validation."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from schemas.errors import NON_RETRYABLE_CODES, RETRYABLE, ErrorCode, is_retryable
+from schemas.export import MODELS, check, export, render
+from schemas.options import activity_options
+from schemas.protocol import RequestConstraints, WorkerRequest
+from schemas.settings import Settings, SettingsError
+from schemas.spec import WorkerSpec, load_specs
+
+
+def test_exported_json_schemas_match_the_models() -> None:
+    assert check() == [], "run `aiworker schemas export` and commit schemas/json/"
+
+
+def test_drift_is_detected(tmp_path: Path) -> None:
+    export(tmp_path)
+    assert check(tmp_path) == []
+    p = tmp_path / "worker-request.schema.json"
+    doc = json.loads(p.read_text())
+    doc["properties"].pop("tenant")
+    p.write_text(json.dumps(doc))
+    assert any("worker-request" in d for d in check(tmp_path))
+    assert render(MODELS["worker-request"]) != p.read_text()
+
+
+def test_error_table_is_complete_and_stable() -> None:
+    assert set(RETRYABLE) == set(ErrorCode)
+    retryable = {c.value for c in ErrorCode if is_retryable(c)}
+    assert retryable == {
+        "timeout",
+        "rate_limited",
+        "circuit_open",
+        "fetch_timeout",
+        "fetch_failed",
+        "upstream_error",
+        "internal",
+    }
+    assert set(NON_RETRYABLE_CODES) == {c.value for c in ErrorCode} - retryable
+
+
+def test_every_shipped_spec_loads_and_derives_options() -> None:
+    specs = load_specs()
+    assert "validator" in specs
+    for spec in specs.values():
+        opts = activity_options(spec, queue_suffix="-x")
+        assert opts["task_queue"] == spec.task_queue + "-x"
+        assert opts["start_to_close_timeout"] > timedelta(seconds=spec.constraints.timeout_seconds)
+        rp = opts["retry_policy"]
+        assert rp.maximum_attempts == spec.retries.max_attempts
+        assert set(rp.non_retryable_error_types or []) == set(NON_RETRYABLE_CODES)
+
+
+def test_options_only_tighten() -> None:
+    spec = load_specs()["validator"]
+    opts = activity_options(
+        spec, constraints=RequestConstraints(timeout_seconds=1), max_attempts=99
+    )
+    assert opts["retry_policy"].maximum_attempts == spec.retries.max_attempts
+    assert opts["start_to_close_timeout"] < timedelta(seconds=spec.constraints.timeout_seconds + 5)
+
+
+def test_spec_with_invalid_schema_is_rejected() -> None:
+    raw = load_specs()["validator"].model_dump()
+    raw["input_schema"] = {"type": "wrong"}
+    with pytest.raises(ValueError, match="not a valid JSON Schema"):
+        WorkerSpec.model_validate(raw)
+
+
+def test_request_trace_ids_are_w3c() -> None:
+    base = {"worker_id": "validator", "idempotency_key": "k"}
+    WorkerRequest.model_validate({**base, "trace": {"trace_id": "a" * 32, "span_id": "b" * 16}})
+    with pytest.raises(ValueError, match="trace_id"):
+        WorkerRequest.model_validate({**base, "trace": {"trace_id": "0" * 32, "span_id": "b" * 16}})
+    with pytest.raises(ValueError, match="extra"):
+        WorkerRequest.model_validate({**base, "surprise": 1})
+
+
+def test_settings_from_env() -> None:
+    s = Settings.from_env(
+        {
+            "AIWORKER_TASK_QUEUES": "aiworker-scrape, aiworker-llm",
+            "AIWORKER_ALLOW_PRIVATE_NETWORKS": "yes",
+            "AIWORKER_RATE_LIMITS": "web-scrape:acme=600/min,llm-call:*=60/min",
+            "AIWORKER_LLM_API_KEY": "sk-secret-value",
+            "PATH": "/bin",
+        }
+    )
+    assert s.task_queues == ("aiworker-scrape", "aiworker-llm")
+    assert s.allow_private_networks is True
+    assert [(r.worker_id, r.tenant, r.limit, r.period_seconds) for r in s.rate_limits] == [
+        ("web-scrape", "acme", 600, 60.0),
+        ("llm-call", "*", 60, 60.0),
+    ]
+    assert "sk-secret-value" not in repr(s)
+    assert s.secret_values() == ["sk-secret-value"]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"AIWORKER_METRICS_PORT": "x"}, "AIWORKER_METRICS_PORT"),
+        ({"AIWORKER_ALLOW_PRIVATE_NETWORKS": "maybe"}, "AIWORKER_ALLOW_PRIVATE_NETWORKS"),
+        ({"AIWORKER_RATE_LIMITS": "web-scrape=10"}, "AIWORKER_RATE_LIMITS"),
+        ({"AIWORKER_LLM_PROVIDER": "acme-ai"}, "AIWORKER_LLM_PROVIDER"),
+        ({"AIWORKER_TYPO": "1"}, "AIWORKER_TYPO: unknown setting"),
+        ({"AIWORKER_EGRESS_ALLOW": "10.0.0.1"}, "takes domains"),
+    ],
+)
+def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_env(env)

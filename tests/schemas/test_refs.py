@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import pytest
+
+from schemas.refs import ReferenceError_, find_refs, resolve
+
+SCOPE = {
+    "inputs": {"url": "https://x", "n": 3, "tags": ["a", "b"]},
+    "steps": {
+        "scrape": {"status": "succeeded", "outputs": {"data": {"title": "T", "items": [{"p": 1}]}}}
+    },
+}
+
+
+def test_exact_reference_keeps_json_type() -> None:
+    assert resolve("${{ inputs.n }}", SCOPE) == 3
+    assert resolve("${{inputs.tags}}", SCOPE) == ["a", "b"]
+    assert resolve("${{ steps.scrape.outputs.data }}", SCOPE) == {"title": "T", "items": [{"p": 1}]}
+    assert resolve("${{ steps.scrape.outputs.data.items[0].p }}", SCOPE) == 1
+    assert resolve("${{ steps.scrape.status }}", SCOPE) == "succeeded"
+
+
+def test_embedded_reference_is_text() -> None:
+    assert resolve("n=${{ inputs.n }} tags=${{ inputs.tags }}", SCOPE) == 'n=3 tags=["a","b"]'
+
+
+def test_escape_and_untouched_json_schema() -> None:
+    assert resolve("$${{ inputs.n }}", SCOPE) == "${{ inputs.n }}"
+    assert resolve("cost $${{ x }} and ${{ inputs.n }}", SCOPE) == "cost ${{ x }} and 3"
+    schema = {"$ref": "#/$defs/a", "$defs": {"a": {"type": "string"}}}
+    assert resolve({"schema": schema}, SCOPE) == {"schema": schema}
+    assert find_refs(schema) == []
+
+
+def test_item_scope() -> None:
+    scope = {**SCOPE, "item": {"u": "x"}, "item_index": 4}
+    assert resolve({"a": "${{ item.u }}", "i": "${{ item_index }}"}, scope) == {"a": "x", "i": 4}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["${{ }}", "${{ nope.x }}", "${{ steps.a }}", "${{ steps.a.inputs }}", "${{ inputs.a b }}"],
+)
+def test_malformed_references(bad: str) -> None:
+    with pytest.raises(ReferenceError_):
+        find_refs({"x": bad})
+
+
+def test_missing_path_names_where_it_stopped() -> None:
+    with pytest.raises(ReferenceError_, match="inputs has no 'missing'"):
+        resolve("${{ inputs.missing }}", SCOPE)

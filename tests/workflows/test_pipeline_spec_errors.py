@@ -1,0 +1,113 @@
+"""A bad pipeline fails as invalid_input after one workflow task, naming the
+step and field, with nothing executed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import Stack
+from support import history
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+
+V = {"data": 1, "schema": {}}
+
+
+async def fail(stack: Stack, pipeline: Any) -> tuple[ApplicationError, Any]:
+    h = await stack.start(pipeline)
+    with pytest.raises(WorkflowFailureError) as ei:
+        await h.result()
+    cause = ei.value.cause
+    assert isinstance(cause, ApplicationError)
+    return cause, h
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "expected"),
+    [
+        (
+            {"name": "p", "steps": [{"id": "a", "worker": "nope", "input": {}}]},
+            "step 'a': field 'worker': unknown worker 'nope'",
+        ),
+        (
+            {
+                "name": "p",
+                "steps": [
+                    {"id": "a", "worker": "validator", "input": V},
+                    {"id": "a", "worker": "validator", "input": V},
+                ],
+            },
+            "step 'a': duplicate id",
+        ),
+        (
+            {
+                "name": "p",
+                "steps": [
+                    {"id": "a", "worker": "validator", "input": V, "depends_on": ["b"]},
+                    {"id": "b", "worker": "validator", "input": V, "depends_on": ["a"]},
+                ],
+            },
+            "cycle a -> b -> a",
+        ),
+        (
+            {
+                "name": "p",
+                "steps": [
+                    {
+                        "id": "a",
+                        "worker": "validator",
+                        "input": {"data": "${{ steps.ghost.outputs.x }}", "schema": {}},
+                    }
+                ],
+            },
+            "step 'a': field 'input': reference steps.ghost.outputs.x names unknown step 'ghost'",
+        ),
+        (
+            {
+                "name": "p",
+                "steps": [{"id": "a", "worker": "validator", "input": V, "timeout_seconds": -1}],
+            },
+            "step 'a': field 'timeout_seconds'",
+        ),
+        ({"name": "p", "steps": []}, "field 'steps'"),
+        ({"steps": [{"id": "a", "worker": "validator", "input": V}]}, "field 'name'"),
+        (
+            {
+                "name": "p",
+                "steps": [
+                    {
+                        "id": "a",
+                        "worker": "validator",
+                        "input": V,
+                        "when": {"value": 1, "schema": {"type": 5}},
+                    }
+                ],
+            },
+            "step 'a': field 'when.schema': invalid JSON Schema",
+        ),
+        ("not an object", "invalid pipeline"),
+    ],
+)
+async def test_invalid_pipeline_fails_once_with_invalid_input(
+    stack: Stack, pipeline: Any, expected: str
+) -> None:
+    err, h = await fail(stack, pipeline)
+    assert err.type == "invalid_input"
+    assert err.non_retryable
+    assert expected in err.message
+    assert await history.workflow_task_failures(h) == 0
+    assert await history.count(h, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED) == 0
+
+
+async def test_input_failing_worker_schema_is_invalid_input_after_one_attempt(
+    stack: Stack,
+) -> None:
+    pipeline = {"name": "p", "steps": [{"id": "a", "worker": "validator", "input": {"data": 1}}]}
+    result = await (await stack.start(pipeline)).result()
+    step = result.steps["a"]
+    assert result.status == "failed"
+    assert step.error_code == "invalid_input"
+    assert step.attempts == 1
+    assert "'schema' is a required property" in (step.error_message or "")
