@@ -1,0 +1,85 @@
+"""``make bench``: run every benchmark, print a table, write bench/results/latest.json.
+
+``BENCH_QUICK=1`` runs a reduced version. Figures are ratios against a
+baseline measured in the same run: the machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import overhead, throughput
+from bench.common import table
+
+RESULTS = Path(__file__).parent / "results"
+
+
+async def main() -> int:
+    quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+    started = time.time()
+    out: dict[str, Any] = {
+        "quick": quick,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
+    ov = await overhead.run(quick)
+    out["runtime_overhead"] = ov
+    out["runtime_overhead_p50_us"] = round(ov["overhead_p50_us"], 1)
+    tp = await throughput.run(quick)
+    out["throughput"] = tp["cases"]
+    one = next(c for c in tp["cases"] if c["case"] == "chain-1")
+    out["throughput_ratio_vs_bare"] = round(one["ratio"], 3)
+    for name, key in (("bench.scrape", "scrape"), ("bench.foreach", "for_each")):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            out[key] = {"skipped": f"{name} not present"}
+            continue
+        res = mod.run(quick)
+        out[key] = await res if asyncio.iscoroutine(res) else res
+    if isinstance(out.get("scrape"), dict) and "scrape_ratio_vs_direct" in out["scrape"]:
+        out["scrape_ratio_vs_direct"] = out["scrape"]["scrape_ratio_vs_direct"]
+    else:
+        out["scrape_ratio_vs_direct"] = None
+    out["wall_seconds"] = round(time.time() - started, 1)
+
+    rows = []
+    for c in tp["cases"]:
+        rows.append(
+            {
+                "case": c["case"],
+                "bare/s": c["bare_per_s"],
+                "aiworker/s": c["aiworker_per_s"],
+                "ratio": c["ratio"],
+                "bare p50/p95/p99 ms": "/".join(
+                    f"{c['bare_latency_ms'][k]:.0f}" for k in ("p50", "p95", "p99")
+                ),
+                "aiworker p50/p95/p99 ms": "/".join(
+                    f"{c['aiworker_latency_ms'][k]:.0f}" for k in ("p50", "p95", "p99")
+                ),
+            }
+        )
+    print(table(rows, list(rows[0])))
+    print(
+        f"\nruntime overhead per call: p50 {ov['overhead_p50_us']:.0f} us, "
+        f"p99 {ov['overhead_p99_us']:.0f} us (direct p50 {ov['direct_us']['p50']:.0f} us, "
+        f"through runtime p50 {ov['runtime_us']['p50']:.0f} us)"
+    )
+    print(f"throughput_ratio_vs_bare (one step): {out['throughput_ratio_vs_bare']}")
+    print(f"scrape_ratio_vs_direct: {out['scrape_ratio_vs_direct']}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "latest.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(f"written {RESULTS / 'latest.json'} in {out['wall_seconds']}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
