@@ -39,3 +39,16 @@ def queue_suffix_of(task_queue: str) -> str:
     if task_queue.startswith(PIPELINES_QUEUE):
         return task_queue[len(PIPELINES_QUEUE) :]
     return ""
+
+
+# Limits that hold across worker processes (see workflows/limiter.py).
+LIMITER_WORKFLOW: Final = "LimiterWorkflow"
+LIMITER_ACQUIRE: Final = "limiter-acquire"
+LIMITER_ACQUIRE_SIGNAL: Final = "acquire"
+LIMITER_RELEASE_SIGNAL: Final = "release"
+PERMIT_SIGNAL: Final = "permit"
+
+
+def limiter_workflow_id(key: str) -> str:
+    """The id of the limiter workflow that owns one limit key."""
+    return f"aiworker-limiter/{key}"

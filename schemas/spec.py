@@ -17,7 +17,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-_RATE = re.compile(r"^\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 _PERIOD_SECONDS = {
     "s": 1,
     "sec": 1,
@@ -31,11 +31,14 @@ _PERIOD_SECONDS = {
 
 
 def parse_rate(text: str) -> tuple[int, float]:
-    """Parse ``"10/min"`` into ``(10, 60.0)``; raise ``ValueError`` otherwise."""
+    """Parse ``"10/min"`` into ``(10, 60.0)`` (``"5/20s"`` into ``(5, 20.0)``)."""
     m = _RATE.match(text)
-    if not m:
-        raise ValueError(f"rate {text!r} is not of the form N/s, N/min or N/hour")
-    return int(m.group(1)), float(_PERIOD_SECONDS[m.group(2)])
+    if not m or int(m.group(1)) < 1:
+        raise ValueError(f"rate {text!r} is not of the form N/s, N/min, N/hour or N/<k>s")
+    scale = float(m.group(2)) if m.group(2) else 1.0
+    if scale <= 0:
+        raise ValueError(f"rate {text!r} has an empty period")
+    return int(m.group(1)), scale * _PERIOD_SECONDS[m.group(3)]
 
 
 class _Model(BaseModel):

@@ -19,7 +19,6 @@ from prometheus_client import CollectorRegistry
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
 from activities.metrics import WorkerMetrics
 from activities.runtime import WorkerRuntime
@@ -130,19 +129,9 @@ async def running_stack(
     """
     metrics = WorkerMetrics(CollectorRegistry())
     runtime = WorkerRuntime(settings, load_specs(), tools=tools or {}, metrics=metrics)
-    workers = build_workers(client, settings, runtime, queues or all_queues(dict(load_specs())))
-    if replace_activities:
-        rebuilt = []
-        for w in workers:
-            cfg = w.config()
-            acts = [a for a in cfg.get("activities", []) if _act_name(a) not in replace_activities]
-            base = w.task_queue[: len(w.task_queue) - len(settings.task_queue_suffix)]
-            for wid, fn in replace_activities.items():
-                if load_specs()[wid].task_queue == base:
-                    acts.append(fn)
-            cfg["activities"] = acts
-            rebuilt.append(Worker(**cfg))
-        workers = rebuilt
+    workers = build_workers(
+        client, settings, runtime, queues or all_queues(dict(load_specs())), replace_activities
+    )
     tasks = [asyncio.create_task(w.run()) for w in workers]
     try:
         yield Stack(client, settings, runtime, metrics)
@@ -151,13 +140,6 @@ async def running_stack(
         for t in tasks:
             if t.done() and not t.cancelled() and t.exception():
                 raise t.exception()  # type: ignore[misc]
-
-
-def _act_name(fn: Callable[..., Any]) -> str:
-    from temporalio import activity
-
-    defn = activity._Definition.from_callable(fn)
-    return defn.name if defn and defn.name else ""
 
 
 @pytest_asyncio.fixture

@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from activities.limiter import LimiterActivities
 from activities.runtime import WorkerRuntime
 from activities.validator import ValidatorActivities
 from schemas import names
 from schemas.spec import WorkerSpec
+from workflows.limiter import LimiterWorkflow
 from workflows.pipeline import PipelineWorkflow
 
 ActivityFactory = Callable[[WorkerRuntime], list[Callable[..., Any]]]
@@ -24,7 +26,7 @@ ACTIVITY_FACTORIES: dict[str, ActivityFactory] = {
 }
 
 WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {
-    names.PIPELINES_QUEUE: [PipelineWorkflow],
+    names.PIPELINES_QUEUE: [PipelineWorkflow, LimiterWorkflow],
 }
 
 
@@ -42,4 +44,7 @@ def activities_for(queue: str, runtime: WorkerRuntime) -> list[Callable[..., Any
         spec = runtime.specs.get(worker_id)
         if spec is not None and spec.task_queue == queue:
             out.extend(factory(runtime))
+    if queue == names.PIPELINES_QUEUE:
+        # the limiter's local activity runs beside the pipeline workflows
+        out.append(LimiterActivities(runtime.settings, runtime.specs).acquire)
     return out

@@ -12,10 +12,11 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+from temporalio import activity
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import (
     AddSearchAttributesRequest,
@@ -78,9 +79,17 @@ def build_runtime(
 
 
 def build_workers(
-    client: Client, settings: Settings, runtime: WorkerRuntime, queues: Sequence[str]
+    client: Client,
+    settings: Settings,
+    runtime: WorkerRuntime,
+    queues: Sequence[str],
+    replace: Mapping[str, Callable[..., Any]] | None = None,
 ) -> list[Worker]:
-    """One Temporal worker per base queue (with the deployment suffix)."""
+    """One Temporal worker per base queue (with the deployment suffix).
+
+    ``replace`` maps worker ids to same-name stand-in activities (tests and
+    local development stand in for a worker that is not deployed).
+    """
     known = all_queues(dict(runtime.specs))
     unknown = [q for q in queues if q not in known]
     if unknown:
@@ -89,6 +98,13 @@ def build_workers(
     for q in queues:
         workflows = WORKFLOWS_BY_QUEUE.get(q, [])
         acts = activities_for(q, runtime)
+        if replace:
+            acts = [a for a in acts if _activity_name(a) not in replace]
+            acts += [
+                fn
+                for wid, fn in replace.items()
+                if wid in runtime.specs and runtime.specs[wid].task_queue == q
+            ]
         workers.append(
             Worker(
                 client,
@@ -103,6 +119,11 @@ def build_workers(
             )
         )
     return workers
+
+
+def _activity_name(fn: Callable[..., Any]) -> str | None:
+    defn = activity._Definition.from_callable(fn)
+    return defn.name if defn else None
 
 
 async def run_until_stopped(

@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
 
     from schemas import names
     from schemas.errors import ErrorCode
+    from schemas.limits import AcquireCall, Permit
     from schemas.options import activity_options
     from schemas.pipeline import (
         PipelineResult,
@@ -44,6 +45,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from schemas.refs import ReferenceError_, resolve
     from schemas.spec import WorkerSpec, load_specs
+
+from workflows.permits import PermitBook
 
 STATUS_KEY = SearchAttributeKey.for_keyword(names.SA_STATUS)
 TENANT_KEY = SearchAttributeKey.for_keyword(names.SA_TENANT)
@@ -125,6 +128,14 @@ class PipelineWorkflow:
         self._steps: dict[str, StepResult] = {}
         self._usage = Usage()
         self._status = "running"
+        self._permits = PermitBook()
+        self._started_at: float | None = None
+        self._deadline_seconds: float | None = None
+
+    @workflow.signal(name=names.PERMIT_SIGNAL)
+    def permit(self, permit: Permit) -> None:
+        """A limiter granted a permit this pipeline asked for."""
+        self._permits.on_permit(permit)
 
     @workflow.query(name=names.PROGRESS_QUERY)
     def progress(self) -> dict[str, Any]:
@@ -148,6 +159,8 @@ class PipelineWorkflow:
         specs = _specs()
         spec = parse_spec(pipeline, set(specs))
         info = workflow.info()
+        self._started_at = workflow.now().timestamp()
+        self._deadline_seconds = spec.budget.deadline_seconds
         self._queue_suffix = names.queue_suffix_of(info.task_queue)
         self._trace_id = workflow.uuid4().hex
         workflow.upsert_search_attributes(
@@ -278,6 +291,78 @@ class PipelineWorkflow:
                 error_code=ErrorCode.INVALID_INPUT.value,
                 error_message=f"step {step.id!r}: field 'input': {e}",
             )
+        limits = await self._acquire_limits(spec, worker, step)
+        if isinstance(limits, StepResult):
+            return limits
+        try:
+            return await self._call_worker(spec, worker, step, step_input, start)
+        finally:
+            for key, ticket in limits:
+                await self._permits.release(key, ticket)
+
+    def _remaining(self) -> timedelta | None:
+        if self._deadline_seconds is None or self._started_at is None:
+            return None
+        left = self._started_at + self._deadline_seconds - workflow.now().timestamp()
+        return timedelta(seconds=max(0.0, left))
+
+    async def _acquire_limits(
+        self, spec: PipelineSpec, worker: WorkerSpec, step: Step
+    ) -> list[tuple[str, str]] | StepResult:
+        """Wait for the worker's per-tenant rate limit and the step's concurrency key.
+
+        Returns the concurrency leases to release, or a failed step result when
+        the pipeline's deadline would pass first (``rate_limited``).
+        """
+        info = workflow.info()
+        base = f"{info.workflow_id}/{step.id}/{workflow.uuid4().hex[:8]}"
+        calls = [
+            AcquireCall(
+                worker_id=worker.worker_id,
+                tenant=spec.tenant,
+                requester=info.workflow_id,
+                ticket=f"{base}/rate",
+            )
+        ]
+        if step.concurrency is not None:
+            try:
+                key = resolve(step.concurrency.key, self._scope(spec))
+            except ReferenceError_ as e:
+                return StepResult(
+                    status="failed",
+                    error_code=ErrorCode.INVALID_INPUT.value,
+                    error_message=f"step {step.id!r}: field 'concurrency.key': {e}",
+                )
+            attempts = worker.retries.max_attempts
+            lease = (step.timeout_seconds or worker.constraints.timeout_seconds) * attempts + 60
+            calls.append(
+                AcquireCall(
+                    key=str(key),
+                    limit=step.concurrency.limit,
+                    requester=info.workflow_id,
+                    ticket=f"{base}/concurrency",
+                    lease_seconds=lease,
+                )
+            )
+        leases: list[tuple[str, str]] = []
+        for call in calls:
+            result = await self._permits.acquire(call, self._remaining())
+            if result is None:
+                for key, ticket in leases:
+                    await self._permits.release(key, ticket)
+                return StepResult(
+                    status="failed",
+                    error_code=ErrorCode.RATE_LIMITED.value,
+                    error_message=f"step {step.id!r}: the pipeline deadline passed while "
+                    f"waiting for {'a concurrency slot' if call.key else 'the rate limit'}",
+                )
+            if result.limited and call.key is not None and result.key is not None:
+                leases.append((result.key, call.ticket))
+        return leases
+
+    async def _call_worker(
+        self, spec: PipelineSpec, worker: WorkerSpec, step: Step, step_input: Any, start: Any
+    ) -> StepResult:
         info = workflow.info()
         constraints = RequestConstraints(timeout_seconds=step.timeout_seconds)
         request = WorkerRequest(

@@ -1,0 +1,68 @@
+"""Models of the cross-process limiter (rate limits and concurrency leases)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AcquireRequest(_Model):
+    """A request for one permit, sent by a pipeline to the key's limiter."""
+
+    requester: str = Field(description="workflow id that receives the permit signal")
+    ticket: str = Field(min_length=1, max_length=300)
+    kind: Literal["rate", "concurrency"]
+    limit: int = Field(ge=1)
+    period_seconds: float = Field(default=60.0, gt=0, description="rate window")
+    lease_seconds: float = Field(
+        default=3600.0, gt=0, description="a concurrency lease expires after this (crash safety)"
+    )
+
+
+class Permit(_Model):
+    """The limiter's answer: the ticket may go now."""
+
+    ticket: str
+    key: str
+    waited_seconds: float = 0.0
+
+
+class LimiterState(_Model):
+    """What a limiter carries across continue-as-new."""
+
+    key: str
+    kind: Literal["rate", "concurrency"] = "rate"
+    limit: int = 1
+    period_seconds: float = 60.0
+    grants: list[float] = Field(default_factory=list, description="grant times (rate)")
+    holders: dict[str, float] = Field(default_factory=dict, description="ticket -> lease end")
+    waiters: list[tuple[AcquireRequest, float]] = Field(
+        default_factory=list, description="(request, time queued), in arrival order"
+    )
+    granted_total: int = 0
+
+
+class AcquireCall(_Model):
+    """Input of the ``limiter-acquire`` activity."""
+
+    worker_id: str | None = Field(default=None, description="rate limit: worker of the step")
+    tenant: str | None = None
+    key: str | None = Field(default=None, description="concurrency: the resolved key")
+    limit: int | None = Field(default=None, ge=1, description="concurrency limit")
+    requester: str
+    ticket: str
+    lease_seconds: float = 3600.0
+
+
+class AcquireResult(_Model):
+    """What the ``limiter-acquire`` activity did."""
+
+    limited: bool = Field(description="false when no limit applies: go at once")
+    key: str | None = None
+    limit: int | None = None
+    period_seconds: float | None = None

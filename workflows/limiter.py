@@ -1,0 +1,169 @@
+"""``LimiterWorkflow``: one limit key, shared by every worker process.
+
+Rate limits (N per period) and concurrency limits (N leases at once) must
+hold however many worker pods run, survive restarts and never drop a
+request. So the state lives in Temporal itself, not in a process or a second
+datastore: one long-running workflow per key (id
+``aiworker-limiter/<key>``) receives ``acquire`` signals (sent with
+signal-with-start, so the first request creates it), grants permits in
+arrival order by signalling the requesting workflow, and receives
+``release`` signals for concurrency leases. A lease also expires after its
+``lease_seconds``, so a requester that vanished cannot hold a slot forever.
+History stays bounded with continue-as-new; an idle limiter completes and the
+next request starts a fresh one.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from schemas import names
+    from schemas.limits import AcquireRequest, LimiterState, Permit
+
+# Continue-as-new well before histories get large.
+_MAX_HISTORY_EVENTS = 2000
+_MAX_ROUNDS = 500
+_IDLE_SECONDS = 300.0
+
+
+@workflow.defn(name=names.LIMITER_WORKFLOW)
+class LimiterWorkflow:
+    """Grants permits for one key, in arrival order, across all processes."""
+
+    def __init__(self) -> None:
+        self._s = LimiterState(key="")
+        self._waiters: list[tuple[AcquireRequest, float]] = []
+        self._holders: dict[str, float] = {}
+        self._grants: list[float] = []
+        self._changed = False
+
+    def _now(self) -> float:
+        return workflow.now().timestamp()
+
+    @workflow.signal(name=names.LIMITER_ACQUIRE_SIGNAL)
+    def acquire(self, request: AcquireRequest) -> None:
+        """Queue a request; it is granted when the limit allows."""
+        if any(w.ticket == request.ticket for w, _ in self._waiters) or (
+            request.ticket in self._holders
+        ):
+            return  # a retried acquire of the same ticket: already queued or held
+        self._waiters.append((request, self._now()))
+        self._changed = True
+
+    @workflow.signal(name=names.LIMITER_RELEASE_SIGNAL)
+    def release(self, ticket: str) -> None:
+        """End a concurrency lease (or withdraw a queued request)."""
+        self._holders.pop(ticket, None)
+        self._waiters = [(w, t) for w, t in self._waiters if w.ticket != ticket]
+        self._changed = True
+
+    @workflow.query(name="state")
+    def state(self) -> dict[str, object]:
+        """Holders, queue length and recent grants, for operators."""
+        return {
+            "key": self._s.key,
+            "kind": self._s.kind,
+            "limit": self._s.limit,
+            "period_seconds": self._s.period_seconds,
+            "holders": sorted(self._holders),
+            "waiting": [w.ticket for w, _ in self._waiters],
+            "recent_grants": len(self._grants),
+            "granted_total": self._s.granted_total,
+        }
+
+    @workflow.run
+    async def run(self, state: LimiterState) -> LimiterState:
+        """Serve the key until idle; continue-as-new to keep history bounded."""
+        self._s = state
+        # carry over what the previous run held; signals may already have queued more
+        self._waiters = [*state.waiters, *self._waiters]
+        self._holders = {**state.holders, **self._holders}
+        self._grants = list(state.grants)
+        idle_since = self._now()
+        for _ in range(_MAX_ROUNDS):
+            await self._grant_ready()
+            if self._waiters or self._holders:
+                idle_since = self._now()
+            elif self._now() - idle_since >= _IDLE_SECONDS:
+                return self._snapshot()
+            if workflow.info().get_current_history_length() > _MAX_HISTORY_EVENTS:
+                break
+            self._changed = False
+            wake = self._next_wake(idle_since)
+            try:
+                await workflow.wait_condition(
+                    lambda: self._changed, timeout=timedelta(seconds=max(0.05, wake))
+                )
+            except TimeoutError:
+                pass
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(self._snapshot())
+
+    def _snapshot(self) -> LimiterState:
+        return self._s.model_copy(
+            update={
+                "waiters": list(self._waiters),
+                "holders": dict(self._holders),
+                "grants": list(self._grants),
+            }
+        )
+
+    def _next_wake(self, idle_since: float) -> float:
+        now = self._now()
+        candidates = [idle_since + _IDLE_SECONDS - now]
+        if self._waiters and self._s.kind == "rate" and self._grants:
+            candidates.append(self._grants[0] + self._s.period_seconds - now)
+        if self._holders:
+            candidates.append(min(self._holders.values()) - now)
+        return max(0.05, min(candidates))
+
+    async def _grant_ready(self) -> None:
+        now = self._now()
+        for ticket, end in list(self._holders.items()):
+            if end <= now:
+                workflow.logger.warning("limiter %s: lease %s expired", self._s.key, ticket)
+                del self._holders[ticket]
+        # a bounded number of grants per round
+        for _ in range(len(self._waiters)):
+            if not self._waiters:
+                return
+            request, queued_at = self._waiters[0]
+            # the newest request's limits win: operators change them in settings
+            self._s = self._s.model_copy(
+                update={
+                    "kind": request.kind,
+                    "limit": request.limit,
+                    "period_seconds": request.period_seconds,
+                }
+            )
+            if request.kind == "rate":
+                window_start = now - self._s.period_seconds
+                self._grants = [t for t in self._grants if t > window_start]
+                if len(self._grants) >= self._s.limit:
+                    return
+                self._grants.append(now)
+            else:
+                if len(self._holders) >= self._s.limit:
+                    return
+                self._holders[request.ticket] = now + request.lease_seconds
+            self._waiters.pop(0)
+            self._s = self._s.model_copy(update={"granted_total": self._s.granted_total + 1})
+            permit = Permit(
+                ticket=request.ticket, key=self._s.key, waited_seconds=round(now - queued_at, 3)
+            )
+            try:
+                await workflow.get_external_workflow_handle(request.requester).signal(
+                    names.PERMIT_SIGNAL, permit
+                )
+            except ApplicationError:
+                # the requester is gone: free its slot again
+                self._holders.pop(request.ticket, None)
+            except Exception as e:
+                workflow.logger.warning(
+                    "limiter %s: cannot signal %s: %s", self._s.key, request.requester, e
+                )
+                self._holders.pop(request.ticket, None)
