@@ -134,6 +134,8 @@ class LlmCall:
             "alias": cfg.alias,
             "finish_reason": reply.finish_reason,
             "max_tokens": reply.max_tokens,
+            "input_tokens": reply.usage.input_tokens,
+            "output_tokens": reply.usage.output_tokens,
         }
         status = "succeeded"
         warnings: list[WarningInfo] = []
