@@ -11,6 +11,7 @@ from activities.breaker import BreakerRegistry
 from activities.llm import LanguageModel, LlmMetrics, ModelsFileError, load_registry
 from activities.metrics import WorkerMetrics
 from schemas.settings import Settings
+from workers.worker import StartupError
 
 
 @functools.cache
@@ -28,8 +29,6 @@ def build_language_model(
 ) -> LanguageModel:
     """The ``language_model`` tool: the model registry checked now, so a bad
     ``AIWORKER_MODELS_FILE`` or a missing key stops the process at start."""
-    from workers.worker import StartupError
-
     try:
         registry = load_registry(settings, os.environ if env is None else env)
     except ModelsFileError as e:
@@ -41,8 +40,8 @@ def build_language_model(
     )
 
 
-def build_tools(settings: Settings) -> dict[str, Any]:
+def build_tools(settings: Settings, metrics: WorkerMetrics | None = None) -> dict[str, Any]:
     """Every tool this process can hand to workers, by tool name."""
     tools: dict[str, Any] = {}
-    tools["language_model"] = build_language_model(settings)
+    tools["language_model"] = build_language_model(settings, metrics=metrics)
     return tools

@@ -2,9 +2,9 @@
 
 Order of one call: resolve the alias -> fit ``max_tokens`` to the model's
 output limit and context window (a prompt that cannot fit is
-``budget_exceeded`` before anything is sent) -> the provider's circuit
-breaker -> the client-side requests/tokens-per-minute limit -> POST with
-httpx (transport retries off: Temporal retries) -> map the outcome.
+``budget_exceeded`` before anything is sent) -> the client-side
+requests/tokens-per-minute limit -> the provider's circuit breaker -> POST
+with httpx (transport retries off: Temporal retries) -> map the outcome.
 
 Errors, by what the provider did:
 
@@ -50,7 +50,7 @@ from activities.errors import (
 )
 from activities.llm._http import retry_after
 from activities.llm._limiter import RateLimiter
-from activities.llm._providers import PROVIDERS, schema_instruction
+from activities.llm._providers import PROVIDERS, Provider, schema_instruction
 from activities.llm._registry import ModelConfig, ModelRegistry
 from activities.llm._types import ChatReply, ChatRequest
 from activities.metrics import DURATION_BUCKETS
@@ -201,8 +201,14 @@ class LanguageModel:
             span.set_attribute("aiworker.model_alias", cfg.alias)
             span.set_attribute("aiworker.estimated_input_tokens", est)
             try:
-                self.breakers.check(cfg.target)
+                # The limiter goes first: a breaker that lets a half-open probe through
+                # must see that probe's outcome, which a refused call would never report.
                 reservation = self.limiter.acquire(cfg.target, est + max_tokens)
+                try:
+                    self.breakers.check(cfg.target)
+                except WorkerError:
+                    reservation.release()
+                    raise
                 reply = await self._call(cfg, provider, req, max_tokens, deadline_seconds)
                 reservation.settle(reply.usage.input_tokens + reply.usage.output_tokens)
                 self._learn(cfg, req, reply)
@@ -238,7 +244,7 @@ class LanguageModel:
     async def _call(
         self,
         cfg: ModelConfig,
-        provider: Any,
+        provider: Provider,
         req: ChatRequest,
         max_tokens: int,
         deadline_seconds: float,
@@ -319,7 +325,7 @@ class LanguageModel:
     def _interpret(
         self,
         cfg: ModelConfig,
-        provider: Any,
+        provider: Provider,
         status: int,
         headers: httpx.Headers,
         raw: bytes,
@@ -337,7 +343,7 @@ class LanguageModel:
                     model=cfg.alias,
                 )
             try:
-                return provider.parse(cfg, doc, max_tokens)  # type: ignore[no-any-return]
+                return provider.parse(cfg, doc, max_tokens)
             except ValueError as e:
                 raise UpstreamError(
                     f"model alias {cfg.alias!r}: not a {provider.name} reply ({e})",

@@ -23,7 +23,7 @@ from activities.errors import BudgetExceededError, RateLimitedError
 WINDOW_SECONDS = 60.0
 
 
-@dataclass
+@dataclass(eq=False)
 class _Entry:
     at: float
     tokens: int
@@ -42,6 +42,16 @@ class Reservation:
         self._limiter = limiter
         self._window = window
         self._entry = entry
+
+    def release(self) -> None:
+        """Give the reservation back: the call never went out."""
+        if self._window is None or self._entry is None:
+            return
+        with self._limiter._lock:
+            if self._entry in self._window.entries:
+                self._window.entries.remove(self._entry)
+                self._window.tokens -= self._entry.tokens
+        self._entry = None
 
     def settle(self, tokens: int) -> None:
         if self._window is None or self._entry is None:

@@ -85,7 +85,7 @@ class OpenAIProvider:
         self, cfg: ModelConfig, req: ChatRequest, max_tokens: int
     ) -> tuple[str, dict[str, str], dict[str, Any]]:
         messages = list(req.messages)
-        body: dict[str, Any] = {"model": cfg.model, "max_tokens": max_tokens}
+        body: dict[str, Any] = {"model": cfg.model, cfg.max_tokens_field: max_tokens}
         schema = req.response_schema
         if schema is not None:
             mode = cfg.structured_output

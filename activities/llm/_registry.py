@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -79,6 +79,10 @@ class ModelEntry(BaseModel):
         "or tool (anthropic); prompt for servers without structured output",
     )
     anthropic_version: str = "2023-06-01"
+    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = Field(
+        default="max_tokens",
+        description="OpenAI's newer models take max_completion_tokens instead of max_tokens",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelEntry:
@@ -136,6 +140,7 @@ class ModelConfig:
     tpm: int | None = None
     structured_output: str = "json_schema"
     anthropic_version: str = "2023-06-01"
+    max_tokens_field: str = "max_tokens"
 
     @property
     def target(self) -> str:
@@ -219,6 +224,7 @@ def _resolve(alias: str, e: ModelEntry, env: Mapping[str, str]) -> ModelConfig:
         structured_output=e.structured_output
         or ("json_schema" if e.provider == "openai" else "tool"),
         anthropic_version=e.anthropic_version,
+        max_tokens_field=e.max_tokens_field,
     )
 
 
@@ -250,11 +256,11 @@ def load_registry(settings: Settings, env: Mapping[str, str]) -> ModelRegistry:
     Raises ``ModelsFileError`` with a message fit for an operator.
     """
     models: dict[str, ModelConfig] = {}
-    if settings.llm_base_url or settings.llm_model:
+    if settings.llm_base_url or settings.llm_model or settings.llm_api_key:
         if not settings.llm_model:
             raise ModelsFileError(
-                "AIWORKER_LLM_MODEL is required when AIWORKER_LLM_BASE_URL is set "
-                "(the model name of the `default` alias)"
+                "AIWORKER_LLM_MODEL is required when AIWORKER_LLM_BASE_URL or "
+                "AIWORKER_LLM_API_KEY is set (the model name of the `default` alias)"
             )
         try:
             entry = ModelEntry(
@@ -268,7 +274,7 @@ def load_registry(settings: Settings, env: Mapping[str, str]) -> ModelRegistry:
             ) from None
         default = _resolve("default", entry, env)
         if settings.llm_api_key is not None:
-            default = ModelConfig(**{**default.__dict__, "api_key": settings.llm_api_key})
+            default = replace(default, api_key=settings.llm_api_key)
         models["default"] = default
     if settings.models_file is not None:
         path = settings.models_file

@@ -6,6 +6,7 @@ replies here come from ``httpx.MockTransport``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from activities.errors import (
     InvalidInputError,
     RateLimitedError,
     UpstreamError,
+    WorkerTimeoutError,
 )
 from activities.llm import (
     ChatRequest,
@@ -283,3 +285,39 @@ def test_feedback_becomes_the_last_user_message() -> None:
     assert [m.role for m in msgs] == ["system", "user", "user"]
     assert "$.age: 'x' is not of type 'integer'" in msgs[-1].content
     assert "- plain" in msgs[-1].content
+
+
+async def test_timeouts_count_against_the_breaker() -> None:
+    async def hang(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(30)
+        return httpx.Response(200)
+
+    lm = _lm(hang)  # type: ignore[arg-type]
+    for _ in range(2):
+        with pytest.raises(WorkerTimeoutError):
+            await lm.complete(REQ, deadline_seconds=0.05)
+    assert lm.breakers.state("openai:provider.test") == "open"
+    await lm.http.aclose()
+
+
+async def test_a_refused_call_does_not_use_up_the_half_open_probe() -> None:
+    clock = [0.0]
+
+    def ok(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        assert "max_completion_tokens" in body and "max_tokens" not in body
+        doc = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}
+        return httpx.Response(200, json=doc)
+
+    lm = _lm(ok, max_tokens_field="max_completion_tokens")
+    lm.breakers = BreakerRegistry("provider", failure_threshold=1, clock=lambda: clock[0])
+    lm.limiter = RateLimiter({"openai:provider.test": (1, None)}, clock=lambda: clock[0])
+    lm.breakers.record_failure("openai:provider.test")
+    with pytest.raises(CircuitOpenError):
+        await lm.complete(REQ, deadline_seconds=5)
+    clock[0] = 31.0  # half-open now; the refused call above released its slot
+    reply = await lm.complete(REQ, deadline_seconds=5)
+    assert reply.text == "ok" and lm.breakers.state("openai:provider.test") == "closed"
+    with pytest.raises(RateLimitedError):
+        await lm.complete(REQ, deadline_seconds=5)
+    await lm.http.aclose()
