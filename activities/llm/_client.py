@@ -55,7 +55,7 @@ from activities.llm._registry import ModelConfig, ModelRegistry
 from activities.llm._types import ChatReply, ChatRequest
 from activities.metrics import DURATION_BUCKETS
 
-tracer = trace.get_tracer("aiworker.llm")
+_tracer = trace.get_tracer("aiworker.llm")
 
 DEFAULT_MAX_TOKENS = 1024
 MAX_REPLY_BYTES = 8 * 1024 * 1024
@@ -112,6 +112,7 @@ class LanguageModel:
         breakers: the ``provider`` circuit breakers.
         limiter: the client-side per-endpoint limits (from the registry if omitted).
         metrics: per-call metrics, or None.
+        tracer: where the span of each call goes (the global provider's by default).
     """
 
     def __init__(
@@ -123,6 +124,7 @@ class LanguageModel:
         limiter: RateLimiter | None = None,
         metrics: LlmMetrics | None = None,
         max_reply_bytes: int = MAX_REPLY_BYTES,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.registry = registry
         self._own_http = http is None
@@ -135,6 +137,7 @@ class LanguageModel:
         self.limiter = limiter or RateLimiter(registry.limits)
         self.metrics = metrics
         self.max_reply_bytes = max_reply_bytes
+        self.tracer = tracer or _tracer
         self._secrets = sorted(set(registry.secret_values()), key=len, reverse=True)
         # Learned characters per token by alias, from reported usage.
         self._ratio: dict[str, float] = {}
@@ -194,7 +197,7 @@ class LanguageModel:
         provider = PROVIDERS[cfg.provider]
         started = time.monotonic()
         outcome = "internal"
-        with tracer.start_as_current_span("llm.call", kind=SpanKind.CLIENT) as span:
+        with self.tracer.start_as_current_span("llm.call", kind=SpanKind.CLIENT) as span:
             span.set_attribute("gen_ai.system", cfg.provider)
             span.set_attribute("gen_ai.request.model", cfg.model)
             span.set_attribute("gen_ai.request.max_tokens", max_tokens)

@@ -321,3 +321,34 @@ async def test_a_refused_call_does_not_use_up_the_half_open_probe() -> None:
     with pytest.raises(RateLimitedError):
         await lm.complete(REQ, deadline_seconds=5)
     await lm.http.aclose()
+
+
+async def test_one_span_per_call_with_model_and_tokens_but_no_prompt() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+
+    def ok(request: httpx.Request) -> httpx.Response:
+        doc = {
+            "model": "gpt-x",
+            "choices": [{"message": {"content": "fine"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 3},
+        }
+        return httpx.Response(200, json=doc)
+
+    lm = _lm(ok)
+    lm.tracer = provider.get_tracer("test")
+    secret_prompt = ChatRequest(messages=(Message("user", "PROMPT-TEXT-42"),), alias="m")
+    await lm.complete(secret_prompt, deadline_seconds=5)
+    (span,) = exporter.get_finished_spans()
+    attrs = dict(span.attributes or {})
+    assert span.name == "llm.call"
+    assert attrs["gen_ai.request.model"] == "gpt" and attrs["gen_ai.response.model"] == "gpt-x"
+    assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == (12, 3)
+    assert "PROMPT-TEXT-42" not in json.dumps(attrs, default=str)
+    await lm.http.aclose()
+    provider.shutdown()

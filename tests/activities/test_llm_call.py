@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -298,8 +299,9 @@ async def test_feedback_reaches_the_model_and_fixes_the_reply(
 
 
 async def test_permanent_provider_errors_are_not_retried(
-    llm_stack: Stack, models: Models, fake: FakeProvider
+    llm_stack: Stack, models: Models, fake: FakeProvider, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="aiworker")
     outcomes = await asyncio.gather(
         run_step(llm_stack, {"model": "context", "prompt": "long"}),
         run_step(llm_stack, {"model": "unauthorized", "prompt": "a"}),
@@ -318,6 +320,11 @@ async def test_permanent_provider_errors_are_not_retried(
     denied = outcomes[1][0].steps["ask"].error_message or ""
     assert "Incorrect API key" in denied and models.key not in denied
     assert models.key not in (await outcomes[1][1].fetch_history()).to_json()
+    lines = [
+        r.getMessage() + json.dumps(getattr(r, "aiworker", {}), default=str) for r in caplog.records
+    ]
+    assert any('"error_code": "access_denied"' in line for line in lines)
+    assert not any(models.key in line for line in lines)
     assert "no-such-alias" in (outcomes[3][0].steps["ask"].error_message or "")
     assert fake.seen(models.model("echo")) == []
 
