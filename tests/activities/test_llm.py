@@ -352,3 +352,22 @@ async def test_one_span_per_call_with_model_and_tokens_but_no_prompt() -> None:
     assert "PROMPT-TEXT-42" not in json.dumps(attrs, default=str)
     await lm.http.aclose()
     provider.shutdown()
+
+
+def test_structured_output_options_per_provider() -> None:
+    from activities.llm import AnthropicProvider, OpenAIProvider
+
+    array_schema = {"type": "array", "items": {"type": "string"}}
+    req = ChatRequest(messages=(Message("user", "list"),), response_schema=array_schema)
+    claude = ModelConfig(alias="c", provider="anthropic", base_url="http://a", model="m")
+    url, _, body = AnthropicProvider().build(claude, req, 10)
+    assert url == "http://a/v1/messages"
+    assert "tools" not in body and '"type":"array"' in body["system"]
+    local = ModelConfig(
+        alias="l", provider="openai", base_url="http://o/v1", model="m", structured_output="prompt"
+    )
+    _, headers, body = OpenAIProvider().build(local, req, 10)
+    assert "response_format" not in body and "authorization" not in headers
+    assert (
+        body["messages"][0]["role"] == "system" and "JSON Schema" in body["messages"][0]["content"]
+    )
