@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from activities.limiter import LimiterActivities
+from activities.llm_call import LlmCallActivities
 from activities.runtime import WorkerRuntime
 from activities.validator import ValidatorActivities
 from schemas import names
@@ -23,6 +24,7 @@ ActivityFactory = Callable[[WorkerRuntime], list[Callable[..., Any]]]
 # worker_id -> factory of its activity callables (bound to the shared runtime)
 ACTIVITY_FACTORIES: dict[str, ActivityFactory] = {
     names.VALIDATOR: lambda rt: [ValidatorActivities(rt).validator],
+    names.LLM_CALL: lambda rt: [LlmCallActivities(rt).llm_call],
 }
 
 WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {

@@ -73,7 +73,7 @@ def build_runtime(
     return WorkerRuntime(
         settings,
         load_specs(),
-        tools=build_tools(settings) if tools is None else tools,
+        tools=build_tools(settings, metrics) if tools is None else tools,
         metrics=metrics,
     )
 

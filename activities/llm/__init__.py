@@ -1,0 +1,46 @@
+"""Language-model providers for the ``llm-call`` worker.
+
+The public surface: :class:`LanguageModel` (the ``language_model`` tool),
+the model registry (:func:`load_registry`, :class:`ModelRegistry`,
+:class:`ModelConfig`, :class:`ModelsFileError`), the per-endpoint
+:class:`RateLimiter`, and the provider-neutral :class:`ChatRequest` /
+:class:`ChatReply`.
+"""
+
+from activities.llm._client import LanguageModel, LlmMetrics, estimate_tokens
+from activities.llm._http import parse_duration, retry_after
+from activities.llm._limiter import RateLimiter
+from activities.llm._providers import PROVIDERS, AnthropicProvider, OpenAIProvider
+from activities.llm._registry import (
+    ModelConfig,
+    ModelEntry,
+    ModelRegistry,
+    ModelsFile,
+    ModelsFileError,
+    load_registry,
+    parse_models_file,
+)
+from activities.llm._types import ChatReply, ChatRequest, Message, Usage
+
+__all__ = [
+    "PROVIDERS",
+    "AnthropicProvider",
+    "ChatReply",
+    "ChatRequest",
+    "LanguageModel",
+    "LlmMetrics",
+    "Message",
+    "ModelConfig",
+    "ModelEntry",
+    "ModelRegistry",
+    "ModelsFile",
+    "ModelsFileError",
+    "OpenAIProvider",
+    "RateLimiter",
+    "Usage",
+    "estimate_tokens",
+    "load_registry",
+    "parse_duration",
+    "parse_models_file",
+    "retry_after",
+]

@@ -1,0 +1,215 @@
+"""The ``llm-call`` worker: one model call, a token budget, structured output.
+
+Input: ``messages`` (or ``prompt`` + ``system``), ``model`` (an alias of the
+model registry), ``max_tokens``, ``temperature``, ``stop``, ``seed``,
+``response_schema`` and ``feedback``. Output: ``text``, ``json`` (with a
+schema), ``finish_reason``, ``model``, ``alias`` and ``usage``.
+
+``max_tokens`` sent is the smallest of the spec's, the request constraint's
+(what the pipeline budget has left), the input's and the model's own limit;
+a prompt that cannot fit the model's context is ``budget_exceeded`` before
+the call. With ``response_schema`` the reply is always validated here (a
+```json fence is tolerated); a reply that fails, or that stopped at
+``length``, is ``invalid_output`` whose reasons are the validator's, so the
+pipeline's validation loop can pass them back as ``feedback`` on the next
+attempt. Without a schema a reply cut at ``length`` is a ``partial`` result
+with a ``truncated`` warning.
+
+Provider calls, limits, breaker and error mapping live in
+:mod:`activities.llm` (the ``language_model`` tool).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, ClassVar
+
+from temporalio import activity
+
+from activities.errors import InvalidInputError, InvalidOutputError
+from activities.jsonschema_cache import SchemaError, describe, validator_for
+from activities.llm import ChatRequest, LanguageModel, Message
+from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
+from schemas import names
+from schemas.protocol import WarningInfo, WorkerResponse
+
+TOOL = "language_model"
+# Leaves the runtime's own deadline to fire only for a call that ignores ours.
+_DEADLINE_MARGIN_SECONDS = 0.25
+_FEEDBACK_LIMIT_CHARS = 4000
+_FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\r?\n(.*?)\r?\n?[ \t]*```", re.S)
+
+
+def build_messages(input: dict[str, Any]) -> tuple[Message, ...]:
+    """The conversation: ``system``, then ``messages`` or ``prompt``, then ``feedback``."""
+    out: list[Message] = []
+    if input.get("system"):
+        out.append(Message("system", input["system"]))
+    if "messages" in input:
+        out.extend(Message(m["role"], m["content"]) for m in input["messages"])
+    else:
+        out.append(Message("user", input["prompt"]))
+    feedback = input.get("feedback") or []
+    if feedback:
+        out.append(Message("user", feedback_message(feedback)))
+    return tuple(out)
+
+
+def feedback_message(reasons: list[Any]) -> str:
+    """Validator reasons as a request to fix the previous reply."""
+    lines = []
+    for r in reasons:
+        if isinstance(r, dict):
+            path, msg = r.get("path", "$"), r.get("message", json.dumps(r, sort_keys=True))
+            lines.append(f"- {path}: {msg}")
+        else:
+            lines.append(f"- {r}")
+    text = "\n".join(lines)[:_FEEDBACK_LIMIT_CHARS]
+    return (
+        "Your previous answer was rejected for these reasons. "
+        "Answer again and fix every one of them:\n" + text
+    )
+
+
+def parse_reply_json(text: str) -> Any:
+    """The JSON in a reply: the whole text, or the first fenced block; ``ValueError``."""
+    try:
+        return json.loads(text)
+    except ValueError as first:
+        m = _FENCE.search(text)
+        if m is None:
+            raise first from None
+        return json.loads(m.group(1))
+
+
+def _reason(message: str, validator: str) -> dict[str, str]:
+    return {"path": "$", "message": message, "validator": validator, "schema_path": ""}
+
+
+class LlmCall:
+    """Calls a language model once; validates structured output when asked."""
+
+    worker_id: ClassVar[str] = names.LLM_CALL
+
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+        schema = input.get("response_schema")
+        if schema is not None:
+            try:
+                validator_for(schema)
+            except SchemaError as e:
+                raise InvalidInputError(
+                    f"input.response_schema is not a valid JSON Schema: {e.message}",
+                    field="input.response_schema",
+                ) from None
+        caps = [c for c in (ctx.max_tokens, input.get("max_tokens")) if c is not None]
+        stop = input.get("stop")
+        request = ChatRequest(
+            messages=build_messages(input),
+            alias=input.get("model", "default"),
+            max_tokens=min(caps) if caps else None,
+            temperature=input.get("temperature"),
+            stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+            seed=input.get("seed"),
+            response_schema=schema,
+        )
+        lm: LanguageModel = ctx.tools.use(TOOL)
+        reply = await lm.complete(
+            request, deadline_seconds=ctx.remaining() - _DEADLINE_MARGIN_SECONDS
+        )
+        usage = {
+            "input_tokens": reply.usage.input_tokens,
+            "output_tokens": reply.usage.output_tokens,
+        }
+        cfg = lm.resolve(request.alias)
+        outputs: dict[str, Any] = {
+            "text": reply.text,
+            "finish_reason": reply.finish_reason,
+            "model": reply.model,
+            "alias": cfg.alias,
+            "usage": usage,
+        }
+        log_fields = {
+            "model": cfg.model,
+            "alias": cfg.alias,
+            "finish_reason": reply.finish_reason,
+            "max_tokens": reply.max_tokens,
+            "input_tokens": reply.usage.input_tokens,
+            "output_tokens": reply.usage.output_tokens,
+        }
+        status = "succeeded"
+        warnings: list[WarningInfo] = []
+        if schema is not None:
+            outputs["json"] = self._structured(schema, reply, usage, cfg.alias)
+        elif reply.finish_reason == "length":
+            status = "partial"
+            warnings.append(
+                WarningInfo(
+                    code="truncated",
+                    message=f"the reply stopped at max_tokens={reply.max_tokens}",
+                    field="text",
+                )
+            )
+        return WorkerResult(
+            outputs=outputs,
+            status=status,
+            warnings=warnings,
+            input_tokens=reply.usage.input_tokens,
+            output_tokens=reply.usage.output_tokens,
+            log_fields=log_fields,
+        )
+
+    @staticmethod
+    def _structured(schema: dict[str, Any], reply: Any, usage: dict[str, int], alias: str) -> Any:
+        # Tokens were spent even when the reply is rejected: the error carries them.
+        context = {**usage, "model": alias, "finish_reason": reply.finish_reason}
+        if reply.finish_reason == "length":
+            raise InvalidOutputError(
+                f"the reply was cut off at max_tokens={reply.max_tokens} before the JSON was "
+                "complete",
+                field="outputs.json",
+                reasons=[
+                    _reason(
+                        f"the reply was cut off at max_tokens={reply.max_tokens} "
+                        "(finish_reason length); give a shorter answer",
+                        "finish_reason",
+                    )
+                ],
+                **context,
+            )
+        if reply.has_structured:
+            value = reply.structured
+        else:
+            try:
+                value = parse_reply_json(reply.text)
+            except ValueError as e:
+                raise InvalidOutputError(
+                    f"the reply is not JSON: {e}",
+                    field="outputs.json",
+                    reasons=[_reason(f"the reply is not valid JSON ({e})", "json")],
+                    **context,
+                ) from None
+        errors = list(validator_for(schema).iter_errors(value))
+        if errors:
+            reasons = describe(errors)
+            raise InvalidOutputError(
+                f"the reply does not match response_schema: {len(errors)} error(s); first: "
+                f"{reasons[0]['path']}: {reasons[0]['message']}",
+                field="outputs.json",
+                reasons=reasons,
+                **context,
+            )
+        return value
+
+
+class LlmCallActivities:
+    """The ``llm-call`` activity, bound to a runtime."""
+
+    def __init__(self, runtime: WorkerRuntime) -> None:
+        self._runtime = runtime
+        self._worker = LlmCall()
+
+    @activity.defn(name=names.LLM_CALL)
+    async def llm_call(self, request: dict[str, Any]) -> WorkerResponse:
+        """Make one language-model call under the llm-call contract."""
+        return await self._runtime.run(self._worker, request)
