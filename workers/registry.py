@@ -12,6 +12,7 @@ from typing import Any
 
 from activities.runtime import WorkerRuntime
 from activities.validator import ValidatorActivities
+from activities.web_scrape import WebScrapeActivities
 from schemas import names
 from schemas.spec import WorkerSpec
 from workflows.pipeline import PipelineWorkflow
@@ -21,6 +22,7 @@ ActivityFactory = Callable[[WorkerRuntime], list[Callable[..., Any]]]
 # worker_id -> factory of its activity callables (bound to the shared runtime)
 ACTIVITY_FACTORIES: dict[str, ActivityFactory] = {
     names.VALIDATOR: lambda rt: [ValidatorActivities(rt).validator],
+    names.WEB_SCRAPE: lambda rt: [WebScrapeActivities(rt).web_scrape],
 }
 
 WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {
