@@ -461,6 +461,4 @@ def _raise_for_status(resp: httpx.Response, url: str) -> None:
             status_code=s,
         )
     retry_after = parse_retry_after(resp.headers.get("retry-after")) if s == 503 else None
-    raise FetchFailedError(
-        f"{url} answered {s}", url=url, status_code=s, retry_after=retry_after
-    )
+    raise FetchFailedError(f"{url} answered {s}", url=url, status_code=s, retry_after=retry_after)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fixtures.scrape_site import ARTICLE_HTML, CHANGED_HTML, CP1252_HTML, SJIS_HTML, listing_html
 
 from activities.artifacts import FileArtifactStore
 from activities.errors import AccessDeniedError, EgressDeniedError, PayloadTooLargeError
@@ -18,13 +19,14 @@ from activities.tools.extract import (
     parse_number,
 )
 from activities.tools.fetch import FetchLimits, FetchTool, decode_body, parse_retry_after
-from fixtures.scrape_site import ARTICLE_HTML, CHANGED_HTML, CP1252_HTML, SJIS_HTML, listing_html
 
 P = HtmlParser()
 BASE = "https://shop.example/list/page"
 
 
-def run(html: str, spec: dict[str, object]) -> tuple[dict[str, object], list[dict[str, str]], list[str]]:
+def run(
+    html: str, spec: dict[str, object]
+) -> tuple[dict[str, object], list[dict[str, str]], list[str]]:
     out = P.extract(html, compile_spec(spec), BASE)
     return out.data, out.warnings, out.missing_required
 
@@ -74,7 +76,11 @@ def test_article_locale_numbers_dates_html_regex_and_metadata() -> None:
                 "published": {"selector": "time", "type": "datetime"},
                 "day": {"selector": ".date", "type": "date", "locale": "de"},
                 "body": {"selector": ".body", "html": True},
-                "year": {"selector": ".date", "regex": r"\d{2}\.(\d{2})\.(\d{4})", "type": "integer"},
+                "year": {
+                    "selector": ".date",
+                    "regex": r"\d{2}\.(\d{2})\.(\d{4})",
+                    "type": "integer",
+                },
             },
             "metadata": True,
         },
@@ -158,7 +164,9 @@ def test_unparseable_value_is_a_warning_not_a_crash() -> None:
     ["", "<<<>>>", "<html><body><div><p>unclosed", "\x00\x01binary\xff", "<table><tr><td>" * 300],
 )
 def test_never_crashes_on_any_html(html: str) -> None:
-    data, _, missing = run(html, {"fields": {"t": {"selector": "h1", "required": True}}, "metadata": True})
+    data, _, missing = run(
+        html, {"fields": {"t": {"selector": "h1", "required": True}}, "metadata": True}
+    )
     assert data["t"] is None and missing == ["t"]
 
 
@@ -168,9 +176,15 @@ def test_never_crashes_on_any_html(html: str) -> None:
         ({"fields": {"t": {"selector": "h1[["}}}, "extraction_spec.fields.t.selector"),
         ({"fields": {"t": {"selector": "h1", "type": "money"}}}, "extraction_spec.fields.t.type"),
         ({"fields": {"t": {"selector": "h1", "regex": "("}}}, "extraction_spec.fields.t.regex"),
-        ({"fields": {"t": {"selector": "h1", "attr": "x", "html": True}}}, "extraction_spec.fields.t"),
+        (
+            {"fields": {"t": {"selector": "h1", "attr": "x", "html": True}}},
+            "extraction_spec.fields.t",
+        ),
         ({"fields": {}}, "extraction_spec"),
-        ({"fields": {"a": {"fields": {"b": {"selector": "]"}}}}}, "extraction_spec.fields.a.fields.b.selector"),
+        (
+            {"fields": {"a": {"fields": {"b": {"selector": "]"}}}}},
+            "extraction_spec.fields.a.fields.b.selector",
+        ),
     ],
 )
 def test_bad_specs_name_the_field(spec: dict[str, object], path: str) -> None:
@@ -317,4 +331,5 @@ async def test_artifacts_are_content_addressed_and_tenant_scoped(tmp_path: Path)
     with pytest.raises(AccessDeniedError):
         await store.get("globex", sneaky)
     weird = await store.put("../evil", b"x")
-    assert Path(weird.uri[len("file://") :]).resolve().is_relative_to(tmp_path / "artifacts")
+    assert f"/artifacts/..%2Fevil/{weird.sha256[:2]}/" in weird.uri
+    assert await store.get("../evil", weird) == b"x"

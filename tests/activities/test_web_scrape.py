@@ -7,6 +7,7 @@ codes come from the pipeline result and the workflow history.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 import uuid
@@ -18,11 +19,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
+from fixtures.scrape_site import FixtureSite
 from temporalio.client import Client
 
 from activities.breaker import BreakerRegistry
 from activities.tools import EgressPolicy, scrape_tools
-from fixtures.scrape_site import FixtureSite
 from schemas.pipeline import PipelineResult
 from schemas.settings import Settings
 from schemas.spec import get_spec
@@ -65,9 +66,7 @@ def make_settings(tmp: Path, *, private: bool) -> Settings:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def scrape(
-    client: Client, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
+async def scrape(client: Client, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     """One stack for the module; a breaker that never opens, so tests stay independent."""
     settings = make_settings(tmp_path_factory.mktemp("scrape"), private=True)
     tools = scrape_tools(settings, breakers=BreakerRegistry("host", failure_threshold=10_000))
@@ -144,7 +143,7 @@ async def test_pages_extract_end_to_end(scrape: Stack, site: FixtureSite) -> Non
     # The raw page is an artifact (content-addressed, tenant-scoped), never inline.
     [art] = s["listing"].artifacts
     assert art["sha256"] == src["sha256"] and art["size_bytes"] == src["bytes"]
-    raw = Path(art["uri"][len("file://") :]).read_bytes()
+    raw = await asyncio.to_thread(Path(art["uri"][len("file://") :]).read_bytes)
     assert hashlib.sha256(raw).hexdigest() == src["sha256"]
     assert "/artifacts/acme/" in art["uri"]
     assert "<li" not in str(listing)
@@ -153,7 +152,7 @@ async def test_pages_extract_end_to_end(scrape: Stack, site: FixtureSite) -> Non
     assert article["price"] == 1299.0 and article["day"] == "2024-03-05"
     assert article["metadata"]["canonical_url"] == u("/article")
     assert article["metadata"]["json_ld"][0]["headline"] == "Ein Artikel"
-    assert s["cp1252"].outputs["data"]["h1"] == "Café – “quoted” €5"
+    assert s["cp1252"].outputs["data"]["h1"] == "Caf\u00e9 \u2013 \u201cquoted\u201d \u20ac5"
     assert s["cp1252"].outputs["source"]["encoding"] == "windows-1252"
     assert s["sjis"].outputs["data"]["h1"] == "日本語のページです。東京都港区"
     assert s["sjis_detect"].outputs["data"]["h1"] == "日本語のページです。東京都港区"
@@ -213,9 +212,7 @@ async def test_permanent_failures_fail_after_one_attempt(scrape: Stack, site: Fi
     assert site.count("/list?never") == 0
 
 
-async def test_transient_failures_are_retried_by_temporal(
-    scrape: Stack, site: FixtureSite
-) -> None:
+async def test_transient_failures_are_retried_by_temporal(scrape: Stack, site: FixtureSite) -> None:
     u = site.url
     when = formatdate(time.time() + 3, usegmt=True)
     result, handle = await run(
