@@ -72,7 +72,6 @@ async def _direct(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
 
 async def run(quick: bool = False) -> dict[str, Any]:
     pages = 150 if quick else 600
-    rounds = 3
     logging.getLogger("aiworker.worker").addHandler(logging.NullHandler())
     logging.getLogger("aiworker.worker").propagate = False
     site = FixtureSite().start()
@@ -109,19 +108,20 @@ async def run(quick: bool = False) -> dict[str, Any]:
             for _ in range(20):  # warm up both paths (connections, robots.txt, caches)
                 await via_worker()
                 await direct()
+            # Interleaved page by page, so load from other processes on this shared
+            # machine hits both paths alike.
             spent = {"worker": 0.0, "direct": 0.0}
-            per_round = pages // rounds
-            for _ in range(rounds):
-                for name, fn in (("direct", direct), ("worker", via_worker)):
+            for i in range(pages):
+                order = (("direct", direct), ("worker", via_worker))
+                for name, fn in order if i % 2 else order[::-1]:
                     t0 = time.perf_counter()
-                    for _ in range(per_round):
-                        await fn()
+                    await fn()
                     spent[name] += time.perf_counter() - t0
         finally:
             await client.aclose()
             await tools["fetch_url"].aclose()
             site.stop()
-    n = per_round * rounds
+    n = pages
     worker_ps, direct_ps = n / spent["worker"], n / spent["direct"]
     ratio = worker_ps / direct_ps
     print(
