@@ -130,6 +130,8 @@ def compile_spec(spec: Any, path: str = "extraction_spec") -> CompiledSpec:
         raise SpecError(f"{path}.metadata", "must be a boolean")
     if not fields and not metadata:
         raise SpecError(path, "needs at least one field or metadata: true")
+    if metadata and isinstance(fields, dict) and "metadata" in fields:
+        raise SpecError(f"{path}.fields.metadata", "is reserved for metadata: true")
     return CompiledSpec(fields=_compile_fields(fields, f"{path}.fields"), metadata=metadata)
 
 
