@@ -59,7 +59,11 @@ class RobotsCache:
             else:
                 parser.parse(text.splitlines())
             if len(self._entries) >= self.max_entries:
-                self._entries.pop(next(iter(self._entries)))
+                oldest = next(iter(self._entries))
+                self._entries.pop(oldest)
+                lock_of_oldest = self._locks.get(oldest)
+                if lock_of_oldest is not None and not lock_of_oldest.locked():
+                    del self._locks[oldest]
             self._entries[origin] = _Entry(parser, time.monotonic() + self.ttl_seconds)
             return parser
 
@@ -80,18 +84,29 @@ class Politeness:
         self.min_delay_seconds = min_delay_seconds
         self._slots: dict[str, asyncio.Semaphore] = {}
         self._next_start: dict[str, float] = {}
+        self._users: dict[str, int] = {}
 
     @contextlib.asynccontextmanager
     async def slot(self, host: str, crawl_delay: float | None = None) -> AsyncIterator[None]:
         """Hold one of ``host``'s request slots, after its minimum delay."""
         sem = self._slots.setdefault(host, asyncio.Semaphore(self.max_concurrent))
-        async with sem:
-            delay = max(self.min_delay_seconds, crawl_delay or 0.0)
-            if delay > 0:
-                now = time.monotonic()
-                start = max(now, self._next_start.get(host, 0.0))
-                # Reserve the start time before sleeping so concurrent waiters queue up.
-                self._next_start[host] = start + delay
-                if start > now:
-                    await asyncio.sleep(start - now)
-            yield
+        self._users[host] = self._users.get(host, 0) + 1
+        try:
+            async with sem:
+                delay = max(self.min_delay_seconds, crawl_delay or 0.0)
+                if delay > 0:
+                    now = time.monotonic()
+                    start = max(now, self._next_start.get(host, 0.0))
+                    # Reserve the start time before sleeping so concurrent waiters queue up.
+                    self._next_start[host] = start + delay
+                    if start > now:
+                        await asyncio.sleep(start - now)
+                yield
+        finally:
+            # Forget idle hosts so a long-running process does not grow per host seen.
+            self._users[host] -= 1
+            if self._users[host] == 0:
+                del self._users[host]
+                del self._slots[host]
+                if self._next_start.get(host, 0.0) <= time.monotonic():
+                    self._next_start.pop(host, None)

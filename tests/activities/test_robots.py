@@ -67,3 +67,4 @@ async def test_politeness_bounds_concurrency_per_host_across_callers() -> None:
 
     await asyncio.gather(*(request(h) for h in "ab" * 6))
     assert peak == {"a": 2, "b": 2}
+    assert polite._slots == {}  # idle hosts are forgotten
