@@ -11,6 +11,7 @@ from typing import Any
 
 from activities.artifacts import FileArtifactStore
 from activities.breaker import BreakerRegistry
+from activities.metrics import WorkerMetrics
 from activities.tools.egress import EgressPolicy
 from activities.tools.extract import HtmlParser
 from activities.tools.fetch import FetchLimits, FetchResult, FetchTool
@@ -26,11 +27,13 @@ def scrape_tools(
     politeness: Politeness | None = None,
     breakers: BreakerRegistry | None = None,
     robots: RobotsCache | None = None,
+    metrics: WorkerMetrics | None = None,
 ) -> dict[str, Any]:
     """The ``fetch_url``, ``parse_html`` and ``artifact_store`` tools for ``settings``.
 
     The keyword arguments replace a part (tests: an egress policy that trusts
-    one loopback server, a breaker with a low threshold).
+    one loopback server, a breaker with a low threshold); ``metrics`` exports
+    the host breakers' state as ``aiworker_breaker_state``.
     """
     return {
         "fetch_url": FetchTool(
@@ -38,7 +41,9 @@ def scrape_tools(
             limits=limits,
             robots=robots,
             politeness=politeness,
-            breakers=breakers if breakers is not None else BreakerRegistry("host"),
+            breakers=(
+                breakers if breakers is not None else BreakerRegistry("host", metrics=metrics)
+            ),
         ),
         "parse_html": HtmlParser(),
         "artifact_store": FileArtifactStore(settings.data_dir),
