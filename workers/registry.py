@@ -14,6 +14,7 @@ from activities.limiter import LimiterActivities
 from activities.llm_call import LlmCallActivities
 from activities.runtime import WorkerRuntime
 from activities.validator import ValidatorActivities
+from activities.web_scrape import WebScrapeActivities
 from schemas import names
 from schemas.spec import WorkerSpec
 from workflows.limiter import LimiterWorkflow
@@ -25,6 +26,7 @@ ActivityFactory = Callable[[WorkerRuntime], list[Callable[..., Any]]]
 ACTIVITY_FACTORIES: dict[str, ActivityFactory] = {
     names.VALIDATOR: lambda rt: [ValidatorActivities(rt).validator],
     names.LLM_CALL: lambda rt: [LlmCallActivities(rt).llm_call],
+    names.WEB_SCRAPE: lambda rt: [WebScrapeActivities(rt).web_scrape],
 }
 
 WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {

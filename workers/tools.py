@@ -10,6 +10,7 @@ from typing import Any
 from activities.breaker import BreakerRegistry
 from activities.llm import LanguageModel, LlmMetrics, ModelsFileError, load_registry
 from activities.metrics import WorkerMetrics
+from activities.tools import scrape_tools
 from schemas.settings import Settings
 from workers.worker import StartupError
 
@@ -44,4 +45,6 @@ def build_tools(settings: Settings, metrics: WorkerMetrics | None = None) -> dic
     """Every tool this process can hand to workers, by tool name."""
     tools: dict[str, Any] = {}
     tools["language_model"] = build_language_model(settings, metrics=metrics)
+    # fetch_url, parse_html, artifact_store
+    tools.update(scrape_tools(settings, metrics=metrics))
     return tools

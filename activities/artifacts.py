@@ -1,0 +1,120 @@
+"""The artifact store: large outputs out of band, referenced by :class:`ArtifactRef`.
+
+Content-addressed and scoped by tenant: the same bytes of one tenant are
+stored once; a tenant reads only its own artifacts (asking for another
+tenant's is ``access_denied``, whatever the URI says). :class:`ArtifactStore`
+is the interface; :class:`FileArtifactStore` (``file://`` under
+``<data_dir>/artifacts/<tenant>/<sha256[:2]>/<sha256>``) the default backend.
+An S3-compatible backend implements the same two methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import quote, unquote, urlsplit
+
+from activities.errors import AccessDeniedError, InvalidInputError, NotFoundError
+from schemas.protocol import ArtifactRef
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Writes under this size are cheaper inline than through a worker thread.
+_INLINE_BYTES = 256 * 1024
+
+
+class ArtifactStore(Protocol):
+    """Where artifacts live; every call names the tenant it acts for."""
+
+    async def put(
+        self, tenant: str, data: bytes, media_type: str = "application/octet-stream"
+    ) -> ArtifactRef:
+        """Store ``data`` for ``tenant``; the same bytes give the same reference."""
+        ...
+
+    async def get(self, tenant: str, ref: ArtifactRef | str) -> bytes:
+        """The bytes of ``ref``; ``access_denied`` if it is not ``tenant``'s."""
+        ...
+
+
+def tenant_dir(tenant: str) -> str:
+    """A path segment for ``tenant`` that cannot escape its parent."""
+    if not tenant or tenant in (".", ".."):
+        raise InvalidInputError(f"tenant {tenant!r} cannot own artifacts", field="tenant")
+    return quote(tenant, safe="")
+
+
+class FileArtifactStore:
+    """``file://`` artifacts, content-addressed under ``root/artifacts``.
+
+    Args:
+        root: the data directory (``settings.data_dir``).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.base = (Path(root) / "artifacts").resolve()
+
+    def path_for(self, tenant: str, sha256: str) -> Path:
+        return self.base / tenant_dir(tenant) / sha256[:2] / sha256
+
+    async def put(
+        self, tenant: str, data: bytes, media_type: str = "application/octet-stream"
+    ) -> ArtifactRef:
+        digest = hashlib.sha256(data).hexdigest()
+        path = self.path_for(tenant, digest)
+        if len(data) <= _INLINE_BYTES:
+            self._write(path, data)
+        else:
+            await asyncio.to_thread(self._write, path, data)
+        return ArtifactRef(
+            uri=path.as_uri(), sha256=digest, size_bytes=len(data), media_type=media_type
+        )
+
+    @staticmethod
+    def _write(path: Path, data: bytes) -> None:
+        if path.exists():
+            return  # content-addressed: the same name holds the same bytes
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def _resolve(self, tenant: str, ref: ArtifactRef | str) -> tuple[Path, str]:
+        uri = ref.uri if isinstance(ref, ArtifactRef) else ref
+        parts = urlsplit(uri)
+        if parts.scheme != "file":
+            raise InvalidInputError(f"not a file:// artifact: {uri}", field="artifact")
+        path = Path(unquote(parts.path)).resolve()
+        own = self.base / tenant_dir(tenant)
+        if not path.is_relative_to(own):
+            raise AccessDeniedError(
+                f"artifact {uri} does not belong to tenant {tenant!r}", uri=uri, tenant=tenant
+            )
+        digest = path.name
+        if not _SHA256.match(digest) or path.parent.name != digest[:2]:
+            raise InvalidInputError(f"not an artifact address: {uri}", field="artifact")
+        return path, digest
+
+    async def get(self, tenant: str, ref: ArtifactRef | str) -> bytes:
+        path, digest = self._resolve(tenant, ref)
+        try:
+            data = await asyncio.to_thread(path.read_bytes)
+        except FileNotFoundError:
+            raise NotFoundError(f"artifact {path.name} not found", sha256=digest) from None
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise InvalidInputError(f"artifact {digest} is corrupt", field="artifact")
+        return data
+
+
+__all__ = ["ArtifactStore", "FileArtifactStore", "tenant_dir"]

@@ -1,0 +1,62 @@
+"""Tools that workers reach through the toolbox: ``fetch_url``, ``parse_html``.
+
+Built once per process (:func:`scrape_tools`) and shared by every activity,
+so robots.txt caches, politeness slots, breakers and connection pools are
+per process, not per call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from activities.artifacts import FileArtifactStore
+from activities.breaker import BreakerRegistry
+from activities.metrics import WorkerMetrics
+from activities.tools.egress import EgressPolicy
+from activities.tools.extract import HtmlParser
+from activities.tools.fetch import FetchLimits, FetchResult, FetchTool
+from activities.tools.robots import Politeness, RobotsCache
+from schemas.settings import Settings
+
+
+def scrape_tools(
+    settings: Settings,
+    *,
+    egress: EgressPolicy | None = None,
+    limits: FetchLimits | None = None,
+    politeness: Politeness | None = None,
+    breakers: BreakerRegistry | None = None,
+    robots: RobotsCache | None = None,
+    metrics: WorkerMetrics | None = None,
+) -> dict[str, Any]:
+    """The ``fetch_url``, ``parse_html`` and ``artifact_store`` tools for ``settings``.
+
+    The keyword arguments replace a part (tests: an egress policy that trusts
+    one loopback server, a breaker with a low threshold); ``metrics`` exports
+    the host breakers' state as ``aiworker_breaker_state``.
+    """
+    return {
+        "fetch_url": FetchTool(
+            egress or EgressPolicy.from_settings(settings),
+            limits=limits,
+            robots=robots,
+            politeness=politeness,
+            breakers=(
+                breakers if breakers is not None else BreakerRegistry("host", metrics=metrics)
+            ),
+        ),
+        "parse_html": HtmlParser(),
+        "artifact_store": FileArtifactStore(settings.data_dir),
+    }
+
+
+__all__ = [
+    "EgressPolicy",
+    "FetchLimits",
+    "FetchResult",
+    "FetchTool",
+    "HtmlParser",
+    "Politeness",
+    "RobotsCache",
+    "scrape_tools",
+]

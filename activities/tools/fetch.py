@@ -1,0 +1,464 @@
+"""The ``fetch_url`` tool: one polite, bounded, policy-checked page fetch.
+
+Every hop (redirects included) passes the egress policy, robots.txt (for the
+user agent actually sent), the host's circuit breaker and its politeness slot.
+httpx runs with its own retries off and redirects handled here, so that each
+hop is checked; Temporal owns retries. The body is streamed and abandoned as
+soon as it passes the cap, and decoded text honours the charset of the HTTP
+header, then ``<meta charset>``, then detection.
+
+Failures raise the worker-protocol errors, mapped as DESIGN.md fixes:
+robots/401/403 -> ``access_denied``, 404/410 -> ``not_found``, 429 ->
+``rate_limited`` (``Retry-After`` as the next retry delay), 5xx and network
+errors -> ``fetch_failed``, timeouts -> ``fetch_timeout``, body over the cap
+-> ``payload_too_large``, policy -> ``egress_denied``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import email.utils
+import hashlib
+import re
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import httpcore
+import httpx
+
+from activities.breaker import BreakerRegistry
+from activities.errors import (
+    AccessDeniedError,
+    EgressDeniedError,
+    FetchFailedError,
+    FetchTimeoutError,
+    InvalidInputError,
+    NotFoundError,
+    PayloadTooLargeError,
+    RateLimitedError,
+)
+from activities.tools.egress import EgressPolicy, GuardedBackend
+from activities.tools.robots import Politeness, RobotsCache
+
+DEFAULT_USER_AGENT = "aiworker-scrape/0.1 (+https://github.com/aiworker/aiworker)"
+HTML_TYPES = frozenset(
+    {"text/html", "application/xhtml+xml", "text/plain", "text/xml", "application/xml"}
+)
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_META_CHARSET = re.compile(rb"""<meta[^>]+?charset\s*=\s*["']?\s*([A-Za-z0-9_.:\-]+)""", re.I)
+# WHATWG: these labels mean their Windows supersets in every browser.
+_SUPERSETS = {
+    "ascii": "cp1252",
+    "latin_1": "cp1252",
+    "iso8859_1": "cp1252",
+    "shift_jis": "cp932",
+    "euc_kr": "cp949",
+    "gb2312": "gb18030",
+    "gbk": "gb18030",
+}
+_LABELS = {
+    "cp1252": "windows-1252",
+    "cp932": "shift_jis",
+    "cp949": "euc-kr",
+    "utf-8": "utf-8",
+    "utf-8-sig": "utf-8",
+}
+
+
+@dataclass(frozen=True)
+class FetchLimits:
+    """Bounds of one fetch."""
+
+    max_bytes: int = 5 * 1024 * 1024
+    max_redirects: int = 10
+    connect_timeout: float = 10.0
+    read_timeout: float = 30.0
+    robots_max_bytes: int = 512 * 1024
+    content_types: frozenset[str] = HTML_TYPES
+
+
+@dataclass
+class FetchResult:
+    """A fetched page: decoded text, raw bytes and where they came from."""
+
+    url: str
+    final_url: str
+    status_code: int
+    content_type: str
+    encoding: str
+    body: bytes
+    text: str
+    fetched_at: str
+    elapsed_ms: float
+    sha256: str
+    redirects: list[str] = field(default_factory=list)
+
+    def source(self) -> dict[str, Any]:
+        """The ``source`` block of the web-scrape output."""
+        return {
+            "url": self.url,
+            "final_url": self.final_url,
+            "status_code": self.status_code,
+            "fetched_at": self.fetched_at,
+            "content_type": self.content_type,
+            "encoding": self.encoding,
+            "bytes": len(self.body),
+            "sha256": self.sha256,
+            "elapsed_ms": self.elapsed_ms,
+        }
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta seconds or HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    current = time.time() if now is None else now
+    return max(0.0, round(when.timestamp() - current, 3))
+
+
+def _codec(label: str | bytes | None) -> str | None:
+    if not label:
+        return None
+    if isinstance(label, bytes):
+        label = label.decode("ascii", "ignore")
+    try:
+        name = codecs.lookup(label.strip().strip("\"'")).name
+    except LookupError:
+        return None
+    return _SUPERSETS.get(name.replace("-", "_"), name)
+
+
+def decode_body(body: bytes, header_charset: str | None) -> tuple[str, str]:
+    """Text and encoding label: BOM, HTTP header, ``<meta charset>``, UTF-8, detection."""
+    for bom, bom_enc in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
+                         (codecs.BOM_UTF16_BE, "utf-16")):  # fmt: skip
+        if body.startswith(bom):
+            return body.decode(bom_enc, errors="replace"), _LABELS.get(bom_enc, bom_enc)
+    enc = _codec(header_charset)
+    if enc is None:
+        m = _META_CHARSET.search(body[:4096])
+        enc = _codec(m.group(1)) if m else None
+    if enc is None:
+        try:
+            return body.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            from charset_normalizer import from_bytes
+
+            best = from_bytes(body[:65536]).best()
+            enc = _codec(best.encoding) if best is not None else None
+            enc = enc or "cp1252"
+    return body.decode(enc, errors="replace"), _LABELS.get(enc, enc)
+
+
+def _origin(url: str) -> tuple[str, str]:
+    """``(scheme://host:port, host:port)`` of a URL."""
+    p = urlsplit(url)
+    host = (p.hostname or "").lower()
+    port = p.port or (443 if p.scheme == "https" else 80)
+    hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"{p.scheme}://{hostport}", hostport
+
+
+def guarded_transport(policy: EgressPolicy, max_connections: int = 100) -> httpx.AsyncHTTPTransport:
+    """An httpx transport whose connections go only where ``policy`` allows."""
+    transport = httpx.AsyncHTTPTransport(retries=0, trust_env=False)
+    # httpx has no public hook for the network backend; its pool is the documented
+    # httpcore one, so swap it for an identical pool over the guarded backend.
+    transport._pool = httpcore.AsyncConnectionPool(
+        ssl_context=httpx.create_ssl_context(),
+        max_connections=max_connections,
+        max_keepalive_connections=20,
+        keepalive_expiry=5.0,
+        retries=0,
+        network_backend=GuardedBackend(policy),
+    )
+    return transport
+
+
+class FetchTool:
+    """Fetches pages for workers; one instance per process, shared by activities.
+
+    Args:
+        egress: the egress policy every hop and connection passes.
+        limits: body cap, redirect limit, timeouts, accepted content types.
+        robots: the robots.txt cache (shared per process).
+        politeness: per-host concurrency and delay (shared per process).
+        breakers: per-host circuit breakers (shared per process).
+        user_agent: the default ``User-Agent``; requests may override it.
+        transport: an httpx transport for tests (``MockTransport``); the
+            guarded transport by default.
+    """
+
+    def __init__(
+        self,
+        egress: EgressPolicy,
+        *,
+        limits: FetchLimits | None = None,
+        robots: RobotsCache | None = None,
+        politeness: Politeness | None = None,
+        breakers: BreakerRegistry | None = None,
+        user_agent: str = DEFAULT_USER_AGENT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.egress = egress
+        self.limits = limits or FetchLimits()
+        self.robots = robots or RobotsCache()
+        self.politeness = politeness or Politeness()
+        self.breakers = breakers
+        self.user_agent = user_agent
+        self._client = httpx.AsyncClient(
+            transport=transport or guarded_transport(egress),
+            follow_redirects=False,
+            trust_env=False,
+            headers={
+                "Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+                "Accept-Encoding": "gzip, deflate, br",
+            },
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def fetch(
+        self,
+        url: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 - a budget handed to httpx and asyncio.timeout
+        user_agent: str | None = None,
+        respect_robots: bool = True,
+        allow_domains: Iterable[str] | None = None,
+    ) -> FetchResult:
+        """Fetch ``url`` within ``timeout`` seconds (connect, redirects, body and all)."""
+        ua = user_agent or self.user_agent
+        domains = tuple(allow_domains or ())
+        started = time.monotonic()
+        fetched_at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        deadline = started + timeout
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._open(url, ua, domains, deadline, respect_robots) as (
+                    resp,
+                    final_url,
+                    redirects,
+                ):
+                    self._check_content_type(resp, final_url)
+                    body = await self._read(resp, final_url, self.limits.max_bytes)
+        except TimeoutError:
+            raise FetchTimeoutError(
+                f"fetching {url} took longer than {timeout:.3g}s", url=url
+            ) from None
+        text, encoding = decode_body(body, resp.charset_encoding)
+        return FetchResult(
+            url=url,
+            final_url=final_url,
+            status_code=resp.status_code,
+            content_type=resp.headers.get("content-type", ""),
+            encoding=encoding,
+            body=body,
+            text=text,
+            fetched_at=fetched_at,
+            elapsed_ms=round((time.monotonic() - started) * 1000, 3),
+            sha256=hashlib.sha256(body).hexdigest(),
+            redirects=redirects,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _open(
+        self,
+        url: str,
+        ua: str,
+        domains: tuple[str, ...],
+        deadline: float,
+        respect_robots: bool,
+        max_redirects: int | None = None,
+    ) -> AsyncIterator[tuple[httpx.Response, str, list[str]]]:
+        """Follow redirects hop by hop; yield the final, still streaming response."""
+        current = url
+        visited = {url}
+        redirects: list[str] = []
+        hops = self.limits.max_redirects if max_redirects is None else max_redirects
+        for _ in range(hops + 1):
+            self.egress.check_url(current, domains)
+            origin, hostport = _origin(current)
+            crawl_delay = None
+            if respect_robots:
+                allowed, crawl_delay = await self.robots.allowed(
+                    origin,
+                    current,
+                    ua,
+                    lambda robots_url: self._load_robots(robots_url, ua, domains, deadline),
+                )
+                if not allowed:
+                    raise AccessDeniedError(
+                        f"robots.txt of {origin} disallows {current} for user agent {ua!r}",
+                        url=current,
+                        reason="robots",
+                    )
+            async with self.politeness.slot(hostport, crawl_delay):
+                resp = await self._send(current, ua, hostport, deadline)
+                try:
+                    location = resp.headers.get("location")
+                    if resp.status_code in _REDIRECTS and location:
+                        nxt = urljoin(current, location.strip())
+                        if nxt in visited:
+                            raise FetchFailedError(
+                                f"redirect loop at {current} -> {nxt}",
+                                url=url,
+                                redirects=[*redirects, nxt],
+                                reason="redirect_loop",
+                            )
+                        visited.add(nxt)
+                        redirects.append(nxt)
+                        current = nxt
+                        continue
+                    _raise_for_status(resp, current)
+                    yield resp, current, redirects
+                    return
+                finally:
+                    await resp.aclose()
+        raise FetchFailedError(
+            f"more than {hops} redirects from {url}",
+            url=url,
+            redirects=redirects,
+            reason="too_many_redirects",
+        )
+
+    async def _send(self, url: str, ua: str, hostport: str, deadline: float) -> httpx.Response:
+        """One request; the host's breaker sees its outcome."""
+        if self.breakers is not None:
+            self.breakers.check(hostport)
+        remaining = max(0.001, deadline - time.monotonic())
+        timeout = httpx.Timeout(
+            connect=min(self.limits.connect_timeout, remaining),
+            read=min(self.limits.read_timeout, remaining),
+            write=min(self.limits.read_timeout, remaining),
+            pool=remaining,
+        )
+        healthy = False
+        try:
+            request = self._client.build_request(
+                "GET", url, headers={"User-Agent": ua}, timeout=timeout
+            )
+            resp = await self._client.send(request, stream=True)
+            healthy = resp.status_code < 500
+            return resp
+        except EgressDeniedError:
+            healthy = True  # the policy said no; the host did nothing wrong
+            raise
+        except httpx.TimeoutException as e:
+            raise FetchTimeoutError(
+                f"timed out fetching {url}: {type(e).__name__}", url=url
+            ) from None
+        except httpx.InvalidURL as e:
+            healthy = True
+            raise InvalidInputError(f"invalid URL {url}: {e}", field="input.url", url=url) from None
+        except httpx.TransportError as e:
+            raise FetchFailedError(
+                f"network error fetching {url}: {type(e).__name__}: {e}", url=url
+            ) from None
+        finally:
+            if self.breakers is not None:
+                if healthy:
+                    self.breakers.record_success(hostport)
+                else:
+                    self.breakers.record_failure(hostport)
+
+    async def _read(
+        self, resp: httpx.Response, url: str, cap: int, truncate: bool = False
+    ) -> bytes:
+        """The decoded body, streamed; ``payload_too_large`` as soon as it passes ``cap``."""
+        declared = resp.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap and not truncate:
+            raise PayloadTooLargeError(
+                f"{url} declares {declared} bytes, over the {cap}-byte limit",
+                url=url,
+                limit_bytes=cap,
+            )
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in resp.aiter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    if truncate:
+                        chunks.append(chunk[: cap - (size - len(chunk))])
+                        break
+                    raise PayloadTooLargeError(
+                        f"{url} body passed the {cap}-byte limit", url=url, limit_bytes=cap
+                    )
+                chunks.append(chunk)
+        except httpx.TimeoutException:
+            raise FetchTimeoutError(f"timed out reading {url}", url=url) from None
+        except httpx.DecodingError as e:
+            raise FetchFailedError(f"cannot decode the body of {url}: {e}", url=url) from None
+        except httpx.TransportError as e:
+            raise FetchFailedError(
+                f"network error reading {url}: {type(e).__name__}: {e}", url=url
+            ) from None
+        return b"".join(chunks)
+
+    def _check_content_type(self, resp: httpx.Response, url: str) -> None:
+        mime = resp.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if mime and mime not in self.limits.content_types:
+            raise InvalidInputError(
+                f"{url} serves {mime}, not a page this worker can parse "
+                f"({', '.join(sorted(self.limits.content_types))})",
+                field="input.url",
+                url=url,
+                content_type=mime,
+            )
+
+    async def _load_robots(
+        self, robots_url: str, ua: str, domains: tuple[str, ...], deadline: float
+    ) -> tuple[int, str]:
+        """Status and text of a robots.txt; 5xx and network errors raise (retryable)."""
+        try:
+            async with self._open(robots_url, ua, domains, deadline, False, 5) as (resp, _, _r):
+                body = await self._read(resp, robots_url, self.limits.robots_max_bytes, True)
+                return resp.status_code, body.decode("utf-8", errors="replace")
+        except (NotFoundError, AccessDeniedError) as e:
+            # RFC 9309: any 4xx robots.txt means no rules apply.
+            return int(getattr(e, "status_code", 404)), ""
+        except FetchFailedError as e:
+            status = int(getattr(e, "status_code", 0) or 0)
+            if 400 <= status < 500:
+                return status, ""
+            raise FetchFailedError(
+                f"robots.txt of {robots_url} unavailable: {e.message}",
+                url=robots_url,
+                status_code=getattr(e, "status_code", None),
+            ) from None
+
+
+def _raise_for_status(resp: httpx.Response, url: str) -> None:
+    s = resp.status_code
+    if 200 <= s < 300:
+        return
+    if s in (401, 403):
+        raise AccessDeniedError(f"{url} answered {s}", url=url, status_code=s)
+    if s in (404, 410):
+        raise NotFoundError(f"{url} answered {s}", url=url, status_code=s)
+    if s == 429:
+        raise RateLimitedError(
+            f"{url} answered 429 (Retry-After {resp.headers.get('retry-after')!r})",
+            retry_after=parse_retry_after(resp.headers.get("retry-after")),
+            url=url,
+            status_code=s,
+        )
+    retry_after = parse_retry_after(resp.headers.get("retry-after")) if s == 503 else None
+    raise FetchFailedError(f"{url} answered {s}", url=url, status_code=s, retry_after=retry_after)

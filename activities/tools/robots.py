@@ -1,0 +1,112 @@
+"""robots.txt rules and per-host politeness, shared by every activity in a process.
+
+:class:`RobotsCache` fetches ``/robots.txt`` once per origin (one fetch even
+when many activities ask at once) and keeps the parsed rules for a TTL.
+Following RFC 9309: a 4xx robots.txt means no rules (allow all); a 5xx or a
+network failure is not cached and fails the fetch as retryable, so a site in
+trouble is not mistaken for an open one. Matching uses the user agent that
+the page request itself sends.
+
+:class:`Politeness` bounds concurrent requests per host and keeps a minimum
+delay between request starts to the same host (the larger of the configured
+delay and the site's ``Crawl-delay``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from urllib.robotparser import RobotFileParser
+
+# (url) -> (status_code, body text); raises WorkerError subclasses on failure.
+RobotsLoader = Callable[[str], Awaitable[tuple[int, str]]]
+
+
+@dataclass
+class _Entry:
+    parser: RobotFileParser
+    expires: float
+
+
+class RobotsCache:
+    """Parsed robots.txt per origin (``scheme://host:port``) with a TTL."""
+
+    def __init__(self, ttl_seconds: float = 3600.0, max_entries: int = 10000) -> None:
+        self.ttl_seconds = ttl_seconds
+        self.max_entries = max_entries
+        self._entries: dict[str, _Entry] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.fetches = 0
+
+    async def rules(self, origin: str, load: RobotsLoader) -> RobotFileParser:
+        """The rules of ``origin``, loading them with ``load`` when stale."""
+        entry = self._entries.get(origin)
+        if entry is not None and entry.expires > time.monotonic():
+            return entry.parser
+        lock = self._locks.setdefault(origin, asyncio.Lock())
+        async with lock:
+            entry = self._entries.get(origin)
+            if entry is not None and entry.expires > time.monotonic():
+                return entry.parser
+            self.fetches += 1
+            status, text = await load(origin + "/robots.txt")
+            parser = RobotFileParser(origin + "/robots.txt")
+            if 400 <= status < 500:
+                parser.parse([])
+            else:
+                parser.parse(text.splitlines())
+            if len(self._entries) >= self.max_entries:
+                oldest = next(iter(self._entries))
+                self._entries.pop(oldest)
+                lock_of_oldest = self._locks.get(oldest)
+                if lock_of_oldest is not None and not lock_of_oldest.locked():
+                    del self._locks[oldest]
+            self._entries[origin] = _Entry(parser, time.monotonic() + self.ttl_seconds)
+            return parser
+
+    async def allowed(
+        self, origin: str, url: str, user_agent: str, load: RobotsLoader
+    ) -> tuple[bool, float | None]:
+        """Whether ``user_agent`` may fetch ``url``, and the site's crawl delay."""
+        parser = await self.rules(origin, load)
+        delay = parser.crawl_delay(user_agent)
+        return parser.can_fetch(user_agent, url), (float(delay) if delay is not None else None)
+
+
+class Politeness:
+    """At most ``max_concurrent`` requests per host and ``min_delay`` between starts."""
+
+    def __init__(self, max_concurrent: int = 8, min_delay_seconds: float = 0.0) -> None:
+        self.max_concurrent = max_concurrent
+        self.min_delay_seconds = min_delay_seconds
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._next_start: dict[str, float] = {}
+        self._users: dict[str, int] = {}
+
+    @contextlib.asynccontextmanager
+    async def slot(self, host: str, crawl_delay: float | None = None) -> AsyncIterator[None]:
+        """Hold one of ``host``'s request slots, after its minimum delay."""
+        sem = self._slots.setdefault(host, asyncio.Semaphore(self.max_concurrent))
+        self._users[host] = self._users.get(host, 0) + 1
+        try:
+            async with sem:
+                delay = max(self.min_delay_seconds, crawl_delay or 0.0)
+                if delay > 0:
+                    now = time.monotonic()
+                    start = max(now, self._next_start.get(host, 0.0))
+                    # Reserve the start time before sleeping so concurrent waiters queue up.
+                    self._next_start[host] = start + delay
+                    if start > now:
+                        await asyncio.sleep(start - now)
+                yield
+        finally:
+            # Forget idle hosts so a long-running process does not grow per host seen.
+            self._users[host] -= 1
+            if self._users[host] == 0:
+                del self._users[host]
+                del self._slots[host]
+                if self._next_start.get(host, 0.0) <= time.monotonic():
+                    self._next_start.pop(host, None)

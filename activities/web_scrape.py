@@ -1,0 +1,92 @@
+"""The ``web-scrape`` worker: fetch a page, extract what a spec asks, normalize it.
+
+Input ``{url, extraction_spec, user_agent?, respect_robots?, allow_domains?}``;
+output ``{data, source, warnings}``. The extraction spec is compiled before
+any fetch (a bad spec is ``invalid_input`` and costs no request). The raw
+page goes to the artifact store and travels as an ``ArtifactRef``, never
+inline. Fetch failures carry their codes from the ``fetch_url`` tool; a page
+whose markup lost required fields returns ``partial`` with one warning per
+missing field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+from temporalio import activity
+
+from activities.artifacts import ArtifactStore
+from activities.errors import InvalidInputError
+from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
+from activities.tools.extract import HtmlParser, SpecError
+from activities.tools.fetch import FetchTool
+from schemas import names
+from schemas.protocol import WarningInfo, WorkerResponse
+
+# Leave the runtime's own deadline a margin, so a slow site is `fetch_timeout`
+# (with the URL) and not the generic `timeout`.
+_DEADLINE_MARGIN = 0.1
+_MIN_MARGIN_SECONDS = 0.05
+_MAX_MARGIN_SECONDS = 1.0
+_INLINE_PARSE_CHARS = 512 * 1024
+
+
+class WebScrape:
+    """Fetches one page and extracts the fields of an ``extraction_spec``."""
+
+    worker_id: ClassVar[str] = names.WEB_SCRAPE
+
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+        parser: HtmlParser = ctx.tools.use("parse_html")
+        try:
+            spec = parser.compile(input["extraction_spec"])
+        except SpecError as e:
+            raise InvalidInputError(
+                f"input.{e.path}: {e.message}", field=f"input.{e.path}"
+            ) from None
+        store: ArtifactStore = ctx.tools.use("artifact_store")
+        fetcher: FetchTool = ctx.tools.use("fetch_url")
+        remaining = ctx.remaining()
+        margin = min(_MAX_MARGIN_SECONDS, max(_MIN_MARGIN_SECONDS, remaining * _DEADLINE_MARGIN))
+        page = await fetcher.fetch(
+            input["url"],
+            timeout=max(0.001, remaining - margin),
+            user_agent=input.get("user_agent"),
+            respect_robots=input.get("respect_robots", True),
+            allow_domains=input.get("allow_domains"),
+        )
+        media_type = page.content_type.split(";", 1)[0].strip() or "text/html"
+        ref = await store.put(ctx.request.tenant, page.body, media_type)
+        if len(page.text) > _INLINE_PARSE_CHARS:
+            # Big pages parse in a thread so the event loop keeps serving other activities.
+            result = await asyncio.to_thread(parser.extract, page.text, spec, page.final_url)
+        else:
+            result = parser.extract(page.text, spec, page.final_url)
+        source = page.source()
+        source["redirects"] = page.redirects
+        return WorkerResult(
+            outputs={"data": result.data, "source": source, "warnings": result.warnings},
+            status="partial" if result.missing_required else "succeeded",
+            warnings=[WarningInfo(**w) for w in result.warnings],
+            artifacts=[ref],
+            log_fields={
+                "final_url": page.final_url,
+                "status_code": page.status_code,
+                "bytes": len(page.body),
+                "missing_fields": len(result.missing_required),
+            },
+        )
+
+
+class WebScrapeActivities:
+    """The ``web-scrape`` activity, bound to a runtime."""
+
+    def __init__(self, runtime: WorkerRuntime) -> None:
+        self._runtime = runtime
+        self._worker = WebScrape()
+
+    @activity.defn(name=names.WEB_SCRAPE)
+    async def web_scrape(self, request: dict[str, Any]) -> WorkerResponse:
+        """Fetch a page and extract fields from it."""
+        return await self._runtime.run(self._worker, request)

@@ -1,0 +1,73 @@
+"""Unit tests of the fetch_url tool's pure parts and its httpx plumbing (MockTransport)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from fixtures.scrape_site import CP1252_HTML, SJIS_HTML
+
+from activities.errors import AccessDeniedError, InvalidInputError, PayloadTooLargeError
+from activities.tools.egress import EgressPolicy
+from activities.tools.fetch import FetchLimits, FetchTool, decode_body, parse_retry_after
+
+
+def test_charsets_header_meta_detection() -> None:
+    assert decode_body(CP1252_HTML, None) == (CP1252_HTML.decode("cp1252"), "windows-1252")
+    text, enc = decode_body(SJIS_HTML, "Shift_JIS")
+    assert "日本語のページです" in text and enc == "shift_jis"
+    text, enc = decode_body(SJIS_HTML * 20, None)
+    assert "東京都港区" in text
+    assert decode_body("é".encode("latin-1"), "iso-8859-1") == ("é", "windows-1252")
+    assert decode_body("ü".encode(), None) == ("ü", "utf-8")
+
+
+def test_retry_after_seconds_and_http_date() -> None:
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490.0) == 0.0
+    assert parse_retry_after("soon") is None
+
+
+async def test_body_cap_with_mock_transport() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/html"}, content=b"x" * 2048)
+
+    fetcher = FetchTool(
+        EgressPolicy(allow_private_networks=True),
+        limits=FetchLimits(max_bytes=1024),
+        transport=httpx.MockTransport(handler),
+    )
+    try:
+        with pytest.raises(PayloadTooLargeError):
+            await fetcher.fetch("http://site.example/", timeout=5, respect_robots=False)
+    finally:
+        await fetcher.aclose()
+
+
+async def test_content_type_check_and_robots_use_the_sent_user_agent() -> None:
+    seen: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, request.headers["user-agent"]))
+        if request.url.path == "/robots.txt":
+            return httpx.Response(200, text="User-agent: pickybot\nDisallow: /\n")
+        if request.url.path == "/data.json":
+            return httpx.Response(200, json={"a": 1})
+        return httpx.Response(200, html="<h1>hi</h1>")
+
+    fetcher = FetchTool(
+        EgressPolicy(allow_private_networks=True), transport=httpx.MockTransport(handler)
+    )
+    try:
+        page = await fetcher.fetch("http://site.example/a", timeout=5, user_agent="okbot/1")
+        assert page.text == "<h1>hi</h1>" and page.status_code == 200
+        with pytest.raises(InvalidInputError):
+            await fetcher.fetch("http://site.example/data.json", timeout=5)
+        with pytest.raises(AccessDeniedError) as e:
+            await fetcher.fetch("http://site.example/b", timeout=5, user_agent="PickyBot/2.0")
+        assert e.value.context["reason"] == "robots"
+    finally:
+        await fetcher.aclose()
+    assert seen[0] == ("/robots.txt", "okbot/1")
+    assert [p for p, _ in seen].count("/robots.txt") == 1  # cached per origin
+    assert ("/b", "PickyBot/2.0") not in seen
