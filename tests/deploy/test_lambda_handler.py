@@ -138,3 +138,28 @@ def test_lambda_polls_one_queue(monkeypatch: pytest.MonkeyPatch) -> None:
     assert lambda_queue(Settings(task_queues=(names.SCRAPE_QUEUE,))) == names.SCRAPE_QUEUE
     with pytest.raises(LambdaConfigError, match="one task queue"):
         lambda_queue(Settings(task_queues=(names.SCRAPE_QUEUE, names.LLM_QUEUE)))
+
+
+def test_sam_template_sets_timeout_memory_and_environment() -> None:
+    import yaml
+    from tools import DEPLOY
+
+    from schemas.settings import Settings
+
+    template = yaml.safe_load((DEPLOY / "lambda" / "template.yaml").read_text())
+    fn = template["Resources"]["LlmWorkerFunction"]
+    assert fn["Type"] == "AWS::Serverless::Function"
+    props = fn["Properties"]
+    assert props["MemorySize"] >= 512
+    env = props["Environment"]["Variables"]
+    plain = {k: v for k, v in env.items() if isinstance(v, str)}
+    settings = Settings.from_env(plain)
+    assert lambda_queue(settings) == names.LLM_QUEUE
+    # Timeouts nest: the function outlives the drain plus hooks, with time left to poll.
+    drain = settings.shutdown_grace_seconds
+    assert drain >= 60 + 5
+    assert props["Timeout"] - drain - 2 >= 60
+    assert props["Timeout"] <= 900
+    for secret in ("AIWORKER_LLM_API_KEY", "TEMPORAL_API_KEY"):
+        assert secret not in plain, f"{secret} must come from a secret store"
+    assert (DEPLOY / "lambda" / fn["Metadata"]["Dockerfile"].removeprefix("deploy/lambda/")).exists()
