@@ -24,7 +24,14 @@ def compose() -> dict[str, Any]:
     """The fully resolved model, as `docker compose config` prints it."""
     # No Docker engine is needed: `config` only parses, merges and validates.
     result = run(
-        [str(compose_binary()), "-f", str(ROOT / "docker-compose.yml"), "config", "--format", "json"],
+        [
+            str(compose_binary()),
+            "-f",
+            str(ROOT / "docker-compose.yml"),
+            "config",
+            "--format",
+            "json",
+        ],
         cwd=ROOT,
         env={"PATH": "/usr/bin:/bin", "HOME": str(ROOT)},
     )
@@ -38,7 +45,10 @@ def compose() -> dict[str, Any]:
 def test_compose_config_rejects_a_broken_file(tmp_path: Any) -> None:
     # Guards the check itself: the binary's exit code must mean something.
     bad = tmp_path / "docker-compose.yml"
-    bad.write_text("services:\n  x:\n    image: busybox:1.36\n    depends_on:\n      y:\n        condition: service_healthy\n")
+    bad.write_text(
+        "services:\n  x:\n    image: busybox:1.36\n"
+        "    depends_on:\n      y:\n        condition: service_healthy\n"
+    )
     result = run([str(compose_binary()), "-f", str(bad), "config", "-q"], cwd=tmp_path)
     assert result.returncode != 0
     assert "y" in result.stderr

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import uuid
@@ -23,6 +22,7 @@ from probe import DeployProbeWorkflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Worker
+from tools import ROOT
 
 from schemas import names
 
@@ -84,12 +84,12 @@ WORKER_SCRIPT = textwrap.dedent(
 )
 
 
-async def _wait_for(path: Path, proc: subprocess.Popen[str], seconds: float) -> None:
+async def _wait_for(path: Path, proc: asyncio.subprocess.Process, seconds: float) -> None:
     for _ in range(int(seconds * 10)):
-        if path.exists():
+        if await asyncio.to_thread(path.exists):
             return
-        if proc.poll() is not None:
-            output = proc.stdout.read() if proc.stdout else ""
+        if proc.returncode is not None:
+            output = (await proc.stdout.read()).decode() if proc.stdout else ""
             raise AssertionError(f"worker exited early with {proc.returncode}:\n{output}")
         await asyncio.sleep(0.1)
     raise AssertionError(f"{path.name} did not appear within {seconds}s")
@@ -110,13 +110,14 @@ async def test_sigterm_lets_the_running_activity_finish(client: Client, tmp_path
         "AIWORKER_METRICS_PORT": "0",
         "AIWORKER_SHUTDOWN_GRACE_SECONDS": "20",
     }
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(marker)],
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        str(marker),
         env=env,
-        cwd=Path(__file__).resolve().parents[2],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     try:
         probe_queue = f"deploy-probe{suffix}"
@@ -134,18 +135,18 @@ async def test_sigterm_lets_the_running_activity_finish(client: Client, tmp_path
             )
             await _wait_for(marker, proc, 30)
             proc.send_signal(signal.SIGTERM)
-            code = await asyncio.to_thread(proc.wait, 45)
-            output = proc.stdout.read() if proc.stdout else ""
+            assert proc.stdout is not None
+            # The child writes a few lines only; reading to EOF also waits for its exit.
+            output = (await asyncio.wait_for(proc.stdout.read(), 45)).decode()
+            code = await asyncio.wait_for(proc.wait(), 10)
             assert code == 0, output
             # Once the process is gone nobody polls its queue: the result must
             # already be there.
             result = await asyncio.wait_for(handle.result(), 15)
     finally:
-        if proc.poll() is None:
+        if proc.returncode is None:
             proc.kill()
-            proc.wait(10)
-        if proc.stdout:
-            proc.stdout.close()
+            await proc.wait()
 
     assert result == "done"
     assert output.index("activity finished") < output.index("exiting")

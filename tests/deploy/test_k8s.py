@@ -95,7 +95,7 @@ def test_strict_validation_rejects_an_unknown_field() -> None:
 
 
 def test_one_deployment_per_task_queue(rendered: tuple[str, list[dict[str, Any]]]) -> None:
-    overlay, docs = rendered
+    _, docs = rendered
     deployments = of_kind(docs, "Deployment")
     assert set(deployments) == set(QUEUES)
     settings_env = _configmap_env(docs)
@@ -200,8 +200,13 @@ def test_network_policy_limits_egress(rendered: tuple[str, list[dict[str, Any]]]
                 if block and block["cidr"] == "0.0.0.0/0":
                     assert PRIVATE_V4 <= set(block["except"]), f"{name}: private ranges open"
     public = {
-        n: {p["port"] for r in egress_for(n) for peer in r["to"] if "ipBlock" in peer
-            for p in r["ports"]}
+        n: {
+            p["port"]
+            for r in egress_for(n)
+            for peer in r["to"]
+            if "ipBlock" in peer
+            for p in r["ports"]
+        }
         for n in deployments
     }
     assert public["aiworker-scrape"] == {80, 443}

@@ -162,4 +162,6 @@ def test_sam_template_sets_timeout_memory_and_environment() -> None:
     assert props["Timeout"] <= 900
     for secret in ("AIWORKER_LLM_API_KEY", "TEMPORAL_API_KEY"):
         assert secret not in plain, f"{secret} must come from a secret store"
-    assert (DEPLOY / "lambda" / fn["Metadata"]["Dockerfile"].removeprefix("deploy/lambda/")).exists()
+    assert (
+        DEPLOY / "lambda" / fn["Metadata"]["Dockerfile"].removeprefix("deploy/lambda/")
+    ).exists()

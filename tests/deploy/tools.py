@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,8 +43,6 @@ def tool(name: str) -> str:
     return found
 
 
-def run(args: list[str], timeout: float = 60, **kw: object) -> subprocess.CompletedProcess[str]:
+def run(args: list[str], timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run a tool with a hard timeout; never blocks the suite."""
-    return subprocess.run(
-        args, capture_output=True, text=True, timeout=timeout, check=False, **kw  # type: ignore[arg-type]
-    )
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False, **kw)
