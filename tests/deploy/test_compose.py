@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tools import ROOT, compose_binary, run
+from deploy_tools import ROOT, compose_binary, run
 
 from schemas import names
 from schemas.settings import Settings

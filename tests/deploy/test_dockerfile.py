@@ -9,7 +9,7 @@ import json
 import re
 import subprocess
 
-from tools import DEPLOY, ROOT
+from deploy_tools import DEPLOY, ROOT
 
 DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
 BUILD_TOOLS = ("build-essential", "gcc", "g++", "make ", "apt-get install", "pip install")

@@ -18,11 +18,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from probe import DeployProbeWorkflow
+from deploy_probe import DeployProbeWorkflow
+from deploy_tools import ROOT
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Worker
-from tools import ROOT
 
 from schemas import names
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tools import DEPLOY, KUBERNETES_VERSION, run, tool
+from deploy_tools import DEPLOY, KUBERNETES_VERSION, run, tool
 
 from schemas import names
 from schemas.options import activity_options

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from probe import DeployProbeWorkflow
+from deploy_probe import DeployProbeWorkflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.workflowservice.v1 import SetWorkerDeploymentCurrentVersionRequest
 from temporalio.client import Client
@@ -142,7 +142,7 @@ def test_lambda_polls_one_queue(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_sam_template_sets_timeout_memory_and_environment() -> None:
     import yaml
-    from tools import DEPLOY
+    from deploy_tools import DEPLOY
 
     from schemas.settings import Settings
 
@@ -165,3 +165,11 @@ def test_sam_template_sets_timeout_memory_and_environment() -> None:
     assert (
         DEPLOY / "lambda" / fn["Metadata"]["Dockerfile"].removeprefix("deploy/lambda/")
     ).exists()
+
+
+def test_a_function_without_a_build_id_fails_at_cold_start(tmp_path: Path) -> None:
+    env = {"AIWORKER_DATA_DIR": str(tmp_path)}
+    with pytest.raises(LambdaConfigError, match="AIWORKER_BUILD_ID"):
+        make_handler(env)
+    # Inside Lambda the function version stands in for it.
+    assert callable(make_handler({**env, "AWS_LAMBDA_FUNCTION_VERSION": "7"}))

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
+from deploy_tools import DEPLOY, ROOT, run
 from prometheus_client import CollectorRegistry
-from tools import DEPLOY, ROOT, run
 
 from activities.metrics import WorkerMetrics
 
