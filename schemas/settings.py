@@ -75,6 +75,9 @@ class Settings(BaseModel):
     max_concurrent_workflow_tasks: int = Field(default=100, ge=1)
     pollers: int = Field(default=10, ge=1, le=100)
     shutdown_grace_seconds: float = Field(default=60.0, ge=0)
+    # Worker Deployment Versioning (the Lambda worker always uses it).
+    deployment_name: str = Field(default="aiworker", min_length=1, max_length=255)
+    build_id: str | None = Field(default=None, min_length=1, max_length=255)
 
     @field_validator("task_queue_suffix")
     @classmethod
@@ -128,6 +131,8 @@ class Settings(BaseModel):
             "MAX_CONCURRENT_WORKFLOW_TASKS",
             "POLLERS",
             "SHUTDOWN_GRACE_SECONDS",
+            "DEPLOYMENT_NAME",
+            "BUILD_ID",
         }
         # Variables consumed by other parts (tests, dev server) are not settings.
         ignored_prefixes = ("TEST_", "DEV_")
@@ -166,6 +171,8 @@ class Settings(BaseModel):
             ("LLM_PROVIDER", "llm_provider"),
             ("MODELS_FILE", "models_file"),
             ("SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds"),
+            ("DEPLOYMENT_NAME", "deployment_name"),
+            ("BUILD_ID", "build_id"),
         ):
             if (v := get(name)) is not None:
                 raw[key] = v

@@ -1,0 +1,257 @@
+"""deploy/k8s: both overlays render with kustomize and pass kubernetes-validate --strict.
+
+kubernetes-validate ships schemas for the built-in kinds only. The
+ServiceMonitor (a prometheus-operator CRD, in an optional component that the
+prod overlay includes) is split off before validation and checked here by
+shape instead, so nothing is skipped silently: the strict run must report no
+kind without a schema.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import yaml
+from deploy_tools import DEPLOY, KUBERNETES_VERSION, run, tool
+
+from schemas import names
+from schemas.options import activity_options
+from schemas.settings import Settings
+from schemas.spec import load_specs
+
+OVERLAYS = ("dev", "prod")
+QUEUES = {
+    "aiworker-pipelines": names.PIPELINES_QUEUE,
+    "aiworker-scrape": names.SCRAPE_QUEUE,
+    "aiworker-llm": names.LLM_QUEUE,
+}
+# The longest activity timeout any worker may declare (web-scrape and llm-call
+# specs stay within it); the pods' drain must outlast it.
+LONGEST_ACTIVITY_TIMEOUT_SECONDS = 60
+PRIVATE_V4 = {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8"}
+CRD_GROUPS = ("monitoring.coreos.com/",)
+
+
+@functools.cache
+def _render_text(overlay: str) -> str:
+    result = run([tool("kubectl"), "kustomize", str(DEPLOY / "k8s" / "overlays" / overlay)])
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def render(overlay: str) -> list[dict[str, Any]]:
+    """The overlay's objects (a fresh copy each call; kustomize runs once)."""
+    return [d for d in yaml.safe_load_all(_render_text(overlay)) if d]
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def rendered(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, render(request.param)
+
+
+@pytest.fixture(scope="module")
+def validation(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str]:
+    """One kubernetes-validate --strict run over both overlays' built-in kinds."""
+    out_dir = tmp_path_factory.mktemp("k8s")
+    paths = []
+    for overlay in OVERLAYS:
+        standard = [d for d in render(overlay) if not d["apiVersion"].startswith(CRD_GROUPS)]
+        path = out_dir / f"{overlay}.yaml"
+        path.write_text(yaml.safe_dump_all(standard, sort_keys=False))
+        paths.append(str(path))
+    result = run(
+        [tool("kubernetes-validate"), "--strict", "-k", KUBERNETES_VERSION, *paths], timeout=120
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+def of_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def test_overlays_pass_strict_validation(validation: tuple[int, str]) -> None:
+    code, out = validation
+    assert code == 0, out
+    assert "Couldn't find schema" not in out, out
+    for overlay in OVERLAYS:
+        kinds = {(d["kind"], d["metadata"]["name"]) for d in render(overlay)}
+        passed = out.count(f"{overlay}.yaml passed for resource")
+        crds = sum(1 for d in render(overlay) if d["apiVersion"].startswith(CRD_GROUPS))
+        assert passed == len(kinds) - crds, out
+
+
+def test_strict_validation_rejects_an_unknown_field() -> None:
+    # Guards the check: strict mode must fail a misspelt field, not accept it.
+    # (The library call, not a third CLI start: each costs seconds here.)
+    import kubernetes_validate
+
+    deploy = of_kind(render("dev"), "Deployment")["aiworker-scrape"]
+    kubernetes_validate.validate(deploy, KUBERNETES_VERSION, strict=True)
+    deploy["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deploy, KUBERNETES_VERSION, strict=True)
+
+
+def test_one_deployment_per_task_queue(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    deployments = of_kind(docs, "Deployment")
+    assert set(deployments) == set(QUEUES)
+    settings_env = _configmap_env(docs)
+    for name, queue in QUEUES.items():
+        pod = deployments[name]["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["AIWORKER_TASK_QUEUES"] == queue
+        # The worker would refuse an unknown or malformed AIWORKER_* variable.
+        plain = {k: v for k, v in {**settings_env, **env}.items() if v is not None}
+        settings = Settings.from_env(plain)
+        assert settings.task_queues == (queue,)
+        assert settings.metrics_port == 9464
+        assert not settings.allow_private_networks
+        assert c["resources"]["requests"] and c["resources"]["limits"]
+        probes = {p: c[p]["httpGet"] for p in ("livenessProbe", "readinessProbe")}
+        assert probes["livenessProbe"]["path"] == "/healthz"
+        assert probes["readinessProbe"]["path"] == "/readyz"
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert all(ports[p["port"]] == 9464 for p in probes.values())
+
+
+def test_drain_outlasts_the_longest_activity(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    settings = Settings.from_env(_configmap_env(docs))
+    longest = LONGEST_ACTIVITY_TIMEOUT_SECONDS
+    for spec in load_specs().values():
+        assert spec.constraints.timeout_seconds <= longest, spec.worker_id
+        timeout = activity_options(spec)["start_to_close_timeout"].total_seconds()
+        assert settings.shutdown_grace_seconds >= timeout, spec.worker_id
+    # Temporal's start-to-close timeout adds 5 s past the worker's own deadline.
+    assert settings.shutdown_grace_seconds >= longest + 5
+    for name, d in of_kind(docs, "Deployment").items():
+        grace = d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace > settings.shutdown_grace_seconds, name
+
+
+def test_pods_run_non_root_with_a_read_only_root(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, docs = rendered
+    for name, d in of_kind(docs, "Deployment").items():
+        pod = d["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        assert pod["automountServiceAccountToken"] is False
+        (c,) = pod["containers"]
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True, name
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for path in ("/tmp", "/data"):
+            assert "emptyDir" in volumes[mounts[path]], f"{name}: {path}"
+        assert _configmap_env(docs)["AIWORKER_DATA_DIR"] == "/data"
+
+
+def test_each_deployment_has_an_hpa_and_a_pdb(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    deployments = of_kind(docs, "Deployment")
+    hpas = of_kind(docs, "HorizontalPodAutoscaler")
+    pdbs = of_kind(docs, "PodDisruptionBudget")
+    for name, d in deployments.items():
+        hpa = hpas[name]
+        assert hpa["spec"]["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": name,
+        }
+        assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+        pod_labels = d["spec"]["template"]["metadata"]["labels"]
+        selector = pdbs[name]["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= pod_labels.items()
+        assert d["spec"]["selector"]["matchLabels"] == selector
+
+
+def test_network_policy_limits_egress(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    policies = list(of_kind(docs, "NetworkPolicy").values())
+    deployments = of_kind(docs, "Deployment")
+
+    def egress_for(deployment: str) -> list[dict[str, Any]]:
+        labels = deployments[deployment]["spec"]["template"]["metadata"]["labels"]
+        rules = []
+        for p in policies:
+            if p["spec"]["podSelector"]["matchLabels"].items() <= labels.items():
+                assert "Egress" in p["spec"]["policyTypes"]
+                rules += p["spec"].get("egress", [])
+        return rules
+
+    for name in deployments:
+        rules = egress_for(name)
+        ports = [(p.get("protocol"), p["port"]) for r in rules for p in r.get("ports", [])]
+        assert ("UDP", 53) in ports, f"{name}: no DNS"
+        assert ("TCP", 7233) in ports, f"{name}: no Temporal"
+        for r in rules:
+            assert r.get("to"), f"{name}: an egress rule without a destination allows everything"
+            assert r.get("ports"), f"{name}: an egress rule without ports allows every port"
+            for peer in r["to"]:
+                block = peer.get("ipBlock")
+                if block and block["cidr"] == "0.0.0.0/0":
+                    assert PRIVATE_V4 <= set(block["except"]), f"{name}: private ranges open"
+    public = {
+        n: {
+            p["port"]
+            for r in egress_for(n)
+            for peer in r["to"]
+            if "ipBlock" in peer
+            for p in r["ports"]
+        }
+        for n in deployments
+    }
+    assert public["aiworker-scrape"] == {80, 443}
+    assert public["aiworker-llm"] == {443}
+
+
+def test_settings_come_from_a_configmap_and_keys_from_secrets(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    overlay, docs = rendered
+    (cm_name,) = of_kind(docs, "ConfigMap")
+    for name, d in of_kind(docs, "Deployment").items():
+        (c,) = d["spec"]["template"]["spec"]["containers"]
+        assert {"configMapRef": {"name": cm_name}} in c["envFrom"]
+        for e in c["env"]:
+            if "KEY" in e["name"]:
+                assert "secretKeyRef" in e["valueFrom"], f"{name}: {e['name']} is not a Secret"
+    assert not of_kind(docs, "Secret"), "secrets are referenced, never rendered from git"
+    llm = of_kind(docs, "Deployment")["aiworker-llm"]["spec"]["template"]["spec"]
+    key = next(e for e in llm["containers"][0]["env"] if e["name"] == "AIWORKER_LLM_API_KEY")
+    # prod does not start without the key; dev may run without one.
+    assert key["valueFrom"]["secretKeyRef"]["optional"] is (overlay == "dev")
+
+
+def test_service_monitor_selects_the_metrics_service() -> None:
+    docs = render("prod")
+    (sm,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    services = [
+        s
+        for s in of_kind(docs, "Service").values()
+        if sm["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+    ]
+    assert len(services) == 1
+    port_names = {p["name"] for p in services[0]["spec"]["ports"]}
+    for ep in sm["spec"]["endpoints"]:
+        assert ep["port"] in port_names
+        assert ep["path"] == "/metrics"
+    # The Service selects every worker pod.
+    for d in of_kind(docs, "Deployment").values():
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        assert services[0]["spec"]["selector"].items() <= labels.items()
+    assert not [d for d in render("dev") if d["kind"] == "ServiceMonitor"]
+
+
+def _configmap_env(docs: list[dict[str, Any]]) -> dict[str, str]:
+    (cm,) = of_kind(docs, "ConfigMap").values()
+    return dict(cm["data"])
