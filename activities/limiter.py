@@ -72,6 +72,8 @@ class LimiterActivities:
             result = AcquireResult(limited=True, key=key, limit=limit, period_seconds=period)
         else:
             return AcquireResult(limited=False)
+        queue = activity.info().task_queue
+        limiter_id = names.limiter_workflow_id(key, names.queue_suffix_of(queue))
         client = activity.client()
         await client.start_workflow(
             names.LIMITER_WORKFLOW,
@@ -81,10 +83,10 @@ class LimiterActivities:
                 limit=request.limit,
                 period_seconds=request.period_seconds,
             ),
-            id=names.limiter_workflow_id(key),
-            task_queue=activity.info().task_queue,
+            id=limiter_id,
+            task_queue=queue,
             start_signal=names.LIMITER_ACQUIRE_SIGNAL,
             start_signal_args=[request],
             static_summary=f"limiter {key}",
         )
-        return result
+        return result.model_copy(update={"limiter_id": limiter_id})

@@ -64,5 +64,6 @@ class AcquireResult(_Model):
 
     limited: bool = Field(description="false when no limit applies: go at once")
     key: str | None = None
+    limiter_id: str | None = Field(default=None, description="workflow id of the limiter")
     limit: int | None = None
     period_seconds: float | None = None

@@ -49,6 +49,6 @@ LIMITER_RELEASE_SIGNAL: Final = "release"
 PERMIT_SIGNAL: Final = "permit"
 
 
-def limiter_workflow_id(key: str) -> str:
-    """The id of the limiter workflow that owns one limit key."""
-    return f"aiworker-limiter/{key}"
+def limiter_workflow_id(key: str, queue_suffix: str = "") -> str:
+    """The id of the limiter workflow that owns one limit key in one deployment."""
+    return f"aiworker-limiter{queue_suffix}/{key}"

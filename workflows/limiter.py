@@ -85,6 +85,9 @@ class LimiterWorkflow:
         self._grants = list(state.grants)
         idle_since = self._now()
         for _ in range(_MAX_ROUNDS):
+            # reset before granting: a signal that lands while grants are being
+            # sent must wake the next round, not wait for the timer
+            self._changed = False
             await self._grant_ready()
             if self._waiters or self._holders:
                 idle_since = self._now()
@@ -92,7 +95,6 @@ class LimiterWorkflow:
                 return self._snapshot()
             if workflow.info().get_current_history_length() > _MAX_HISTORY_EVENTS:
                 break
-            self._changed = False
             wake = self._next_wake(idle_since)
             try:
                 await workflow.wait_condition(

@@ -42,17 +42,17 @@ class PermitBook:
         try:
             await workflow.wait_condition(lambda: call.ticket in self.received, timeout=wait)
         except TimeoutError:
-            if result.key is not None:
-                await self.release(result.key, call.ticket)
+            if result.limiter_id is not None:
+                await self.release(result.limiter_id, call.ticket)
             return None
         finally:
             self.waiting.discard(call.ticket)
         return result
 
-    async def release(self, key: str, ticket: str) -> None:
+    async def release(self, limiter_id: str, ticket: str) -> None:
         """Give a concurrency lease back (or withdraw a queued request)."""
-        handle = workflow.get_external_workflow_handle(names.limiter_workflow_id(key))
+        handle = workflow.get_external_workflow_handle(limiter_id)
         try:
             await handle.signal(names.LIMITER_RELEASE_SIGNAL, ticket)
         except Exception as e:
-            workflow.logger.warning("cannot release %s at %s: %s", ticket, key, e)
+            workflow.logger.warning("cannot release %s at %s: %s", ticket, limiter_id, e)

@@ -356,8 +356,8 @@ class PipelineWorkflow:
                     error_message=f"step {step.id!r}: the pipeline deadline passed while "
                     f"waiting for {'a concurrency slot' if call.key else 'the rate limit'}",
                 )
-            if result.limited and call.key is not None and result.key is not None:
-                leases.append((result.key, call.ticket))
+            if result.limited and call.key is not None and result.limiter_id is not None:
+                leases.append((result.limiter_id, call.ticket))
         return leases
 
     async def _call_worker(

@@ -23,7 +23,7 @@ from temporalio.client import Client
 from activities.breaker import BreakerRegistry
 from activities.tools import EgressPolicy, scrape_tools
 from schemas.pipeline import PipelineResult
-from schemas.settings import Settings
+from schemas.settings import Settings, parse_rate_limits
 from schemas.spec import get_spec
 
 LISTING_SPEC = {
@@ -60,6 +60,9 @@ def make_settings(tmp: Path, *, private: bool) -> Settings:
         metrics_port=0,
         allow_private_networks=private,
         shutdown_grace_seconds=5,
+        # these tests fan out many steps of one tenant; the spec's 10/min per
+        # tenant is exercised by tests/workflows/test_limits.py
+        rate_limits=tuple(parse_rate_limits("web-scrape:*=100000/min")),
     )
 
 
