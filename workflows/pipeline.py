@@ -76,6 +76,7 @@ MAX_REVIEW_ROUNDS = 3
 # Failed items listed in a for_each step's outputs (the counts cover all).
 MAX_ITEM_ERRORS = 20
 OK = ("succeeded", "partial")
+_FEEDBACK_CODES = (ErrorCode.INVALID_OUTPUT.value, ErrorCode.VALIDATION_FAILED.value)
 
 __all__ = ["PipelineWorkflow", "error_code_of", "invalid_input", "parse_spec"]
 
@@ -648,6 +649,16 @@ class PipelineWorkflow:
             usage = usage + outcome.usage
             if not outcome.ok or self._terminal is not None:
                 last = outcome
+                # A worker that rejects its own output (an LLM reply failing its
+                # schema) gets the same second chance as a validator's verdict.
+                if (
+                    v is not None
+                    and self._terminal is None
+                    and outcome.error_code in _FEEDBACK_CODES
+                    and outcome.reasons
+                ):
+                    current = with_feedback(step_input, v.feedback_field, outcome.reasons)
+                    continue
                 break
             if v is None:
                 return _step_result(outcome, attempts, usage, validations)

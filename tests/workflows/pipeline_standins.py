@@ -23,11 +23,22 @@ class Reply:
     usage: dict[str, int] = field(default_factory=dict)
 
 
-def fail(code: str, message: str = "stand-in failure", retryable: bool = False) -> ApplicationError:
+def fail(
+    code: str,
+    message: str = "stand-in failure",
+    retryable: bool = False,
+    reasons: list[dict[str, Any]] | None = None,
+) -> ApplicationError:
     """A failure shaped like the runtime's (code as type, ErrorInfo in details)."""
     return ApplicationError(
         message,
-        {"code": code, "message": message, "retryable": retryable, "context": {"attempt": 1}},
+        {
+            "code": code,
+            "message": message,
+            "retryable": retryable,
+            "reasons": reasons or [],
+            "context": {"attempt": 1},
+        },
         type=code,
         non_retryable=not retryable,
     )

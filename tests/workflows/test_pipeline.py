@@ -192,6 +192,25 @@ async def test_validation_loop_feeds_reasons_back_and_stops_at_max_attempts(
     assert result2.status == "partial"
 
 
+async def test_a_worker_rejecting_its_own_output_gets_the_reasons_back(
+    client: Client, settings: Settings
+) -> None:
+    calls: list[dict[str, Any]] = []
+    reason = {"path": "$.age", "message": "'x' is not of type 'integer'", "validator": "type"}
+
+    async def llm_like(req: dict[str, Any]) -> dict[str, Any]:
+        if "feedback" not in req["input"]:
+            raise fail("invalid_output", "reply fails response_schema", reasons=[reason])
+        return {"policy": "all", "result": {"age": 36}, "used": [], "failed": []}
+
+    step = _step("ask", "aggregator", {"policy": "all", "branches": {}}, validate={"schema": {}})
+    acts = {"aggregator": standin("aggregator", llm_like, calls)}
+    async with running_stack(client, settings, replace_activities=acts) as stack:
+        result = await (await stack.start({"name": "self-check", "steps": [step]})).result()
+    assert result.status == "succeeded"
+    assert [c["input"].get("feedback") for c in calls] == [None, [reason]]
+
+
 async def test_fallback_worker_runs_when_the_worker_fails(
     client: Client, settings: Settings
 ) -> None:
