@@ -21,22 +21,18 @@ import asyncio
 import contextlib
 import datetime as dt
 import fcntl
-import ipaddress
 import json
 import os
-import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 import httpx
 from temporalio import activity
 
 from activities.errors import (
     AccessDeniedError,
-    EgressDeniedError,
     FetchFailedError,
     FetchTimeoutError,
     InvalidInputError,
@@ -44,6 +40,8 @@ from activities.errors import (
     RateLimitedError,
 )
 from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
+from activities.tools.egress import EgressPolicy
+from activities.tools.fetch import guarded_transport
 from schemas import names
 from schemas.protocol import WorkerResponse
 from schemas.settings import Settings
@@ -131,52 +129,22 @@ def _line_has_key(path: Path, key: str) -> bool:
 class WebhookPoster:
     """The ``http_post`` tool: one POST, no library retries (Temporal retries).
 
-    Egress: only ``http(s)`` to public addresses unless the settings allow
-    private networks, and only the allowed domains when a list is set. This
-    is a minimal check done after DNS resolution; redirects are not followed.
+    Egress follows the shared policy (``activities.tools.egress``): the URL is
+    checked first, every connection address after DNS resolution; redirects
+    are not followed.
     """
 
     def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None):
-        self._settings = settings
+        self._policy = EgressPolicy.from_settings(settings)
         self._client = httpx.AsyncClient(
-            transport=transport or httpx.AsyncHTTPTransport(retries=0),
+            transport=transport or guarded_transport(self._policy),
             follow_redirects=False,
         )
-
-    async def check_egress(self, url: str) -> None:
-        """``egress_denied`` for a URL the settings do not allow."""
-        parts = urlsplit(url)
-        host = parts.hostname
-        if parts.scheme not in ("http", "https") or not host:
-            raise EgressDeniedError(f"webhook {url!r} is not an http(s) URL", url=url)
-        allow = self._settings.egress_allow
-        if allow and not any(host == d or host.endswith("." + d) for d in allow):
-            raise EgressDeniedError(
-                f"webhook host {host!r} is not in the egress allow-list", url=url
-            )
-        if self._settings.allow_private_networks:
-            return
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host,
-                parts.port or (443 if parts.scheme == "https" else 80),
-                type=socket.SOCK_STREAM,
-            )
-        except OSError as e:
-            raise FetchFailedError(f"cannot resolve webhook host {host!r}: {e}", url=url) from None
-        for info in infos:
-            addr = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-            if not addr.is_global:
-                raise EgressDeniedError(
-                    f"webhook host {host!r} resolves to non-public address {addr}",
-                    url=url,
-                    address=str(addr),
-                )
 
     async def post(
         self, url: str, body: Any, headers: dict[str, str], timeout_s: float
     ) -> httpx.Response:
-        await self.check_egress(url)
+        self._policy.check_url(url)
         try:
             return await self._client.post(url, json=body, headers=headers, timeout=timeout_s)
         except httpx.TimeoutException as e:
