@@ -15,6 +15,7 @@ LLM_QUEUE: Final = "aiworker-llm"
 
 # Workflow types.
 PIPELINE_WORKFLOW: Final = "PipelineWorkflow"
+FOREACH_WORKFLOW: Final = "PipelineForEachWorkflow"
 
 # Activity names are the worker ids; never renamed once released.
 VALIDATOR: Final = "validator"

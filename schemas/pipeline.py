@@ -36,6 +36,7 @@ StepStatus = Literal[
     "awaiting_review",
     "rejected",
     "cancelled",
+    "escalation_timed_out",
 ]
 
 
@@ -97,8 +98,26 @@ class Step(_Model):
     validate_: Validation | None = Field(default=None, alias="validate")
     review_timeout_seconds: float = Field(default=86400, gt=0)
     concurrency: Concurrency | None = None
+    chunk_size: int = Field(
+        default=100,
+        ge=1,
+        le=1000,
+        description="for_each items per child workflow (keeps every history bounded)",
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ResumeFrom(_Model):
+    """Redrive: reuse the outputs of steps that succeeded in an earlier run.
+
+    ``workflow_id`` is the first run's id: idempotency keys keep using it so
+    that a redriven publish is recognised as already done.
+    """
+
+    workflow_id: str = Field(min_length=1)
+    run_id: str | None = None
+    steps: dict[str, StepResult] = Field(default_factory=dict)
 
 
 class PipelineSpec(_Model):
@@ -110,6 +129,9 @@ class PipelineSpec(_Model):
     budget: Budget = Field(default_factory=Budget)
     steps: list[Step] = Field(min_length=1, max_length=200)
     output: dict[str, Any] = Field(default_factory=dict)
+    resume_from: ResumeFrom | None = Field(
+        default=None, description="set by `aiworker redrive`: results reused from a failed run"
+    )
 
 
 class StepResult(_Model):
@@ -124,6 +146,77 @@ class StepResult(_Model):
     warnings: list[dict[str, Any]] = Field(default_factory=list)
     artifacts: list[dict[str, Any]] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
+    reasons: list[dict[str, Any]] = Field(
+        default_factory=list, description="the validator's or worker's reasons for a failure"
+    )
+    validation_attempts: int = Field(default=0, description="runs of the validation loop")
+    fallback_used: bool = False
+    reused_from: str | None = Field(default=None, description="workflow id of a redriven run")
+    review: dict[str, Any] | None = Field(default=None, description="the human review decision")
+    items: dict[str, int] | None = Field(
+        default=None, description="for_each counts: total, succeeded, failed, skipped"
+    )
+
+
+class ChunkItem(_Model):
+    """One for_each item with its resolved input."""
+
+    index: int = Field(ge=0)
+    input: dict[str, Any]
+
+
+class ChunkAllowance(_Model):
+    """The share of the pipeline budget a for_each chunk may spend."""
+
+    max_tokens: int | None = None
+    max_external_calls: int | None = None
+    deadline: float | None = Field(default=None, description="POSIX seconds, workflow time")
+
+
+class ChunkInput(_Model):
+    """The input of ``PipelineForEachWorkflow``: a bounded slice of a for_each."""
+
+    step_id: str
+    worker: str
+    key_prefix: str
+    tenant: str
+    trace_id: str
+    queue_suffix: str = ""
+    items: list[ChunkItem]
+    max_parallel: int = Field(ge=1)
+    timeout_seconds: float | None = None
+    max_attempts: int | None = None
+    allowance: ChunkAllowance = Field(default_factory=ChunkAllowance)
+
+
+class ItemResult(_Model):
+    """How one for_each item ended (``outputs`` only when it succeeded)."""
+
+    index: int
+    status: Literal["succeeded", "partial", "failed"]
+    outputs: Any = None
+    attempts: int = 0
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+class ChunkResult(_Model):
+    """The result of ``PipelineForEachWorkflow``."""
+
+    items: list[ItemResult]
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ReviewDecision(_Model):
+    """The argument of the ``review`` Workflow Update."""
+
+    decision: Literal["approve", "reject", "retry"]
+    outputs: dict[str, Any] | None = Field(
+        default=None, description="corrected outputs (approve); checked against the step's schema"
+    )
+    reviewer: str = Field(default="unknown", min_length=1, max_length=200)
+    note: str | None = Field(default=None, max_length=4000)
+    step: str | None = Field(default=None, description="the step under review, if several wait")
 
 
 class PipelineResult(_Model):
@@ -135,6 +228,10 @@ class PipelineResult(_Model):
     usage: Usage = Field(default_factory=Usage)
     trace_id: str | None = None
     error: dict[str, Any] | None = None
+
+
+ResumeFrom.model_rebuild()
+PipelineSpec.model_rebuild()
 
 
 def _schema_problem(schema: Any) -> str | None:
@@ -198,6 +295,17 @@ def check_pipeline(spec: PipelineSpec, known_workers: set[str]) -> list[str]:
             problems.append(f"{where}: field 'validate.schema': invalid JSON Schema: {p}")
         if step.concurrency is not None:
             fields.append(("concurrency.key", step.concurrency.key))
+        if step.for_each is not None and step.on_failure == "escalate":
+            problems.append(
+                f"{where}: field 'on_failure': 'escalate' needs a single step, not a for_each"
+            )
+        if step.for_each is not None and step.validate_ is not None:
+            problems.append(
+                f"{where}: field 'validate': the validation loop needs a single step, "
+                "not a for_each (validate the items in a later step)"
+            )
+        if step.fallback_input is not None and step.fallback is None:
+            problems.append(f"{where}: field 'fallback_input': set without 'fallback'")
         for field, value in fields:
             try:
                 refs = find_refs(value)

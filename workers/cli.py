@@ -4,6 +4,9 @@ aiworker dev                 embedded Temporal server + UI + a worker
 aiworker demo [--exit]       dev stack, run the sample pipeline, print the result
 aiworker worker [-q QUEUE]   a worker process polling task queues
 aiworker run FILE|-          start a pipeline, wait, print the result JSON
+aiworker review ID DECISION  approve|reject|retry an escalated step (Workflow Update)
+aiworker list [--status S]   pipelines by status, tenant, name (visibility query)
+aiworker redrive ID          run a failed pipeline again, reusing its succeeded steps
 aiworker workers             list the worker specs (the published contracts)
 aiworker schemas export|check  write or check schemas/json/
 """
@@ -131,6 +134,209 @@ async def _cmd_run(args: argparse.Namespace) -> int:
     settings = load_settings()
     client = await connect(args.profile, target_host=args.address)
     handle = await start_pipeline(client, settings, raw, args.id)
+    if args.no_wait:
+        print(handle.id)
+        return EXIT_OK
+    code, doc = await wait_result(client, handle.id, handle.result_run_id)
+    print(json.dumps(doc, indent=2, ensure_ascii=False))
+    return code
+
+
+async def send_review(
+    client: Any,
+    workflow_id: str,
+    decision: str,
+    *,
+    outputs: dict[str, Any] | None = None,
+    reviewer: str | None = None,
+    note: str | None = None,
+    step: str | None = None,
+) -> dict[str, Any]:
+    """Send the ``review`` Workflow Update; returns the workflow's answer."""
+    arg: dict[str, Any] = {"decision": decision, "reviewer": reviewer or "unknown"}
+    if outputs is not None:
+        arg["outputs"] = outputs
+    if note:
+        arg["note"] = note
+    if step:
+        arg["step"] = step
+    handle = client.get_workflow_handle(workflow_id)
+    result: dict[str, Any] = await handle.execute_update(names.REVIEW_UPDATE, arg, result_type=dict)
+    return result
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def list_query(
+    status: str | None = None, tenant: str | None = None, pipeline: str | None = None
+) -> str:
+    """The visibility query for pipelines with these search attribute values."""
+    parts = [f"WorkflowType = {_quote(names.PIPELINE_WORKFLOW)}"]
+    for key, value in (
+        (names.SA_STATUS, status),
+        (names.SA_TENANT, tenant),
+        (names.SA_PIPELINE, pipeline),
+    ):
+        if value:
+            parts.append(f"{key} = {_quote(value)}")
+    return " AND ".join(parts)
+
+
+async def list_pipelines(
+    client: Any,
+    *,
+    status: str | None = None,
+    tenant: str | None = None,
+    pipeline: str | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    """Pipelines matching the filters, newest first (at most ``limit``)."""
+    out: list[dict[str, Any]] = []
+    query = list_query(status, tenant, pipeline)
+    async for wf in client.list_workflows(query, limit=limit):
+        sa = wf.typed_search_attributes
+        out.append(
+            {
+                "workflow_id": wf.id,
+                "run_id": wf.run_id,
+                "status": _sa(sa, names.SA_STATUS),
+                "tenant": _sa(sa, names.SA_TENANT),
+                "pipeline": _sa(sa, names.SA_PIPELINE),
+                "execution_status": wf.status.name if wf.status else None,
+                "start_time": wf.start_time.isoformat() if wf.start_time else None,
+            }
+        )
+    return out
+
+
+def _sa(attrs: Any, name: str) -> Any:
+    from temporalio.common import SearchAttributeKey
+
+    return attrs.get(SearchAttributeKey.for_keyword(name))
+
+
+class RedriveError(RuntimeError):
+    """The pipeline cannot be redriven; the message says why."""
+
+
+async def redrive_input(client: Any, workflow_id: str) -> dict[str, Any]:
+    """The input of a new run that reuses the steps a failed run finished.
+
+    The original pipeline comes from the first event of the failed run's
+    history; the finished steps from its result, or (when the run failed,
+    was cancelled or terminated) from its ``progress`` query. ``resume_from``
+    names the first run, so the new run keeps its idempotency keys.
+    """
+    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+
+    from schemas.pipeline import PipelineResult
+
+    handle = client.get_workflow_handle(workflow_id)
+    desc = await handle.describe()
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        raise RedriveError(f"{workflow_id} is still running; cancel it or wait")
+    history = await handle.fetch_history()
+    first = history.events[0].workflow_execution_started_event_attributes
+    decoded = await client.data_converter.decode(first.input.payloads)
+    pipeline = dict(decoded[0])
+    steps: dict[str, Any] = {}
+    try:
+        result = await client.get_workflow_handle(
+            workflow_id, run_id=desc.run_id, result_type=PipelineResult
+        ).result()
+        if result.status == "succeeded":
+            raise RedriveError(f"{workflow_id} succeeded; nothing to redrive")
+        steps = {k: v.model_dump(mode="json") for k, v in result.steps.items()}
+    except WorkflowFailureError:
+        progress = await handle.query(names.PROGRESS_QUERY, True)
+        steps = dict(progress.get("steps") or {})
+    reuse = {
+        sid: r for sid, r in steps.items() if isinstance(r, dict) and r.get("status") in OK_STATUSES
+    }
+    previous = pipeline.get("resume_from") or {}
+    root = previous.get("workflow_id") or workflow_id
+    pipeline["resume_from"] = {"workflow_id": root, "run_id": desc.run_id, "steps": reuse}
+    return pipeline
+
+
+OK_STATUSES = ("succeeded", "partial")
+
+
+async def redrive(client: Any, settings: Settings, workflow_id: str) -> Any:
+    """Start the failed pipeline ``workflow_id`` again; returns the new handle."""
+    from schemas.pipeline import PipelineResult
+
+    pipeline = await redrive_input(client, workflow_id)
+    root = pipeline["resume_from"]["workflow_id"]
+    handle = await start_pipeline(
+        client, settings, pipeline, f"{root}-redrive-{uuid.uuid4().hex[:8]}"
+    )
+    return client.get_workflow_handle(
+        handle.id, run_id=handle.result_run_id, result_type=PipelineResult
+    )
+
+
+async def _cmd_review(args: argparse.Namespace) -> int:
+    from temporalio.client import WorkflowUpdateFailedError
+
+    from workers.temporal_client import connect
+
+    outputs = None
+    if args.outputs:
+        try:
+            outputs = json.loads(args.outputs)
+        except json.JSONDecodeError as e:
+            _err(f"--outputs is not valid JSON: {e.msg}")
+            return EXIT_USAGE
+    client = await connect(args.profile, target_host=args.address)
+    try:
+        answer = await send_review(
+            client,
+            args.workflow_id,
+            args.decision,
+            outputs=outputs,
+            reviewer=args.reviewer or os.environ.get("USER"),
+            note=args.note,
+            step=args.step,
+        )
+    except WorkflowUpdateFailedError as e:
+        _err(f"review rejected: {e.cause}")
+        return EXIT_FAILED
+    print(json.dumps(answer))
+    return EXIT_OK
+
+
+async def _cmd_list(args: argparse.Namespace) -> int:
+    from workers.temporal_client import connect
+
+    client = await connect(args.profile, target_host=args.address)
+    rows = await list_pipelines(
+        client, status=args.status, tenant=args.tenant, pipeline=args.pipeline, limit=args.limit
+    )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    print(f"{'workflow id':<44} {'status':<22} {'tenant':<12} {'pipeline':<20} started")
+    for r in rows:
+        print(
+            f"{r['workflow_id']:<44} {r['status'] or '-':<22} {r['tenant'] or '-':<12} "
+            f"{r['pipeline'] or '-':<20} {r['start_time'] or '-'}"
+        )
+    return EXIT_OK
+
+
+async def _cmd_redrive(args: argparse.Namespace) -> int:
+    from workers.temporal_client import connect
+
+    settings = load_settings()
+    client = await connect(args.profile, target_host=args.address)
+    try:
+        handle = await redrive(client, settings, args.workflow_id)
+    except RedriveError as e:
+        _err(str(e))
+        return EXIT_USAGE
     if args.no_wait:
         print(handle.id)
         return EXIT_OK
@@ -365,6 +571,28 @@ def build_parser() -> argparse.ArgumentParser:
             d.add_argument("--pipeline", help="pipeline file (default: the bundled sample)")
             d.add_argument("--exit", action="store_true", help="stop after the pipeline ends")
 
+    rv = sub.add_parser("review", help="decide on a step awaiting review (Workflow Update)")
+    rv.add_argument("workflow_id")
+    rv.add_argument("decision", choices=["approve", "reject", "retry"])
+    rv.add_argument("--outputs", help="corrected outputs as JSON (approve)")
+    rv.add_argument("--reviewer", help="who decides (default $USER)")
+    rv.add_argument("--note", help="a note kept in the step's result")
+    rv.add_argument("--step", help="the step, when several await review")
+    conn(rv)
+
+    ls = sub.add_parser("list", help="list pipelines through visibility queries")
+    ls.add_argument("--status", help="e.g. running, awaiting_review, failed")
+    ls.add_argument("--tenant")
+    ls.add_argument("--pipeline", help="pipeline name")
+    ls.add_argument("--limit", type=int, default=100)
+    ls.add_argument("--json", action="store_true")
+    conn(ls)
+
+    rd = sub.add_parser("redrive", help="run a failed pipeline again, reusing succeeded steps")
+    rd.add_argument("workflow_id")
+    rd.add_argument("--no-wait", action="store_true", help="print the new workflow id and return")
+    conn(rd)
+
     ws = sub.add_parser("workers", help="list worker specs")
     ws.add_argument("--json", action="store_true")
 
@@ -380,6 +608,12 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(_cmd_run(args))
         if args.command == "worker":
             return asyncio.run(_cmd_worker(args))
+        if args.command == "review":
+            return asyncio.run(_cmd_review(args))
+        if args.command == "list":
+            return asyncio.run(_cmd_list(args))
+        if args.command == "redrive":
+            return asyncio.run(_cmd_redrive(args))
         if args.command == "dev":
             return asyncio.run(_dev(args, None))
         if args.command == "demo":

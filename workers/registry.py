@@ -10,13 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from activities.aggregator import AggregatorActivities
 from activities.limiter import LimiterActivities
 from activities.llm_call import LlmCallActivities
+from activities.publish import PublishActivities
 from activities.runtime import WorkerRuntime
 from activities.validator import ValidatorActivities
 from activities.web_scrape import WebScrapeActivities
 from schemas import names
 from schemas.spec import WorkerSpec
+from workflows.foreach import PipelineForEachWorkflow
 from workflows.limiter import LimiterWorkflow
 from workflows.pipeline import PipelineWorkflow
 
@@ -27,10 +30,12 @@ ACTIVITY_FACTORIES: dict[str, ActivityFactory] = {
     names.VALIDATOR: lambda rt: [ValidatorActivities(rt).validator],
     names.LLM_CALL: lambda rt: [LlmCallActivities(rt).llm_call],
     names.WEB_SCRAPE: lambda rt: [WebScrapeActivities(rt).web_scrape],
+    names.AGGREGATOR: lambda rt: [AggregatorActivities(rt).aggregator],
+    names.PUBLISH: lambda rt: [PublishActivities(rt).publish],
 }
 
 WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {
-    names.PIPELINES_QUEUE: [PipelineWorkflow, LimiterWorkflow],
+    names.PIPELINES_QUEUE: [PipelineWorkflow, PipelineForEachWorkflow, LimiterWorkflow],
 }
 
 

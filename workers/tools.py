@@ -10,6 +10,7 @@ from typing import Any
 from activities.breaker import BreakerRegistry
 from activities.llm import LanguageModel, LlmMetrics, ModelsFileError, load_registry
 from activities.metrics import WorkerMetrics
+from activities.publish import WebhookPoster
 from activities.tools import scrape_tools
 from schemas.settings import Settings
 from workers.worker import StartupError
@@ -47,4 +48,6 @@ def build_tools(settings: Settings, metrics: WorkerMetrics | None = None) -> dic
     tools["language_model"] = build_language_model(settings, metrics=metrics)
     # fetch_url, parse_html, artifact_store
     tools.update(scrape_tools(settings, metrics=metrics))
+    # POSTs for the publish worker, under the same egress policy as fetches.
+    tools["http_post"] = WebhookPoster(settings)
     return tools

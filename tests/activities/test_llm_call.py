@@ -270,12 +270,12 @@ async def test_schema_violations_and_length_are_invalid_output_with_reasons(
     )
     step = bad.steps["ask"]
     assert (bad.status, step.error_code, step.attempts) == ("failed", "invalid_output", 1)
-    reasons = step.outputs["reasons"]
+    reasons = step.reasons
     assert [r["path"] for r in reasons] == ["$.age"]
     assert reasons[0]["validator"] == "type"
     step = cut.steps["ask"]
     assert (step.error_code, step.attempts) == ("invalid_output", 1)
-    assert step.outputs["reasons"][0]["validator"] == "finish_reason"
+    assert step.reasons[0]["validator"] == "finish_reason"
     # Without a schema a cut reply is a partial result, not a failure.
     step = plain_cut.steps["ask"]
     assert step.status == "partial"
@@ -288,7 +288,7 @@ async def test_feedback_reaches_the_model_and_fixes_the_reply(
 ) -> None:
     base = {"model": "json-feedback", "prompt": "who?", "response_schema": PERSON_SCHEMA}
     first, _ = await run_step(llm_stack, base)
-    reasons = first.steps["ask"].outputs["reasons"]
+    reasons = first.steps["ask"].reasons
     assert first.steps["ask"].error_code == "invalid_output"
     second, _ = await run_step(llm_stack, {**base, "feedback": reasons})
     assert second.status == "succeeded", second.steps["ask"]

@@ -1,0 +1,168 @@
+"""The publish worker: file and webhook sinks, exactly once per idempotency key."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.publish import Ledger, Publish, WebhookPoster
+from activities.runtime import WorkerRuntime
+from schemas.protocol import WorkerResponse
+from schemas.settings import Settings
+from schemas.spec import load_specs
+
+
+def _rt(settings: Settings) -> WorkerRuntime:
+    return WorkerRuntime(settings, load_specs(), tools={"http_post": WebhookPoster(settings)})
+
+
+async def _publish(
+    settings: Settings, key: str, sink: dict[str, Any], record: Any
+) -> WorkerResponse:
+    request = {
+        "worker_id": "publish",
+        "idempotency_key": key,
+        "tenant": "acme",
+        "input": {"sink": sink, "record": record},
+    }
+    return await _rt(settings).run(Publish(), request)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+async def test_file_sink_appends_once_per_key(settings: Settings) -> None:
+    sink = {"file": "out/products.jsonl"}
+    first = await _publish(settings, "wf/notify", sink, {"title": "Mug"})
+    again = await _publish(settings, "wf/notify", sink, {"title": "Mug"})
+    other = await _publish(settings, "wf/notify/1", sink, {"title": "Cup"})
+    assert first.outputs["published"] is True and first.outputs["duplicate"] is False
+    assert again.outputs == {**first.outputs, "published": False, "duplicate": True}
+    assert other.outputs["published"] is True
+    lines = _lines(settings.data_dir / "sinks" / "out" / "products.jsonl")
+    assert [(x["idempotency_key"], x["record"]) for x in lines] == [
+        ("wf/notify", {"title": "Mug"}),
+        ("wf/notify/1", {"title": "Cup"}),
+    ]
+    assert lines[0]["tenant"] == "acme"
+
+
+@pytest.mark.parametrize("path", ["../escape.jsonl", "/etc/passwd", "a/../../b.jsonl", "."])
+async def test_file_sink_outside_the_data_dir_is_invalid_input(
+    settings: Settings, path: str
+) -> None:
+    with pytest.raises(ApplicationError) as e:
+        await _publish(settings, "wf/x", {"file": path}, {})
+    assert e.value.type == "invalid_input"
+    assert e.value.non_retryable
+
+
+async def test_crash_after_append_before_ledger_done_does_not_append_twice(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_mark = Ledger.mark
+    calls = {"n": 0}
+
+    def dying_mark(conn: Any, key: str, sink: str, state: str, status_code: Any = None) -> None:
+        if state == "done" and calls["n"] == 0:
+            calls["n"] += 1
+            raise RuntimeError("process killed")
+        real_mark(conn, key, sink, state, status_code)
+
+    monkeypatch.setattr(Ledger, "mark", staticmethod(dying_mark))
+    with pytest.raises(ApplicationError) as e:
+        await _publish(settings, "wf/p", {"file": "s.jsonl"}, {"n": 1})
+    assert e.value.type == "internal"
+    retry = await _publish(settings, "wf/p", {"file": "s.jsonl"}, {"n": 1})
+    assert retry.outputs["duplicate"] is True
+    assert len(_lines(settings.data_dir / "sinks" / "s.jsonl")) == 1
+
+
+class _Hook:
+    def __init__(self, statuses: list[int]) -> None:
+        self.statuses = statuses
+        self.requests: list[tuple[dict[str, str], Any]] = []
+
+
+@pytest.fixture
+def hook() -> Iterator[tuple[str, _Hook]]:
+    state = _Hook([])
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            state.requests.append((dict(self.headers), body))
+            code = state.statuses.pop(0) if state.statuses else 200
+            self.send_response(code)
+            if code == 429:
+                self.send_header("Retry-After", "7")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hook", state
+    finally:
+        server.shutdown()
+        server.server_close()
+        t.join(5)
+
+
+async def test_webhook_posts_with_idempotency_key_once(
+    settings: Settings, hook: tuple[str, _Hook]
+) -> None:
+    url, state = hook
+    first = await _publish(settings, "wf/hook", {"webhook": url}, {"a": 1})
+    again = await _publish(settings, "wf/hook", {"webhook": url}, {"a": 1})
+    assert first.outputs["published"] is True and first.outputs["status_code"] == 200
+    assert first.usage.external_calls == 1
+    assert again.outputs["duplicate"] is True and again.usage.external_calls == 0
+    assert len(state.requests) == 1
+    headers, body = state.requests[0]
+    assert headers["Idempotency-Key"] == "wf/hook"
+    assert body == {"idempotency_key": "wf/hook", "tenant": "acme", "record": {"a": 1}}
+
+
+async def test_webhook_errors_map_to_codes(settings: Settings, hook: tuple[str, _Hook]) -> None:
+    url, state = hook
+    state.statuses = [503, 429, 403, 422]
+    expected = [
+        ("fetch_failed", False, None),
+        ("rate_limited", False, 7.0),
+        ("access_denied", True, None),
+        ("invalid_input", True, None),
+    ]
+    for code, non_retryable, delay in expected:
+        with pytest.raises(ApplicationError) as e:
+            await _publish(settings, "wf/err", {"webhook": url}, {})
+        assert (e.value.type, e.value.non_retryable) == (code, non_retryable)
+        if delay is not None:
+            assert e.value.next_retry_delay is not None
+            assert e.value.next_retry_delay.total_seconds() == delay
+    ok = await _publish(settings, "wf/err", {"webhook": url}, {})
+    assert ok.outputs["published"] is True
+    assert len(state.requests) == 5
+
+
+async def test_webhook_to_loopback_is_denied_without_private_networks(
+    settings: Settings, hook: tuple[str, _Hook]
+) -> None:
+    url, state = hook
+    strict = settings.model_copy(update={"allow_private_networks": False})
+    with pytest.raises(ApplicationError) as e:
+        await _publish(strict, "wf/deny", {"webhook": url}, {})
+    assert e.value.type == "egress_denied"
+    assert state.requests == []

@@ -1,0 +1,123 @@
+"""Escalation to a human: the ``review`` Workflow Update and its deadline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import running_stack
+from pipeline_standins import fail, standin, wait_for
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import SearchAttributeKey
+from temporalio.testing import WorkflowEnvironment
+
+from schemas import names
+from schemas.settings import Settings
+from workers.cli import send_review
+
+STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
+GOOD = {"policy": "all", "result": {"title": "fixed by a human"}, "used": [], "failed": []}
+
+
+def _pipeline(timeout: float = 600) -> dict[str, Any]:
+    return {
+        "name": "review",
+        "tenant": "acme",
+        "steps": [
+            {
+                "id": "draft",
+                "worker": "aggregator",
+                "input": {"policy": "all", "branches": {}},
+                "on_failure": "escalate",
+                "review_timeout_seconds": timeout,
+            }
+        ],
+        "output": {"title": "${{ steps.draft.outputs.result.title }}"},
+    }
+
+
+def _producer(calls: list[dict[str, Any]], succeed_on: int = 99) -> Any:
+    async def handler(req: dict[str, Any]) -> dict[str, Any]:
+        if len(calls) >= succeed_on:
+            return GOOD
+        raise fail("invalid_output", "the model returned garbage")
+
+    return standin("aggregator", handler, calls)
+
+
+async def _awaiting(handle: WorkflowHandle[Any, Any]) -> None:
+    async def check() -> bool:
+        p = await handle.query(names.PROGRESS_QUERY)
+        return bool(p["awaiting_review"] == ["draft"])
+
+    await wait_for(check, "the step to await review")
+
+
+async def test_approve_with_corrected_outputs(client: Client, settings: Settings) -> None:
+    calls: list[dict[str, Any]] = []
+    acts = {"aggregator": _producer(calls)}
+    async with running_stack(client, settings, replace_activities=acts) as stack:
+        handle = await stack.start(_pipeline())
+        await _awaiting(handle)
+        desc = await handle.describe()
+        assert desc.typed_search_attributes.get(STATUS) == "awaiting_review"
+        with pytest.raises(WorkflowUpdateFailedError):
+            await handle.execute_update(names.REVIEW_UPDATE, {"decision": "maybe"})
+        with pytest.raises(WorkflowUpdateFailedError) as e:
+            await send_review(client, handle.id, "approve", outputs={"result": 1}, reviewer="ann")
+        assert "schema" in str(e.value.cause)
+        answer = await send_review(
+            client, handle.id, "approve", outputs=GOOD, reviewer="ann", note="looks right"
+        )
+        result = await handle.result()
+        desc = await handle.describe()
+    assert answer == {"step": "draft", "decision": "approve", "reviewer": "ann"}
+    draft = result.steps["draft"]
+    assert result.status == "succeeded"
+    assert result.output == {"title": "fixed by a human"}
+    assert draft.review is not None
+    assert draft.review["reviewer"] == "ann" and draft.review["note"] == "looks right"
+    assert len(calls) == 1
+    assert desc.typed_search_attributes.get(STATUS) == "succeeded"
+
+
+async def test_reject_ends_the_pipeline_rejected(client: Client, settings: Settings) -> None:
+    calls: list[dict[str, Any]] = []
+    async with running_stack(
+        client, settings, replace_activities={"aggregator": _producer(calls)}
+    ) as stack:
+        handle = await stack.start(_pipeline())
+        await _awaiting(handle)
+        await send_review(client, handle.id, "reject", reviewer="bob")
+        result = await handle.result()
+    assert result.status == "rejected"
+    assert result.steps["draft"].status == "rejected"
+
+
+async def test_retry_runs_the_step_again(client: Client, settings: Settings) -> None:
+    calls: list[dict[str, Any]] = []
+    acts = {"aggregator": _producer(calls, succeed_on=2)}
+    async with running_stack(client, settings, replace_activities=acts) as stack:
+        handle = await stack.start(_pipeline())
+        await _awaiting(handle)
+        await send_review(client, handle.id, "retry", reviewer="cy")
+        result = await handle.result()
+    assert result.status == "succeeded"
+    assert len(calls) == 2
+    assert calls[1]["idempotency_key"] == f"{handle.id}/draft#review-1"
+
+
+async def test_no_review_before_the_deadline_times_out(
+    ts_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    calls: list[dict[str, Any]] = []
+    async with running_stack(
+        ts_env.client, settings, replace_activities={"aggregator": _producer(calls)}
+    ) as stack:
+        # The time-skipping server cannot register search attributes.
+        handle = await stack.start(_pipeline(timeout=7 * 86400), memo={"search_attributes": False})
+        result = await handle.result()
+    assert result.status == "escalation_timed_out"
+    draft = result.steps["draft"]
+    assert draft.status == "escalation_timed_out"
+    assert "no review within 604800s" in (draft.error_message or "")

@@ -1,0 +1,129 @@
+"""The budget ledger of a pipeline: tokens, external calls and a deadline.
+
+Before a step is scheduled it asks the ledger for an admission. The ledger
+refuses (``BudgetRefused``) when a limit is already spent or the deadline
+passed, and otherwise reserves the step's share: the worker spec's own cap,
+or everything left when the worker has none. The reservation becomes the
+request's ``max_tokens`` / ``max_external_calls`` constraint, so parallel
+steps together never overspend, and the worker itself stops at its share.
+When the step ends, the reservation is released and the real usage
+booked. Usage comes from activity results recorded in history, so a replay
+rebuilds the same ledger and never counts twice. Pure and deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from temporalio import workflow
+
+# The models must be the very classes the workflow passes through the sandbox.
+with workflow.unsafe.imports_passed_through():
+    from schemas.pipeline import Budget
+    from schemas.protocol import Usage
+    from schemas.spec import WorkerSpec
+
+
+class BudgetRefused(Exception):
+    """A step would exceed the budget; ``resource`` names the limit."""
+
+    def __init__(self, resource: str, message: str) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What one admitted step may spend (``None``: no limit from the budget)."""
+
+    max_tokens: int | None
+    max_external_calls: int | None
+    timeout_seconds: float | None
+
+
+def _share(left: int, cap: int | None) -> int:
+    return left if cap is None else min(left, cap)
+
+
+@dataclass
+class Ledger:
+    """Usage and reservations against one pipeline's budget."""
+
+    budget: Budget
+    started_at: float
+    used: Usage = field(default_factory=Usage)
+    reserved_tokens: int = 0
+    reserved_calls: int = 0
+
+    @property
+    def deadline(self) -> float | None:
+        if self.budget.deadline_seconds is None:
+            return None
+        return self.started_at + self.budget.deadline_seconds
+
+    def tokens_left(self) -> int | None:
+        if self.budget.max_tokens is None:
+            return None
+        spent = self.used.input_tokens + self.used.output_tokens
+        return max(0, self.budget.max_tokens - spent - self.reserved_tokens)
+
+    def calls_left(self) -> int | None:
+        if self.budget.max_external_calls is None:
+            return None
+        return max(
+            0, self.budget.max_external_calls - self.used.external_calls - self.reserved_calls
+        )
+
+    def admit(self, worker: WorkerSpec, now: float, timeout: float | None = None) -> Admission:
+        """Reserve a step's share or raise ``BudgetRefused`` before it is scheduled."""
+        deadline = self.deadline
+        remaining_time: float | None = None
+        if deadline is not None:
+            remaining_time = deadline - now
+            if remaining_time <= 0:
+                raise BudgetRefused(
+                    "deadline",
+                    f"pipeline deadline of {self.budget.deadline_seconds:g}s has passed",
+                )
+        c = worker.constraints
+        tokens: int | None = None
+        left = self.tokens_left()
+        # A worker whose spec allows no tokens cannot overspend them.
+        if left is not None and c.max_tokens != 0:
+            if left <= 0:
+                raise BudgetRefused("tokens", f"token budget of {self.budget.max_tokens} is spent")
+            tokens = _share(left, c.max_tokens)
+        calls: int | None = None
+        left = self.calls_left()
+        if left is not None and c.max_external_calls != 0:
+            if left <= 0:
+                raise BudgetRefused(
+                    "external_calls",
+                    f"external call budget of {self.budget.max_external_calls} is spent",
+                )
+            calls = _share(left, c.max_external_calls)
+        self.reserved_tokens += tokens or 0
+        self.reserved_calls += calls or 0
+        limit = timeout
+        if remaining_time is not None:
+            limit = remaining_time if limit is None else min(limit, remaining_time)
+        if limit is not None:
+            limit = min(limit, c.timeout_seconds)
+        return Admission(max_tokens=tokens, max_external_calls=calls, timeout_seconds=limit)
+
+    def settle(self, admission: Admission, usage: Usage) -> None:
+        """Release a reservation and book what the step really used."""
+        self.reserved_tokens -= admission.max_tokens or 0
+        self.reserved_calls -= admission.max_external_calls or 0
+        self.used = self.used + usage
+
+    def view(self) -> dict[str, object]:
+        """Limits, usage and what is left, for the ``progress`` query."""
+        return {
+            "limits": self.budget.model_dump(mode="json"),
+            "used": self.used.model_dump(mode="json"),
+            "tokens_left": self.tokens_left(),
+            "external_calls_left": self.calls_left(),
+            "deadline": self.deadline,
+        }
