@@ -414,12 +414,19 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
 def _dev_settings(args: argparse.Namespace) -> Settings:
     env = dict(os.environ)
     env.setdefault("AIWORKER_ALLOW_PRIVATE_NETWORKS", "true")
+    if args.command == "demo":
+        # the seed's 10/min per tenant would make a second demo run within a
+        # minute wait; the demo tenant may scrape the bundled site faster
+        env.setdefault("AIWORKER_RATE_LIMITS", "web-scrape:demo=120/min")
     if args.data_dir:
         env["AIWORKER_DATA_DIR"] = args.data_dir
     return load_settings(env)
 
 
-async def _dev(args: argparse.Namespace, pipeline: dict[str, Any] | None) -> int:
+async def _dev(
+    args: argparse.Namespace, pipeline: dict[str, Any] | None, bundled_demo: bool = False
+) -> int:
+    from workers.demo_site import DemoSite
     from workers.devserver import DevServer, DevServerError
     from workers.logs import configure_logging
     from workers.temporal_client import connect
@@ -443,6 +450,7 @@ async def _dev(args: argparse.Namespace, pipeline: dict[str, Any] | None) -> int
         return EXIT_USAGE
     stop = asyncio.Event()
     code = EXIT_OK
+    site: DemoSite | None = None
     try:
         client = await connect(target_host=server.address, namespace="default")
         ready = asyncio.Event()
@@ -461,6 +469,23 @@ async def _dev(args: argparse.Namespace, pipeline: dict[str, Any] | None) -> int
             f"Worker polling:  all task queues; logs in {settings.data_dir / 'worker.log'}",
             flush=True,
         )
+        if pipeline is not None and bundled_demo:
+            site = DemoSite().start()
+            pipeline = {
+                **pipeline,
+                "inputs": {
+                    **pipeline.get("inputs", {}),
+                    "site_url": site.url,
+                    "llm_enabled": bool(settings.llm_base_url),
+                },
+            }
+            print(f"Sample site:     {site.url} (bundled, served on loopback)", flush=True)
+            if not settings.llm_base_url:
+                print(
+                    "LLM summary:     skipped (no model configured; set AIWORKER_LLM_BASE_URL "
+                    "and AIWORKER_LLM_MODEL to include it)",
+                    flush=True,
+                )
         if pipeline is not None:
             handle = await start_pipeline(client, settings, pipeline)
             print(f"Started pipeline {pipeline['name']}: workflow id {handle.id}", flush=True)
@@ -485,6 +510,8 @@ async def _dev(args: argparse.Namespace, pipeline: dict[str, Any] | None) -> int
         worker_code = await worker_task
         code = code or worker_code
     finally:
+        if site is not None:
+            site.stop()
         stop.set()
         if "worker_task" in locals() and not worker_task.done():
             try:
@@ -620,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
             raw = read_pipeline(
                 args.pipeline or str(Path(__file__).parent / "samples" / "demo.json")
             )
-            return asyncio.run(_dev(args, raw))
+            return asyncio.run(_dev(args, raw, bundled_demo=not args.pipeline))
         if args.command == "workers":
             return _cmd_workers(args)
         if args.command == "schemas":

@@ -75,8 +75,14 @@ class Ledger:
             0, self.budget.max_external_calls - self.used.external_calls - self.reserved_calls
         )
 
-    def admit(self, worker: WorkerSpec, now: float, timeout: float | None = None) -> Admission:
-        """Reserve a step's share or raise ``BudgetRefused`` before it is scheduled."""
+    def admit(
+        self, worker: WorkerSpec, now: float, timeout: float | None = None, calls: int = 1
+    ) -> Admission:
+        """Reserve a step's share or raise ``BudgetRefused`` before it is scheduled.
+
+        ``calls`` is how many worker calls the step makes (a ``for_each`` step
+        makes one per item), so its share is the spec's cap for each of them.
+        """
         deadline = self.deadline
         remaining_time: float | None = None
         if deadline is not None:
@@ -93,8 +99,7 @@ class Ledger:
         if left is not None and c.max_tokens != 0:
             if left <= 0:
                 raise BudgetRefused("tokens", f"token budget of {self.budget.max_tokens} is spent")
-            tokens = _share(left, c.max_tokens)
-        calls: int | None = None
+            tokens = _share(left, None if c.max_tokens is None else c.max_tokens * calls)
         left = self.calls_left()
         if left is not None and c.max_external_calls != 0:
             if left <= 0:
@@ -102,15 +107,19 @@ class Ledger:
                     "external_calls",
                     f"external call budget of {self.budget.max_external_calls} is spent",
                 )
-            calls = _share(left, c.max_external_calls)
+            n_calls = _share(
+                left, None if c.max_external_calls is None else c.max_external_calls * calls
+            )
+        else:
+            n_calls = None
         self.reserved_tokens += tokens or 0
-        self.reserved_calls += calls or 0
+        self.reserved_calls += n_calls or 0
         limit = timeout
         if remaining_time is not None:
             limit = remaining_time if limit is None else min(limit, remaining_time)
         if limit is not None:
             limit = min(limit, c.timeout_seconds)
-        return Admission(max_tokens=tokens, max_external_calls=calls, timeout_seconds=limit)
+        return Admission(max_tokens=tokens, max_external_calls=n_calls, timeout_seconds=limit)
 
     def settle(self, admission: Admission, usage: Usage) -> None:
         """Release a reservation and book what the step really used."""

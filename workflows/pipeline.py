@@ -459,11 +459,11 @@ class PipelineWorkflow:
                 )
             ) from None
 
-    def _admit(self, worker: WorkerSpec, timeout: float | None) -> Admission:
+    def _admit(self, worker: WorkerSpec, timeout: float | None, calls: int = 1) -> Admission:
         if self._ledger is None:
             return Admission(None, None, timeout)
         try:
-            return self._ledger.admit(worker, _now(), timeout)
+            return self._ledger.admit(worker, _now(), timeout, calls)
         except BudgetRefused as e:
             self._terminal = "budget_exhausted"
             raise _StepEnded(
@@ -777,7 +777,7 @@ class PipelineWorkflow:
                 items={"total": 0, "succeeded": 0, "failed": 0},
             )
         # One reservation for the whole step, shared out to chunks by item count.
-        admission = self._admit(worker, step.timeout_seconds)
+        admission = self._admit(worker, step.timeout_seconds, calls=len(resolved))
         chunks = [
             resolved[i : i + step.chunk_size] for i in range(0, len(resolved), step.chunk_size)
         ]

@@ -258,3 +258,31 @@ async def test_dev_runs_once_per_data_dir_and_stops_cleanly(tmp_path: Path) -> N
         for stream in (dev.stdout, dev.stderr):
             if stream is not None:
                 stream.close()
+
+
+@pytest.mark.timeout(240)
+async def test_demo_runs_the_bundled_pipeline_offline(tmp_path: Path) -> None:
+    data = tmp_path / "demo"
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [AIWORKER, "demo", "--exit", "--headless", "--port", str(free_port())],
+        env=_dev_env(data),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout
+    assert "Sample site:     http://127.0.0.1:" in out
+    assert "LLM summary:     skipped" in out
+    doc = json.loads(out[out.index("{") :])
+    assert doc["status"] == "succeeded"
+    assert doc["output"]["pages_scraped"] == 3
+    assert doc["output"]["valid"] is True
+    assert doc["output"]["summary_status"] == "skipped"
+    assert [w["code"] for w in doc["output"]["catalog_warnings"]] == ["duplicate_differs"]
+    sink = data / "sinks" / "demo" / "catalog.jsonl"
+    records = [json.loads(line) for line in sink.read_text().splitlines()]
+    assert len(records) == 1
+    titles = sorted(p["data"]["title"] for p in records[0]["record"]["pages"])
+    assert titles == ["Burr grinder", "Espresso machine", "Gooseneck kettle"]

@@ -1,4 +1,5 @@
-"""The bundled demo pipeline (``make demo``) runs green on the real workers."""
+"""The bundled demo pipeline (``make demo``) runs green on the real workers
+against the bundled sample site served on loopback."""
 
 from __future__ import annotations
 
@@ -9,26 +10,38 @@ from conftest import running_stack
 from temporalio.client import Client
 
 from schemas.settings import Settings
+from workers.demo_site import DemoSite
+from workers.tools import build_tools
 
 DEMO = Path(__file__).parents[2] / "workers" / "samples" / "demo.json"
 
 
-async def test_demo_fans_out_validates_aggregates_and_publishes(
+async def test_demo_scrapes_validates_aggregates_and_publishes(
     client: Client, settings: Settings
 ) -> None:
     pipeline = json.loads(DEMO.read_text("utf-8"))
-    async with running_stack(client, settings) as stack:
-        handle = await stack.start(pipeline)
-        result = await handle.result()
+    site = DemoSite().start()
+    pipeline["inputs"]["site_url"] = site.url
+    tools = build_tools(settings)
+    try:
+        async with running_stack(client, settings, tools=tools) as stack:
+            handle = await stack.start(pipeline)
+            result = await handle.result()
+    finally:
+        site.stop()
+        await tools["fetch_url"].aclose()
     assert result.status == "succeeded", result.model_dump_json(indent=1)
-    assert [p["url"].rsplit("/", 1)[1] for p in result.output["products"]] == [
-        "espresso",
-        "grinder",
-        "kettle",
+    assert [p["link"].rsplit("/", 1)[1] for p in result.output["catalog"]] == [
+        "espresso.html",
+        "grinder.html",
+        "kettle.html",
     ]
-    assert result.output["validated"] == 3
-    assert result.output["merge_warnings"][0]["code"] == "duplicate_differs"
+    assert result.output["pages_scraped"] == 3
+    assert result.output["valid"] is True
+    assert result.output["summary_status"] == "skipped"
+    assert result.output["catalog_warnings"][0]["code"] == "duplicate_differs"
     assert result.output["published"]["published"] is True
+    assert result.usage.external_calls == 5
     sink = settings.data_dir / "sinks" / "demo" / "catalog.jsonl"
     (line,) = sink.read_text("utf-8").splitlines()
     assert json.loads(line)["idempotency_key"] == f"{handle.id}/publish"
