@@ -15,7 +15,14 @@ from collections.abc import Mapping
 from temporalio import activity
 
 from schemas import names
-from schemas.limits import AcquireCall, AcquireRequest, AcquireResult, LimiterState
+from schemas.limits import (
+    AcquireCall,
+    AcquireRequest,
+    AcquireResult,
+    LimiterState,
+    Plan,
+    PlanCall,
+)
 from schemas.settings import Settings
 from schemas.spec import WorkerSpec, parse_rate
 
@@ -40,6 +47,17 @@ class LimiterActivities:
     def __init__(self, settings: Settings, specs: Mapping[str, WorkerSpec]) -> None:
         self._settings = settings
         self._specs = specs
+
+    @activity.defn(name=names.LIMITER_PLAN)
+    async def plan(self, call: PlanCall) -> Plan:
+        """Which of a pipeline's workers have a rate limit for its tenant (asked once)."""
+        return Plan(
+            rate_limited=sorted(
+                w
+                for w in set(call.workers)
+                if rate_limit_for(self._settings, self._specs, w, call.tenant) is not None
+            )
+        )
 
     @activity.defn(name=names.LIMITER_ACQUIRE)
     async def acquire(self, call: AcquireCall) -> AcquireResult:

@@ -67,3 +67,16 @@ class AcquireResult(_Model):
     limiter_id: str | None = Field(default=None, description="workflow id of the limiter")
     limit: int | None = None
     period_seconds: float | None = None
+
+
+class PlanCall(_Model):
+    """Input of the ``limiter-plan`` activity: which of these workers are rate limited."""
+
+    tenant: str
+    workers: list[str]
+
+
+class Plan(_Model):
+    """The workers of a pipeline whose calls go through a rate limiter."""
+
+    rate_limited: list[str] = Field(default_factory=list)

@@ -45,6 +45,7 @@ def queue_suffix_of(task_queue: str) -> str:
 # Limits that hold across worker processes (see workflows/limiter.py).
 LIMITER_WORKFLOW: Final = "LimiterWorkflow"
 LIMITER_ACQUIRE: Final = "limiter-acquire"
+LIMITER_PLAN: Final = "limiter-plan"
 LIMITER_ACQUIRE_SIGNAL: Final = "acquire"
 LIMITER_RELEASE_SIGNAL: Final = "release"
 PERMIT_SIGNAL: Final = "permit"

@@ -187,6 +187,7 @@ class ChunkInput(_Model):
     timeout_seconds: float | None = None
     max_attempts: int | None = None
     allowance: ChunkAllowance = Field(default_factory=ChunkAllowance)
+    rate_limited: bool = Field(default=True, description="items wait for rate-limit permits")
 
 
 class ItemResult(_Model):

@@ -55,5 +55,6 @@ def activities_for(queue: str, runtime: WorkerRuntime) -> list[Callable[..., Any
             out.extend(factory(runtime))
     if queue == names.PIPELINES_QUEUE:
         # the limiter's local activity runs beside the pipeline workflows
-        out.append(LimiterActivities(runtime.settings, runtime.specs).acquire)
+        limiter = LimiterActivities(runtime.settings, runtime.specs)
+        out += [limiter.acquire, limiter.plan]
     return out

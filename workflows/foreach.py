@@ -84,24 +84,27 @@ class PipelineForEachWorkflow:
                 except BudgetRefused as e:
                     return refused(item, ErrorCode.BUDGET_EXCEEDED.value, e.message)
                 # The worker's per-tenant rate limit holds for every item.
-                permit = await self._permits.acquire(
-                    AcquireCall(
-                        worker_id=worker.worker_id,
-                        tenant=chunk.tenant,
-                        requester=me,
-                        ticket=f"{me}/{item.index}/{workflow.uuid4().hex[:8]}",
-                    ),
-                    None
-                    if ledger.deadline is None
-                    else timedelta(seconds=max(0.0, ledger.deadline - workflow.now().timestamp())),
-                )
-                if permit is None:
-                    ledger.settle(admission, Usage())
-                    return refused(
-                        item,
-                        ErrorCode.RATE_LIMITED.value,
-                        "the pipeline deadline passed while waiting for the rate limit",
+                if chunk.rate_limited:
+                    permit = await self._permits.acquire(
+                        AcquireCall(
+                            worker_id=worker.worker_id,
+                            tenant=chunk.tenant,
+                            requester=me,
+                            ticket=f"{me}/{item.index}/{workflow.uuid4().hex[:8]}",
+                        ),
+                        None
+                        if ledger.deadline is None
+                        else timedelta(
+                            seconds=max(0.0, ledger.deadline - workflow.now().timestamp())
+                        ),
                     )
+                    if permit is None:
+                        ledger.settle(admission, Usage())
+                        return refused(
+                            item,
+                            ErrorCode.RATE_LIMITED.value,
+                            "the pipeline deadline passed while waiting for the rate limit",
+                        )
                 outcome = await call_worker(
                     worker,
                     key=f"{chunk.key_prefix}/{item.index}",

@@ -14,7 +14,7 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from schemas import names
-    from schemas.limits import AcquireCall, AcquireResult, Permit
+    from schemas.limits import AcquireCall, AcquireResult, Permit, Plan, PlanCall
 
 
 class PermitBook:
@@ -23,6 +23,17 @@ class PermitBook:
     def __init__(self) -> None:
         self.received: dict[str, Permit] = {}
         self.waiting: set[str] = set()
+
+    async def plan(self, tenant: str, workers: list[str]) -> set[str]:
+        """The workers whose calls must wait for a rate-limit permit (one local activity)."""
+        plan: Plan = await workflow.execute_local_activity(
+            names.LIMITER_PLAN,
+            PlanCall(tenant=tenant, workers=sorted(set(workers))),
+            result_type=Plan,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
+        )
+        return set(plan.rate_limited)
 
     def on_permit(self, permit: Permit) -> None:
         self.received[permit.ticket] = permit

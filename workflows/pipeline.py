@@ -157,6 +157,7 @@ class PipelineWorkflow:
         self._queue_suffix = ""
         self._trace_id = ""
         self._permits = PermitBook()
+        self._rate_limited: set[str] | None = None  # None: every worker asks the limiter
 
     @workflow.signal(name=names.PERMIT_SIGNAL)
     def permit(self, permit: Permit) -> None:
@@ -245,6 +246,13 @@ class PipelineWorkflow:
         for step in spec.steps:
             self._steps[step.id] = StepResult(status="pending")
         try:
+            # which workers wait for a rate-limit permit: asked once, not per step
+            # (runs started before this change asked the limiter at every step)
+            if workflow.patched("limiter-plan"):
+                self._rate_limited = await self._permits.plan(
+                    spec.tenant,
+                    [s.worker for s in spec.steps] + [s.fallback for s in spec.steps if s.fallback],
+                )
             result = await self._execute(spec)
         except asyncio.CancelledError:
             self._finish("cancelled", spec)
@@ -517,14 +525,16 @@ class PipelineWorkflow:
         info = workflow.info()
         tenant = self._spec.tenant if self._spec else "default"
         base = f"{info.workflow_id}/{step.id}/{workflow.uuid4().hex[:8]}"
-        calls = [
-            AcquireCall(
-                worker_id=worker.worker_id,
-                tenant=tenant,
-                requester=info.workflow_id,
-                ticket=f"{base}/rate",
+        calls = []
+        if self._rate_limited is None or worker.worker_id in self._rate_limited:
+            calls.append(
+                AcquireCall(
+                    worker_id=worker.worker_id,
+                    tenant=tenant,
+                    requester=info.workflow_id,
+                    ticket=f"{base}/rate",
+                )
             )
-        ]
         if step.concurrency is not None:
             key = self._resolve_input(step, step.concurrency.key, "concurrency.key", {})
             attempts = worker.retries.max_attempts
@@ -807,6 +817,9 @@ class PipelineWorkflow:
                         max_parallel=per_chunk_parallel,
                         timeout_seconds=step.timeout_seconds,
                         max_attempts=step.retry.max_attempts if step.retry else None,
+                        rate_limited=(
+                            self._rate_limited is None or worker.worker_id in self._rate_limited
+                        ),
                         allowance=ChunkAllowance(
                             max_tokens=share(admission.max_tokens, len(chunk)),
                             max_external_calls=share(admission.max_external_calls, len(chunk)),
