@@ -136,13 +136,14 @@ def tighten(spec: WorkerSpec, c: RequestConstraints) -> RequestConstraints:
         )
     return RequestConstraints(
         timeout_seconds=effective_timeout(spec, c),
-        max_tokens=_min_opt(sc.max_tokens, c.max_tokens),
+        max_tokens=min_optional(sc.max_tokens, c.max_tokens),
         tools_allowed=sorted(sc.tools_allowed if c.tools_allowed is None else c.tools_allowed),
-        max_external_calls=_min_opt(sc.max_external_calls, c.max_external_calls),
+        max_external_calls=min_optional(sc.max_external_calls, c.max_external_calls),
     )
 
 
-def _min_opt(a: int | None, b: int | None) -> int | None:
+def min_optional(a: int | None, b: int | None) -> int | None:
+    """The smaller of two optional limits (``None`` means no limit)."""
     if a is None:
         return b
     if b is None:

@@ -26,7 +26,7 @@ from schemas import names
 from schemas.pipeline import PipelineResult
 from schemas.settings import Settings
 from schemas.spec import load_specs
-from workers.devserver import dev_server_args, temporal_cli_path, test_server_path
+from workers.devserver import local_server_extra_args, temporal_cli_path, test_server_path
 from workers.registry import all_queues
 from workers.worker import build_workers
 
@@ -34,17 +34,7 @@ from workers.worker import build_workers
 @pytest_asyncio.fixture(scope="session")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
     """A real Temporal dev server for the whole session (in memory, headless)."""
-    extra = dev_server_args(ip="127.0.0.1", port=0, ui_port=None, db_file=None)
-    # start_local passes its own ip/port/namespace/ui flags; keep only ours.
-    keep: list[str] = []
-    i = 0
-    while i < len(extra):
-        if extra[i] in ("--search-attribute", "--dynamic-config-value"):
-            keep += extra[i : i + 2]
-            i += 2
-        else:
-            i += 1
-    keep += ["--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000"]
+    keep = local_server_extra_args()
     e = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_cli_path(),

@@ -134,7 +134,12 @@ async def _cmd_run(args: argparse.Namespace) -> int:
     settings = load_settings()
     client = await connect(args.profile, target_host=args.address)
     handle = await start_pipeline(client, settings, raw, args.id)
-    if args.no_wait:
+    return await _print_or_wait(client, handle, args.no_wait)
+
+
+async def _print_or_wait(client: Any, handle: Any, no_wait: bool) -> int:
+    """Print the workflow id (``--no-wait``) or wait and print the result JSON."""
+    if no_wait:
         print(handle.id)
         return EXIT_OK
     code, doc = await wait_result(client, handle.id, handle.result_run_id)
@@ -337,12 +342,7 @@ async def _cmd_redrive(args: argparse.Namespace) -> int:
     except RedriveError as e:
         _err(str(e))
         return EXIT_USAGE
-    if args.no_wait:
-        print(handle.id)
-        return EXIT_OK
-    code, doc = await wait_result(client, handle.id, handle.result_run_id)
-    print(json.dumps(doc, indent=2, ensure_ascii=False))
-    return code
+    return await _print_or_wait(client, handle, args.no_wait)
 
 
 async def run_worker_process(

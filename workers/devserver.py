@@ -118,6 +118,17 @@ def dev_server_args(
     return args
 
 
+def local_server_extra_args(fast_poll: bool = True) -> list[str]:
+    """Our flags for ``WorkflowEnvironment.start_local``, which sets ip, port and UI itself."""
+    args = dev_server_args(ip="127.0.0.1", port=0, ui_port=None, db_file=None,
+                           fast_poll=fast_poll)
+    keep: list[str] = []
+    for i, a in enumerate(args):
+        if a in ("--search-attribute", "--dynamic-config-value"):
+            keep += args[i : i + 2]
+    return keep
+
+
 class DevServer:
     """One embedded Temporal dev server, owned by this process."""
 

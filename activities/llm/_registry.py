@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from activities.runtime import min_optional
 from schemas.settings import Settings
 
 DEFAULT_BASE_URLS = {
@@ -157,7 +158,7 @@ class ModelRegistry:
         self.limits: dict[str, tuple[int | None, int | None]] = {}
         for m in self._models.values():
             rpm, tpm = self.limits.get(m.target, (None, None))
-            self.limits[m.target] = (_min_opt(rpm, m.rpm), _min_opt(tpm, m.tpm))
+            self.limits[m.target] = (min_optional(rpm, m.rpm), min_optional(tpm, m.tpm))
 
     def __contains__(self, alias: object) -> bool:
         return alias in self._models
@@ -176,14 +177,6 @@ class ModelRegistry:
             for m in self._models.values()
             if m.api_key is not None and m.api_key.get_secret_value()
         ]
-
-
-def _min_opt(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return min(a, b)
 
 
 def _resolve(alias: str, e: ModelEntry, env: Mapping[str, str]) -> ModelConfig:

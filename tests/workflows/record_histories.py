@@ -31,7 +31,7 @@ from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from schemas import names  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
-from workers.devserver import dev_server_args, temporal_cli_path  # noqa: E402
+from workers.devserver import local_server_extra_args, temporal_cli_path  # noqa: E402
 
 OUT = HERE / "histories"
 
@@ -178,15 +178,7 @@ async def record(client: Client, data_dir: Path) -> None:
 
 
 async def main() -> None:
-    extra = dev_server_args(ip="127.0.0.1", port=0, ui_port=None, db_file=None)
-    keep: list[str] = []
-    i = 0
-    while i < len(extra):
-        if extra[i] in ("--search-attribute", "--dynamic-config-value"):
-            keep += extra[i : i + 2]
-            i += 2
-        else:
-            i += 1
+    keep = local_server_extra_args()
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_cli_path(),
