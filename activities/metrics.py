@@ -89,9 +89,7 @@ class WorkerMetrics:
             ["kind", "target"],
             registry=registry,
         )
-        self.pipelines = Counter(
-            "aiworker_pipelines",
-            "Pipelines that reached a terminal status.",
-            ["status", "pipeline", "tenant"],
-            registry=registry,
-        )
+        # Pipelines by terminal status (aiworker_pipelines_total{status,pipeline,tenant})
+        # are counted in workflow code through the SDK's replay-safe metric meter
+        # (workers.telemetry.PipelineMetricsInterceptor) and reach the same
+        # /metrics through workers.telemetry.SdkMetricsCollector.

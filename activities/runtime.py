@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
 from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -35,6 +36,7 @@ from activities.errors import (
 )
 from activities.jsonschema_cache import describe, validator_for
 from activities.metrics import WorkerMetrics
+from activities.redaction import Redactor
 from activities.toolbox import Toolbox
 from schemas.errors import ErrorCode, is_retryable
 from schemas.options import effective_timeout
@@ -166,6 +168,7 @@ class WorkerRuntime:
         self.specs = specs
         self.tools: dict[str, Any] = dict(tools or {})
         self.metrics = metrics
+        self.redactor = Redactor(settings.secret_values())
 
     def spec(self, worker_id: str) -> WorkerSpec:
         try:
@@ -206,8 +209,10 @@ class WorkerRuntime:
 
     @staticmethod
     def check_schema(schema: dict[str, Any], value: Any, what: str) -> list[dict[str, str]]:
-        errors = list(validator_for(schema).iter_errors(value))
-        return describe(errors) if errors else []
+        with tracer.start_as_current_span(f"validate {what}") as span:
+            errors = list(validator_for(schema).iter_errors(value))
+            span.set_attribute("aiworker.schema_errors", len(errors))
+            return describe(errors) if errors else []
 
     async def run(self, worker: Worker, raw: Any) -> WorkerResponse:
         """Run one attempt of ``worker`` on the request ``raw``; raise ``ApplicationError``."""
@@ -227,14 +232,24 @@ class WorkerRuntime:
         error_code: str | None = None
         if self.metrics:
             self.metrics.in_flight.labels(worker_id).inc()
-        with tracer.start_as_current_span(f"worker {worker_id}") as span:
+        # A child of the SDK's RunActivity span (TracingInterceptor on the worker's
+        # client), so each attempt has its own span under the pipeline's trace.
+        with tracer.start_as_current_span(
+            f"worker {worker_id}",
+            kind=trace.SpanKind.INTERNAL,
+            set_status_on_exception=False,
+        ) as span:
             span.set_attribute("aiworker.worker_id", worker_id)
             span.set_attribute("aiworker.attempt", attempt)
+            if info:
+                span.set_attribute("aiworker.workflow_id", info.workflow_id or "")
+                span.set_attribute("aiworker.activity_id", info.activity_id)
             try:
                 request = self.parse_request(raw, worker_id)
                 tenant = request.tenant
                 fields.update(tenant=tenant, idempotency_key=request.idempotency_key)
                 span.set_attribute("aiworker.tenant", tenant)
+                span.set_attribute("aiworker.idempotency_key", request.idempotency_key)
                 trace_id, span_id = self._trace_ids(span, request)
                 fields.update(trace_id=trace_id, span_id=span_id)
                 response = await self._run(worker, request, attempt, started, fields, info)
@@ -256,19 +271,26 @@ class WorkerRuntime:
                 fields.update(error_code=error_code, error=e.message)
                 if e.retry_after is not None:
                     fields["retry_after_seconds"] = e.retry_after
-                span.set_attribute("aiworker.error_code", error_code)
-                raise e.to_application_error(worker_id, attempt) from e
+                failure, cause = self._redacted(e.to_application_error(worker_id, attempt), e)
+                raise failure from cause
             except ApplicationError as e:
                 # A worker raised Temporal's error itself: keep it, but only with a stable code.
                 if e.type in ErrorCode.__members__.values():
                     error_code = e.type
                     fields.update(error_code=error_code, error=e.message)
-                    raise
+                    failure, cause = self._redacted(e, e.__cause__)
+                    if failure is e:
+                        raise
+                    raise failure from cause
                 error_code = ErrorCode.INTERNAL.value
                 fields.update(error_code=error_code, error=str(e))
-                raise InternalError(f"unexpected ApplicationError: {e}").to_application_error(
-                    worker_id, attempt
-                ) from e
+                failure, cause = self._redacted(
+                    InternalError(f"unexpected ApplicationError: {e}").to_application_error(
+                        worker_id, attempt
+                    ),
+                    e,
+                )
+                raise failure from cause
             except asyncio.CancelledError:
                 status = "cancelled"
                 error_code = "cancelled"
@@ -281,12 +303,28 @@ class WorkerRuntime:
                     error=f"{type(e).__name__}: {e}",
                     traceback=traceback.format_exc(),
                 )
-                raise InternalError(
-                    f"internal error in worker {worker_id}: {type(e).__name__}: {e}"
-                ).to_application_error(worker_id, attempt) from e
+                failure, cause = self._redacted(
+                    InternalError(
+                        f"internal error in worker {worker_id}: {type(e).__name__}: {e}"
+                    ).to_application_error(worker_id, attempt),
+                    e,
+                )
+                raise failure from cause
             finally:
                 duration = time.monotonic() - started
                 fields.update(status=status, duration_ms=round(duration * 1000, 3))
+                span.set_attribute("aiworker.status", status)
+                if error_code is not None:
+                    span.set_attribute("aiworker.error_code", error_code)
+                    span.set_status(Status(StatusCode.ERROR, error_code))
+                if "trace_id" not in fields:
+                    # Failed before the envelope parsed: still findable in traces.
+                    sc = span.get_span_context()
+                    if sc.is_valid:
+                        fields.update(
+                            trace_id=format(sc.trace_id, "032x"),
+                            span_id=format(sc.span_id, "016x"),
+                        )
                 level = logging.INFO if error_code is None else logging.WARNING
                 if error_code == ErrorCode.INTERNAL.value:
                     level = logging.ERROR
@@ -303,6 +341,34 @@ class WorkerRuntime:
                     m.duration.labels(worker_id, status).observe(duration)
                     if attempt > 1:
                         m.retries.labels(worker_id, tenant).inc()
+
+    def _redacted(
+        self, failure: ApplicationError, cause: BaseException | None
+    ) -> tuple[ApplicationError, BaseException | None]:
+        """``failure`` without secrets (it goes into workflow history), and a safe cause.
+
+        Messages built from exceptions may quote a configured secret (an API key
+        in a URL, an echoed header). The failure keeps its code, retry
+        behaviour and details, with every string redacted; a cause that quotes
+        a secret is dropped rather than serialized beside it.
+        """
+        r = self.redactor
+        message = r(failure.message)
+        details = [r.value(d) for d in failure.details]
+        cause_leaks = cause is not None and (
+            r.contains_secret(str(cause)) or r(str(cause)) != str(cause)
+        )
+        if message == failure.message and details == list(failure.details) and not cause_leaks:
+            return failure, cause
+        clean = ApplicationError(
+            message,
+            *details,
+            type=failure.type,
+            non_retryable=failure.non_retryable,
+            next_retry_delay=failure.next_retry_delay,
+            category=failure.category,
+        )
+        return clean, (None if cause_leaks or message != failure.message else cause)
 
     def _trace_ids(self, span: trace.Span, request: WorkerRequest) -> tuple[str | None, str | None]:
         sc = span.get_span_context()
@@ -379,6 +445,12 @@ class WorkerRuntime:
                 field="outputs" + first["path"][1:],
                 reasons=problems,
             )
+        span = trace.get_current_span()
+        if result.input_tokens or result.output_tokens:
+            span.set_attribute("aiworker.input_tokens", result.input_tokens)
+            span.set_attribute("aiworker.output_tokens", result.output_tokens)
+        if result.log_fields.get("model"):
+            span.set_attribute("aiworker.model", str(result.log_fields["model"]))
         if self.metrics and (result.input_tokens or result.output_tokens):
             model = str(result.log_fields.get("model", ""))
             self.metrics.tokens.labels(spec.worker_id, model, "input").inc(result.input_tokens)

@@ -30,6 +30,10 @@ SA_TENANT: Final = "AiworkerTenant"
 SA_PIPELINE: Final = "AiworkerPipeline"
 SEARCH_ATTRIBUTES: Final = (SA_STATUS, SA_TENANT, SA_PIPELINE)
 
+# The header in which the SDK's OpenTelemetry TracingInterceptor carries the
+# W3C trace context into workflows and activities.
+TRACE_HEADER: Final = "_tracer-data"
+
 # Queries and updates of the pipeline workflow.
 PROGRESS_QUERY: Final = "progress"
 REVIEW_UPDATE: Final = "review"

@@ -43,6 +43,21 @@ class TraceContext(_Model):
             raise ValueError("span ids must be 16 lower-case hex digits, not all zero")
         return v
 
+    @classmethod
+    def from_traceparent(cls, header: Any) -> TraceContext | None:
+        """The ids of a W3C ``traceparent`` header (``00-<trace>-<span>-<flags>``), or None."""
+        if not isinstance(header, str):
+            return None
+        parts = header.strip().split("-")
+        if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff":
+            return None
+        trace_id, span_id = parts[1], parts[2]
+        if not _HEX32.match(trace_id) or not _HEX16.match(span_id):
+            return None
+        if trace_id == "0" * 32 or span_id == "0" * 16:
+            return None
+        return cls(trace_id=trace_id, span_id=span_id)
+
 
 class RequestConstraints(_Model):
     """Per-request overrides; each may only tighten the worker spec."""

@@ -127,14 +127,42 @@ async def wait_result(
     return (EXIT_OK if result.status == "succeeded" else EXIT_FAILED), doc
 
 
+def _configure_logs(settings: Settings, stream: Any = None) -> None:
+    from workers.logs import configure_logging
+    from workers.telemetry import otlp_header_secrets
+
+    configure_logging(
+        settings.log_level,
+        [*settings.secret_values(), *otlp_header_secrets(os.environ)],
+        stream=stream,
+    )
+
+
 async def _cmd_run(args: argparse.Namespace) -> int:
+    from opentelemetry import trace
+
+    from workers.telemetry import Telemetry
     from workers.temporal_client import connect
 
     raw = read_pipeline(args.file)
     settings = load_settings()
-    client = await connect(args.profile, target_host=args.address)
-    handle = await start_pipeline(client, settings, raw, args.id)
-    return await _print_or_wait(client, handle, args.no_wait)
+    _configure_logs(settings)
+    telemetry = Telemetry(sdk_metrics=False, service_name="aiworker-cli")
+    tracer = trace.get_tracer("aiworker.cli")
+    try:
+        # The root of the pipeline's trace: start, workflow, every activity attempt.
+        with tracer.start_as_current_span(
+            f"aiworker run {raw['name']}",
+            attributes={
+                "aiworker.pipeline": raw["name"],
+                "aiworker.tenant": raw.get("tenant", "default"),
+            },
+        ):
+            client = await connect(args.profile, target_host=args.address, telemetry=telemetry)
+            handle = await start_pipeline(client, settings, raw, args.id)
+            return await _print_or_wait(client, handle, args.no_wait)
+    finally:
+        telemetry.shutdown()
 
 
 async def _print_or_wait(client: Any, handle: Any, no_wait: bool) -> int:
@@ -354,8 +382,16 @@ async def run_worker_process(
     profile: str | None = None,
     stop: asyncio.Event | None = None,
     on_ready: Any = None,
+    telemetry: Any = None,
 ) -> int:
-    """Connect, register search attributes, serve metrics, poll until stopped."""
+    """Connect, register search attributes, serve metrics, poll until stopped.
+
+    With a ``workers.telemetry.Telemetry`` the SDK's own metrics join
+    aiworker's on the same ``/metrics``, and a client made here gets its
+    runtime and tracing interceptors.
+    """
+    from prometheus_client import REGISTRY
+
     from activities.metrics import WorkerMetrics
     from workers.http_server import Health, MetricsServer
     from workers.registry import all_queues
@@ -371,6 +407,9 @@ async def run_worker_process(
 
     health = Health()
     server = None
+    if telemetry is not None:
+        telemetry.register(REGISTRY)
+        telemetry.start()
     if settings.metrics_port:
         try:
             server = MetricsServer(settings.metrics_host, settings.metrics_port, health).start()
@@ -382,7 +421,7 @@ async def run_worker_process(
             return EXIT_USAGE
     try:
         if client is None:
-            client = await connect(profile, target_host=address)
+            client = await connect(profile, target_host=address, telemetry=telemetry)
         await ensure_search_attributes(client)
         runtime = build_runtime(settings, WorkerMetrics())
         queues = queues or list(settings.task_queues) or all_queues(dict(runtime.specs))
@@ -398,16 +437,22 @@ async def run_worker_process(
     finally:
         if server:
             server.stop()
+        if telemetry is not None:
+            telemetry.shutdown()
     return EXIT_OK
 
 
 async def _cmd_worker(args: argparse.Namespace) -> int:
-    from workers.logs import configure_logging
+    from workers.telemetry import Telemetry
 
     settings = load_settings()
-    configure_logging(settings.log_level, settings.secret_values())
+    _configure_logs(settings)
     return await run_worker_process(
-        settings, args.task_queue or [], address=args.address, profile=args.profile
+        settings,
+        args.task_queue or [],
+        address=args.address,
+        profile=args.profile,
+        telemetry=Telemetry(service_name="aiworker-worker"),
     )
 
 
@@ -428,15 +473,12 @@ async def _dev(
 ) -> int:
     from workers.demo_site import DemoSite
     from workers.devserver import DevServer, DevServerError
-    from workers.logs import configure_logging
+    from workers.telemetry import Telemetry
     from workers.temporal_client import connect
 
     settings = _dev_settings(args)
-    configure_logging(
-        settings.log_level,
-        settings.secret_values(),
-        stream=_log_file(settings.data_dir),
-    )
+    _configure_logs(settings, stream=_log_file(settings.data_dir))
+    telemetry = Telemetry()
     server = DevServer(
         settings.data_dir,
         port=args.port,
@@ -452,10 +494,12 @@ async def _dev(
     code = EXIT_OK
     site: DemoSite | None = None
     try:
-        client = await connect(target_host=server.address, namespace="default")
+        client = await connect(target_host=server.address, namespace="default", telemetry=telemetry)
         ready = asyncio.Event()
         worker_task = asyncio.create_task(
-            run_worker_process(settings, [], client=client, stop=stop, on_ready=ready.set)
+            run_worker_process(
+                settings, [], client=client, stop=stop, on_ready=ready.set, telemetry=telemetry
+            )
         )
         ready_wait = asyncio.create_task(ready.wait())
         await asyncio.wait([worker_task, ready_wait], return_when=asyncio.FIRST_COMPLETED)

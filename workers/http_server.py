@@ -15,14 +15,41 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 
 
 class Health:
-    """Readiness as the worker process sees it."""
+    """Readiness as the worker process sees it.
+
+    Ready means both: the workers are polling (:meth:`set`, flipped by the
+    worker process) and the last probe of the Temporal frontend answered
+    (:meth:`set_connected`, flipped by ``workers.worker.watch_connection``).
+    """
 
     def __init__(self) -> None:
-        self.ready = False
-        self.reason = "starting"
+        self._lock = threading.Lock()
+        self._polling = False
+        self._polling_reason = "starting"
+        self._connected = True
+        self._connection_reason = ""
 
     def set(self, ready: bool, reason: str) -> None:
-        self.ready, self.reason = ready, reason
+        """Whether the workers are polling, and what they poll (or why not)."""
+        with self._lock:
+            self._polling, self._polling_reason = ready, reason
+
+    def set_connected(self, ok: bool, reason: str = "") -> None:
+        """Whether the last probe reached the Temporal frontend."""
+        with self._lock:
+            self._connected, self._connection_reason = ok, reason
+
+    @property
+    def ready(self) -> bool:
+        with self._lock:
+            return self._polling and self._connected
+
+    @property
+    def reason(self) -> str:
+        with self._lock:
+            if self._polling and not self._connected:
+                return self._connection_reason
+            return self._polling_reason
 
 
 class MetricsServer:

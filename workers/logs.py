@@ -3,41 +3,55 @@
 Fields: ``ts``, ``level``, ``event``, ``worker_id``, ``attempt``,
 ``duration_ms``, ``status``, ``error_code``, ``trace_id``, ``span_id``,
 ``workflow_id``, ``run_id``, ``activity_id``, ``tenant``,
-``idempotency_key`` (absent fields are omitted). Configured secret values
-and credentials are redacted wherever they appear.
+``idempotency_key`` (absent fields are omitted; ``ts``, ``level``, ``event``
+and ``logger`` are always there). A line written inside a trace carries that
+trace's ``trace_id`` and ``span_id`` even when its logger knows nothing of
+tracing (the SDK's own loggers, libraries). Configured secret values and
+credentials are redacted wherever they appear. Temporal Core's own (Rust)
+log lines are forwarded into Python logging by ``workers.telemetry`` so they
+come out here too, instead of as plain text on stderr.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-_CREDENTIALS = re.compile(
-    r"(?i)(authorization|x-api-key|api[_-]?key|bearer)([\"']?\s*[:=]\s*[\"']?|\s+)"
-    r"([A-Za-z0-9._~+/=-]{6,})"
+from opentelemetry import trace
+
+from activities.redaction import REDACTED, Redactor
+
+__all__ = ["REDACTED", "JsonFormatter", "Redactor", "configure_logging"]
+
+STABLE_FIELDS = (
+    "ts",
+    "level",
+    "event",
+    "worker_id",
+    "attempt",
+    "duration_ms",
+    "status",
+    "error_code",
+    "trace_id",
+    "span_id",
+    "workflow_id",
+    "run_id",
+    "activity_id",
+    "tenant",
+    "idempotency_key",
 )
-REDACTED = "[REDACTED]"
-
-
-class Redactor:
-    """Removes secret values and credential-looking pairs from text."""
-
-    def __init__(self, secrets: Iterable[str] = ()) -> None:
-        self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
-
-    def __call__(self, text: str) -> str:
-        for s in self.secrets:
-            text = text.replace(s, REDACTED)
-        return _CREDENTIALS.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
 
 
 class JsonFormatter(logging.Formatter):
-    """Formats records as one JSON object per line."""
+    """Formats records as one JSON object per line.
+
+    Args:
+        redactor: removes secrets from every line (default: credential patterns only).
+    """
 
     def __init__(self, redactor: Redactor | None = None) -> None:
         super().__init__()
@@ -52,26 +66,36 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record, "aiworker", None)
         if isinstance(fields, dict):
             doc.update({k: v for k, v in fields.items() if v is not None})
-        doc.setdefault("event", record.getMessage())
-        if doc["event"] != record.getMessage():
-            doc["message"] = record.getMessage()
+        message = record.getMessage()
+        doc.setdefault("event", message)
+        if doc["event"] != message:
+            doc["message"] = message
         # Temporal's loggers attach workflow/activity info as `temporal_*` extras.
-        for attr, key in (("temporal_workflow", "workflow"), ("temporal_activity", "activity")):
-            extra = getattr(record, attr, None)
-            if isinstance(extra, dict):
-                doc.setdefault("workflow_id", extra.get("workflow_id"))
-                doc.setdefault("run_id", extra.get("run_id"))
-                if key == "activity":
-                    doc.setdefault("activity_id", extra.get("activity_id"))
-                    doc.setdefault("attempt", extra.get("attempt"))
+        wf = getattr(record, "temporal_workflow", None)
+        if isinstance(wf, dict):
+            doc.setdefault("workflow_id", wf.get("workflow_id"))
+            doc.setdefault("run_id", wf.get("run_id"))
+        act = getattr(record, "temporal_activity", None)
+        if isinstance(act, dict):
+            doc.setdefault("workflow_id", act.get("workflow_id"))
+            doc.setdefault("run_id", act.get("workflow_run_id"))
+            doc.setdefault("activity_id", act.get("activity_id"))
+            doc.setdefault("attempt", act.get("attempt"))
+        if doc.get("trace_id") is None:
+            sc = trace.get_current_span().get_span_context()
+            if sc.is_valid:
+                doc["trace_id"] = format(sc.trace_id, "032x")
+                doc["span_id"] = format(sc.span_id, "016x")
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         doc = {k: v for k, v in doc.items() if v is not None}
-        return self.redact(json.dumps(doc, default=str, ensure_ascii=False))
+        return self.redact(json.dumps(self.redact.value(doc), default=str, ensure_ascii=False))
 
 
-def configure_logging(level: str = "INFO", secrets: Iterable[str] = (), stream: Any = None) -> None:
-    """Send every log record to ``stream`` (stderr) as JSON lines."""
+def configure_logging(
+    level: str = "INFO", secrets: Iterable[str] = (), stream: Any = None
+) -> logging.Handler:
+    """Send every log record to ``stream`` (stderr) as JSON lines; returns the handler."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter(Redactor(secrets)))
     root = logging.getLogger()
@@ -81,3 +105,4 @@ def configure_logging(level: str = "INFO", secrets: Iterable[str] = (), stream: 
     root.setLevel(level)
     # The SDK's own chatter at INFO is useful; httpx logs every request at INFO.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    return handler

@@ -22,6 +22,7 @@ from temporalio.api.operatorservice.v1 import (
     AddSearchAttributesRequest,
     ListSearchAttributesRequest,
 )
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -126,13 +127,54 @@ def _activity_name(fn: Callable[..., Any]) -> str | None:
     return defn.name if defn else None
 
 
+async def watch_connection(
+    client: Client,
+    health: Health,
+    stop: asyncio.Event,
+    *,
+    interval: float = 5.0,
+    probe_timeout: float = 5.0,
+) -> None:
+    """Probe the Temporal frontend every ``interval`` seconds until ``stop``; flip readiness.
+
+    A worker whose server is gone keeps running (the SDK reconnects), but it
+    polls nothing: /readyz says so, and why, until the server answers again.
+    """
+    target = client.service_client.config.target_host
+    while not stop.is_set():
+        try:
+            await client.workflow_service.get_system_info(
+                GetSystemInfoRequest(), timeout=timedelta(seconds=probe_timeout)
+            )
+        except Exception as e:
+            if health.ready:
+                log.warning(
+                    "temporal.unreachable",
+                    extra={"aiworker": {"event": "temporal_unreachable", "error": str(e)}},
+                )
+            health.set_connected(False, f"cannot reach Temporal at {target}: {e}")
+        else:
+            health.set_connected(True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+
+
 async def run_until_stopped(
-    workers: Sequence[Worker], stop: asyncio.Event, health: Health | None = None
+    workers: Sequence[Worker],
+    stop: asyncio.Event,
+    health: Health | None = None,
+    *,
+    probe_interval: float = 5.0,
 ) -> None:
     """Run ``workers`` until ``stop`` is set, then shut them down gracefully."""
     tasks = [asyncio.create_task(w.run()) for w in workers]
+    watch: asyncio.Task[None] | None = None
     if health:
         health.set(True, "polling " + ", ".join(w.task_queue for w in workers))
+        if workers:
+            watch = asyncio.create_task(
+                watch_connection(workers[0].client, health, stop, interval=probe_interval)
+            )
     stop_task = asyncio.create_task(stop.wait())
     try:
         done, _ = await asyncio.wait([stop_task, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -148,6 +190,10 @@ async def run_until_stopped(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         stop_task.cancel()
+        if watch is not None:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

@@ -57,7 +57,7 @@ with workflow.unsafe.imports_passed_through():
         check_pipeline,
         step_dependencies,
     )
-    from schemas.protocol import Usage
+    from schemas.protocol import TraceContext, Usage
     from schemas.refs import ReferenceError_, find_refs, resolve
     from schemas.spec import WorkerSpec, load_specs
 
@@ -235,7 +235,12 @@ class PipelineWorkflow:
         self._worker_specs = specs
         info = workflow.info()
         self._queue_suffix = names.queue_suffix_of(info.task_queue)
-        self._trace_id = workflow.uuid4().hex
+        # The real trace (from the SDK's tracing interceptor) when there is one,
+        # so the result's trace_id finds the pipeline in the trace backend. The
+        # uuid4() is drawn either way: later ids must not shift on replay.
+        generated = workflow.uuid4().hex
+        started_in = _trace_of(info)
+        self._trace_id = started_in.trace_id if started_in else generated
         self._key_base = spec.resume_from.workflow_id if spec.resume_from else info.workflow_id
         self._ledger = Ledger(spec.budget, started_at=_now())
         if self._search_attributes_on():
@@ -902,6 +907,20 @@ def _step_result(outcome: Outcome, attempts: int, usage: Usage, validations: int
         usage=usage,
         validation_attempts=validations,
     )
+
+
+def _trace_of(info: workflow.Info) -> TraceContext | None:
+    """The W3C trace context the workflow was started in (from its headers), if any."""
+    payload = info.headers.get(names.TRACE_HEADER)
+    if payload is None:
+        return None
+    try:
+        carrier = workflow.payload_converter().from_payloads([payload])[0]
+    except Exception:
+        return None
+    if not isinstance(carrier, dict):
+        return None
+    return TraceContext.from_traceparent(carrier.get("traceparent"))
 
 
 def _ms_since(start: Any) -> float:

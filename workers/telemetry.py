@@ -1,0 +1,494 @@
+"""Telemetry wiring of every aiworker process: traces, SDK metrics, Core logs.
+
+Traces
+    The SDK's own OpenTelemetry integration,
+    :class:`temporalio.contrib.opentelemetry.TracingInterceptor`, sits on every
+    client (and through the client on every worker built from it), so one
+    trace runs from ``aiworker run`` (``StartWorkflow``) through the workflow
+    (``RunWorkflow``, ``StartActivity``) to every activity attempt
+    (``RunActivity``), under which the worker runtime opens its own span per
+    attempt. We use the interceptor rather than the ``OpenTelemetryPlugin``:
+    the plugin is marked experimental and only shows workflow spans once the
+    workflow has completed, while operators want to see a long pipeline's
+    activity spans while it runs; the interceptor's workflow spans have zero
+    duration instead, which the activity spans make up for.
+
+    The tracer provider is the OpenTelemetry SDK's, configured only by the
+    standard ``OTEL_*`` variables (``OTEL_SERVICE_NAME``,
+    ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``,
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``..._TRACES_ENDPOINT``, ``..._HEADERS``,
+    ``..._PROTOCOL``, ``OTEL_TRACES_EXPORTER``, ``OTEL_SDK_DISABLED``). Spans
+    are always created, so trace and span ids reach logs and worker
+    responses; they are exported over OTLP (http/protobuf) only when an OTLP
+    endpoint is set, so an unconfigured process exports nothing and reports
+    no error.
+
+SDK metrics
+    Temporal's own worker and client metrics (and anything recorded through
+    ``workflow.metric_meter()`` / ``activity.metric_meter()``, such as
+    ``aiworker_pipelines``) are recorded into a
+    :class:`temporalio.runtime.MetricBuffer` and drained into the process's
+    ``prometheus_client`` registry by :class:`SdkMetricsCollector`, so one
+    ``/metrics`` port serves both aiworker's and the SDK's metrics. The
+    alternative, the SDK's ``PrometheusConfig``, needs a second port per pod
+    and a second scrape target; draining the buffer costs one small loop.
+    Counters become ``<name>_total``; duration histograms (recorded in
+    seconds) become ``<name>_seconds`` with aiworker's 5 ms .. 120 s buckets.
+
+Core logs
+    Temporal Core (Rust) writes its warnings straight to stderr unless told
+    otherwise; the runtime forwards them into the ``temporalio.core`` Python
+    logger so they come out as JSON lines like everything else.
+
+Pipelines by terminal status
+    :class:`PipelineMetricsInterceptor` counts every ``PipelineWorkflow`` that
+    ends, by status, pipeline name and tenant, through the replay-safe
+    ``workflow.metric_meter()``, so a replayed workflow never counts twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from temporalio import client as temporal_client
+from temporalio import worker as temporal_worker
+from temporalio import workflow
+from temporalio.common import SearchAttributeKey
+from temporalio.contrib.opentelemetry import TracingInterceptor
+from temporalio.exceptions import FailureError
+from temporalio.runtime import (
+    BUFFERED_METRIC_KIND_COUNTER,
+    BUFFERED_METRIC_KIND_GAUGE,
+    BUFFERED_METRIC_KIND_HISTOGRAM,
+    BufferedMetricUpdate,
+    LogForwardingConfig,
+    LoggingConfig,
+    MetricBuffer,
+    MetricBufferDurationFormat,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
+
+from activities.metrics import DURATION_BUCKETS
+from schemas import names
+
+log = logging.getLogger("aiworker.telemetry")
+
+DEFAULT_SERVICE_NAME = "aiworker"
+PIPELINES_METRIC = "aiworker_pipelines"
+_TERMINAL = {
+    "succeeded",
+    "partial",
+    "failed",
+    "rejected",
+    "escalation_timed_out",
+    "budget_exhausted",
+    "cancelled",
+}
+_STATUS_KEY = SearchAttributeKey.for_keyword(names.SA_STATUS)
+
+
+# --------------------------------------------------------------------- traces
+
+
+def _env_true(environ: Mapping[str, str], name: str) -> bool:
+    return environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def span_exporter_from_env(environ: Mapping[str, str]) -> SpanExporter | None:
+    """The span exporter the ``OTEL_*`` variables ask for, or None to export nothing."""
+    kinds = [
+        k.strip().lower()
+        for k in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")
+        if k.strip()
+    ]
+    if "console" in kinds:
+        return ConsoleSpanExporter()
+    if "otlp" not in kinds:
+        return None
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if not endpoint:
+        return None
+    protocol = (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    ).strip()
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
+                OTLPSpanExporter as GrpcExporter,
+            )
+        except ImportError:
+            log.warning(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs opentelemetry-exporter-otlp-proto-grpc, "
+                "which is not installed; traces are not exported (use http/protobuf)",
+                extra={"aiworker": {"event": "otlp_exporter_missing"}},
+            )
+            return None
+        exporter: SpanExporter = GrpcExporter()
+        return exporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    # The exporter reads endpoint, headers, timeout, TLS and compression itself.
+    return OTLPSpanExporter()
+
+
+def tracer_provider_from_env(
+    environ: Mapping[str, str] | None = None, service_name: str = DEFAULT_SERVICE_NAME
+) -> TracerProvider | None:
+    """A tracer provider configured by the ``OTEL_*`` variables (None if the SDK is disabled)."""
+    env = os.environ if environ is None else environ
+    if _env_true(env, "OTEL_SDK_DISABLED"):
+        return None
+    resource = Resource.create()
+    if resource.attributes.get(SERVICE_NAME, "unknown_service") == "unknown_service":
+        resource = resource.merge(Resource({SERVICE_NAME: service_name}))
+    # The sampler comes from OTEL_TRACES_SAMPLER(_ARG), read by the SDK.
+    provider = TracerProvider(resource=resource)
+    exporter = span_exporter_from_env(env)
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def install_tracer_provider(provider: TracerProvider | None) -> trace.TracerProvider:
+    """Make ``provider`` the global one unless an SDK provider is already installed.
+
+    OpenTelemetry allows one global provider per process; a second call (tests,
+    ``aiworker dev`` after ``aiworker run`` in one interpreter) keeps the first.
+    """
+    current = trace.get_tracer_provider()
+    if provider is not None and isinstance(current, trace.ProxyTracerProvider):
+        trace.set_tracer_provider(provider)
+    return trace.get_tracer_provider()
+
+
+def otlp_header_secrets(environ: Mapping[str, str]) -> list[str]:
+    """Values of ``OTEL_EXPORTER_OTLP_*HEADERS`` (often API keys), for log redaction."""
+    out = []
+    for key, value in environ.items():
+        if key.startswith("OTEL_EXPORTER_OTLP") and key.endswith("HEADERS"):
+            for pair in value.split(","):
+                if "=" in pair:
+                    v = pair.split("=", 1)[1].strip()
+                    if v:
+                        out.append(v)
+    return out
+
+
+# ------------------------------------------------------------ SDK metrics
+
+
+@dataclass
+class _Histogram:
+    buckets: list[float]
+    sum: float = 0.0
+    count: int = 0
+
+
+@dataclass
+class _Family:
+    name: str
+    kind: int
+    description: str
+    values: dict[tuple[tuple[str, str], ...], float] = field(default_factory=dict)
+    histograms: dict[tuple[tuple[str, str], ...], _Histogram] = field(default_factory=dict)
+
+
+def _prom_name(raw: str, unit: str | None, kind: int) -> str:
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in raw)
+    if kind == BUFFERED_METRIC_KIND_COUNTER and name.endswith("_total"):
+        name = name[: -len("_total")]
+    if kind == BUFFERED_METRIC_KIND_HISTOGRAM and unit == "s" and not name.endswith("_seconds"):
+        name += "_seconds"
+    return name
+
+
+class SdkMetricsCollector(Collector):
+    """Drains a :class:`MetricBuffer` and exposes its metrics to ``prometheus_client``.
+
+    The buffer is drained by a daemon thread (Core drops updates from a full
+    buffer, so it must be drained whether or not anyone scrapes) and again on
+    every scrape, so a scrape sees everything recorded before it.
+
+    Args:
+        buffer: the buffer set on the process's Temporal ``Runtime``.
+        interval: seconds between background drains.
+        buckets: histogram bucket bounds in seconds.
+    """
+
+    def __init__(
+        self,
+        buffer: MetricBuffer,
+        *,
+        interval: float = 1.0,
+        buckets: tuple[float, ...] = DURATION_BUCKETS,
+    ) -> None:
+        self.buffer = buffer
+        self.interval = interval
+        self.bounds = [*buckets, math.inf]
+        self._families: dict[str, _Family] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> SdkMetricsCollector:
+        """Start draining in the background."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._loop, name="aiworker-sdk-metrics", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the background drain (after a last drain)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        self.drain()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.drain()
+
+    def drain(self) -> None:
+        """Apply every buffered update to the collected state."""
+        with self._lock:
+            try:
+                updates = self.buffer.retrieve_updates()
+            except Exception:
+                log.exception(
+                    "cannot drain Temporal SDK metrics",
+                    extra={"aiworker": {"event": "sdk_metrics_drain_failed"}},
+                )
+                return
+            for u in updates:
+                self._apply(u)
+
+    def _apply(self, u: BufferedMetricUpdate) -> None:
+        m = u.metric
+        name = _prom_name(m.name, m.unit, m.kind)
+        fam = self._families.get(name)
+        if fam is None:
+            fam = self._families[name] = _Family(name, m.kind, m.description or m.name)
+        labels = tuple(
+            sorted(
+                (
+                    "".join(c if c.isalnum() or c == "_" else "_" for c in k),
+                    str(v).lower() if isinstance(v, bool) else str(v),
+                )
+                for k, v in u.attributes.items()
+            )
+        )
+        value = float(u.value)
+        if fam.kind == BUFFERED_METRIC_KIND_COUNTER:
+            fam.values[labels] = fam.values.get(labels, 0.0) + value
+        elif fam.kind == BUFFERED_METRIC_KIND_GAUGE:
+            fam.values[labels] = value
+        elif fam.kind == BUFFERED_METRIC_KIND_HISTOGRAM:
+            h = fam.histograms.get(labels)
+            if h is None:
+                h = fam.histograms[labels] = _Histogram([0.0] * len(self.bounds))
+            for i, bound in enumerate(self.bounds):
+                if value <= bound:
+                    h.buckets[i] += 1
+            h.sum += value
+            h.count += 1
+
+    def describe(self) -> Iterator[Metric]:
+        # Names appear as the SDK records them; nothing to pre-declare.
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        self.drain()
+        with self._lock:
+            out: list[Metric] = []
+            for fam in self._families.values():
+                if fam.kind == BUFFERED_METRIC_KIND_COUNTER:
+                    c = CounterMetricFamily(fam.name, fam.description)
+                    for labels, v in fam.values.items():
+                        c.add_sample(fam.name + "_total", dict(labels), v)
+                    out.append(c)
+                elif fam.kind == BUFFERED_METRIC_KIND_GAUGE:
+                    g = GaugeMetricFamily(fam.name, fam.description)
+                    for labels, v in fam.values.items():
+                        g.add_sample(fam.name, dict(labels), v)
+                    out.append(g)
+                else:
+                    hf = HistogramMetricFamily(fam.name, fam.description)
+                    for labels, h in fam.histograms.items():
+                        base = dict(labels)
+                        for bound, n in zip(self.bounds, h.buckets, strict=True):
+                            le = "+Inf" if math.isinf(bound) else repr(bound)
+                            hf.add_sample(fam.name + "_bucket", {**base, "le": le}, n)
+                        hf.add_sample(fam.name + "_count", base, h.count)
+                        hf.add_sample(fam.name + "_sum", base, h.sum)
+                    out.append(hf)
+        return iter(out)
+
+
+# ------------------------------------------------- pipelines by terminal status
+
+
+class PipelineMetricsInterceptor(temporal_client.Interceptor, temporal_worker.Interceptor):
+    """Counts ``PipelineWorkflow`` runs by terminal status (``aiworker_pipelines``).
+
+    Registered on the client next to the tracing interceptor; workers built
+    from that client pick it up. Inert on the client side.
+    """
+
+    def workflow_interceptor_class(
+        self, input: temporal_worker.WorkflowInterceptorClassInput
+    ) -> type[temporal_worker.WorkflowInboundInterceptor] | None:
+        return _PipelineMetricsInbound
+
+
+def _pipeline_labels(args: Any) -> tuple[str, str]:
+    raw = args[0] if args else None
+    if isinstance(raw, Mapping):
+        return str(raw.get("name", "unknown")), str(raw.get("tenant", "default"))
+    name = getattr(raw, "name", None)
+    tenant = getattr(raw, "tenant", None)
+    return str(name or "unknown"), str(tenant or "default")
+
+
+def _status_of(result: Any) -> str | None:
+    status = (
+        result.get("status") if isinstance(result, Mapping) else getattr(result, "status", None)
+    )
+    return status if isinstance(status, str) else None
+
+
+class _PipelineMetricsInbound(temporal_worker.WorkflowInboundInterceptor):
+    async def execute_workflow(self, input: temporal_worker.ExecuteWorkflowInput) -> Any:
+        if workflow.info().workflow_type != names.PIPELINE_WORKFLOW:
+            return await super().execute_workflow(input)
+        pipeline, tenant = _pipeline_labels(input.args)
+        try:
+            result = await super().execute_workflow(input)
+        except workflow.ContinueAsNewError:
+            raise
+        except FailureError:
+            self._count(self._declared_status() or "failed", pipeline, tenant)
+            raise
+        except asyncio.CancelledError:
+            self._count("cancelled", pipeline, tenant)
+            raise
+        # Any other exception fails only the workflow task, which Temporal retries.
+        self._count(_status_of(result) or self._declared_status() or "succeeded", pipeline, tenant)
+        return result
+
+    @staticmethod
+    def _declared_status() -> str | None:
+        status = workflow.info().typed_search_attributes.get(_STATUS_KEY)
+        return status if status in _TERMINAL else None
+
+    @staticmethod
+    def _count(status: str, pipeline: str, tenant: str) -> None:
+        # metric_meter() records nothing while replaying, so each run counts once.
+        workflow.metric_meter().create_counter(
+            PIPELINES_METRIC, "Pipelines that reached a terminal status."
+        ).add(1, {"status": status, "pipeline": pipeline, "tenant": tenant})
+
+
+# ----------------------------------------------------------------- bundle
+
+
+class Telemetry:
+    """One process's telemetry: Temporal runtime, interceptors, SDK metrics, tracer.
+
+    Build it once in ``main()`` before connecting; pass it to
+    :func:`workers.temporal_client.connect`. ``start()`` begins draining SDK
+    metrics; ``shutdown()`` flushes spans still waiting for export.
+
+    Args:
+        environ: where the ``OTEL_*`` variables come from (default ``os.environ``).
+        sdk_metrics: collect the SDK's metrics (worker processes); a one-shot
+            CLI client has no ``/metrics`` and leaves this off.
+        tracer_provider: an explicit provider (tests); default from ``environ``.
+        service_name: ``service.name`` unless ``OTEL_SERVICE_NAME`` says otherwise.
+    """
+
+    def __init__(
+        self,
+        *,
+        environ: Mapping[str, str] | None = None,
+        sdk_metrics: bool = True,
+        tracer_provider: TracerProvider | None = None,
+        service_name: str = DEFAULT_SERVICE_NAME,
+        drain_interval: float = 1.0,
+    ) -> None:
+        env = os.environ if environ is None else environ
+        self.secrets = otlp_header_secrets(env)
+        self.tracer_provider = tracer_provider or tracer_provider_from_env(env, service_name)
+        install_tracer_provider(self.tracer_provider)
+        self.tracing = TracingInterceptor(
+            tracer=(self.tracer_provider or trace.get_tracer_provider()).get_tracer(
+                "temporalio.contrib.opentelemetry"
+            )
+        )
+        self.pipeline_metrics = PipelineMetricsInterceptor()
+        self.buffer = (
+            MetricBuffer(100_000, MetricBufferDurationFormat.SECONDS) if sdk_metrics else None
+        )
+        self.runtime = Runtime(
+            telemetry=TelemetryConfig(
+                metrics=self.buffer,
+                logging=LoggingConfig(
+                    filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+                    forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core")),
+                ),
+            )
+        )
+        self.sdk_metrics = (
+            SdkMetricsCollector(self.buffer, interval=drain_interval) if self.buffer else None
+        )
+
+    @property
+    def interceptors(self) -> list[Any]:
+        """Client interceptors; workers built from the client inherit them."""
+        return [self.tracing, self.pipeline_metrics]
+
+    def register(self, registry: CollectorRegistry) -> None:
+        """Expose the SDK's metrics on ``registry`` (the one ``/metrics`` serves)."""
+        if self.sdk_metrics is not None:
+            registry.register(self.sdk_metrics)
+
+    def start(self) -> Telemetry:
+        """Start draining SDK metrics in the background."""
+        if self.sdk_metrics is not None:
+            self.sdk_metrics.start()
+        return self
+
+    def shutdown(self, timeout: timedelta = timedelta(seconds=5)) -> None:
+        """Stop draining and flush spans waiting for export (bounded by ``timeout``)."""
+        if self.sdk_metrics is not None:
+            self.sdk_metrics.stop()
+        if self.tracer_provider is not None:
+            self.tracer_provider.force_flush(int(timeout.total_seconds() * 1000))
