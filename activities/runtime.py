@@ -18,6 +18,7 @@ import logging
 import time
 import traceback
 from collections.abc import AsyncIterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -54,6 +55,19 @@ from schemas.spec import WorkerSpec
 
 log = logging.getLogger("aiworker.worker")
 tracer = trace.get_tracer("aiworker.runtime")
+
+# The stable log fields of the attempt running in this asyncio task. Set and
+# never reset: the SDK logs an attempt's outcome ("Completing activity as
+# failed") after the activity and its spans have returned, in the same task,
+# and that line should still say which trace and tenant it belongs to.
+_attempt_fields: ContextVar[Mapping[str, Any] | None] = ContextVar(
+    "aiworker_attempt_fields", default=None
+)
+
+
+def attempt_log_fields() -> Mapping[str, Any]:
+    """Trace and request fields of the worker attempt this task runs (empty if none)."""
+    return _attempt_fields.get() or {}
 
 
 @dataclass
@@ -252,6 +266,15 @@ class WorkerRuntime:
                 span.set_attribute("aiworker.idempotency_key", request.idempotency_key)
                 trace_id, span_id = self._trace_ids(span, request)
                 fields.update(trace_id=trace_id, span_id=span_id)
+                _attempt_fields.set(
+                    {
+                        "trace_id": trace_id,
+                        "span_id": span_id,
+                        "worker_id": worker_id,
+                        "tenant": tenant,
+                        "idempotency_key": request.idempotency_key,
+                    }
+                )
                 response = await self._run(worker, request, attempt, started, fields, info)
                 response = response.model_copy(
                     update={

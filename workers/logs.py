@@ -24,6 +24,7 @@ from typing import Any
 from opentelemetry import trace
 
 from activities.redaction import REDACTED, Redactor
+from activities.runtime import attempt_log_fields
 
 __all__ = ["REDACTED", "JsonFormatter", "Redactor", "configure_logging"]
 
@@ -86,6 +87,10 @@ class JsonFormatter(logging.Formatter):
             if sc.is_valid:
                 doc["trace_id"] = format(sc.trace_id, "032x")
                 doc["span_id"] = format(sc.span_id, "016x")
+            else:
+                # After an attempt's spans closed (the SDK's own outcome line).
+                for k, v in attempt_log_fields().items():
+                    doc.setdefault(k, v)
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         doc = {k: v for k, v in doc.items() if v is not None}

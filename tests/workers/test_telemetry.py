@@ -1,0 +1,216 @@
+"""Traces, logs and secrets of a pipeline run, against the session's real dev server."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest_asyncio
+from conftest import running_stack
+from opentelemetry.trace import StatusCode
+from pydantic import SecretStr
+from telemetry_helpers import (
+    SPANS,
+    flaky_validator,
+    hex_trace,
+    new_telemetry,
+    one_step_pipeline,
+    telemetry_client,
+    workflow_id,
+)
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from schemas import names
+from schemas.settings import Settings
+from workers.logs import JsonFormatter, Redactor
+from workers.telemetry import Telemetry
+
+SECRET = "sk-live-9f8e7d6c5b4a3210fedcba"
+
+
+@pytest_asyncio.fixture(scope="module")
+async def telemetry() -> AsyncIterator[Telemetry]:
+    t = new_telemetry().start()
+    try:
+        yield t
+    finally:
+        t.shutdown()
+
+
+@pytest_asyncio.fixture
+async def tclient(env: WorkflowEnvironment, telemetry: Telemetry) -> Client:
+    return await telemetry_client(env, telemetry)
+
+
+def _by_name(spans: list[Any], name: str) -> list[Any]:
+    return [s for s in spans if s.name == name]
+
+
+async def test_one_trace_from_client_start_to_each_activity_attempt(
+    tclient: Client, settings: Settings
+) -> None:
+    SPANS.clear()
+    async with running_stack(
+        tclient, settings, replace_activities={names.VALIDATOR: flaky_validator(settings)}
+    ) as stack:
+        handle = await stack.start(one_step_pipeline(), id=workflow_id("traced"))
+        result = await handle.result()
+    assert result.status == "succeeded"
+    assert result.steps["check"].attempts == 2
+
+    starts = [
+        s
+        for s in _by_name(SPANS.get_finished_spans(), f"StartWorkflow:{names.PIPELINE_WORKFLOW}")
+        if s.attributes.get("temporalWorkflowID") == handle.id
+    ]
+    assert len(starts) == 1
+    root = starts[0]
+    assert root.parent is None
+    trace_id = root.context.trace_id
+    spans = [s for s in SPANS.get_finished_spans() if s.context.trace_id == trace_id]
+
+    # The result names the same trace that the client started.
+    assert result.trace_id == hex_trace(root)
+
+    (run_wf,) = _by_name(spans, f"RunWorkflow:{names.PIPELINE_WORKFLOW}")
+    assert run_wf.parent.span_id == root.context.span_id
+    (start_act,) = _by_name(spans, f"StartActivity:{names.VALIDATOR}")
+    assert start_act.parent.span_id == root.context.span_id
+
+    # One SDK span per attempt, both under the workflow's StartActivity span ...
+    run_acts = _by_name(spans, f"RunActivity:{names.VALIDATOR}")
+    assert len(run_acts) == 2
+    assert {s.parent.span_id for s in run_acts} == {start_act.context.span_id}
+
+    # ... and one runtime span per attempt under each of them.
+    attempts = sorted(_by_name(spans, f"worker {names.VALIDATOR}"), key=lambda s: s.start_time)
+    assert [s.attributes["aiworker.attempt"] for s in attempts] == [1, 2]
+    assert [s.parent.span_id for s in attempts] == [
+        s.context.span_id for s in sorted(run_acts, key=lambda s: s.start_time)
+    ]
+    first, second = attempts
+    assert first.attributes["aiworker.error_code"] == "upstream_error"
+    assert first.status.status_code is StatusCode.ERROR
+    assert "aiworker.error_code" not in second.attributes
+    for s in attempts:
+        assert s.attributes["aiworker.worker_id"] == names.VALIDATOR
+        assert s.attributes["aiworker.tenant"] == "acme"
+        assert s.attributes["aiworker.workflow_id"] == handle.id
+    # The runtime's own validation steps are spans inside the attempt.
+    validations = [s for s in spans if s.name.startswith("validate ")]
+    assert {s.parent.span_id for s in validations} <= {s.context.span_id for s in attempts}
+
+    # The worker response carries the ids of the attempt's span.
+    history = await handle.fetch_history()
+    completed = [
+        e.activity_task_completed_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_completed_event_attributes")
+    ]
+    assert len(completed) == 1
+    response = json.loads(completed[0].result.payloads[0].data)
+    assert response["observability"]["trace_id"] == hex_trace(root)
+    assert response["observability"]["span_id"] == format(second.context.span_id, "016x")
+    assert response["observability"]["attempt"] == 2
+
+
+async def test_log_lines_are_json_with_trace_ids_and_no_secret(
+    tclient: Client, settings: Settings
+) -> None:
+    settings = settings.model_copy(update={"llm_api_key": SecretStr(SECRET)})
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    handler.setFormatter(JsonFormatter(Redactor(settings.secret_values())))
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        async with running_stack(
+            tclient,
+            settings,
+            replace_activities={names.VALIDATOR: flaky_validator(settings, leak=SECRET)},
+        ) as stack:
+            handle = await stack.start(one_step_pipeline("leaky"), id=workflow_id("leaky"))
+            result = await handle.result()
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    assert result.status == "succeeded"
+
+    text = buf.getvalue()
+    assert SECRET not in text
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert lines, "the run logged nothing"
+    for doc in lines:
+        assert {"ts", "level", "event", "logger"} <= doc.keys(), doc
+    ours = [d for d in lines if d.get("workflow_id") == handle.id]
+    # The runtime's line per attempt, plus the stand-in's own lines on attempt 1.
+    calls = [d for d in ours if d.get("event") == "worker_call"]
+    assert [d["attempt"] for d in calls] == [1, 2]
+    stable = {
+        "ts",
+        "level",
+        "event",
+        "worker_id",
+        "attempt",
+        "duration_ms",
+        "status",
+        "trace_id",
+        "span_id",
+        "workflow_id",
+        "run_id",
+        "activity_id",
+        "tenant",
+        "idempotency_key",
+    }
+    for d in calls:
+        assert stable <= d.keys(), stable - d.keys()
+    assert calls[0]["error_code"] == "upstream_error"
+    assert calls[0]["status"] == "failed" and calls[1]["status"] == "succeeded"
+    for d in ours:
+        assert d.get("trace_id") == result.trace_id, d
+        assert len(d["span_id"]) == 16
+    leaked = [d for d in lines if "[REDACTED]" in json.dumps(d)]
+    assert len(leaked) >= 3, "the stand-in's lines quoting the key were not captured"
+
+    # The failed attempt's message and details reach history, redacted.
+    history = await handle.fetch_history()
+    blob = b"".join(e.SerializeToString() for e in history.events)
+    assert SECRET.encode() not in blob
+    assert b"upstream refused key [REDACTED]" in blob
+
+
+def test_formatter_maps_temporal_extras_and_redacts() -> None:
+    fmt = JsonFormatter(Redactor([SECRET, 'pa"ss\\word']))
+    logger = logging.getLogger("temporalio.activity")
+    record = logger.makeRecord(
+        "temporalio.activity",
+        logging.WARNING,
+        __file__,
+        1,
+        "Completing activity as failed: Authorization: Bearer abcdef123456 and %s",
+        (SECRET,),
+        None,
+        extra={
+            "temporal_activity": {
+                "activity_id": "7",
+                "attempt": 3,
+                "workflow_id": "wf",
+                "workflow_run_id": "run",
+            },
+            "aiworker": {"password_field": 'pa"ss\\word'},
+        },
+    )
+    line = fmt.format(record)
+    doc = json.loads(line)
+    assert doc["workflow_id"] == "wf" and doc["run_id"] == "run"
+    assert doc["activity_id"] == "7" and doc["attempt"] == 3
+    assert doc["level"] == "warning"
+    assert SECRET not in line and "abcdef123456" not in line and "ss\\\\word" not in line
+    assert doc["password_field"] == "[REDACTED]"
+    assert "Authorization: [REDACTED]" in doc["event"]
