@@ -1,0 +1,298 @@
+"""/metrics, /healthz and /readyz: a real Prometheus scraping a worker, the SDK's
+metrics on the same port, readiness that follows the Temporal connection, and
+a real ``aiworker worker`` process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from conftest import running_stack
+from prometheus_client.parser import text_string_to_metric_families
+from telemetry_helpers import new_telemetry, one_step_pipeline, telemetry_client, workflow_id
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from schemas import names
+from schemas.pipeline import PipelineResult
+from schemas.settings import Settings
+from workers.http_server import Health, MetricsServer
+from workers.telemetry import Telemetry
+from workers.worker import watch_connection
+
+P95 = "histogram_quantile(0.95, sum by (le) (rate(aiworker_request_duration_seconds_bucket[1m])))"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest_asyncio.fixture(scope="module")
+async def telemetry() -> AsyncIterator[Telemetry]:
+    t = new_telemetry().start()
+    try:
+        yield t
+    finally:
+        t.shutdown()
+
+
+@pytest_asyncio.fixture
+async def tclient(env: WorkflowEnvironment, telemetry: Telemetry) -> Client:
+    return await telemetry_client(env, telemetry)
+
+
+async def _get(url: str, **params: Any) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=5) as http:
+        return await http.get(url, params=params)
+
+
+async def _query(base: str, promql: str) -> list[dict[str, Any]]:
+    r = await _get(f"{base}/api/v1/query", query=promql)
+    r.raise_for_status()
+    result: list[dict[str, Any]] = r.json()["data"]["result"]
+    return result
+
+
+async def _run_pipeline(client: Client, queue: str) -> PipelineResult:
+    return await client.execute_workflow(
+        names.PIPELINE_WORKFLOW,
+        one_step_pipeline("scraped"),
+        id=workflow_id("scraped"),
+        task_queue=queue,
+        result_type=PipelineResult,
+    )
+
+
+async def test_prometheus_scrapes_worker_and_p95_is_a_number(
+    tclient: Client, settings: Settings, telemetry: Telemetry, tmp_path: Path
+) -> None:
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.skip("the prometheus binary is not installed (apt-get install -y prometheus)")
+    async with running_stack(tclient, settings) as stack:
+        registry = stack.metrics.registry
+        telemetry.register(registry)
+        health = Health()
+        server = MetricsServer("127.0.0.1", 0, health, registry).start()
+        prom_port = _free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: aiworker\n    static_configs:\n"
+            f"      - targets: ['127.0.0.1:{server.port}']\n"
+        )
+        log = (tmp_path / "prometheus.log").open("w")
+        proc = subprocess.Popen(  # noqa: ASYNC220 - started once, never waited on here  # noqa: ASYNC220 - started once, never waited on here
+            [
+                prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        base = f"http://127.0.0.1:{prom_port}"
+        try:
+            # Prometheus up and scraping the worker before anything runs, so
+            # the histogram's buckets increase between scrapes.
+            for _ in range(120):
+                try:
+                    up = await _query(base, 'up{job="aiworker"}')
+                    if up and up[0]["value"][1] == "1":
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
+                await asyncio.sleep(0.25)
+            else:
+                pytest.fail("Prometheus never scraped the worker")
+
+            p95: float | None = None
+            for _ in range(60):
+                await _run_pipeline(tclient, stack.pipelines_queue)
+                result = await _query(base, P95)
+                if result and math.isfinite(float(result[0]["value"][1])):
+                    p95 = float(result[0]["value"][1])
+                    break
+                await asyncio.sleep(0.25)
+            assert p95 is not None, "histogram_quantile never returned a number"
+            assert 0 < p95 <= 120
+
+            # The SDK's own metrics and the pipelines counter reach the same scrape.
+            pipelines: list[dict[str, Any]] = []
+            sdk: list[dict[str, Any]] = []
+            for _ in range(40):
+                pipelines = await _query(
+                    base, 'sum(aiworker_pipelines_total{status="succeeded",pipeline="scraped"})'
+                )
+                sdk = await _query(base, "sum(temporal_workflow_completed_total)")
+                if pipelines and sdk and float(pipelines[0]["value"][1]) >= 2:
+                    break
+                await asyncio.sleep(0.25)
+            assert pipelines and float(pipelines[0]["value"][1]) >= 2
+            assert sdk and float(sdk[0]["value"][1]) >= 2
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+            log.close()
+            server.stop()
+
+
+async def test_healthz_and_readyz_follow_polling_and_connection(env: WorkflowEnvironment) -> None:
+    health = Health()
+    server = MetricsServer("127.0.0.1", 0, health).start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        assert (await _get(f"{base}/healthz")).status_code == 200
+        r = await _get(f"{base}/readyz")
+        assert r.status_code == 503 and "starting" in r.text
+        health.set(True, "polling aiworker-pipelines")
+        r = await _get(f"{base}/readyz")
+        assert r.status_code == 200 and "polling aiworker-pipelines" in r.text
+
+        # A server that does not answer: not ready, and the reason says where.
+        dead = await Client.connect(
+            f"127.0.0.1:{_free_port()}", lazy=True, data_converter=pydantic_data_converter
+        )
+        stop = asyncio.Event()
+        watch = asyncio.create_task(watch_connection(dead, health, stop, probe_timeout=2))
+        for _ in range(100):
+            if not health.ready:
+                break
+            await asyncio.sleep(0.1)
+        stop.set()
+        await watch
+        r = await _get(f"{base}/readyz")
+        assert r.status_code == 503 and "cannot reach Temporal at 127.0.0.1" in r.text
+
+        # The real server answers: ready again.
+        stop = asyncio.Event()
+        watch = asyncio.create_task(watch_connection(env.client, health, stop, interval=0.1))
+        for _ in range(100):
+            if health.ready:
+                break
+            await asyncio.sleep(0.1)
+        stop.set()
+        await watch
+        assert (await _get(f"{base}/readyz")).status_code == 200
+        assert (await _get(f"{base}/nope")).status_code == 404
+    finally:
+        server.stop()
+
+
+async def test_worker_process_serves_probes_metrics_and_json_logs(
+    env: WorkflowEnvironment, tclient: Client, tmp_path: Path
+) -> None:
+    secret = "sk-proc-" + uuid.uuid4().hex
+    port = _free_port()
+    suffix = f"-p{uuid.uuid4().hex[:10]}"
+    proc_env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_", "OTEL_"))
+    }
+    proc_env.update(
+        AIWORKER_METRICS_PORT=str(port),
+        AIWORKER_METRICS_HOST="127.0.0.1",
+        AIWORKER_TASK_QUEUE_SUFFIX=suffix,
+        AIWORKER_DATA_DIR=str(tmp_path / "data"),
+        AIWORKER_LLM_API_KEY=secret,
+        AIWORKER_SHUTDOWN_GRACE_SECONDS="2",
+        TEMPORAL_NAMESPACE=env.client.namespace,
+    )
+    stderr = (tmp_path / "worker.stderr").open("w+")
+    proc = subprocess.Popen(  # noqa: ASYNC220 - started once, never waited on here
+        [
+            sys.executable,
+            "-m",
+            "workers.cli",
+            "worker",
+            "--address",
+            env.client.service_client.config.target_host,
+        ],
+        env=proc_env,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            assert proc.poll() is None, (tmp_path / "worker.stderr").read_text()
+            try:
+                if (await _get(f"{base}/readyz")).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.25)
+        else:
+            pytest.fail("the worker never became ready")
+        assert (await _get(f"{base}/healthz")).status_code == 200
+
+        result = await _run_pipeline(tclient, names.PIPELINES_QUEUE + suffix)
+        assert result.status == "succeeded"
+
+        text = ""
+        for _ in range(40):
+            text = (await _get(f"{base}/metrics")).text
+            if "aiworker_pipelines_total{" in text:
+                break
+            await asyncio.sleep(0.25)
+        samples = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+        def value(name: str, **labels: str) -> float:
+            return sum(
+                v
+                for (n, ls), v in samples.items()
+                if n == name and labels.items() <= dict(ls).items()
+            )
+
+        assert value("aiworker_requests_total", worker_id="validator", status="succeeded") == 1
+        assert value("aiworker_request_duration_seconds_count", worker_id="validator") == 1
+        assert value("aiworker_pipelines_total", status="succeeded", tenant="acme") == 1
+        assert value("temporal_workflow_completed_total") >= 1
+        assert value("temporal_activity_execution_latency_seconds_count") >= 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            raise
+        stderr.close()
+    assert code == 0
+    lines = (tmp_path / "worker.stderr").read_text().splitlines()
+    assert lines
+    for line in lines:
+        doc = json.loads(line)
+        assert {"ts", "level", "event"} <= doc.keys()
+    assert secret not in "\n".join(lines)
+    calls = [json.loads(x) for x in lines if '"worker_call"' in x]
+    assert calls and calls[0]["trace_id"] == result.trace_id
