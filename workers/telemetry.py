@@ -153,8 +153,10 @@ def span_exporter_from_env(environ: Mapping[str, str]) -> SpanExporter | None:
         return exporter
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    # The exporter reads endpoint, headers, timeout, TLS and compression itself.
-    return OTLPSpanExporter()
+    if not environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        endpoint = endpoint.rstrip("/") + "/v1/traces"
+    # Headers, timeout, TLS and compression: the exporter reads its variables itself.
+    return OTLPSpanExporter(endpoint=endpoint)
 
 
 def tracer_provider_from_env(
@@ -165,7 +167,11 @@ def tracer_provider_from_env(
     if _env_true(env, "OTEL_SDK_DISABLED"):
         return None
     resource = Resource.create()
-    if resource.attributes.get(SERVICE_NAME, "unknown_service") == "unknown_service":
+    if env.get("OTEL_SERVICE_NAME"):
+        resource = resource.merge(Resource({SERVICE_NAME: env["OTEL_SERVICE_NAME"]}))
+    elif str(resource.attributes.get(SERVICE_NAME, "unknown_service")).startswith(
+        "unknown_service"
+    ):
         resource = resource.merge(Resource({SERVICE_NAME: service_name}))
     # The sampler comes from OTEL_TRACES_SAMPLER(_ARG), read by the SDK.
     provider = TracerProvider(resource=resource)
@@ -446,12 +452,14 @@ class Telemetry:
     ) -> None:
         env = os.environ if environ is None else environ
         self.secrets = otlp_header_secrets(env)
-        self.tracer_provider = tracer_provider or tracer_provider_from_env(env, service_name)
-        install_tracer_provider(self.tracer_provider)
+        installed = install_tracer_provider(
+            tracer_provider or tracer_provider_from_env(env, service_name)
+        )
+        # The global provider wins: the runtime's spans come from it too, and
+        # one process must not split its spans over two providers.
+        self.tracer_provider = installed if isinstance(installed, TracerProvider) else None
         self.tracing = TracingInterceptor(
-            tracer=(self.tracer_provider or trace.get_tracer_provider()).get_tracer(
-                "temporalio.contrib.opentelemetry"
-            )
+            tracer=installed.get_tracer("temporalio.contrib.opentelemetry")
         )
         self.pipeline_metrics = PipelineMetricsInterceptor()
         self.buffer = (

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from conftest import running_stack
 from opentelemetry.trace import StatusCode
@@ -26,6 +29,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from schemas import names
 from schemas.settings import Settings
+from workers import cli
 from workers.logs import JsonFormatter, Redactor
 from workers.telemetry import Telemetry
 
@@ -214,3 +218,45 @@ def test_formatter_maps_temporal_extras_and_redacts() -> None:
     assert SECRET not in line and "abcdef123456" not in line and "ss\\\\word" not in line
     assert doc["password_field"] == "[REDACTED]"
     assert "Authorization: [REDACTED]" in doc["event"]
+
+
+async def test_aiworker_run_roots_the_pipeline_trace(
+    tclient: Client,
+    env: WorkflowEnvironment,
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pipeline = tmp_path / "pipeline.json"
+    pipeline.write_text(json.dumps(one_step_pipeline("from-cli")))
+    monkeypatch.setenv("AIWORKER_TASK_QUEUE_SUFFIX", settings.task_queue_suffix)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    SPANS.clear()
+    try:
+        async with running_stack(tclient, settings):
+            # `aiworker run` owns its event loop; give it a thread of its own.
+            code = await asyncio.to_thread(
+                cli.main,
+                ["run", str(pipeline), "--address", env.client.service_client.config.target_host],
+            )
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in handlers:
+            root.addHandler(h)
+        root.setLevel(level)
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "succeeded"
+    (cli_span,) = _by_name(SPANS.get_finished_spans(), "aiworker run from-cli")
+    assert cli_span.parent is None
+    assert doc["trace_id"] == hex_trace(cli_span)
+    spans = [
+        s for s in SPANS.get_finished_spans() if s.context.trace_id == cli_span.context.trace_id
+    ]
+    (start,) = _by_name(spans, f"StartWorkflow:{names.PIPELINE_WORKFLOW}")
+    assert start.parent.span_id == cli_span.context.span_id
+    assert len(_by_name(spans, f"RunActivity:{names.VALIDATOR}")) == 1
+    assert len(_by_name(spans, f"worker {names.VALIDATOR}")) == 1
