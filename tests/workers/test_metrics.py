@@ -23,9 +23,10 @@ import httpx
 import pytest
 import pytest_asyncio
 from conftest import running_stack
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from telemetry_helpers import new_telemetry, one_step_pipeline, telemetry_client, workflow_id
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -296,3 +297,37 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
     assert secret not in "\n".join(lines)
     calls = [json.loads(x) for x in lines if '"worker_call"' in x]
     assert calls and calls[0]["trace_id"] == result.trace_id
+
+
+async def test_pipelines_are_counted_by_terminal_status(
+    tclient: Client, settings: Settings, telemetry: Telemetry
+) -> None:
+    registry = CollectorRegistry()
+    telemetry.register(registry)
+    broken = one_step_pipeline("broken")
+    broken["steps"][0]["worker"] = "no-such-worker"
+    async with running_stack(tclient, settings) as stack:
+        ok = await stack.start(one_step_pipeline("counted"), id=workflow_id("counted"))
+        assert (await ok.result()).status == "succeeded"
+        bad = await stack.start(broken, id=workflow_id("broken"))
+        with pytest.raises(WorkflowFailureError):
+            await bad.result()
+
+    def count(pipeline: str, status: str) -> float:
+        return sum(
+            s.value
+            for family in registry.collect()
+            for s in family.samples
+            if s.name == "aiworker_pipelines_total"
+            and s.labels.get("pipeline") == pipeline
+            and s.labels.get("status") == status
+            and s.labels.get("task_queue") == stack.pipelines_queue
+        )
+
+    for _ in range(40):
+        if count("counted", "succeeded") and count("broken", "failed"):
+            break
+        await asyncio.sleep(0.25)
+    assert count("counted", "succeeded") == 1
+    assert count("broken", "failed") == 1
+    assert count("broken", "succeeded") == 0
