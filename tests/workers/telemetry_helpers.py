@@ -9,7 +9,6 @@ import logging
 import uuid
 from typing import Any, ClassVar
 
-from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -131,5 +130,3 @@ def workflow_id(prefix: str) -> str:
 def hex_trace(span: Any) -> str:
     return format(span.context.trace_id, "032x")
 
-
-__all__ = ["SPANS", "trace"]
