@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 import uuid
@@ -706,5 +707,26 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_USAGE
 
 
+def run_main() -> None:
+    """The console script: :func:`main`, then exit without interpreter finalization.
+
+    Temporal Core's Rust threads can still call into Python while the
+    interpreter finalizes, which aborts a short-lived client process now and
+    then (``Fatal Python error: PyGILState_Release``, temporalio/sdk-python#300).
+    Everything is flushed first; nothing else is left to clean up at exit.
+    """
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_FAILED)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main()

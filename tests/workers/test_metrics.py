@@ -102,7 +102,7 @@ async def test_prometheus_scrapes_worker_and_p95_is_a_number(
             f"      - targets: ['127.0.0.1:{server.port}']\n"
         )
         log = (tmp_path / "prometheus.log").open("w")
-        proc = subprocess.Popen(  # noqa: ASYNC220 - started once, never waited on here  # noqa: ASYNC220 - started once, never waited on here
+        proc = subprocess.Popen(
             [
                 prometheus,
                 f"--config.file={config}",
@@ -225,7 +225,7 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
         TEMPORAL_NAMESPACE=env.client.namespace,
     )
     stderr = (tmp_path / "worker.stderr").open("w+")
-    proc = subprocess.Popen(  # noqa: ASYNC220 - started once, never waited on here
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
