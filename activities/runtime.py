@@ -101,6 +101,21 @@ class WorkerContext:
         """Seconds left before this attempt's deadline."""
         return max(0.0, self.deadline - time.monotonic())
 
+    def span(
+        self, name: str, **attributes: str | int | float | bool
+    ) -> contextlib.AbstractContextManager[trace.Span]:
+        """A child span of this attempt for one piece of the work (fetch, parse, model call).
+
+        Attributes get the ``aiworker.`` prefix::
+
+            with ctx.span("fetch", url=url) as span:
+                ...
+                span.set_attribute("aiworker.http_status", 200)
+        """
+        return tracer.start_as_current_span(
+            name, attributes={f"aiworker.{k}": v for k, v in attributes.items()}
+        )
+
     def heartbeat(self, *details: Any) -> None:
         """Report progress of long work to Temporal (no-op outside an activity)."""
         if activity.in_activity():

@@ -74,6 +74,8 @@ class FlakyValidator:
         self.leak = leak
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+        with ctx.span("upstream call", target="models.example") as span:
+            span.set_attribute("aiworker.http_status", 503 if ctx.attempt == 1 else 200)
         if ctx.attempt == 1:
             if self.leak:
                 activity.logger.info("calling upstream with Authorization: Bearer %s", self.leak)
@@ -129,4 +131,3 @@ def workflow_id(prefix: str) -> str:
 
 def hex_trace(span: Any) -> str:
     return format(span.context.trace_id, "032x")
-

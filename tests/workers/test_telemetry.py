@@ -104,6 +104,11 @@ async def test_one_trace_from_client_start_to_each_activity_attempt(
         assert s.attributes["aiworker.worker_id"] == names.VALIDATOR
         assert s.attributes["aiworker.tenant"] == "acme"
         assert s.attributes["aiworker.workflow_id"] == handle.id
+    # Spans a worker opens with ctx.span() sit inside its attempt.
+    upstream = sorted(_by_name(spans, "upstream call"), key=lambda s: s.start_time)
+    assert [s.parent.span_id for s in upstream] == [s.context.span_id for s in attempts]
+    assert [s.attributes["aiworker.http_status"] for s in upstream] == [503, 200]
+    assert upstream[0].attributes["aiworker.target"] == "models.example"
     # The runtime's own validation steps are spans inside the attempt.
     validations = [s for s in spans if s.name.startswith("validate ")]
     assert {s.parent.span_id for s in validations} <= {s.context.span_id for s in attempts}
