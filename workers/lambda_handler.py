@@ -71,7 +71,11 @@ def make_handler(env: Mapping[str, str] | None = None) -> LambdaHandler:
     Settings are validated here, at cold start, so a typo fails the first
     invocation with the variable's name instead of a task later.
     """
+    from opentelemetry.sdk.trace import TracerProvider
+    from temporalio.contrib.opentelemetry import TracingInterceptor
+
     from workers.registry import activities_for
+    from workers.telemetry import install_tracer_provider, tracer_provider_from_env
     from workers.worker import build_runtime
 
     env = os.environ if env is None else env
@@ -82,6 +86,15 @@ def make_handler(env: Mapping[str, str] | None = None) -> LambdaHandler:
     # private registry per process keeps warm invocations from re-registering.
     metrics = WorkerMetrics(CollectorRegistry())
     grace = timedelta(seconds=settings.shutdown_grace_seconds)
+    # Activity attempts join the trace of the pipeline that scheduled them
+    # (OTLP export from the standard OTEL_* variables, as in a worker pod).
+    provider = install_tracer_provider(tracer_provider_from_env(env, "aiworker-lambda"))
+    tracing = TracingInterceptor(provider.get_tracer("temporalio.contrib.opentelemetry"))
+
+    def flush_spans() -> None:
+        # A frozen Lambda sandbox would hold batched spans until the next invocation.
+        if isinstance(provider, TracerProvider):
+            provider.force_flush(2000)
 
     def configure(config: LambdaWorkerConfig) -> None:
         # Per invocation, inside its event loop: the tools' HTTP clients bind to it.
@@ -93,6 +106,8 @@ def make_handler(env: Mapping[str, str] | None = None) -> LambdaHandler:
         config.client_connect_config["data_converter"] = pydantic_data_converter
         config.worker_config["task_queue"] = settings.queue(queue)
         config.worker_config["activities"] = activities
+        config.worker_config["interceptors"] = [tracing]
+        config.shutdown_hooks.append(flush_spans)
         config.worker_config["graceful_shutdown_timeout"] = grace
         config.shutdown_deadline_buffer = grace + SHUTDOWN_HOOK_BUFFER
 

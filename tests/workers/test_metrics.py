@@ -221,6 +221,7 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
         AIWORKER_TASK_QUEUE_SUFFIX=suffix,
         AIWORKER_DATA_DIR=str(tmp_path / "data"),
         AIWORKER_LLM_API_KEY=secret,
+        AIWORKER_LLM_MODEL="test-model",
         AIWORKER_SHUTDOWN_GRACE_SECONDS="2",
         TEMPORAL_NAMESPACE=env.client.namespace,
     )
