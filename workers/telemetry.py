@@ -41,14 +41,13 @@ Core logs
     logger so they come out as JSON lines like everything else.
 
 Pipelines by terminal status
-    :class:`PipelineMetricsInterceptor` counts every ``PipelineWorkflow`` that
-    ends, by status, pipeline name and tenant, through the replay-safe
-    ``workflow.metric_meter()``, so a replayed workflow never counts twice.
+    ``PipelineWorkflow`` counts itself (``aiworker_pipelines``, labels status,
+    pipeline, tenant) through the replay-safe ``workflow.metric_meter()``; the
+    collector above is what brings that counter to ``/metrics``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import os
@@ -70,12 +69,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from temporalio import client as temporal_client
-from temporalio import worker as temporal_worker
-from temporalio import workflow
-from temporalio.common import SearchAttributeKey
 from temporalio.contrib.opentelemetry import TracingInterceptor
-from temporalio.exceptions import FailureError
 from temporalio.runtime import (
     BUFFERED_METRIC_KIND_COUNTER,
     BUFFERED_METRIC_KIND_GAUGE,
@@ -91,22 +85,11 @@ from temporalio.runtime import (
 )
 
 from activities.metrics import DURATION_BUCKETS
-from schemas import names
 
 log = logging.getLogger("aiworker.telemetry")
 
 DEFAULT_SERVICE_NAME = "aiworker"
 PIPELINES_METRIC = "aiworker_pipelines"
-_TERMINAL = {
-    "succeeded",
-    "partial",
-    "failed",
-    "rejected",
-    "escalation_timed_out",
-    "budget_exhausted",
-    "cancelled",
-}
-_STATUS_KEY = SearchAttributeKey.for_keyword(names.SA_STATUS)
 
 
 # --------------------------------------------------------------------- traces
@@ -359,70 +342,6 @@ class SdkMetricsCollector(Collector):
         return iter(out)
 
 
-# ------------------------------------------------- pipelines by terminal status
-
-
-class PipelineMetricsInterceptor(temporal_client.Interceptor, temporal_worker.Interceptor):
-    """Counts ``PipelineWorkflow`` runs by terminal status (``aiworker_pipelines``).
-
-    Registered on the client next to the tracing interceptor; workers built
-    from that client pick it up. Inert on the client side.
-    """
-
-    def workflow_interceptor_class(
-        self, input: temporal_worker.WorkflowInterceptorClassInput
-    ) -> type[temporal_worker.WorkflowInboundInterceptor] | None:
-        return _PipelineMetricsInbound
-
-
-def _pipeline_labels(args: Any) -> tuple[str, str]:
-    raw = args[0] if args else None
-    if isinstance(raw, Mapping):
-        return str(raw.get("name", "unknown")), str(raw.get("tenant", "default"))
-    name = getattr(raw, "name", None)
-    tenant = getattr(raw, "tenant", None)
-    return str(name or "unknown"), str(tenant or "default")
-
-
-def _status_of(result: Any) -> str | None:
-    status = (
-        result.get("status") if isinstance(result, Mapping) else getattr(result, "status", None)
-    )
-    return status if isinstance(status, str) else None
-
-
-class _PipelineMetricsInbound(temporal_worker.WorkflowInboundInterceptor):
-    async def execute_workflow(self, input: temporal_worker.ExecuteWorkflowInput) -> Any:
-        if workflow.info().workflow_type != names.PIPELINE_WORKFLOW:
-            return await super().execute_workflow(input)
-        pipeline, tenant = _pipeline_labels(input.args)
-        try:
-            result = await super().execute_workflow(input)
-        except workflow.ContinueAsNewError:
-            raise
-        except FailureError:
-            self._count(self._declared_status() or "failed", pipeline, tenant)
-            raise
-        except asyncio.CancelledError:
-            self._count("cancelled", pipeline, tenant)
-            raise
-        # Any other exception fails only the workflow task, which Temporal retries.
-        self._count(_status_of(result) or self._declared_status() or "succeeded", pipeline, tenant)
-        return result
-
-    @staticmethod
-    def _declared_status() -> str | None:
-        status = workflow.info().typed_search_attributes.get(_STATUS_KEY)
-        return status if status in _TERMINAL else None
-
-    @staticmethod
-    def _count(status: str, pipeline: str, tenant: str) -> None:
-        # metric_meter() records nothing while replaying, so each run counts once.
-        workflow.metric_meter().create_counter(
-            PIPELINES_METRIC, "Pipelines that reached a terminal status."
-        ).add(1, {"status": status, "pipeline": pipeline, "tenant": tenant})
-
-
 # ----------------------------------------------------------------- bundle
 
 
@@ -461,7 +380,6 @@ class Telemetry:
         self.tracing = TracingInterceptor(
             tracer=installed.get_tracer("temporalio.contrib.opentelemetry")
         )
-        self.pipeline_metrics = PipelineMetricsInterceptor()
         self.buffer = (
             MetricBuffer(100_000, MetricBufferDurationFormat.SECONDS) if sdk_metrics else None
         )
@@ -481,7 +399,7 @@ class Telemetry:
     @property
     def interceptors(self) -> list[Any]:
         """Client interceptors; workers built from the client inherit them."""
-        return [self.tracing, self.pipeline_metrics]
+        return [self.tracing]
 
     def register(self, registry: CollectorRegistry) -> None:
         """Expose the SDK's metrics on ``registry`` (the one ``/metrics`` serves)."""

@@ -26,9 +26,11 @@ from conftest import running_stack
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from telemetry_helpers import new_telemetry, one_step_pipeline, telemetry_client, workflow_id
-from temporalio.client import Client, WorkflowFailureError
+from temporalio import workflow
+from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from schemas import names
 from schemas.pipeline import PipelineResult
@@ -140,18 +142,13 @@ async def test_prometheus_scrapes_worker_and_p95_is_a_number(
             assert p95 is not None, "histogram_quantile never returned a number"
             assert 0 < p95 <= 120
 
-            # The SDK's own metrics and the pipelines counter reach the same scrape.
-            pipelines: list[dict[str, Any]] = []
+            # The SDK's own metrics reach the same scrape.
             sdk: list[dict[str, Any]] = []
             for _ in range(40):
-                pipelines = await _query(
-                    base, 'sum(aiworker_pipelines_total{status="succeeded",pipeline="scraped"})'
-                )
                 sdk = await _query(base, "sum(temporal_workflow_completed_total)")
-                if pipelines and sdk and float(pipelines[0]["value"][1]) >= 2:
+                if sdk and float(sdk[0]["value"][1]) >= 2:
                     break
                 await asyncio.sleep(0.25)
-            assert pipelines and float(pipelines[0]["value"][1]) >= 2
             assert sdk and float(sdk[0]["value"][1]) >= 2
         finally:
             proc.terminate()
@@ -259,7 +256,7 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
         text = ""
         for _ in range(40):
             text = (await _get(f"{base}/metrics")).text
-            if "aiworker_pipelines_total{" in text:
+            if "temporal_workflow_completed_total{" in text:
                 break
             await asyncio.sleep(0.25)
         samples = {
@@ -277,7 +274,6 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
 
         assert value("aiworker_requests_total", worker_id="validator", status="succeeded") == 1
         assert value("aiworker_request_duration_seconds_count", worker_id="validator") == 1
-        assert value("aiworker_pipelines_total", status="succeeded", tenant="acme") == 1
         assert value("temporal_workflow_completed_total") >= 1
         assert value("temporal_activity_execution_latency_seconds_count") >= 1
     finally:
@@ -300,35 +296,48 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
     assert calls and calls[0]["trace_id"] == result.trace_id
 
 
-async def test_pipelines_are_counted_by_terminal_status(
-    tclient: Client, settings: Settings, telemetry: Telemetry
-) -> None:
+@workflow.defn(name="MeterProbeWorkflow", sandboxed=False)
+class MeterProbeWorkflow:
+    """Records through the workflow's metric meter, as PipelineWorkflow does."""
+
+    @workflow.run
+    async def run(self, status: str) -> None:
+        workflow.metric_meter().create_counter("aiworker_test_probe", "probe").add(
+            1, {"status": status}
+        )
+        workflow.metric_meter().create_histogram_float(
+            "aiworker_test_probe_seconds", "probe", "s"
+        ).record(0.02)
+
+
+async def test_workflow_metric_meter_reaches_metrics(tclient: Client, telemetry: Telemetry) -> None:
     registry = CollectorRegistry()
     telemetry.register(registry)
-    broken = one_step_pipeline("broken")
-    broken["steps"][0]["worker"] = "no-such-worker"
-    async with running_stack(tclient, settings) as stack:
-        ok = await stack.start(one_step_pipeline("counted"), id=workflow_id("counted"))
-        assert (await ok.result()).status == "succeeded"
-        bad = await stack.start(broken, id=workflow_id("broken"))
-        with pytest.raises(WorkflowFailureError):
-            await bad.result()
+    queue = f"meter-probe-{uuid.uuid4().hex[:8]}"
+    async with Worker(tclient, task_queue=queue, workflows=[MeterProbeWorkflow]):
+        for status in ("succeeded", "failed", "succeeded"):
+            await tclient.execute_workflow(
+                MeterProbeWorkflow.run, status, id=workflow_id("probe"), task_queue=queue
+            )
 
-    def count(pipeline: str, status: str) -> float:
+    def value(name: str, **labels: str) -> float:
         return sum(
             s.value
             for family in registry.collect()
             for s in family.samples
-            if s.name == "aiworker_pipelines_total"
-            and s.labels.get("pipeline") == pipeline
-            and s.labels.get("status") == status
-            and s.labels.get("task_queue") == stack.pipelines_queue
+            if s.name == name
+            and s.labels.get("task_queue") == queue
+            and labels.items() <= s.labels.items()
         )
 
     for _ in range(40):
-        if count("counted", "succeeded") and count("broken", "failed"):
+        if value("aiworker_test_probe_total") >= 3:
             break
         await asyncio.sleep(0.25)
-    assert count("counted", "succeeded") == 1
-    assert count("broken", "failed") == 1
-    assert count("broken", "succeeded") == 0
+    assert value("aiworker_test_probe_total", status="succeeded") == 2
+    assert value("aiworker_test_probe_total", status="failed") == 1
+    assert value("aiworker_test_probe_seconds_count") == 3
+    assert value("aiworker_test_probe_seconds_bucket", le="0.025") == 3
+    assert value("aiworker_test_probe_seconds_bucket", le="0.01") == 0
+    # The SDK's own counters come through the same collector.
+    assert value("temporal_workflow_completed_total", workflow_type="MeterProbeWorkflow") == 3
