@@ -90,6 +90,6 @@ class WorkerMetrics:
             registry=registry,
         )
         # Pipelines by terminal status (aiworker_pipelines_total{status,pipeline,tenant})
-        # are counted in workflow code through the SDK's replay-safe metric meter
-        # (workers.telemetry.PipelineMetricsInterceptor) and reach the same
-        # /metrics through workers.telemetry.SdkMetricsCollector.
+        # are counted by PipelineWorkflow itself through the SDK's replay-safe
+        # workflow.metric_meter() and reach the same /metrics through
+        # workers.telemetry.SdkMetricsCollector.
