@@ -142,13 +142,19 @@ async def test_prometheus_scrapes_worker_and_p95_is_a_number(
             assert p95 is not None, "histogram_quantile never returned a number"
             assert 0 < p95 <= 120
 
-            # The SDK's own metrics reach the same scrape.
+            # The SDK's own metrics, and the pipelines counter PipelineWorkflow
+            # records through the SDK's meter, reach the same scrape.
+            pipelines: list[dict[str, Any]] = []
             sdk: list[dict[str, Any]] = []
             for _ in range(40):
+                pipelines = await _query(
+                    base, 'sum(aiworker_pipelines_total{status="succeeded",pipeline="scraped"})'
+                )
                 sdk = await _query(base, "sum(temporal_workflow_completed_total)")
-                if sdk and float(sdk[0]["value"][1]) >= 2:
+                if pipelines and sdk and float(pipelines[0]["value"][1]) >= 2:
                     break
                 await asyncio.sleep(0.25)
+            assert pipelines and float(pipelines[0]["value"][1]) >= 2
             assert sdk and float(sdk[0]["value"][1]) >= 2
         finally:
             proc.terminate()
@@ -275,6 +281,7 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
         assert value("aiworker_requests_total", worker_id="validator", status="succeeded") == 1
         assert value("aiworker_request_duration_seconds_count", worker_id="validator") == 1
         assert value("temporal_workflow_completed_total") >= 1
+        assert value("aiworker_pipelines_total", status="succeeded", pipeline="scraped") == 1
         assert value("temporal_activity_execution_latency_seconds_count") >= 1
     finally:
         proc.send_signal(signal.SIGTERM)
