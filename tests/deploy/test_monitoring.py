@@ -20,7 +20,7 @@ from workers.telemetry import PIPELINES_METRIC
 
 MON = DEPLOY / "monitoring"
 # Exported by the pipeline orchestration, not by the worker runtime (see deploy/README.md).
-ORCHESTRATION_METRICS = {"aiworker_pipelines_awaiting_review"}
+ORCHESTRATION_METRICS: set[str] = set()
 # Counted in workflow code through the SDK's metric meter and served on the same
 # /metrics by workers.telemetry (not a prometheus_client metric of the runtime).
 SDK_METER_METRICS = {PIPELINES_METRIC + "_total"}
