@@ -1,0 +1,40 @@
+"""``aiworker worker`` with the slow side-effect stand-in in place of one worker.
+
+Run as a subprocess by the kill/restart test::
+
+    python standin_worker.py --sink S --attempts A --hold SECONDS
+
+It swaps one line of the activity registry and then runs the very code path
+of the ``aiworker worker`` command (``workers.cli.main(["worker"])``:
+settings from the environment, search attributes, ``build_workers``,
+``run_until_stopped``), so the process under test is the real worker
+process apart from that one activity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support.standins import SlowSink, standin_activity  # noqa: E402
+
+from workers import registry  # noqa: E402
+from workers.cli import main  # noqa: E402
+
+
+def run() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sink", required=True, type=Path)
+    p.add_argument("--attempts", required=True, type=Path)
+    p.add_argument("--hold", required=True, type=float)
+    args = p.parse_args()
+    worker = SlowSink(args.sink, args.attempts, args.hold)
+    registry.ACTIVITY_FACTORIES[worker.worker_id] = lambda rt: [standin_activity(rt, worker)]
+    return main(["worker"])
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -1,0 +1,120 @@
+"""A worker process killed with SIGKILL in the middle of a step, then restarted.
+
+The side-effect step writes its record and then holds; the test kills the
+process during the hold (after the write, before the activity completes),
+starts a fresh process, and expects Temporal to time the lost attempt out
+(start-to-close), retry it on the new process with the same idempotency key,
+and the sink to hold the record exactly once.
+
+The stand-in runs under ``STANDIN_ID`` until the real ``publish`` worker is
+on main; switching means pointing ``WORKER_CMD`` at ``aiworker worker`` and
+``side_effect_step`` at a ``publish`` step whose webhook holds the request
+(see the report of issue 8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import history
+from support.procs import WorkerProcess, wait_until, worker_env
+from support.standins import STANDIN_ID, read_jsonl
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.client import Client
+
+from schemas.pipeline import PipelineResult
+from schemas.settings import Settings
+from workers.cli import start_pipeline
+
+SCRIPT = Path(__file__).with_name("standin_worker.py")
+HOLD_SECONDS = 3.0
+STEP_TIMEOUT_SECONDS = 6  # start-to-close = 6 + 5 s grace: how long the lost attempt waits
+
+
+def worker_cmd(sink: Path, attempts: Path) -> list[str]:
+    return [
+        sys.executable,
+        str(SCRIPT),
+        "--sink",
+        str(sink),
+        "--attempts",
+        str(attempts),
+        "--hold",
+        str(HOLD_SECONDS),
+    ]
+
+
+def side_effect_step(record_ref: str) -> dict[str, Any]:
+    return {
+        "id": "publish",
+        "worker": STANDIN_ID,
+        "timeout_seconds": STEP_TIMEOUT_SECONDS,
+        "input": {"data": record_ref, "schema": {"type": "object"}},
+    }
+
+
+@pytest.mark.timeout(180)
+async def test_worker_sigkilled_mid_step_restarts_and_publishes_exactly_once(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    sink = tmp_path / "data" / "sinks" / "records.jsonl"
+    attempts = tmp_path / "attempts.jsonl"
+    env = worker_env(client, settings, tmp_path / "data")
+    record = {"sku": "A-1", "price": 9.5}
+    pipeline = {
+        "name": "kill-restart",
+        "tenant": "acme",
+        "inputs": {"record": record},
+        "steps": [side_effect_step("${{ inputs.record }}")],
+        "output": {"published": "${{ steps.publish.status }}"},
+    }
+    first = WorkerProcess(worker_cmd(sink, attempts), env, tmp_path / "worker-1.log")
+    second: WorkerProcess | None = None
+    try:
+        started = await start_pipeline(client, settings, pipeline)
+        handle = client.get_workflow_handle(started.id, result_type=PipelineResult)
+        key = f"{handle.id}/publish"
+        await wait_until(
+            lambda: any(a["key"] == key and a["attempt"] == 1 for a in read_jsonl(attempts)),
+            90,
+            "attempt 1 of the step to write and start holding",
+        )
+        assert first.kill() == -signal.SIGKILL
+        second = WorkerProcess(worker_cmd(sink, attempts), env, tmp_path / "worker-2.log")
+        try:
+            result = await asyncio.wait_for(handle.result(), 120)
+        except TimeoutError:
+            raise AssertionError(f"pipeline did not finish; worker 2 said:\n{second.output()}")
+        assert second.terminate() == 0, second.output()
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+
+    assert result.status == "succeeded", result
+    assert result.steps["publish"].attempts == 2
+
+    # The history shows the retry: the completed attempt is the 2nd, and the
+    # 1st was lost to the start-to-close timeout (the worker was gone).
+    started_events = [
+        e.activity_task_started_event_attributes
+        for e in await history.events(handle)
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+    ]
+    assert [a.attempt for a in started_events] == [2]
+    last_failure = started_events[0].last_failure
+    assert last_failure.timeout_failure_info.timeout_type == TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE
+    assert await history.workflow_task_failures(handle) == 0
+
+    # The side effect happened once; both attempts carried the same key.
+    lines = [r for r in read_jsonl(sink) if r["idempotency_key"] == key]
+    assert lines == [{"idempotency_key": key, "record": record}]
+    tries = [a for a in read_jsonl(attempts) if a["key"] == key]
+    assert [(a["attempt"], a["duplicate"]) for a in tries] == [(1, False), (2, True)]
+    assert tries[0]["pid"] == first.pid
+    assert second is not None and tries[1]["pid"] == second.pid

@@ -1,0 +1,182 @@
+"""Same-name stand-ins for workers that reliability tests need before they exist.
+
+STYLE.md lets workflow tests register a same-name activity in place of a
+worker. These stand-ins still run through the real :class:`WorkerRuntime`
+(envelope, schemas, deadline, toolbox, error mapping), under a spec derived
+from the real one of the worker id they stand in for, so Temporal options
+(timeouts, retry policy) stay those of the real spec.
+
+- :class:`SlowSink`: a side effect keyed by idempotency key (a JSONL line, as
+  the ``publish`` file sink writes it), then a hold, so that a test can kill
+  the process after the write and before the activity completes.
+- :class:`UpstreamGet`: one GET to an upstream through :class:`BreakerClient`
+  (httpx, library retries off, a :class:`BreakerRegistry` per host:port).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+import httpx
+from temporalio import activity
+
+from activities.breaker import BreakerRegistry
+from activities.errors import FetchFailedError, FetchTimeoutError
+from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
+from schemas import names
+from schemas.protocol import WorkerResponse
+from schemas.spec import WorkerSpec, load_specs
+
+# The worker id the stand-ins run under until the real workers are on main.
+STANDIN_ID = names.VALIDATOR
+
+
+def standin_activity(runtime: WorkerRuntime, worker: Any) -> Callable[..., Any]:
+    """An activity named ``worker.worker_id`` that runs ``worker`` through ``runtime``."""
+
+    async def run(request: dict[str, Any]) -> WorkerResponse:
+        return await runtime.run(worker, request)
+
+    return activity.defn(name=worker.worker_id)(run)
+
+
+def derived_spec(worker_id: str, **update: Any) -> WorkerSpec:
+    """The real spec of ``worker_id`` with some fields replaced (schemas, constraints)."""
+    raw = load_specs()[worker_id].model_dump(mode="json")
+    raw.update(update)
+    return WorkerSpec.model_validate(raw)
+
+
+# --- the side effect -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
+
+
+class SlowSink:
+    """Writes ``input.data`` once per idempotency key to a JSONL sink, then holds.
+
+    The write happens before the hold, so a process killed during the hold
+    has already performed the side effect: the retry must find the key and
+    not write again (what the ``publish`` ledger does for its file sink).
+    Every attempt is logged to ``attempts`` with its key, attempt and pid.
+    """
+
+    worker_id: ClassVar[str] = STANDIN_ID
+
+    def __init__(self, sink: Path, attempts: Path, hold_seconds: float) -> None:
+        self.sink = sink
+        self.attempts = attempts
+        self.hold_seconds = hold_seconds
+
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+        key = ctx.request.idempotency_key
+        with _locked(self.sink):
+            written = any(r["idempotency_key"] == key for r in read_jsonl(self.sink))
+            if not written:
+                with open(self.sink, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"idempotency_key": key, "record": input["data"]}) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+        with _locked(self.attempts), open(self.attempts, "a", encoding="utf-8") as f:
+            line = {"key": key, "attempt": ctx.attempt, "pid": os.getpid(), "duplicate": written}
+            f.write(json.dumps(line) + "\n")
+        await asyncio.sleep(self.hold_seconds)
+        return WorkerResult(outputs={"valid": True, "errors": []})
+
+
+# --- an upstream behind a circuit breaker ------------------------------------------------------
+
+
+class BreakerClient:
+    """The ``fetch_url`` tool of the stand-in: GET with a per-host:port breaker.
+
+    A 5xx or a network error counts as a failure of the target; a call while
+    the breaker is open never leaves the process (``circuit_open``).
+    """
+
+    def __init__(self, breakers: BreakerRegistry) -> None:
+        self.breakers = breakers
+        self._client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(retries=0), trust_env=False
+        )
+
+    @staticmethod
+    def target(url: str) -> str:
+        p = urlsplit(url)
+        return f"{p.hostname}:{p.port}"
+
+    async def get(self, url: str, timeout: float) -> httpx.Response:
+        target = self.target(url)
+        self.breakers.check(target)
+        try:
+            resp = await self._client.get(url, timeout=timeout)
+        except httpx.TimeoutException:
+            self.breakers.record_failure(target)
+            raise FetchTimeoutError(f"timed out fetching {url}", url=url) from None
+        except httpx.TransportError as e:
+            self.breakers.record_failure(target)
+            raise FetchFailedError(f"network error fetching {url}: {e}", url=url) from None
+        if resp.status_code >= 500:
+            self.breakers.record_failure(target)
+            raise FetchFailedError(
+                f"{url} answered {resp.status_code}", url=url, status_code=resp.status_code
+            )
+        self.breakers.record_success(target)
+        return resp
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+UPSTREAM_SPEC_UPDATE: dict[str, Any] = {
+    "input_schema": {
+        "type": "object",
+        "required": ["url"],
+        "properties": {"url": {"type": "string", "pattern": "^https?://"}},
+        "additionalProperties": False,
+    },
+    "output_schema": {
+        "type": "object",
+        "required": ["status_code", "body"],
+        "properties": {"status_code": {"type": "integer"}, "body": {"type": "object"}},
+    },
+    "constraints": {
+        "timeout_seconds": 10,
+        "tools_allowed": ["fetch_url"],
+        "max_external_calls": 1,
+    },
+}
+
+
+class UpstreamGet:
+    """GETs ``input.url`` through the ``fetch_url`` tool and returns the JSON body."""
+
+    worker_id: ClassVar[str] = STANDIN_ID
+
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+        client: BreakerClient = ctx.tools.use("fetch_url")
+        resp = await client.get(input["url"], timeout=ctx.remaining())
+        return WorkerResult(outputs={"status_code": resp.status_code, "body": resp.json()})
