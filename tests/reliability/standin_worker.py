@@ -19,10 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support.standins import SlowSink, standin_activity  # noqa: E402
+from support.standins import SlowSink, registered
 
-from workers import registry  # noqa: E402
-from workers.cli import main  # noqa: E402
+from workers.cli import main
 
 
 def run() -> int:
@@ -32,8 +31,8 @@ def run() -> int:
     p.add_argument("--hold", required=True, type=float)
     args = p.parse_args()
     worker = SlowSink(args.sink, args.attempts, args.hold)
-    registry.ACTIVITY_FACTORIES[worker.worker_id] = lambda rt: [standin_activity(rt, worker)]
-    return main(["worker"])
+    with registered(worker):
+        return main(["worker"])
 
 
 if __name__ == "__main__":

@@ -89,7 +89,9 @@ async def test_worker_sigkilled_mid_step_restarts_and_publishes_exactly_once(
         try:
             result = await asyncio.wait_for(handle.result(), 120)
         except TimeoutError:
-            raise AssertionError(f"pipeline did not finish; worker 2 said:\n{second.output()}")
+            raise AssertionError(
+                f"pipeline did not finish; worker 2 said:\n{second.output()}"
+            ) from None
         assert second.terminate() == 0, second.output()
     finally:
         first.close()

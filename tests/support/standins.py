@@ -48,6 +48,29 @@ def standin_activity(runtime: WorkerRuntime, worker: Any) -> Callable[..., Any]:
     return activity.defn(name=worker.worker_id)(run)
 
 
+@contextlib.contextmanager
+def registered(worker: Any, runtime: WorkerRuntime | None = None) -> Iterator[None]:
+    """Serve ``worker`` in place of the registered worker with its id, for the block.
+
+    Patches the registry line that ``build_workers`` reads, so every worker
+    built inside the block (``running_stack``, ``aiworker worker``) serves the
+    stand-in; ``runtime`` replaces the process's runtime (derived specs, tools).
+    """
+    from workers import registry
+
+    wid = worker.worker_id
+    had = wid in registry.ACTIVITY_FACTORIES
+    saved = registry.ACTIVITY_FACTORIES.get(wid)
+    registry.ACTIVITY_FACTORIES[wid] = lambda rt: [standin_activity(runtime or rt, worker)]
+    try:
+        yield
+    finally:
+        if had and saved is not None:
+            registry.ACTIVITY_FACTORIES[wid] = saved
+        else:
+            registry.ACTIVITY_FACTORIES.pop(wid, None)
+
+
 def derived_spec(worker_id: str, **update: Any) -> WorkerSpec:
     """The real spec of ``worker_id`` with some fields replaced (schemas, constraints)."""
     raw = load_specs()[worker_id].model_dump(mode="json")

@@ -1,0 +1,95 @@
+"""The embedded dev server stopped and restarted mid-pipeline (same port, same SQLite file).
+
+A worker (in-process, the same workers ``aiworker worker`` builds) keeps
+running across the outage and reconnects by itself; the pipeline resumes
+from the persisted history and completes. The first step is held in flight
+while the server goes down, so its completion races the outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import running_stack
+from support import history
+from support.procs import wait_until
+from support.standins import STANDIN_ID, SlowSink, read_jsonl, registered
+
+from schemas.pipeline import PipelineResult
+from schemas.settings import Settings
+from workers.cli import start_pipeline
+from workers.devserver import DevServer, free_port
+from workers.temporal_client import connect
+
+
+@pytest.mark.timeout(240)
+async def test_dev_server_restart_mid_pipeline_completes(tmp_path: Path) -> None:
+    server = DevServer(tmp_path / "dev", port=free_port(), ui_port=None, persistent=True)
+    await asyncio.to_thread(server.start, 90)
+    try:
+        client = await connect(target_host=server.address, namespace="default")
+        settings = Settings(
+            data_dir=tmp_path / "data",
+            task_queue_suffix=f"-r{uuid.uuid4().hex[:8]}",
+            metrics_port=0,
+            shutdown_grace_seconds=2,
+        )
+        sink = tmp_path / "sinks" / "records.jsonl"
+        attempts = tmp_path / "attempts.jsonl"
+        worker = SlowSink(sink, attempts, hold_seconds=2.0)
+        pipeline = {
+            "name": "server-restart",
+            "inputs": {"a": {"n": 1}, "b": {"n": 2}},
+            "steps": [
+                {
+                    "id": "first",
+                    "worker": STANDIN_ID,
+                    "timeout_seconds": 6,
+                    "input": {"data": "${{ inputs.a }}", "schema": {}},
+                },
+                {
+                    "id": "second",
+                    "worker": STANDIN_ID,
+                    "depends_on": ["first"],
+                    "timeout_seconds": 6,
+                    "input": {"data": "${{ inputs.b }}", "schema": {}},
+                },
+            ],
+            "output": {
+                "first": "${{ steps.first.status }}",
+                "second": "${{ steps.second.status }}",
+            },
+        }
+        with registered(worker):
+            async with running_stack(client, settings):
+                started = await start_pipeline(client, settings, pipeline)
+                handle = client.get_workflow_handle(started.id, result_type=PipelineResult)
+                await wait_until(
+                    lambda: any(a["key"].endswith("/first") for a in read_jsonl(attempts)),
+                    90,
+                    "the first step to start",
+                )
+                await asyncio.to_thread(server.stop)
+                assert (tmp_path / "dev" / "temporal.db").exists()
+                # Keep the server down past the step's hold, so the completion meets the outage.
+                await asyncio.sleep(3)
+                await asyncio.to_thread(server.start, 90)
+                try:
+                    result = await asyncio.wait_for(handle.result(), 150)
+                except TimeoutError:
+                    raise AssertionError(
+                        f"pipeline did not finish after the restart; server log: "
+                        f"{server.log_path.read_text(errors='replace')[-3000:]}"
+                    ) from None
+                task_failures = await history.workflow_task_failures(handle)
+    finally:
+        await asyncio.to_thread(server.stop)
+
+    assert result.status == "succeeded", result
+    assert result.output == {"first": "succeeded", "second": "succeeded"}
+    assert task_failures == 0
+    keys = [r["idempotency_key"] for r in read_jsonl(sink)]
+    assert sorted(keys) == sorted([f"{handle.id}/first", f"{handle.id}/second"])
