@@ -1,0 +1,136 @@
+"""1,000 pipelines submitted at once: every one reaches a terminal status, none is lost.
+
+The pipelines are a mix: most succeed, some fail at a validation gate (the
+workflow completes with status ``failed``), some have an invalid spec (the
+workflow fails with ``invalid_input``). Counts are reconciled three ways:
+Temporal's visibility (by the ``AiworkerPipeline`` search attribute and
+``ExecutionStatus``), the ids visibility lists, and each workflow's result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+from conftest import Stack
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+
+from schemas import names
+from schemas.pipeline import PipelineResult
+from workers.cli import start_pipeline
+
+N = 1000
+
+
+def kind_of(i: int) -> str:
+    if i % 20 == 0:
+        return "invalid"
+    if i % 20 == 1:
+        return "gate_fails"
+    return "ok"
+
+
+def pipeline(name: str, i: int) -> dict[str, Any]:
+    kind = kind_of(i)
+    schema: dict[str, Any] = {"type": "object", "required": ["i"]}
+    if kind == "gate_fails":
+        schema = {"type": "object", "required": ["missing"]}
+    return {
+        "name": name,
+        "tenant": "load",
+        "inputs": {"doc": {"i": i}},
+        "steps": [
+            {
+                "id": "check",
+                "worker": "no-such-worker" if kind == "invalid" else names.VALIDATOR,
+                "input": {"data": "${{ inputs.doc }}", "schema": schema, "gate": True},
+            }
+        ],
+        "output": {"i": "${{ inputs.doc.i }}"},
+    }
+
+
+async def count(client: Client, query: str) -> int:
+    return (await client.count_workflows(query)).count
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_thousand_pipelines_at_once_all_terminal_none_lost(
+    client: Client, stack: Stack
+) -> None:
+    name = f"load-{uuid.uuid4().hex[:10]}"
+    sa = f"{names.SA_PIPELINE} = '{name}'"
+    handles = await asyncio.gather(
+        *(
+            start_pipeline(client, stack.settings, pipeline(name, i), f"{name}-{i}")
+            for i in range(N)
+        )
+    )
+    assert len({h.id for h in handles}) == N
+
+    # Every pipeline leaves Running (bounded; a lost one would stay there).
+    running = N
+
+    async def drained() -> bool:
+        nonlocal running
+        running = await count(client, f"{sa} AND ExecutionStatus = 'Running'")
+        return running == 0
+
+    deadline = asyncio.get_running_loop().time() + 240
+    while not await drained():
+        assert asyncio.get_running_loop().time() < deadline, f"{running} still running"
+        await asyncio.sleep(1)
+
+    expected = Counter(kind_of(i) for i in range(N))
+    completed = expected["ok"] + expected["gate_fails"]
+    queries = {
+        sa: N,
+        f"{sa} AND ExecutionStatus = 'Completed'": completed,
+        f"{sa} AND ExecutionStatus = 'Failed'": expected["invalid"],
+        f"{sa} AND {names.SA_STATUS} = 'succeeded'": expected["ok"],
+        f"{sa} AND ExecutionStatus = 'Completed' AND {names.SA_STATUS} = 'failed'": expected[
+            "gate_fails"
+        ],
+    }
+    # Visibility is eventually consistent: wait (bounded) until it agrees.
+    seen: dict[str, int] = {}
+
+    async def agrees() -> bool:
+        for q in queries:
+            seen[q] = await count(client, q)
+        return seen == queries
+
+    deadline = asyncio.get_running_loop().time() + 60
+    while not await agrees():
+        assert asyncio.get_running_loop().time() < deadline, {
+            q: (seen.get(q), want) for q, want in queries.items()
+        }
+        await asyncio.sleep(1)
+
+    listed = {wf.id async for wf in client.list_workflows(sa)}
+    assert listed == {h.id for h in handles}
+
+    # Each result: the right terminal status and its own output (nothing swapped).
+    limit = asyncio.Semaphore(100)
+
+    async def outcome(i: int) -> tuple[str, Any]:
+        async with limit:
+            h = client.get_workflow_handle(f"{name}-{i}", result_type=PipelineResult)
+            try:
+                r = await asyncio.wait_for(h.result(), 60)
+            except WorkflowFailureError as e:
+                assert isinstance(e.cause, ApplicationError)
+                return "failed:" + str(e.cause.type), None
+            return r.status, r.output.get("i")
+
+    outcomes = await asyncio.gather(*(outcome(i) for i in range(N)))
+    for i, (status, out) in enumerate(outcomes):
+        want = {"ok": "succeeded", "gate_fails": "failed", "invalid": "failed:invalid_input"}
+        assert status == want[kind_of(i)], (i, status)
+        if kind_of(i) != "invalid":
+            assert out == i
