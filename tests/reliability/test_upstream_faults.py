@@ -1,12 +1,11 @@
 """An upstream that fails: retries absorb 50% 5xx; at 100% the breaker opens,
 calls stop reaching the upstream, and traffic resumes after recovery.
 
-The upstream is a real HTTP server on loopback that counts every request it
-receives. The step's worker is a stand-in (``UpstreamGet`` under
-``STANDIN_ID``) that GETs through httpx with the real ``BreakerRegistry``,
-run by the real runtime with Temporal's retries; its Temporal options are
-those of the real spec of ``STANDIN_ID``. When ``web-scrape`` is on main the
-step becomes a web-scrape step and the tool its ``fetch_url``.
+The real ``web-scrape`` worker (its ``fetch_url`` tool, the real
+``BreakerRegistry`` per host:port, Temporal's retries under the real spec)
+against a real HTTP server on loopback that counts every request it receives.
+robots.txt is off for these steps so that every request counted is a page
+request.
 
 The breaker runs on a manual clock, so "the open period has passed" is a
 statement of the test, not a race against a busy machine.
@@ -15,34 +14,27 @@ statement of the test, not a race against a busy machine.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 from conftest import Stack, running_stack
-from prometheus_client import CollectorRegistry
 from support import history
 from support.loopback import upstream
-from support.standins import (
-    STANDIN_ID,
-    UPSTREAM_SPEC_UPDATE,
-    BreakerClient,
-    UpstreamGet,
-    derived_spec,
-    registered,
-)
 from temporalio.client import Client
 
 from activities.breaker import BreakerRegistry
-from activities.metrics import WorkerMetrics
-from activities.runtime import WorkerRuntime
+from activities.tools import scrape_tools
+from schemas import names
 from schemas.pipeline import PipelineResult
-from schemas.settings import Settings
+from schemas.settings import RateLimitRule, Settings
 from schemas.spec import load_specs
 
 THRESHOLD = 5
 OPEN_SECONDS = 30.0
+WORKER = names.WEB_SCRAPE
 
 
 class ManualClock:
@@ -58,46 +50,58 @@ class ManualClock:
         self.now += seconds
 
 
+# One tenant per test: the limiter workflow of a rate-limit key is named by
+# worker and tenant only (not by task queue), so a limiter left running on an
+# earlier test's queue would otherwise receive this test's permit requests.
+TENANT: dict[str, str] = {}
+
+
 @asynccontextmanager
-async def upstream_stack(
+async def scrape_stack(
     client: Client, settings: Settings, breakers: BreakerRegistry
-) -> AsyncIterator[tuple[Stack, WorkerMetrics]]:
-    tool = BreakerClient(breakers)
-    metrics = WorkerMetrics(CollectorRegistry())
-    specs = {**load_specs(), STANDIN_ID: derived_spec(STANDIN_ID, **UPSTREAM_SPEC_UPDATE)}
-    runtime = WorkerRuntime(settings, specs, tools={"fetch_url": tool}, metrics=metrics)
+) -> AsyncIterator[Stack]:
+    # The spec's per-tenant rate limit (10/min) would make this a test of the limiter.
+    unlimited = RateLimitRule(worker_id=WORKER, tenant="*", limit=100_000, period_seconds=1)
+    settings = settings.model_copy(update={"rate_limits": (unlimited,)})
+    TENANT[settings.task_queue_suffix] = f"rel{uuid.uuid4().hex[:8]}"
+    tools = scrape_tools(settings, breakers=breakers)
     try:
-        with registered(UpstreamGet(), runtime):
-            async with running_stack(client, settings) as stack:
-                yield stack, metrics
+        async with running_stack(client, settings, tools=tools) as stack:
+            yield stack
     finally:
-        await tool.aclose()
+        await tools["fetch_url"].aclose()
 
 
-def pipeline(url: str, **step: Any) -> dict[str, Any]:
+def pipeline(url: str, tenant: str, **step: Any) -> dict[str, Any]:
     return {
         "name": "upstream-faults",
+        "tenant": tenant,
         "inputs": {"url": url},
         "steps": [
-            {"id": "get", "worker": STANDIN_ID, "input": {"url": "${{ inputs.url }}"}, **step}
+            {
+                "id": "get",
+                "worker": WORKER,
+                "input": {
+                    "url": "${{ inputs.url }}",
+                    "extraction_spec": {"fields": {"h1": {"selector": "h1", "required": True}}},
+                    "respect_robots": False,
+                },
+                **step,
+            }
         ],
-        "output": {"status_code": "${{ steps.get.outputs.status_code }}"},
+        "output": {"h1": "${{ steps.get.outputs.data.h1 }}"},
     }
 
 
 async def run(stack: Stack, url: str, **step: Any) -> PipelineResult:
-    handle = await stack.start(pipeline(url, **step))
+    handle = await stack.start(pipeline(url, TENANT[stack.settings.task_queue_suffix], **step))
     result: PipelineResult = await asyncio.wait_for(handle.result(), 90)
     assert await history.workflow_task_failures(handle) == 0
     return result
 
 
-def calls(metrics: WorkerMetrics, error_code: str) -> float:
-    labels = {"worker_id": STANDIN_ID, "status": "failed", "error_code": error_code}
-    value = metrics.registry.get_sample_value(
-        "aiworker_requests_total", {**labels, "tenant": "default"}
-    )
-    return value or 0.0
+def target(base_url: str) -> str:
+    return base_url.split("://", 1)[1]
 
 
 @pytest.mark.timeout(150)
@@ -111,21 +115,20 @@ async def test_half_the_requests_failing_pipelines_succeed_within_retry_budget(
     # count) and the breaker, at 5, stays closed: this is the retry path alone.
     in_flight = asyncio.Semaphore(THRESHOLD - 1)
     with upstream("alternate") as up:
-        async with upstream_stack(client, settings, breakers) as (stack, _metrics):
+        async with scrape_stack(client, settings, breakers) as stack:
 
             async def one(i: int) -> PipelineResult:
                 async with in_flight:
                     return await run(stack, f"{up.base_url}/item/{i}")
 
             results = await asyncio.gather(*(one(i) for i in range(n)))
-        target = BreakerClient.target(up.base_url)
-        assert breakers.state(target) == "closed"
+        assert breakers.state(target(up.base_url)) == "closed"
         assert up.by_status == {503: n, 200: n}
 
-    budget = load_specs()[STANDIN_ID].retries.max_attempts
-    for r in results:
+    budget = load_specs()[WORKER].retries.max_attempts
+    for i, r in enumerate(results):
         assert r.status == "succeeded", r
-        assert r.output == {"status_code": 200}
+        assert r.output == {"h1": f"/item/{i}"}
         assert r.steps["get"].attempts == 2 <= budget
 
 
@@ -139,14 +142,14 @@ async def test_dead_upstream_opens_breaker_calls_stop_then_resume_after_recovery
     )
     once = {"retry": {"max_attempts": 1}}
     with upstream("down") as up:
-        target = BreakerClient.target(up.base_url)
-        async with upstream_stack(client, settings, breakers) as (stack, metrics):
+        host = target(up.base_url)
+        async with scrape_stack(client, settings, breakers) as stack:
             # 1. Every request fails: the breaker opens at the threshold.
             for i in range(THRESHOLD):
-                assert breakers.state(target) == "closed"
+                assert breakers.state(host) == "closed"
                 r = await run(stack, f"{up.base_url}/down/{i}", **once)
                 assert (r.status, r.steps["get"].error_code) == ("failed", "fetch_failed")
-            assert breakers.state(target) == "open"
+            assert breakers.state(host) == "open"
             assert up.total == THRESHOLD
 
             # 2. While it is open, calls fail fast and never reach the upstream.
@@ -157,17 +160,15 @@ async def test_dead_upstream_opens_breaker_calls_stop_then_resume_after_recovery
                 ("failed", "circuit_open")
             }
             assert up.total == THRESHOLD
-            assert calls(metrics, "circuit_open") == 10
-            assert calls(metrics, "fetch_failed") == THRESHOLD
 
             # 3. The upstream recovers; after the open period one probe closes the
             # breaker and traffic flows again.
             up.mode = "up"
             clock.advance(OPEN_SECONDS)
-            assert breakers.state(target) == "half_open"
+            assert breakers.state(host) == "half_open"
             probe = await run(stack, f"{up.base_url}/probe")
             assert (probe.status, probe.steps["get"].attempts) == ("succeeded", 1)
-            assert breakers.state(target) == "closed"
+            assert breakers.state(host) == "closed"
             resumed = await asyncio.gather(
                 *(run(stack, f"{up.base_url}/after/{i}") for i in range(10))
             )

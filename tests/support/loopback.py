@@ -2,7 +2,7 @@
 
 Modes:
 
-- ``up``: every request gets 200 with a small JSON body;
+- ``up``: every request gets 200 with a small HTML page (``<h1>`` names the path);
 - ``down``: every request gets 503;
 - ``alternate``: per path, the 1st, 3rd, 5th ... request gets 503 and the
   others 200, so exactly half of all requests fail and every caller needs
@@ -14,7 +14,7 @@ stopped by the test that started it.
 
 from __future__ import annotations
 
-import json
+import html
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -62,9 +62,9 @@ def _handler(state: Upstream) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             status = state.decide(self.path)
-            body = json.dumps({"path": self.path, "status": status}).encode()
+            body = f"<html><body><h1>{html.escape(self.path)}</h1></body></html>".encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

@@ -2,15 +2,13 @@
 
 STYLE.md lets workflow tests register a same-name activity in place of a
 worker. These stand-ins still run through the real :class:`WorkerRuntime`
-(envelope, schemas, deadline, toolbox, error mapping), under a spec derived
-from the real one of the worker id they stand in for, so Temporal options
-(timeouts, retry policy) stay those of the real spec.
+(envelope, schemas, deadline, toolbox, error mapping) under the real spec of
+the worker id they stand in for, so Temporal options (timeouts, retry
+policy) stay those of the real spec.
 
 - :class:`SlowSink`: a side effect keyed by idempotency key (a JSONL line, as
   the ``publish`` file sink writes it), then a hold, so that a test can kill
   the process after the write and before the activity completes.
-- :class:`UpstreamGet`: one GET to an upstream through :class:`BreakerClient`
-  (httpx, library retries off, a :class:`BreakerRegistry` per host:port).
 """
 
 from __future__ import annotations
@@ -23,17 +21,12 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
-import httpx
 from temporalio import activity
 
-from activities.breaker import BreakerRegistry
-from activities.errors import FetchFailedError, FetchTimeoutError
 from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
 from schemas import names
 from schemas.protocol import WorkerResponse
-from schemas.spec import WorkerSpec, load_specs
 
 # The worker id the stand-ins run under until the real workers are on main.
 STANDIN_ID = names.VALIDATOR
@@ -69,13 +62,6 @@ def registered(worker: Any, runtime: WorkerRuntime | None = None) -> Iterator[No
             registry.ACTIVITY_FACTORIES[wid] = saved
         else:
             registry.ACTIVITY_FACTORIES.pop(wid, None)
-
-
-def derived_spec(worker_id: str, **update: Any) -> WorkerSpec:
-    """The real spec of ``worker_id`` with some fields replaced (schemas, constraints)."""
-    raw = load_specs()[worker_id].model_dump(mode="json")
-    raw.update(update)
-    return WorkerSpec.model_validate(raw)
 
 
 # --- the side effect -------------------------------------------------------------------------
@@ -128,78 +114,3 @@ class SlowSink:
             f.write(json.dumps(line) + "\n")
         await asyncio.sleep(self.hold_seconds)
         return WorkerResult(outputs={"valid": True, "errors": []})
-
-
-# --- an upstream behind a circuit breaker ------------------------------------------------------
-
-
-class BreakerClient:
-    """The ``fetch_url`` tool of the stand-in: GET with a per-host:port breaker.
-
-    A 5xx or a network error counts as a failure of the target; a call while
-    the breaker is open never leaves the process (``circuit_open``).
-    """
-
-    def __init__(self, breakers: BreakerRegistry) -> None:
-        self.breakers = breakers
-        self._client = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(retries=0), trust_env=False
-        )
-
-    @staticmethod
-    def target(url: str) -> str:
-        p = urlsplit(url)
-        return f"{p.hostname}:{p.port}"
-
-    async def get(self, url: str, timeout: float) -> httpx.Response:
-        target = self.target(url)
-        self.breakers.check(target)
-        try:
-            resp = await self._client.get(url, timeout=timeout)
-        except httpx.TimeoutException:
-            self.breakers.record_failure(target)
-            raise FetchTimeoutError(f"timed out fetching {url}", url=url) from None
-        except httpx.TransportError as e:
-            self.breakers.record_failure(target)
-            raise FetchFailedError(f"network error fetching {url}: {e}", url=url) from None
-        if resp.status_code >= 500:
-            self.breakers.record_failure(target)
-            raise FetchFailedError(
-                f"{url} answered {resp.status_code}", url=url, status_code=resp.status_code
-            )
-        self.breakers.record_success(target)
-        return resp
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-
-
-UPSTREAM_SPEC_UPDATE: dict[str, Any] = {
-    "input_schema": {
-        "type": "object",
-        "required": ["url"],
-        "properties": {"url": {"type": "string", "pattern": "^https?://"}},
-        "additionalProperties": False,
-    },
-    "output_schema": {
-        "type": "object",
-        "required": ["status_code", "body"],
-        "properties": {"status_code": {"type": "integer"}, "body": {"type": "object"}},
-    },
-    "constraints": {
-        "timeout_seconds": 10,
-        "tools_allowed": ["fetch_url"],
-        "max_external_calls": 1,
-    },
-}
-
-
-class UpstreamGet:
-    """GETs ``input.url`` through the ``fetch_url`` tool and returns the JSON body."""
-
-    worker_id: ClassVar[str] = STANDIN_ID
-
-    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
-        client: BreakerClient = ctx.tools.use("fetch_url")
-        resp = await client.get(input["url"], timeout=ctx.remaining())
-        return WorkerResult(outputs={"status_code": resp.status_code, "body": resp.json()})
