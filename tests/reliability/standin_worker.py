@@ -1,8 +1,8 @@
-"""``aiworker worker`` with the slow side-effect stand-in in place of one worker.
+"""``aiworker worker`` with a hold after each ``publish``.
 
 Run as a subprocess by the kill/restart test::
 
-    python standin_worker.py --sink S --attempts A --hold SECONDS
+    python standin_worker.py --attempts A --hold SECONDS
 
 It swaps one line of the activity registry and then runs the very code path
 of the ``aiworker worker`` command (``workers.cli.main(["worker"])``:
@@ -19,18 +19,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support.standins import SlowSink, registered
+from support.standins import SlowPublish, registered
 
 from workers.cli import main
 
 
 def run() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--sink", required=True, type=Path)
     p.add_argument("--attempts", required=True, type=Path)
     p.add_argument("--hold", required=True, type=float)
     args = p.parse_args()
-    worker = SlowSink(args.sink, args.attempts, args.hold)
+    worker = SlowPublish(args.attempts, args.hold)
     with registered(worker):
         return main(["worker"])
 

@@ -1,17 +1,14 @@
 """A worker process killed with SIGKILL in the middle of a step, then restarted.
 
-The side-effect step writes its record and then holds; the test kills the
+The ``publish`` step writes its record and then holds; the test kills the
 process during the hold (after the write, before the activity completes),
 starts a fresh process, and expects Temporal to time the lost attempt out
 (start-to-close), retry it on the new process with the same idempotency key,
 and the sink to hold the record exactly once.
 
-The stand-in (``SlowSink``) runs under ``STANDIN_ID`` until the real
-``publish`` worker is on main. Then: make ``SlowSink`` delegate the write to
-``activities.publish.Publish().execute`` (same hold after it), set
-``STANDIN_ID`` to ``names.PUBLISH`` and let ``side_effect_step`` build the
-publish input ``{"sink": {"file": "records.jsonl"}, "record": <ref>}``; the
-assertions read the same JSONL sink (``<data dir>/sinks/records.jsonl``).
+The worker process is ``aiworker worker`` with one registry line swapped:
+the real ``publish`` worker followed by a hold (``SlowPublish``), so that
+the kill lands after the write and before the activity completes.
 """
 
 from __future__ import annotations
@@ -20,12 +17,11 @@ import asyncio
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from support import history
 from support.procs import WorkerProcess, wait_until, worker_env
-from support.standins import STANDIN_ID, read_jsonl
+from support.standins import publish_step, read_jsonl
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client
 
@@ -38,26 +34,15 @@ HOLD_SECONDS = 3.0
 STEP_TIMEOUT_SECONDS = 6  # start-to-close = 6 + 5 s grace: how long the lost attempt waits
 
 
-def worker_cmd(sink: Path, attempts: Path) -> list[str]:
+def worker_cmd(attempts: Path) -> list[str]:
     return [
         sys.executable,
         str(SCRIPT),
-        "--sink",
-        str(sink),
         "--attempts",
         str(attempts),
         "--hold",
         str(HOLD_SECONDS),
     ]
-
-
-def side_effect_step(record_ref: str) -> dict[str, Any]:
-    return {
-        "id": "publish",
-        "worker": STANDIN_ID,
-        "timeout_seconds": STEP_TIMEOUT_SECONDS,
-        "input": {"data": record_ref, "schema": {"type": "object"}},
-    }
 
 
 @pytest.mark.timeout(180)
@@ -72,10 +57,17 @@ async def test_worker_sigkilled_mid_step_restarts_and_publishes_exactly_once(
         "name": "kill-restart",
         "tenant": "acme",
         "inputs": {"record": record},
-        "steps": [side_effect_step("${{ inputs.record }}")],
+        "steps": [
+            publish_step(
+                "publish",
+                "${{ inputs.record }}",
+                "records.jsonl",
+                timeout_seconds=STEP_TIMEOUT_SECONDS,
+            )
+        ],
         "output": {"published": "${{ steps.publish.status }}"},
     }
-    first = WorkerProcess(worker_cmd(sink, attempts), env, tmp_path / "worker-1.log")
+    first = WorkerProcess(worker_cmd(attempts), env, tmp_path / "worker-1.log")
     second: WorkerProcess | None = None
     try:
         started = await start_pipeline(client, settings, pipeline)
@@ -87,7 +79,7 @@ async def test_worker_sigkilled_mid_step_restarts_and_publishes_exactly_once(
             "attempt 1 of the step to write and start holding",
         )
         assert first.kill() == -signal.SIGKILL
-        second = WorkerProcess(worker_cmd(sink, attempts), env, tmp_path / "worker-2.log")
+        second = WorkerProcess(worker_cmd(attempts), env, tmp_path / "worker-2.log")
         try:
             result = await asyncio.wait_for(handle.result(), 120)
         except TimeoutError:
@@ -107,6 +99,7 @@ async def test_worker_sigkilled_mid_step_restarts_and_publishes_exactly_once(
 
     assert result.status == "succeeded", result
     assert result.steps["publish"].attempts == 2
+    assert result.steps["publish"].outputs["duplicate"] is True
 
     # The history shows the retry: the completed attempt is the 2nd, and the
     # 1st was lost to the start-to-close timeout (the worker was gone).
@@ -122,7 +115,7 @@ async def test_worker_sigkilled_mid_step_restarts_and_publishes_exactly_once(
 
     # The side effect happened once; both attempts carried the same key.
     lines = [r for r in read_jsonl(sink) if r["idempotency_key"] == key]
-    assert lines == [{"idempotency_key": key, "record": record}]
+    assert [(r["record"], r["tenant"]) for r in lines] == [(record, "acme")]
     tries = [a for a in read_jsonl(attempts) if a["key"] == key]
     assert [(a["attempt"], a["duplicate"]) for a in tries] == [(1, False), (2, True)]
     assert tries[0]["pid"] == first.pid

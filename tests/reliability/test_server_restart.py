@@ -16,7 +16,7 @@ import pytest
 from conftest import running_stack
 from support import history
 from support.procs import wait_until
-from support.standins import STANDIN_ID, SlowSink, read_jsonl, registered
+from support.standins import SlowPublish, publish_step, read_jsonl, registered
 
 from schemas.pipeline import PipelineResult
 from schemas.settings import Settings
@@ -37,26 +37,21 @@ async def test_dev_server_restart_mid_pipeline_completes(tmp_path: Path) -> None
             metrics_port=0,
             shutdown_grace_seconds=2,
         )
-        sink = tmp_path / "sinks" / "records.jsonl"
+        sink = tmp_path / "data" / "sinks" / "records.jsonl"
         attempts = tmp_path / "attempts.jsonl"
-        worker = SlowSink(sink, attempts, hold_seconds=2.0)
+        worker = SlowPublish(attempts, hold_seconds=2.0)
         pipeline = {
             "name": "server-restart",
             "inputs": {"a": {"n": 1}, "b": {"n": 2}},
             "steps": [
-                {
-                    "id": "first",
-                    "worker": STANDIN_ID,
-                    "timeout_seconds": 6,
-                    "input": {"data": "${{ inputs.a }}", "schema": {}},
-                },
-                {
-                    "id": "second",
-                    "worker": STANDIN_ID,
-                    "depends_on": ["first"],
-                    "timeout_seconds": 6,
-                    "input": {"data": "${{ inputs.b }}", "schema": {}},
-                },
+                publish_step("first", "${{ inputs.a }}", "records.jsonl", timeout_seconds=6),
+                publish_step(
+                    "second",
+                    "${{ inputs.b }}",
+                    "records.jsonl",
+                    depends_on=["first"],
+                    timeout_seconds=6,
+                ),
             ],
             "output": {
                 "first": "${{ steps.first.status }}",
@@ -91,5 +86,9 @@ async def test_dev_server_restart_mid_pipeline_completes(tmp_path: Path) -> None
     assert result.status == "succeeded", result
     assert result.output == {"first": "succeeded", "second": "succeeded"}
     assert task_failures == 0
-    keys = [r["idempotency_key"] for r in read_jsonl(sink)]
-    assert sorted(keys) == sorted([f"{handle.id}/first", f"{handle.id}/second"])
+    lines = read_jsonl(sink)
+    assert sorted(r["idempotency_key"] for r in lines) == [
+        f"{handle.id}/first",
+        f"{handle.id}/second",
+    ]
+    assert [r["record"] for r in lines] == [{"n": 1}, {"n": 2}]

@@ -1,14 +1,14 @@
-"""Same-name stand-ins for workers that reliability tests need before they exist.
+"""Same-name stand-ins that reliability tests register in place of a worker.
 
 STYLE.md lets workflow tests register a same-name activity in place of a
-worker. These stand-ins still run through the real :class:`WorkerRuntime`
+worker. These stand-ins run through the real :class:`WorkerRuntime`
 (envelope, schemas, deadline, toolbox, error mapping) under the real spec of
-the worker id they stand in for, so Temporal options (timeouts, retry
-policy) stay those of the real spec.
+the worker they stand in for, so Temporal options (timeouts, retry policy)
+stay those of the real spec.
 
-- :class:`SlowSink`: a side effect keyed by idempotency key (a JSONL line, as
-  the ``publish`` file sink writes it), then a hold, so that a test can kill
-  the process after the write and before the activity completes.
+- :class:`SlowPublish`: the real ``publish`` worker followed by a hold, so
+  that a test can kill the process (or the server) after the side effect and
+  before the activity completes.
 """
 
 from __future__ import annotations
@@ -24,12 +24,10 @@ from typing import Any, ClassVar
 
 from temporalio import activity
 
+from activities.publish import Publish
 from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
 from schemas import names
 from schemas.protocol import WorkerResponse
-
-# The worker id the stand-ins run under until the real workers are on main.
-STANDIN_ID = names.VALIDATOR
 
 
 def standin_activity(runtime: WorkerRuntime, worker: Any) -> Callable[..., Any]:
@@ -84,33 +82,41 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
 
 
-class SlowSink:
-    """Writes ``input.data`` once per idempotency key to a JSONL sink, then holds.
+class SlowPublish:
+    """The real ``publish`` worker, then a hold before the activity completes.
 
     The write happens before the hold, so a process killed during the hold
-    has already performed the side effect: the retry must find the key and
-    not write again (what the ``publish`` ledger does for its file sink).
-    Every attempt is logged to ``attempts`` with its key, attempt and pid.
+    has already performed the side effect: the retry must find the key in the
+    publish ledger and not write again. Every attempt is logged to
+    ``attempts`` with its key, attempt, pid and whether publish saw a duplicate.
     """
 
-    worker_id: ClassVar[str] = STANDIN_ID
+    worker_id: ClassVar[str] = names.PUBLISH
 
-    def __init__(self, sink: Path, attempts: Path, hold_seconds: float) -> None:
-        self.sink = sink
+    def __init__(self, attempts: Path, hold_seconds: float) -> None:
         self.attempts = attempts
         self.hold_seconds = hold_seconds
+        self._inner = Publish()
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
-        key = ctx.request.idempotency_key
-        with _locked(self.sink):
-            written = any(r["idempotency_key"] == key for r in read_jsonl(self.sink))
-            if not written:
-                with open(self.sink, "a", encoding="utf-8") as f:
-                    f.write(json.dumps({"idempotency_key": key, "record": input["data"]}) + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
+        result = await self._inner.execute(ctx, input)
+        line = {
+            "key": ctx.request.idempotency_key,
+            "attempt": ctx.attempt,
+            "pid": os.getpid(),
+            "duplicate": result.outputs["duplicate"],
+        }
         with _locked(self.attempts), open(self.attempts, "a", encoding="utf-8") as f:
-            line = {"key": key, "attempt": ctx.attempt, "pid": os.getpid(), "duplicate": written}
             f.write(json.dumps(line) + "\n")
         await asyncio.sleep(self.hold_seconds)
-        return WorkerResult(outputs={"valid": True, "errors": []})
+        return result
+
+
+def publish_step(step_id: str, record_ref: str, sink_file: str, **extra: Any) -> dict[str, Any]:
+    """A ``publish`` step to a JSONL file sink under ``<data dir>/sinks``."""
+    return {
+        "id": step_id,
+        "worker": names.PUBLISH,
+        "input": {"sink": {"file": sink_file}, "record": record_ref},
+        **extra,
+    }
