@@ -14,7 +14,6 @@ statement of the test, not a race against a busy machine.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -50,12 +49,6 @@ class ManualClock:
         self.now += seconds
 
 
-# One tenant per test: the limiter workflow of a rate-limit key is named by
-# worker and tenant only (not by task queue), so a limiter left running on an
-# earlier test's queue would otherwise receive this test's permit requests.
-TENANT: dict[str, str] = {}
-
-
 @asynccontextmanager
 async def scrape_stack(
     client: Client, settings: Settings, breakers: BreakerRegistry
@@ -63,7 +56,6 @@ async def scrape_stack(
     # The spec's per-tenant rate limit (10/min) would make this a test of the limiter.
     unlimited = RateLimitRule(worker_id=WORKER, tenant="*", limit=100_000, period_seconds=1)
     settings = settings.model_copy(update={"rate_limits": (unlimited,)})
-    TENANT[settings.task_queue_suffix] = f"rel{uuid.uuid4().hex[:8]}"
     tools = scrape_tools(settings, breakers=breakers)
     try:
         async with running_stack(client, settings, tools=tools) as stack:
@@ -72,10 +64,9 @@ async def scrape_stack(
         await tools["fetch_url"].aclose()
 
 
-def pipeline(url: str, tenant: str, **step: Any) -> dict[str, Any]:
+def pipeline(url: str, **step: Any) -> dict[str, Any]:
     return {
         "name": "upstream-faults",
-        "tenant": tenant,
         "inputs": {"url": url},
         "steps": [
             {
@@ -94,7 +85,7 @@ def pipeline(url: str, tenant: str, **step: Any) -> dict[str, Any]:
 
 
 async def run(stack: Stack, url: str, **step: Any) -> PipelineResult:
-    handle = await stack.start(pipeline(url, TENANT[stack.settings.task_queue_suffix], **step))
+    handle = await stack.start(pipeline(url, **step))
     result: PipelineResult = await asyncio.wait_for(handle.result(), 90)
     assert await history.workflow_task_failures(handle) == 0
     return result
