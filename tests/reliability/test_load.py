@@ -31,7 +31,7 @@ from schemas import names
 from schemas.pipeline import PipelineResult
 from schemas.settings import Settings
 from workers.cli import start_pipeline
-from workers.devserver import temporal_cli_path
+from workers.devserver import local_server_extra_args, temporal_cli_path
 
 N = 1000
 
@@ -39,13 +39,10 @@ N = 1000
 @pytest_asyncio.fixture
 async def own_client() -> AsyncIterator[Client]:
     """A client of a fresh in-memory dev server, stopped after the test."""
-    args = ["--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000"]
-    for sa in names.SEARCH_ATTRIBUTES:
-        args += ["--search-attribute", f"{sa}=Keyword"]
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_cli_path(),
-        dev_server_extra_args=args,
+        dev_server_extra_args=local_server_extra_args(),
     )
     try:
         yield env.client
