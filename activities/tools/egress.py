@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -54,11 +55,23 @@ async def system_resolver(host: str, port: int) -> list[str]:
     return out
 
 
+_LEGACY_IPV4 = re.compile(r"^(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}$", re.IGNORECASE)
+
+
 def _literal(host: str) -> IPAddress | None:
+    h = host.strip("[]").split("%", 1)[0]
     try:
-        return ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+        return ipaddress.ip_address(h)
     except ValueError:
-        return None
+        pass
+    # Spellings the C resolver still reads as IPv4 (0177.0.0.1, 2130706433, 0x7f.1,
+    # 127.1): treat them as the address they mean, never as a host name.
+    if _LEGACY_IPV4.match(h):
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(h))
+        except OSError:
+            return None
+    return None
 
 
 def address_problem(ip: IPAddress, allow_private: bool) -> str | None:

@@ -229,20 +229,13 @@ async def test_redirect_control_trusted_target_is_reached() -> None:
 # httpx rejects the octal spelling as an invalid URL before the policy sees an
 # address, so the fetch fails with invalid_input, not egress_denied: safe (nothing
 # is sent) but not the promised code. Strict xfail, so the fix shows up here.
-OCTAL_REJECTED_BY_HTTPX = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="octal host: httpx InvalidURL -> invalid_input before the egress policy",
-)
-
-
 @pytest.mark.parametrize(
     "host",
     [
         "127.0.0.1",
         "localhost",
         "2130706433",
-        pytest.param("0177.0.0.1", marks=OCTAL_REJECTED_BY_HTTPX),
+        "0177.0.0.1",
         "0x7f000001",
         "127.1",
         "[::ffff:7f00:1]",
