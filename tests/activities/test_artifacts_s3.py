@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from fixtures.s3 import MotoS3, moto_s3  # noqa: F401  (module fixture)
 
 from activities import lineage
 from activities.artifacts_s3 import S3ArtifactStore, S3Connection, S3LineageIndex, parse_s3_url
 from activities.errors import AccessDeniedError, InvalidInputError, NotFoundError
 from activities.lineage import RecordingArtifactStore
-from fixtures.s3 import MotoS3, moto_s3  # noqa: F401  (module fixture)
 from schemas.errors import ErrorCode
 
 
@@ -107,7 +107,9 @@ async def test_large_bodies_upload_in_parts(
     conn: S3Connection,
 ) -> None:
     mib = 1024 * 1024
-    store = S3ArtifactStore(conn, bucket, "big", multipart_threshold=5 * mib, multipart_chunk=5 * mib)
+    store = S3ArtifactStore(
+        conn, bucket, "big", multipart_threshold=5 * mib, multipart_chunk=5 * mib
+    )
     body = bytes(range(256)) * (6 * mib // 256 + 7)
     ref = await store.put("acme", body, "application/octet-stream")
     key = ref.uri.split(f"s3://{bucket}/", 1)[1]
