@@ -145,6 +145,7 @@ async def _cmd_run(args: argparse.Namespace) -> int:
 
     from workers.telemetry import Telemetry
     from workers.temporal_client import connect
+    from workers.tools import close_connections
 
     raw = read_pipeline(args.file)
     settings = load_settings()
@@ -167,6 +168,7 @@ async def _cmd_run(args: argparse.Namespace) -> int:
             return await _print_or_wait(client, handle, args.no_wait)
     finally:
         telemetry.shutdown()
+        await close_connections()  # the S3 client that large payloads may have used
 
 
 async def _print_or_wait(client: Any, handle: Any, no_wait: bool) -> int:
