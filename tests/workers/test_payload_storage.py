@@ -139,12 +139,15 @@ async def test_five_mb_scrape_result_goes_through_s3_with_a_small_history(
     moto_s3: MotoS3,  # noqa: F811
 ) -> None:
     url, page = big_site
+    # Limiters are per (worker, tenant) across the session: a tenant of its own
+    # keeps this test off limiter workflows that other tests' stacks served.
+    tenant = f"acme-{uuid.uuid4().hex[:6]}"
     spec = {
         "fields": {"title": {"selector": "h1", "required": True}, "body": {"selector": ".body"}}
     }
     pipeline = {
         "name": "big-scrape",
-        "tenant": "acme",
+        "tenant": tenant,
         "steps": [
             {"id": "scrape", "worker": "web-scrape", "input": {"url": url, "extraction_spec": spec}}
         ],
@@ -172,14 +175,14 @@ async def test_five_mb_scrape_result_goes_through_s3_with_a_small_history(
     ]
     assert len(payload_keys) >= 2
     digest = hashlib.sha256(page).hexdigest()
-    assert s3.head_object(Bucket=bucket, Key=f"aiw/acme/{digest[:2]}/{digest}")[
+    assert s3.head_object(Bucket=bucket, Key=f"aiw/{tenant}/{digest[:2]}/{digest}")[
         "ContentLength"
     ] == (len(page))
 
-    # The raw page is acme's: another tenant cannot read it through the same tool.
+    # The raw page is the tenant's: another tenant cannot read it through the same tool.
     (artifact,) = step.artifacts
     store = s3_stack.runtime.tools["artifact_store"]
-    assert await store.get("acme", artifact["uri"]) == page
+    assert await store.get(tenant, artifact["uri"]) == page
     with pytest.raises(AccessDeniedError):
         await store.get("globex", artifact["uri"])
 
@@ -195,7 +198,7 @@ async def test_five_mb_scrape_result_goes_through_s3_with_a_small_history(
         "text/html",
     )
     assert (record["tenant"], record["worker_id"], record["workflow_id"]) == (
-        "acme",
+        tenant,
         "web-scrape",
         handle.id,
     )
@@ -208,7 +211,7 @@ async def test_five_mb_scrape_result_goes_through_s3_with_a_small_history(
         "scrape",
         "1",
         "web-scrape",
-        "acme",
+        tenant,
         str(len(page)),
         "text/html",
         digest[:16],
