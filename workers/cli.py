@@ -321,6 +321,7 @@ async def _cmd_review(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowUpdateFailedError
 
     from workers.temporal_client import connect
+    from workers.tools import close_connections
 
     outputs = None
     if args.outputs:
@@ -329,7 +330,8 @@ async def _cmd_review(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as e:
             _err(f"--outputs is not valid JSON: {e.msg}")
             return EXIT_USAGE
-    client = await connect(args.profile, target_host=args.address)
+    # Corrected outputs can be large: the same external storage as the workers.
+    client = await connect(args.profile, target_host=args.address, settings=load_settings())
     try:
         answer = await send_review(
             client,
@@ -343,6 +345,8 @@ async def _cmd_review(args: argparse.Namespace) -> int:
     except WorkflowUpdateFailedError as e:
         _err(f"review rejected: {e.cause}")
         return EXIT_FAILED
+    finally:
+        await close_connections()
     print(json.dumps(answer))
     return EXIT_OK
 
@@ -368,15 +372,19 @@ async def _cmd_list(args: argparse.Namespace) -> int:
 
 async def _cmd_redrive(args: argparse.Namespace) -> int:
     from workers.temporal_client import connect
+    from workers.tools import close_connections
 
     settings = load_settings()
-    client = await connect(args.profile, target_host=args.address)
+    # The old run's input and result may sit in external storage.
+    client = await connect(args.profile, target_host=args.address, settings=settings)
     try:
         handle = await redrive(client, settings, args.workflow_id)
+        return await _print_or_wait(client, handle, args.no_wait)
     except RedriveError as e:
         _err(str(e))
         return EXIT_USAGE
-    return await _print_or_wait(client, handle, args.no_wait)
+    finally:
+        await close_connections()
 
 
 async def run_worker_process(

@@ -139,8 +139,7 @@ async def test_five_mb_scrape_result_goes_through_s3_with_a_small_history(
     moto_s3: MotoS3,  # noqa: F811
 ) -> None:
     url, page = big_site
-    # Limiters are per (worker, tenant) across the session: a tenant of its own
-    # keeps this test off limiter workflows that other tests' stacks served.
+    # A tenant of its own: web-scrape's per-tenant rate limit is not shared with other tests.
     tenant = f"acme-{uuid.uuid4().hex[:6]}"
     spec = {
         "fields": {"title": {"selector": "h1", "required": True}, "body": {"selector": ".body"}}
