@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
-from temporalio.contrib.aws.s3driver.aioboto3 import new_aioboto3_client
 from temporalio.converter import (
     ExternalStorage,
     StorageDriver,
@@ -35,8 +35,11 @@ from temporalio.converter import (
 )
 
 from activities.artifacts import ArtifactStore, FileArtifactStore
-from activities.artifacts_s3 import S3Connection, parse_s3_url, upload
 from schemas.settings import Settings
+
+if TYPE_CHECKING:
+    # The AWS SDK loads only in processes configured for S3.
+    from activities.artifacts_s3 import S3Connection
 
 PAYLOAD_MEDIA_TYPE = "application/x-temporal-payload"
 FILE_DRIVER = "aiworker.file"
@@ -104,9 +107,13 @@ class _LazyAioboto3Client(S3StorageDriverClient):
         self._prefix = key_prefix
 
     async def _inner(self) -> S3StorageDriverClient:
+        from temporalio.contrib.aws.s3driver.aioboto3 import new_aioboto3_client
+
         return new_aioboto3_client(await self._connection.client())
 
     async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
+        from activities.artifacts_s3 import upload
+
         s3 = await self._connection.client()
         await upload(s3, bucket, self._prefix + key, data, content_type=PAYLOAD_MEDIA_TYPE)
 
@@ -126,6 +133,8 @@ def external_storage(settings: Settings, s3: S3Connection | None = None) -> Exte
     drivers: list[StorageDriver] = [file_driver]
     primary: StorageDriver = file_driver
     if settings.artifact_store.startswith("s3://"):
+        from activities.artifacts_s3 import parse_s3_url
+
         if s3 is None:
             from workers.tools import s3_connection
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activities.artifacts import FileArtifactStore
-from activities.artifacts_s3 import S3ArtifactStore, S3Connection, S3LineageIndex, parse_s3_url
 from activities.breaker import BreakerRegistry
 from activities.lineage import FileLineageIndex, LineageIndex, RecordingArtifactStore
 from activities.llm import LanguageModel, LlmMetrics, ModelsFileError, load_registry
@@ -23,6 +22,10 @@ from activities.publish import WebhookPoster
 from activities.tools import scrape_tools
 from schemas.settings import Settings
 from workers.worker import StartupError
+
+if TYPE_CHECKING:
+    # The AWS SDK loads only in processes configured for S3.
+    from activities.artifacts_s3 import S3Connection
 
 _S3: dict[tuple[str | None, ...], S3Connection] = {}
 
@@ -39,6 +42,8 @@ def s3_connection() -> S3Connection:
     )
     conn = _S3.get(key)
     if conn is None:
+        from activities.artifacts_s3 import S3Connection
+
         conn = _S3[key] = S3Connection(region_name=os.environ.get("AWS_REGION"))
     return conn
 
@@ -54,6 +59,8 @@ async def close_connections() -> None:
 def artifact_store(settings: Settings) -> RecordingArtifactStore:
     """The configured artifact store, recording lineage."""
     if settings.artifact_store.startswith("s3://"):
+        from activities.artifacts_s3 import S3ArtifactStore, S3LineageIndex, parse_s3_url
+
         bucket, prefix = parse_s3_url(settings.artifact_store)
         conn = s3_connection()
         return RecordingArtifactStore(
