@@ -29,6 +29,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.errors import AccessDeniedError
 from schemas.pipeline import PipelineResult
+from schemas.protocol import WorkerResponse
 from schemas.settings import Settings, SettingsError
 from workers.payload_storage import FILE_DRIVER
 from workers.temporal_client import data_converter
@@ -202,7 +203,17 @@ async def test_five_mb_scrape_result_goes_through_s3_with_a_small_history(
         handle.id,
     )
     assert (record["step_id"], record["attempt"]) == ("scrape", 1)
-    assert record["trace_id"] == result.trace_id
+    # The attempt's own trace id, as its response reports it (read back through S3).
+    (completed,) = [
+        e.activity_task_completed_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_completed_event_attributes")
+    ]
+    (response,) = await s3_stack.client.data_converter.decode(
+        list(completed.result.payloads), [WorkerResponse]
+    )
+    assert record["trace_id"] == response.observability.trace_id
+    assert record["trace_id"] and len(record["trace_id"]) == 32
     table = aiworker(env, "artifacts", handle.id)
     header, row = table.splitlines()
     assert header.split()[:4] == ["step", "att", "worker", "tenant"]
