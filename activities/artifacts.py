@@ -54,10 +54,12 @@ class FileArtifactStore:
 
     Args:
         root: the data directory (``settings.data_dir``).
+        area: the directory under ``root`` (another area keeps its scopes apart
+            from tenants', e.g. the SDK's external payloads).
     """
 
-    def __init__(self, root: Path) -> None:
-        self.base = (Path(root) / "artifacts").resolve()
+    def __init__(self, root: Path, *, area: str = "artifacts") -> None:
+        self.base = (Path(root) / area).resolve()
 
     def path_for(self, tenant: str, sha256: str) -> Path:
         return self.base / tenant_dir(tenant) / sha256[:2] / sha256

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import lineage
 from activities.errors import (
     InternalError,
     InvalidInputError,
@@ -462,9 +463,20 @@ class WorkerRuntime:
             if name in request.input:
                 fields[f"input.{name}"] = request.input[name]
         deadline = asyncio.timeout(max(0.0, ctx.remaining()))
+        call = lineage.CallLineage(
+            tenant=request.tenant,
+            worker_id=spec.worker_id,
+            workflow_id=ctx.workflow_id,
+            step_id=lineage.step_of(request.idempotency_key, ctx.workflow_id),
+            attempt=attempt,
+            trace_id=fields.get("trace_id"),
+            idempotency_key=request.idempotency_key,
+            activity_id=ctx.activity_id,
+        )
         try:
-            async with self._heartbeats(spec), deadline:
-                result = await worker.execute(ctx, request.input)
+            with lineage.bound(call):
+                async with self._heartbeats(spec), deadline:
+                    result = await worker.execute(ctx, request.input)
         except TimeoutError:
             if not deadline.expired():
                 raise

@@ -78,6 +78,8 @@ class Settings(BaseModel):
     # Worker Deployment Versioning (the Lambda worker always uses it).
     deployment_name: str = Field(default="aiworker", min_length=1, max_length=255)
     build_id: str | None = Field(default=None, min_length=1, max_length=255)
+    artifact_store: str = "file"
+    payload_threshold_bytes: int = Field(default=256 * 1024, ge=0)
 
     @field_validator("task_queue_suffix")
     @classmethod
@@ -85,6 +87,16 @@ class Settings(BaseModel):
         if v and not all(c.isalnum() or c in "-_." for c in v):
             raise ValueError("may only hold letters, digits, '-', '_' and '.'")
         return v
+
+    @field_validator("artifact_store")
+    @classmethod
+    def _store(cls, v: str) -> str:
+        v = v.strip()
+        if v in ("file", "file://"):
+            return "file"
+        if v.startswith("s3://") and v[len("s3://") :].split("/", 1)[0]:
+            return v.rstrip("/")
+        raise ValueError("expected 'file' or 's3://bucket[/prefix]'")
 
     @field_validator("egress_allow")
     @classmethod
@@ -133,6 +145,8 @@ class Settings(BaseModel):
             "SHUTDOWN_GRACE_SECONDS",
             "DEPLOYMENT_NAME",
             "BUILD_ID",
+            "ARTIFACT_STORE",
+            "PAYLOAD_THRESHOLD_BYTES",
         }
         # Variables consumed by other parts (tests, dev server) are not settings.
         ignored_prefixes = ("TEST_", "DEV_")
@@ -160,6 +174,7 @@ class Settings(BaseModel):
             ("MAX_CONCURRENT_ACTIVITIES", "max_concurrent_activities"),
             ("MAX_CONCURRENT_WORKFLOW_TASKS", "max_concurrent_workflow_tasks"),
             ("POLLERS", "pollers"),
+            ("PAYLOAD_THRESHOLD_BYTES", "payload_threshold_bytes"),
         ):
             if (v := get(name)) is not None:
                 raw[key] = v
@@ -173,6 +188,7 @@ class Settings(BaseModel):
             ("SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds"),
             ("DEPLOYMENT_NAME", "deployment_name"),
             ("BUILD_ID", "build_id"),
+            ("ARTIFACT_STORE", "artifact_store"),
         ):
             if (v := get(name)) is not None:
                 raw[key] = v

@@ -8,6 +8,7 @@ aiworker review ID DECISION  approve|reject|retry an escalated step (Workflow Up
 aiworker list [--status S]   pipelines by status, tenant, name (visibility query)
 aiworker redrive ID          run a failed pipeline again, reusing its succeeded steps
 aiworker workers             list the worker specs (the published contracts)
+aiworker artifacts WF_ID     list the artifacts a workflow wrote (lineage)
 aiworker schemas export|check  write or check schemas/json/
 """
 
@@ -144,6 +145,7 @@ async def _cmd_run(args: argparse.Namespace) -> int:
 
     from workers.telemetry import Telemetry
     from workers.temporal_client import connect
+    from workers.tools import close_connections
 
     raw = read_pipeline(args.file)
     settings = load_settings()
@@ -159,11 +161,14 @@ async def _cmd_run(args: argparse.Namespace) -> int:
                 "aiworker.tenant": raw.get("tenant", "default"),
             },
         ):
-            client = await connect(args.profile, target_host=args.address, telemetry=telemetry)
+            client = await connect(
+                args.profile, target_host=args.address, telemetry=telemetry, settings=settings
+            )
             handle = await start_pipeline(client, settings, raw, args.id)
             return await _print_or_wait(client, handle, args.no_wait)
     finally:
         telemetry.shutdown()
+        await close_connections()  # the S3 client that large payloads may have used
 
 
 async def _print_or_wait(client: Any, handle: Any, no_wait: bool) -> int:
@@ -316,6 +321,7 @@ async def _cmd_review(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowUpdateFailedError
 
     from workers.temporal_client import connect
+    from workers.tools import close_connections
 
     outputs = None
     if args.outputs:
@@ -324,7 +330,8 @@ async def _cmd_review(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as e:
             _err(f"--outputs is not valid JSON: {e.msg}")
             return EXIT_USAGE
-    client = await connect(args.profile, target_host=args.address)
+    # Corrected outputs can be large: the same external storage as the workers.
+    client = await connect(args.profile, target_host=args.address, settings=load_settings())
     try:
         answer = await send_review(
             client,
@@ -338,6 +345,8 @@ async def _cmd_review(args: argparse.Namespace) -> int:
     except WorkflowUpdateFailedError as e:
         _err(f"review rejected: {e.cause}")
         return EXIT_FAILED
+    finally:
+        await close_connections()
     print(json.dumps(answer))
     return EXIT_OK
 
@@ -363,15 +372,19 @@ async def _cmd_list(args: argparse.Namespace) -> int:
 
 async def _cmd_redrive(args: argparse.Namespace) -> int:
     from workers.temporal_client import connect
+    from workers.tools import close_connections
 
     settings = load_settings()
-    client = await connect(args.profile, target_host=args.address)
+    # The old run's input and result may sit in external storage.
+    client = await connect(args.profile, target_host=args.address, settings=settings)
     try:
         handle = await redrive(client, settings, args.workflow_id)
+        return await _print_or_wait(client, handle, args.no_wait)
     except RedriveError as e:
         _err(str(e))
         return EXIT_USAGE
-    return await _print_or_wait(client, handle, args.no_wait)
+    finally:
+        await close_connections()
 
 
 async def run_worker_process(
@@ -422,7 +435,9 @@ async def run_worker_process(
             return EXIT_USAGE
     try:
         if client is None:
-            client = await connect(profile, target_host=address, telemetry=telemetry)
+            client = await connect(
+                profile, target_host=address, telemetry=telemetry, settings=settings
+            )
         await ensure_search_attributes(client)
         runtime = build_runtime(settings, WorkerMetrics())
         queues = queues or list(settings.task_queues) or all_queues(dict(runtime.specs))
@@ -440,6 +455,9 @@ async def run_worker_process(
             server.stop()
         if telemetry is not None:
             telemetry.shutdown()
+        from workers.tools import close_connections
+
+        await close_connections()
     return EXIT_OK
 
 
@@ -495,7 +513,9 @@ async def _dev(
     code = EXIT_OK
     site: DemoSite | None = None
     try:
-        client = await connect(target_host=server.address, namespace="default", telemetry=telemetry)
+        client = await connect(
+            target_host=server.address, namespace="default", telemetry=telemetry, settings=settings
+        )
         ready = asyncio.Event()
         worker_task = asyncio.create_task(
             run_worker_process(
@@ -589,6 +609,33 @@ def _cmd_workers(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _cmd_artifacts(args: argparse.Namespace) -> int:
+    from workers.tools import close_connections, lineage_index
+
+    settings = load_settings()
+    try:
+        records = await lineage_index(settings).records(args.workflow_id)
+    finally:
+        await close_connections()
+    if args.json:
+        print(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
+        return EXIT_OK
+    if not records:
+        _err(f"no artifacts recorded for workflow {args.workflow_id!r}")
+        return EXIT_FAILED
+    print(
+        f"{'step':<16} {'att':>3} {'worker':<12} {'tenant':<12} {'size':>10} "
+        f"{'media type':<24} {'sha256':<16} {'trace_id':<32}  uri"
+    )
+    for r in records:
+        print(
+            f"{r.step_id or '-':<16} {r.attempt:>3} {r.worker_id:<12} {r.tenant:<12} "
+            f"{r.size_bytes:>10} {r.media_type:<24} {r.sha256[:16]:<16} "
+            f"{r.trace_id or '-':<32}  {r.uri}"
+        )
+    return EXIT_OK
+
+
 def _cmd_schemas(args: argparse.Namespace) -> int:
     from schemas.export import check, export
 
@@ -668,6 +715,10 @@ def build_parser() -> argparse.ArgumentParser:
     ws = sub.add_parser("workers", help="list worker specs")
     ws.add_argument("--json", action="store_true")
 
+    ar = sub.add_parser("artifacts", help="list the artifacts a workflow wrote (lineage)")
+    ar.add_argument("workflow_id")
+    ar.add_argument("--json", action="store_true", help="one JSON array with every field")
+
     sc = sub.add_parser("schemas", help="export or check the JSON Schemas in schemas/json")
     sc.add_argument("action", choices=["export", "check"])
     return p
@@ -695,6 +746,8 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(_dev(args, raw, bundled_demo=not args.pipeline))
         if args.command == "workers":
             return _cmd_workers(args)
+        if args.command == "artifacts":
+            return asyncio.run(_cmd_artifacts(args))
         if args.command == "schemas":
             return _cmd_schemas(args)
     except KeyboardInterrupt:

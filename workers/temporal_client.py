@@ -2,22 +2,36 @@
 
 ``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_API_KEY``, TLS
 settings and profiles in ``temporal.toml`` all work as the SDK documents.
-Every client uses the pydantic data converter; with a
-:class:`workers.telemetry.Telemetry` it also gets the process's Temporal
-runtime (SDK metrics, Core logs) and the tracing interceptors, which the
-workers built from it inherit.
+Every client uses the pydantic data converter; with settings, the converter
+also moves large payloads to external storage (:func:`data_converter`); with a
+:class:`workers.telemetry.Telemetry` the client also gets the process's
+Temporal runtime (SDK metrics, Core logs) and the tracing interceptors. Workers
+built from a client inherit all of it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter
 from temporalio.envconfig import ClientConfig
+
+from schemas.settings import Settings
 
 if TYPE_CHECKING:
     from workers.telemetry import Telemetry
+
+
+def data_converter(settings: Settings | None) -> DataConverter:
+    """The pydantic converter, with external storage for large payloads from ``settings``."""
+    if settings is None:
+        return pydantic_data_converter
+    from workers.payload_storage import external_storage
+
+    return dataclasses.replace(pydantic_data_converter, external_storage=external_storage(settings))
 
 
 def connect_config(profile: str | None = None, **overrides: Any) -> dict[str, Any]:
@@ -33,9 +47,15 @@ async def connect(
     *,
     interceptors: list[Any] | None = None,
     telemetry: Telemetry | None = None,
+    settings: Settings | None = None,
     **overrides: Any,
 ) -> Client:
-    """Connect to Temporal as envconfig says (default ``localhost:7233``)."""
+    """Connect to Temporal as envconfig says (default ``localhost:7233``).
+
+    Pass ``settings`` so that payloads over the threshold go to (and come
+    from) the configured store; every process that touches the same
+    workflows must be able to read them.
+    """
     cfg = connect_config(profile, **overrides)
     target = cfg.pop("target_host")
     all_interceptors = [*(telemetry.interceptors if telemetry else []), *(interceptors or [])]
@@ -43,7 +63,7 @@ async def connect(
         cfg.setdefault("runtime", telemetry.runtime)
     return await Client.connect(
         target,
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(settings),
         interceptors=all_interceptors,
         **cfg,
     )

@@ -1,19 +1,79 @@
-"""Tool instances for the worker runtime, built once per process from settings."""
+"""Tool instances for the worker runtime, built once per process from settings.
+
+The ``artifact_store`` tool is the store ``AIWORKER_ARTIFACT_STORE`` names
+(``file``: under the data directory; ``s3://bucket/prefix``: S3-compatible),
+wrapped to record lineage. S3 clients are per process and shared by the
+artifact store, the lineage index and the external payload driver.
+"""
 
 from __future__ import annotations
 
 import functools
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from activities.artifacts import FileArtifactStore
 from activities.breaker import BreakerRegistry
+from activities.lineage import FileLineageIndex, LineageIndex, RecordingArtifactStore
 from activities.llm import LanguageModel, LlmMetrics, ModelsFileError, load_registry
 from activities.metrics import WorkerMetrics
 from activities.publish import WebhookPoster
 from activities.tools import scrape_tools
 from schemas.settings import Settings
 from workers.worker import StartupError
+
+if TYPE_CHECKING:
+    # The AWS SDK loads only in processes configured for S3.
+    from activities.artifacts_s3 import S3Connection
+
+_S3: dict[tuple[str | None, ...], S3Connection] = {}
+
+
+def s3_connection() -> S3Connection:
+    """This process's S3 client, configured by the AWS SDK's own variables.
+
+    ``AWS_ENDPOINT_URL``, credentials and ``AWS_DEFAULT_REGION`` are read by
+    botocore itself; ``AWS_REGION``, which botocore ignores, is passed in.
+    """
+    key = tuple(
+        os.environ.get(k)
+        for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_ACCESS_KEY_ID")
+    )
+    conn = _S3.get(key)
+    if conn is None:
+        from activities.artifacts_s3 import S3Connection
+
+        conn = _S3[key] = S3Connection(region_name=os.environ.get("AWS_REGION"))
+    return conn
+
+
+async def close_connections() -> None:
+    """Close every S3 client this process opened (at shutdown)."""
+    conns = list(_S3.values())
+    _S3.clear()
+    for c in conns:
+        await c.aclose()
+
+
+def artifact_store(settings: Settings) -> RecordingArtifactStore:
+    """The configured artifact store, recording lineage."""
+    if settings.artifact_store.startswith("s3://"):
+        from activities.artifacts_s3 import S3ArtifactStore, S3LineageIndex, parse_s3_url
+
+        bucket, prefix = parse_s3_url(settings.artifact_store)
+        conn = s3_connection()
+        return RecordingArtifactStore(
+            S3ArtifactStore(conn, bucket, prefix), S3LineageIndex(conn, bucket, prefix)
+        )
+    return RecordingArtifactStore(
+        FileArtifactStore(settings.data_dir), FileLineageIndex(settings.data_dir)
+    )
+
+
+def lineage_index(settings: Settings) -> LineageIndex:
+    """Where the configured store keeps lineage (for ``aiworker artifacts``)."""
+    return artifact_store(settings).index
 
 
 @functools.cache
@@ -46,8 +106,8 @@ def build_tools(settings: Settings, metrics: WorkerMetrics | None = None) -> dic
     """Every tool this process can hand to workers, by tool name."""
     tools: dict[str, Any] = {}
     tools["language_model"] = build_language_model(settings, metrics=metrics)
-    # fetch_url, parse_html, artifact_store
-    tools.update(scrape_tools(settings, metrics=metrics))
+    tools.update(scrape_tools(settings, metrics=metrics))  # fetch_url, parse_html
+    tools["artifact_store"] = artifact_store(settings)
     # POSTs for the publish worker, under the same egress policy as fetches.
     tools["http_post"] = WebhookPoster(settings)
     return tools

@@ -1,0 +1,157 @@
+"""Large payloads out of the workflow history, through the SDK's external storage.
+
+Every client and worker gets a data converter whose
+:class:`temporalio.converter.ExternalStorage` moves any payload of at least
+``AIWORKER_PAYLOAD_THRESHOLD_BYTES`` (256 KiB) to the artifact store and puts
+only a small reference in the history, so a 5 MB step result never meets
+Temporal's payload limits. It runs in the SDK's payload conversion, outside
+the workflow sandbox, so workflow code stays free of I/O.
+
+Drivers: with ``s3://`` the SDK's own
+:class:`~temporalio.contrib.aws.s3driver.S3StorageDriver` (the SDK's
+keys ``v0/ns/<namespace>/...`` under ``<prefix>/_payloads/`` in the artifact
+bucket);
+with ``file`` :class:`ArtifactStoreDriver` over a file store under
+``<data_dir>/payloads/<namespace>/`` (one host or a shared volume). The file
+driver is registered in both cases so that payloads written before a switch
+to S3 stay readable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from temporalio.api.common.v1 import Payload
+from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
+from temporalio.converter import (
+    ExternalStorage,
+    StorageDriver,
+    StorageDriverClaim,
+    StorageDriverRetrieveContext,
+    StorageDriverSelectContext,
+    StorageDriverStoreContext,
+)
+
+from activities.artifacts import ArtifactStore, FileArtifactStore
+from schemas.settings import Settings
+
+if TYPE_CHECKING:
+    # The AWS SDK loads only in processes configured for S3.
+    from activities.artifacts_s3 import S3Connection
+
+PAYLOAD_MEDIA_TYPE = "application/x-temporal-payload"
+FILE_DRIVER = "aiworker.file"
+
+
+class ArtifactStoreDriver(StorageDriver):
+    """Stores serialized payloads in an :class:`ArtifactStore`, scoped by namespace.
+
+    Args:
+        store: a store reserved for payloads (never a tenant-facing one, so
+            no tenant can name a payload as its artifact).
+        name: the driver name written into every reference.
+    """
+
+    def __init__(self, store: ArtifactStore, name: str = FILE_DRIVER) -> None:
+        self._store = store
+        self._name = name
+
+    def name(self) -> str:
+        return self._name
+
+    def type(self) -> str:
+        return "aiworker.artifact-store"
+
+    async def store(
+        self, context: StorageDriverStoreContext, payloads: Sequence[Payload]
+    ) -> list[StorageDriverClaim]:
+        scope = (context.target.namespace if context.target else "") or "default"
+        claims = []
+        for p in payloads:
+            ref = await self._store.put(scope, p.SerializeToString(), PAYLOAD_MEDIA_TYPE)
+            claims.append(
+                StorageDriverClaim({"scope": scope, "uri": ref.uri, "sha256": ref.sha256})
+            )
+        return claims
+
+    async def retrieve(
+        self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
+    ) -> list[Payload]:
+        out = []
+        for c in claims:
+            data = await self._store.get(c.claim_data["scope"], c.claim_data["uri"])
+            if hashlib.sha256(data).hexdigest() != c.claim_data.get("sha256"):
+                raise ValueError(f"external payload {c.claim_data['uri']} failed its hash check")
+            p = Payload()
+            p.ParseFromString(data)
+            out.append(p)
+        return out
+
+
+class _LazyAioboto3Client(S3StorageDriverClient):
+    """The SDK's aioboto3 adapter over a client opened on first use.
+
+    Uploads go through :func:`activities.artifacts_s3.upload`, which hands the
+    HTTP client a stream rather than one multi-megabyte ``bytes`` body (the
+    SDK adapter's path makes aiohttp warn that this can block the loop).
+
+    Keys get ``key_prefix`` in front, so that everything aiworker writes stays
+    under the configured ``s3://bucket/prefix``; the SDK's references hold the
+    key without it.
+    """
+
+    def __init__(self, connection: S3Connection, key_prefix: str = "") -> None:
+        self._connection = connection
+        self._prefix = key_prefix
+
+    async def _inner(self) -> S3StorageDriverClient:
+        from temporalio.contrib.aws.s3driver.aioboto3 import new_aioboto3_client
+
+        return new_aioboto3_client(await self._connection.client())
+
+    async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
+        from activities.artifacts_s3 import upload
+
+        s3 = await self._connection.client()
+        await upload(s3, bucket, self._prefix + key, data, content_type=PAYLOAD_MEDIA_TYPE)
+
+    async def object_exists(self, *, bucket: str, key: str) -> bool:
+        return await (await self._inner()).object_exists(bucket=bucket, key=self._prefix + key)
+
+    async def get_object(self, *, bucket: str, key: str) -> bytes:
+        return await (await self._inner()).get_object(bucket=bucket, key=self._prefix + key)
+
+    def describe(self) -> Mapping[str, str]:
+        return {"key_prefix": self._prefix} if self._prefix else {}
+
+
+def external_storage(settings: Settings, s3: S3Connection | None = None) -> ExternalStorage:
+    """External storage for ``settings``: the configured store's driver above the threshold."""
+    file_driver = ArtifactStoreDriver(FileArtifactStore(settings.data_dir, area="payloads"))
+    drivers: list[StorageDriver] = [file_driver]
+    primary: StorageDriver = file_driver
+    if settings.artifact_store.startswith("s3://"):
+        from activities.artifacts_s3 import parse_s3_url
+
+        if s3 is None:
+            from workers.tools import s3_connection
+
+            s3 = s3_connection()
+        bucket, prefix = parse_s3_url(settings.artifact_store)
+        key_prefix = f"{prefix}/_payloads/" if prefix else "_payloads/"
+        primary = S3StorageDriver(client=_LazyAioboto3Client(s3, key_prefix), bucket=bucket)
+        drivers.insert(0, primary)
+
+    def select(_: StorageDriverSelectContext, __: Payload) -> StorageDriver:
+        return primary
+
+    return ExternalStorage(
+        drivers=drivers,
+        driver_selector=select,
+        payload_size_threshold=settings.payload_threshold_bytes,
+    )
+
+
+__all__ = ["ArtifactStoreDriver", "external_storage"]
