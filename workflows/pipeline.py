@@ -243,21 +243,24 @@ class PipelineWorkflow:
         self._trace_id = started_in.trace_id if started_in else generated
         self._key_base = spec.resume_from.workflow_id if spec.resume_from else info.workflow_id
         self._ledger = Ledger(spec.budget, started_at=_now())
+        # one upsert for all three: each is a visibility write on the server
+        self._status = "running"
         if self._search_attributes_on():
             workflow.upsert_search_attributes(
-                [TENANT_KEY.value_set(spec.tenant), PIPELINE_KEY.value_set(spec.name)]
+                [
+                    TENANT_KEY.value_set(spec.tenant),
+                    PIPELINE_KEY.value_set(spec.name),
+                    STATUS_KEY.value_set("running"),
+                ]
             )
-        self._set_status("running")
         for step in spec.steps:
             self._steps[step.id] = StepResult(status="pending")
         try:
             # which workers wait for a rate-limit permit: asked once, not per step
-            # (runs started before this change asked the limiter at every step)
-            if workflow.patched("limiter-plan"):
-                self._rate_limited = await self._permits.plan(
-                    spec.tenant,
-                    [s.worker for s in spec.steps] + [s.fallback for s in spec.steps if s.fallback],
-                )
+            self._rate_limited = await self._permits.plan(
+                spec.tenant,
+                [s.worker for s in spec.steps] + [s.fallback for s in spec.steps if s.fallback],
+            )
             result = await self._execute(spec)
         except asyncio.CancelledError:
             self._finish("cancelled", spec)
