@@ -49,6 +49,20 @@ def tenant_dir(tenant: str) -> str:
     return quote(tenant, safe="")
 
 
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see all of it or nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 class FileArtifactStore:
     """``file://`` artifacts, content-addressed under ``root/artifacts``.
 
@@ -81,16 +95,7 @@ class FileArtifactStore:
     def _write(path: Path, data: bytes) -> None:
         if path.exists():
             return  # content-addressed: the same name holds the same bytes
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, data)
 
     def _resolve(self, tenant: str, ref: ArtifactRef | str) -> tuple[Path, str]:
         uri = ref.uri if isinstance(ref, ArtifactRef) else ref

@@ -20,8 +20,6 @@ import contextlib
 import contextvars
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -31,7 +29,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict
 
-from activities.artifacts import ArtifactStore
+from activities.artifacts import ArtifactStore, atomic_write
 from schemas.protocol import ArtifactRef
 
 # One listing never reads more records than this (a bounded loop, and a hint
@@ -158,16 +156,7 @@ class FileLineageIndex:
 
     @staticmethod
     def _write(path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, data)
 
     async def records(self, workflow_id: str) -> list[ArtifactRecord]:
         return await asyncio.to_thread(self._records, workflow_id)
