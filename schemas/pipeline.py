@@ -305,6 +305,12 @@ def check_pipeline(spec: PipelineSpec, known_workers: set[str]) -> list[str]:
                 f"{where}: field 'validate': the validation loop needs a single step, "
                 "not a for_each (validate the items in a later step)"
             )
+        if step.for_each is not None and step.concurrency is not None:
+            # refused rather than ignored: items would run past the limit
+            problems.append(
+                f"{where}: field 'concurrency': not supported on a for_each step yet "
+                "(use max_parallel)"
+            )
         if step.fallback_input is not None and step.fallback is None:
             problems.append(f"{where}: field 'fallback_input': set without 'fallback'")
         for field, value in fields:

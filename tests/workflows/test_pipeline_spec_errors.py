@@ -87,6 +87,9 @@ async def fail(stack: Stack, pipeline: Any) -> tuple[ApplicationError, Any]:
             },
             "step 'a': field 'when.schema': invalid JSON Schema",
         ),
+        ({"name": "p", "steps": [{"id": "a", "worker": "validator", "input": V,
+                                  "for_each": [1, 2], "concurrency": {"key": "k", "limit": 1}}]},
+         "step 'a': field 'concurrency': not supported on a for_each step yet"),
         ("not an object", "invalid pipeline"),
     ],
 )
