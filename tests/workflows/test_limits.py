@@ -181,3 +181,117 @@ async def test_concurrency_key_is_never_exceeded(client: Client, settings: Setti
     assert all(r.status == "succeeded" for r in results)
     assert peak["c1"] == 2, peak
     assert peak["c2"] == 2, peak
+
+
+class _ConcurrencyRecorder:
+    """A loopback site that records how many requests per key are in flight."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.lock = threading.Lock()
+        self.running: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.hits = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if not self.path.startswith("/slow"):
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                key = self.path.split("k=", 1)[1].split("&", 1)[0]
+                with outer.lock:
+                    outer.hits += 1
+                    outer.running[key] = outer.running.get(key, 0) + 1
+                    outer.peak[key] = max(outer.peak.get(key, 0), outer.running[key])
+                try:
+                    import time as _time
+
+                    _time.sleep(0.6)
+                finally:
+                    with outer.lock:
+                        outer.running[key] -= 1
+                body = f"<html><body><h1>{key}</h1></body></html>".encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.timeout(180)
+async def test_concurrency_key_holds_across_two_worker_processes_at_a_real_server(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    from support.procs import WorkerProcess, worker_env
+
+    site = _ConcurrencyRecorder()
+    env = worker_env(client, settings, tmp_path / "data")
+    env["AIWORKER_RATE_LIMITS"] = "web-scrape:*=100000/min"
+    procs = [
+        WorkerProcess([AIWORKER, "worker"], env, tmp_path / f"worker{i}.log") for i in range(2)
+    ]
+
+    def pipeline(customer: str, n: int) -> dict[str, Any]:
+        return {
+            "name": "conc-http",
+            "tenant": "acme",
+            "inputs": {"customer": customer},
+            "steps": [
+                {
+                    "id": f"s{i}",
+                    "worker": "web-scrape",
+                    "concurrency": {"key": "${{ inputs.customer }}", "limit": 2},
+                    "input": {
+                        "url": f"{site.url}/slow?k=${{{{ inputs.customer }}}}&i={i}",
+                        "extraction_spec": {"fields": {"t": {"selector": "h1"}}},
+                    },
+                }
+                for i in range(n)
+            ],
+        }
+
+    try:
+        queue = settings.queue(names.PIPELINES_QUEUE)
+        handles = []
+        for customer, n in (("c1", 4), ("c1", 4), ("c2", 3)):
+            handles.append(
+                await client.start_workflow(
+                    names.PIPELINE_WORKFLOW,
+                    pipeline(customer, n),
+                    id=f"conc-http-{customer}-{uuid.uuid4().hex[:6]}",
+                    task_queue=queue,
+                )
+            )
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 120)
+        except TimeoutError:
+            for p in procs:
+                print(p.output())
+            raise
+        assert all(r["status"] == "succeeded" for r in results), results
+        assert site.hits == 11
+        # never more than the limit per key, and the limit was actually reached
+        assert site.peak == {"c1": 2, "c2": 2}, site.peak
+    finally:
+        for p in procs:
+            p.terminate()
+            p.close()
+        site.stop()
