@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from activities.errors import CircuitOpenError
 from activities.metrics import BREAKER_STATES, WorkerMetrics
+from activities.shared_breaker import SharedBreakers
 
 log = logging.getLogger("aiworker.breaker")
 
@@ -45,6 +46,7 @@ class BreakerRegistry:
         open_seconds: float = 30.0,
         metrics: WorkerMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        shared: SharedBreakers | None = None,
     ) -> None:
         self.kind = kind
         self.failure_threshold = failure_threshold
@@ -52,6 +54,7 @@ class BreakerRegistry:
         self.open_seconds = open_seconds
         self.metrics = metrics
         self.clock = clock
+        self.shared = shared
         self._circuits: dict[str, _Circuit] = {}
         self._lock = threading.Lock()
 
@@ -70,6 +73,7 @@ class BreakerRegistry:
             c = self._circuits.setdefault(target, _Circuit())
             self._advance(target, c)
             if c.state == "closed":
+                self._check_shared(target)
                 return
             if c.state == "half_open" and not c.probe_in_flight:
                 c.probe_in_flight = True
@@ -79,6 +83,21 @@ class BreakerRegistry:
                 f"circuit for {self.kind} {target} is open; next probe in {wait:.1f}s",
                 retry_after=round(wait, 3),
                 target=target,
+            )
+
+    def _check_shared(self, target: str) -> None:
+        """Fail fast while another process has this target's breaker open."""
+        if self.shared is None:
+            return
+        until = self.shared.open_until(f"{self.kind}:{target}")
+        wait = until - time.time()
+        if wait > 0:
+            raise CircuitOpenError(
+                f"circuit for {self.kind} {target} is open (opened by another worker "
+                f"process); next probe in {wait:.1f}s",
+                retry_after=round(max(0.1, wait), 3),
+                target=target,
+                shared=True,
             )
 
     def record_success(self, target: str) -> None:
@@ -127,3 +146,5 @@ class BreakerRegistry:
         )
         if self.metrics is not None:
             self.metrics.breaker_state.labels(self.kind, target).set(BREAKER_STATES[state])
+        if state == "open" and self.shared is not None:
+            self.shared.publish(f"{self.kind}:{target}", time.time() + self.open_seconds)

@@ -80,3 +80,10 @@ class Plan(_Model):
     """The workers of a pipeline whose calls go through a rate limiter."""
 
     rate_limited: list[str] = Field(default_factory=list)
+
+
+class SharedBreakerState(_Model):
+    """One shared breaker: its key and the time (epoch seconds) until which it is open."""
+
+    key: str
+    open_until: float = 0.0

@@ -58,3 +58,13 @@ PERMIT_SIGNAL: Final = "permit"
 def limiter_workflow_id(key: str, queue_suffix: str = "") -> str:
     """The id of the limiter workflow that owns one limit key in one deployment."""
     return f"aiworker-limiter{queue_suffix}/{key}"
+
+
+SHARED_BREAKER_WORKFLOW: Final = "SharedBreakerWorkflow"
+BREAKER_OPENED_SIGNAL: Final = "opened"
+BREAKER_STATE_QUERY: Final = "state"
+
+
+def shared_breaker_workflow_id(key: str, queue_suffix: str = "") -> str:
+    """The id of the workflow that shares one breaker (``host:example.com``) across processes."""
+    return f"aiworker-breaker{queue_suffix}/{key}"

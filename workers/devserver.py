@@ -120,8 +120,7 @@ def dev_server_args(
 
 def local_server_extra_args(fast_poll: bool = True) -> list[str]:
     """Our flags for ``WorkflowEnvironment.start_local``, which sets ip, port and UI itself."""
-    args = dev_server_args(ip="127.0.0.1", port=0, ui_port=None, db_file=None,
-                           fast_poll=fast_poll)
+    args = dev_server_args(ip="127.0.0.1", port=0, ui_port=None, db_file=None, fast_poll=fast_poll)
     keep: list[str] = []
     for i, a in enumerate(args):
         if a in ("--search-attribute", "--dynamic-config-value"):

@@ -19,6 +19,7 @@ from activities.validator import ValidatorActivities
 from activities.web_scrape import WebScrapeActivities
 from schemas import names
 from schemas.spec import WorkerSpec
+from workflows.breaker import SharedBreakerWorkflow
 from workflows.foreach import PipelineForEachWorkflow
 from workflows.limiter import LimiterWorkflow
 from workflows.pipeline import PipelineWorkflow
@@ -35,7 +36,12 @@ ACTIVITY_FACTORIES: dict[str, ActivityFactory] = {
 }
 
 WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {
-    names.PIPELINES_QUEUE: [PipelineWorkflow, PipelineForEachWorkflow, LimiterWorkflow],
+    names.PIPELINES_QUEUE: [
+        PipelineWorkflow,
+        PipelineForEachWorkflow,
+        LimiterWorkflow,
+        SharedBreakerWorkflow,
+    ],
 }
 
 

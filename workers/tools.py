@@ -19,7 +19,9 @@ from activities.lineage import FileLineageIndex, LineageIndex, RecordingArtifact
 from activities.llm import LanguageModel, LlmMetrics, ModelsFileError, load_registry
 from activities.metrics import WorkerMetrics
 from activities.publish import WebhookPoster
+from activities.shared_breaker import SharedBreakers
 from activities.tools import scrape_tools
+from schemas import names
 from schemas.settings import Settings
 from workers.worker import StartupError
 
@@ -88,6 +90,7 @@ def build_language_model(
     *,
     metrics: WorkerMetrics | None = None,
     llm_metrics: LlmMetrics | None = None,
+    shared: SharedBreakers | None = None,
 ) -> LanguageModel:
     """The ``language_model`` tool: the model registry checked now, so a bad
     ``AIWORKER_MODELS_FILE`` or a missing key stops the process at start."""
@@ -97,7 +100,7 @@ def build_language_model(
         raise StartupError(f"model registry: {e}") from None
     return LanguageModel(
         registry,
-        breakers=BreakerRegistry("provider", metrics=metrics),
+        breakers=BreakerRegistry("provider", metrics=metrics, shared=shared),
         metrics=llm_metrics if llm_metrics is not None else _llm_metrics(),
     )
 
@@ -105,8 +108,17 @@ def build_language_model(
 def build_tools(settings: Settings, metrics: WorkerMetrics | None = None) -> dict[str, Any]:
     """Every tool this process can hand to workers, by tool name."""
     tools: dict[str, Any] = {}
-    tools["language_model"] = build_language_model(settings, metrics=metrics)
-    tools.update(scrape_tools(settings, metrics=metrics))  # fetch_url, parse_html
+    # breaker openings are shared with every worker process through Temporal
+    shared = SharedBreakers(settings.queue(names.PIPELINES_QUEUE))
+    tools["language_model"] = build_language_model(settings, metrics=metrics, shared=shared)
+    # fetch_url, parse_html
+    tools.update(
+        scrape_tools(
+            settings,
+            metrics=metrics,
+            breakers=BreakerRegistry("host", metrics=metrics, shared=shared),
+        )
+    )
     tools["artifact_store"] = artifact_store(settings)
     # POSTs for the publish worker, under the same egress policy as fetches.
     tools["http_post"] = WebhookPoster(settings)

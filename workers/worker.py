@@ -89,9 +89,7 @@ SHARED_WORKFLOW_MODULES = ("workflows.budget", "workflows.calls", "workflows.per
 def workflow_runner() -> SandboxedWorkflowRunner:
     """The sandbox every aiworker workflow runs in (restrictions stay on)."""
     return SandboxedWorkflowRunner(
-        restrictions=SandboxRestrictions.default.with_passthrough_modules(
-            *SHARED_WORKFLOW_MODULES
-        )
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(*SHARED_WORKFLOW_MODULES)
     )
 
 
