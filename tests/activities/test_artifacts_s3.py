@@ -19,14 +19,14 @@ from schemas.errors import ErrorCode
 
 
 @pytest.fixture(scope="module")
-def bucket(moto_s3: MotoS3) -> str:  # noqa: F811
+def bucket(moto_s3: MotoS3) -> str:
     name = f"art-{uuid.uuid4().hex[:8]}"
     moto_s3.client().create_bucket(Bucket=name)
     return name
 
 
 @pytest_asyncio.fixture
-async def conn(moto_s3: MotoS3) -> AsyncIterator[S3Connection]:  # noqa: F811
+async def conn(moto_s3: MotoS3) -> AsyncIterator[S3Connection]:
     c = S3Connection()  # endpoint, credentials and region from the AWS variables
     try:
         yield c
@@ -34,7 +34,7 @@ async def conn(moto_s3: MotoS3) -> AsyncIterator[S3Connection]:  # noqa: F811
         await c.aclose()
 
 
-def objects(moto_s3: MotoS3, bucket: str, prefix: str) -> list[dict[str, Any]]:  # noqa: F811
+def objects(moto_s3: MotoS3, bucket: str, prefix: str) -> list[dict[str, Any]]:
     page = moto_s3.client().list_objects_v2(Bucket=bucket, Prefix=prefix)
     return list(page.get("Contents", []))
 
@@ -49,7 +49,7 @@ def test_parse_s3_url() -> None:
 
 
 async def test_round_trip_content_addressed_and_tenant_scoped(
-    moto_s3: MotoS3,  # noqa: F811
+    moto_s3: MotoS3,
     bucket: str,
     conn: S3Connection,
 ) -> None:
@@ -102,7 +102,7 @@ async def test_cross_tenant_reads_are_refused(bucket: str, conn: S3Connection) -
 
 
 async def test_large_bodies_upload_in_parts(
-    moto_s3: MotoS3,  # noqa: F811
+    moto_s3: MotoS3,
     bucket: str,
     conn: S3Connection,
 ) -> None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
+import pytest_asyncio
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -131,3 +133,18 @@ def workflow_id(prefix: str) -> str:
 
 def hex_trace(span: Any) -> str:
     return format(span.context.trace_id, "032x")
+
+# Fixtures shared by the telemetry and metrics tests (imported by them by name).
+
+@pytest_asyncio.fixture(scope="module")
+async def telemetry() -> AsyncIterator[Telemetry]:
+    t = new_telemetry().start()
+    try:
+        yield t
+    finally:
+        t.shutdown()
+
+
+@pytest_asyncio.fixture
+async def tclient(env: WorkflowEnvironment, telemetry: Telemetry) -> Client:
+    return await telemetry_client(env, telemetry)

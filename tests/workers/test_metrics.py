@@ -11,21 +11,18 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import pytest_asyncio
 from conftest import running_stack
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from telemetry_helpers import new_telemetry, one_step_pipeline, telemetry_client, workflow_id
+from telemetry_helpers import one_step_pipeline, tclient, telemetry, workflow_id  # noqa: F401 - pytest fixtures
 from temporalio import workflow
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -35,6 +32,7 @@ from temporalio.worker import Worker
 from schemas import names
 from schemas.pipeline import PipelineResult
 from schemas.settings import Settings
+from workers.devserver import free_port
 from workers.http_server import Health, MetricsServer
 from workers.telemetry import Telemetry
 from workers.worker import watch_connection
@@ -42,25 +40,6 @@ from workers.worker import watch_connection
 P95 = "histogram_quantile(0.95, sum by (le) (rate(aiworker_request_duration_seconds_bucket[1m])))"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@pytest_asyncio.fixture(scope="module")
-async def telemetry() -> AsyncIterator[Telemetry]:
-    t = new_telemetry().start()
-    try:
-        yield t
-    finally:
-        t.shutdown()
-
-
-@pytest_asyncio.fixture
-async def tclient(env: WorkflowEnvironment, telemetry: Telemetry) -> Client:
-    return await telemetry_client(env, telemetry)
 
 
 async def _get(url: str, **params: Any) -> httpx.Response:
@@ -96,7 +75,7 @@ async def test_prometheus_scrapes_worker_and_p95_is_a_number(
         telemetry.register(registry)
         health = Health()
         server = MetricsServer("127.0.0.1", 0, health, registry).start()
-        prom_port = _free_port()
+        prom_port = free_port()
         config = tmp_path / "prometheus.yml"
         config.write_text(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
@@ -181,7 +160,7 @@ async def test_healthz_and_readyz_follow_polling_and_connection(env: WorkflowEnv
 
         # A server that does not answer: not ready, and the reason says where.
         dead = await Client.connect(
-            f"127.0.0.1:{_free_port()}", lazy=True, data_converter=pydantic_data_converter
+            f"127.0.0.1:{free_port()}", lazy=True, data_converter=pydantic_data_converter
         )
         stop = asyncio.Event()
         watch = asyncio.create_task(watch_connection(dead, health, stop, probe_timeout=2))
@@ -213,7 +192,7 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
     env: WorkflowEnvironment, tclient: Client, tmp_path: Path
 ) -> None:
     secret = "sk-proc-" + uuid.uuid4().hex
-    port = _free_port()
+    port = free_port()
     suffix = f"-p{uuid.uuid4().hex[:10]}"
     proc_env = {
         k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_", "OTEL_"))

@@ -100,7 +100,7 @@ def client_for(env: WorkflowEnvironment, settings: Settings) -> Client:
 @pytest_asyncio.fixture(scope="module")
 async def s3_stack(
     env: WorkflowEnvironment,
-    moto_s3: MotoS3,  # noqa: F811
+    moto_s3: MotoS3,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Stack]:
     bucket = f"aiw-{uuid.uuid4().hex[:8]}"
@@ -137,7 +137,7 @@ def external_sizes(history: Any) -> list[int]:
 async def test_five_mb_scrape_result_goes_through_s3_with_a_small_history(
     s3_stack: Stack,
     big_site: tuple[str, bytes],
-    moto_s3: MotoS3,  # noqa: F811
+    moto_s3: MotoS3,
 ) -> None:
     url, page = big_site
     # A tenant of its own: web-scrape's per-tenant rate limit is not shared with other tests.

@@ -6,22 +6,20 @@ import asyncio
 import io
 import json
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from conftest import running_stack
 from opentelemetry.trace import StatusCode
 from pydantic import SecretStr
-from telemetry_helpers import (
+from telemetry_helpers import (  # noqa: F401 - pytest fixtures
     SPANS,
     flaky_validator,
     hex_trace,
-    new_telemetry,
     one_step_pipeline,
-    telemetry_client,
+    tclient,
+    telemetry,
     workflow_id,
 )
 from temporalio.client import Client
@@ -31,23 +29,10 @@ from schemas import names
 from schemas.settings import Settings
 from workers import cli
 from workers.logs import JsonFormatter, Redactor
-from workers.telemetry import Telemetry
 
 SECRET = "sk-live-9f8e7d6c5b4a3210fedcba"
 
 
-@pytest_asyncio.fixture(scope="module")
-async def telemetry() -> AsyncIterator[Telemetry]:
-    t = new_telemetry().start()
-    try:
-        yield t
-    finally:
-        t.shutdown()
-
-
-@pytest_asyncio.fixture
-async def tclient(env: WorkflowEnvironment, telemetry: Telemetry) -> Client:
-    return await telemetry_client(env, telemetry)
 
 
 def _by_name(spans: list[Any], name: str) -> list[Any]:
