@@ -44,7 +44,17 @@ class LimiterState(_Model):
     waiters: list[tuple[AcquireRequest, float]] = Field(
         default_factory=list, description="(request, time queued), in arrival order"
     )
+    leases: dict[str, AcquireRequest] = Field(
+        default_factory=dict, description="ticket -> the request it was granted for"
+    )
     granted_total: int = 0
+
+
+class LeaseCheck(_Model):
+    """The limiter asks whether ``ticket`` is still held; the holder releases it if not."""
+
+    ticket: str
+    limiter_id: str
 
 
 class AcquireCall(_Model):

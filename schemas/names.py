@@ -53,6 +53,9 @@ LIMITER_PLAN: Final = "limiter-plan"
 LIMITER_ACQUIRE_SIGNAL: Final = "acquire"
 LIMITER_RELEASE_SIGNAL: Final = "release"
 PERMIT_SIGNAL: Final = "permit"
+# The limiter asks a lease's holder, before taking an expired lease back, whether it
+# still holds it: the signal fails when the holder's workflow is gone.
+LEASE_CHECK_SIGNAL: Final = "lease-check"
 
 
 def limiter_workflow_id(key: str, queue_suffix: str = "") -> str:

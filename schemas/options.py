@@ -68,3 +68,21 @@ def activity_options(
         ),
         retry_policy=retry_policy(spec, max_attempts),
     )
+
+
+# A lease outlives the calls it covers by this much (signal and scheduling latency).
+_LEASE_MARGIN_SECONDS = 60.0
+
+
+def lease_seconds(spec: WorkerSpec, timeout: float | None, max_attempts: int | None) -> float:
+    """How long one call of ``spec`` may hold a concurrency lease: every attempt
+    at its full timeout plus the longest backoff between attempts, and a margin.
+
+    The limiter asks the holder before it takes an expired lease back, so this
+    bounds how long a vanished holder keeps a slot, not how long a call may run.
+    """
+    policy = retry_policy(spec, max_attempts)
+    attempts = policy.maximum_attempts or 1
+    per_attempt = (timeout or spec.constraints.timeout_seconds) + _GRACE_SECONDS
+    backoff = (policy.maximum_interval or timedelta()).total_seconds()
+    return attempts * per_attempt + (attempts - 1) * backoff + _LEASE_MARGIN_SECONDS

@@ -27,6 +27,7 @@ TerminalStatus = Literal[
 ]
 StepStatus = Literal[
     "pending",
+    "waiting",
     "running",
     "succeeded",
     "partial",
@@ -71,10 +72,11 @@ class Validation(_Model):
 
 
 class Concurrency(_Model):
-    """At most ``limit`` steps with the same ``key`` run at once."""
+    """At most ``limit`` steps (or pipelines) with the same ``key`` run at once,
+    across every worker process; the key is a string or a ``${{ }}`` reference."""
 
-    key: str
-    limit: int = Field(ge=1)
+    key: str = Field(min_length=1, max_length=200)
+    limit: int = Field(ge=1, le=10_000)
 
 
 class Step(_Model):
@@ -132,6 +134,10 @@ class PipelineSpec(_Model):
     resume_from: ResumeFrom | None = Field(
         default=None, description="set by `aiworker redrive`: results reused from a failed run"
     )
+    concurrency: Concurrency | None = Field(
+        default=None,
+        description="at most `limit` pipelines with the same key (from inputs) run at once",
+    )
 
 
 class StepResult(_Model):
@@ -159,10 +165,11 @@ class StepResult(_Model):
 
 
 class ChunkItem(_Model):
-    """One for_each item with its resolved input."""
+    """One for_each item with its resolved input (and concurrency key, if any)."""
 
     index: int = Field(ge=0)
     input: dict[str, Any]
+    concurrency_key: str | None = None
 
 
 class ChunkAllowance(_Model):
@@ -188,6 +195,10 @@ class ChunkInput(_Model):
     max_attempts: int | None = None
     allowance: ChunkAllowance = Field(default_factory=ChunkAllowance)
     rate_limited: bool = Field(default=True, description="items wait for rate-limit permits")
+    concurrency_limit: int | None = Field(
+        default=None, ge=1, description="items with the same concurrency_key running at once"
+    )
+    lease_seconds: float = Field(default=3600.0, gt=0, description="one item's lease")
 
 
 class ItemResult(_Model):
@@ -305,12 +316,6 @@ def check_pipeline(spec: PipelineSpec, known_workers: set[str]) -> list[str]:
                 f"{where}: field 'validate': the validation loop needs a single step, "
                 "not a for_each (validate the items in a later step)"
             )
-        if step.for_each is not None and step.concurrency is not None:
-            # refused rather than ignored: items would run past the limit
-            problems.append(
-                f"{where}: field 'concurrency': not supported on a for_each step yet "
-                "(use max_parallel)"
-            )
         if step.fallback_input is not None and step.fallback is None:
             problems.append(f"{where}: field 'fallback_input': set without 'fallback'")
         for field, value in fields:
@@ -341,6 +346,8 @@ def check_pipeline(spec: PipelineSpec, known_workers: set[str]) -> list[str]:
         deps[step.id] = d
     if step_refs_problems := _output_problems(spec, index):
         problems.extend(step_refs_problems)
+    if spec.concurrency is not None:
+        problems.extend(_pipeline_concurrency_problems(spec.concurrency))
     if not problems:
         cycle = _find_cycle(deps)
         if cycle:
@@ -362,6 +369,20 @@ def _output_problems(spec: PipelineSpec, index: dict[str, int]) -> list[str]:
                 f"pipeline: field 'output': reference {ref.text} names unknown step {ref.step_id!r}"
             )
     return problems
+
+
+def _pipeline_concurrency_problems(c: Concurrency) -> list[str]:
+    """A pipeline's key is known before any step runs: it may refer to inputs only."""
+    try:
+        refs = find_refs(c.key)
+    except ReferenceError_ as e:
+        return [f"pipeline: field 'concurrency.key': {e}"]
+    return [
+        f"pipeline: field 'concurrency.key': {ref.text} is not available before the steps run "
+        "(use inputs)"
+        for ref in refs
+        if ref.root != "inputs"
+    ]
 
 
 def _find_cycle(deps: dict[str, set[str]]) -> list[str] | None:

@@ -18,14 +18,14 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from schemas import names
     from schemas.errors import ErrorCode
-    from schemas.limits import AcquireCall, Permit
+    from schemas.limits import AcquireCall, LeaseCheck, Permit
     from schemas.pipeline import Budget, ChunkInput, ChunkItem, ChunkResult, ItemResult
     from schemas.protocol import Usage
     from schemas.spec import load_specs
 
 from workflows.budget import BudgetRefused, Ledger
 from workflows.calls import call_worker
-from workflows.permits import PermitBook
+from workflows.permits import PermitBook, PermitWaitExpired, concurrency_call
 
 
 @workflow.defn(name=names.FOREACH_WORKFLOW)
@@ -40,6 +40,11 @@ class PipelineForEachWorkflow:
     def permit(self, permit: Permit) -> None:
         """A limiter granted a permit an item asked for."""
         self._permits.on_permit(permit)
+
+    @workflow.signal(name=names.LEASE_CHECK_SIGNAL)
+    async def lease_check(self, check: LeaseCheck) -> None:
+        """A limiter asks about an item's lease past its time."""
+        await self._permits.on_lease_check(check)
 
     @workflow.query(name=names.PROGRESS_QUERY)
     def progress(self) -> dict[str, int]:
@@ -67,6 +72,11 @@ class PipelineForEachWorkflow:
         slots = asyncio.Semaphore(chunk.max_parallel)
         me = workflow.info().workflow_id
 
+        def remaining() -> timedelta | None:
+            if ledger.deadline is None:
+                return None
+            return timedelta(seconds=max(0.0, ledger.deadline - workflow.now().timestamp()))
+
         def refused(item: ChunkItem, code: str, message: str) -> ItemResult:
             self._done += 1
             return ItemResult(
@@ -83,39 +93,58 @@ class PipelineForEachWorkflow:
                     )
                 except BudgetRefused as e:
                     return refused(item, ErrorCode.BUDGET_EXCEEDED.value, e.message)
-                # The worker's per-tenant rate limit holds for every item.
+                # The worker's per-tenant rate limit holds for every item, and the
+                # step's concurrency key (resolved per item) across every chunk.
+                keyed = chunk.concurrency_limit is not None and item.concurrency_key is not None
+                ticket = (
+                    f"{me}/{item.index}/{workflow.uuid4().hex[:8]}"
+                    if chunk.rate_limited or keyed
+                    else ""
+                )
+                calls: list[AcquireCall] = []
                 if chunk.rate_limited:
-                    permit = await self._permits.acquire(
+                    calls.append(
                         AcquireCall(
                             worker_id=worker.worker_id,
                             tenant=chunk.tenant,
                             requester=me,
-                            ticket=f"{me}/{item.index}/{workflow.uuid4().hex[:8]}",
-                        ),
-                        None
-                        if ledger.deadline is None
-                        else timedelta(
-                            seconds=max(0.0, ledger.deadline - workflow.now().timestamp())
-                        ),
-                    )
-                    if permit is None:
-                        ledger.settle(admission, Usage())
-                        return refused(
-                            item,
-                            ErrorCode.RATE_LIMITED.value,
-                            "the pipeline deadline passed while waiting for the rate limit",
+                            ticket=ticket,
                         )
-                outcome = await call_worker(
-                    worker,
-                    key=f"{chunk.key_prefix}/{item.index}",
-                    tenant=chunk.tenant,
-                    trace_id=chunk.trace_id,
-                    input=item.input,
-                    admission=admission,
-                    max_attempts=chunk.max_attempts,
-                    queue_suffix=chunk.queue_suffix,
-                    summary=f"{chunk.step_id}[{item.index}] ({worker.worker_id})",
-                )
+                    )
+                if keyed:
+                    assert item.concurrency_key is not None and chunk.concurrency_limit
+                    calls.append(
+                        concurrency_call(
+                            item.concurrency_key,
+                            chunk.concurrency_limit,
+                            me,
+                            f"{ticket}/concurrency",
+                            chunk.lease_seconds,
+                        )
+                    )
+                try:
+                    leases = await self._permits.acquire_all(calls, remaining, who=str(item.index))
+                except PermitWaitExpired as e:
+                    ledger.settle(admission, Usage())
+                    return refused(
+                        item,
+                        ErrorCode.RATE_LIMITED.value,
+                        f"the pipeline deadline passed while waiting for {e.what}",
+                    )
+                try:
+                    outcome = await call_worker(
+                        worker,
+                        key=f"{chunk.key_prefix}/{item.index}",
+                        tenant=chunk.tenant,
+                        trace_id=chunk.trace_id,
+                        input=item.input,
+                        admission=admission,
+                        max_attempts=chunk.max_attempts,
+                        queue_suffix=chunk.queue_suffix,
+                        summary=f"{chunk.step_id}[{item.index}] ({worker.worker_id})",
+                    )
+                finally:
+                    await self._permits.release_all(leases)
                 ledger.settle(admission, outcome.usage)
                 self._done += 1
                 status = outcome.status if outcome.status in ("succeeded", "partial") else "failed"

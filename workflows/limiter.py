@@ -7,8 +7,12 @@ datastore: one long-running workflow per key (id
 ``aiworker-limiter/<key>``) receives ``acquire`` signals (sent with
 signal-with-start, so the first request creates it), grants permits in
 arrival order by signalling the requesting workflow, and receives
-``release`` signals for concurrency leases. A lease also expires after its
-``lease_seconds``, so a requester that vanished cannot hold a slot forever.
+``release`` signals for concurrency leases. When a lease's ``lease_seconds``
+pass, the limiter asks its holder (a ``lease-check`` signal): a holder that
+is gone cannot be signalled and loses the slot, a live one keeps it for
+another period and gives it back itself if it no longer holds it. So a
+vanished requester cannot hold a slot forever, and a long one (a pipeline
+waiting days for review) is never overrun.
 History stays bounded with continue-as-new; an idle limiter completes and the
 next request starts a fresh one.
 """
@@ -22,12 +26,22 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from schemas import names
-    from schemas.limits import AcquireRequest, LimiterState, Permit
+    from schemas.limits import AcquireRequest, LeaseCheck, LimiterState, Permit
 
 # Continue-as-new well before histories get large.
 _MAX_HISTORY_EVENTS = 2000
 _MAX_ROUNDS = 500
 _IDLE_SECONDS = 300.0
+# Replay: limiters that ran before lease checks existed took expired leases back at once.
+_LEASE_CHECK_PATCH = "lease-check"
+
+
+def _record_wait(kind: str, seconds: float) -> None:
+    """``aiworker_limiter_wait_seconds{kind}``: how long granted requests waited
+    (the SDK's replay-safe meter: a replayed grant is not counted twice)."""
+    workflow.metric_meter().create_histogram_float(
+        "aiworker_limiter_wait", "Time a permit request waited at its limiter.", "s"
+    ).record(seconds, {"kind": kind})
 
 
 @workflow.defn(name=names.LIMITER_WORKFLOW)
@@ -38,6 +52,7 @@ class LimiterWorkflow:
         self._s = LimiterState(key="")
         self._waiters: list[tuple[AcquireRequest, float]] = []
         self._holders: dict[str, float] = {}
+        self._leases: dict[str, AcquireRequest] = {}
         self._grants: list[float] = []
         self._changed = False
 
@@ -58,6 +73,7 @@ class LimiterWorkflow:
     def release(self, ticket: str) -> None:
         """End a concurrency lease (or withdraw a queued request)."""
         self._holders.pop(ticket, None)
+        self._leases.pop(ticket, None)
         self._waiters = [(w, t) for w, t in self._waiters if w.ticket != ticket]
         self._changed = True
 
@@ -82,6 +98,7 @@ class LimiterWorkflow:
         # carry over what the previous run held; signals may already have queued more
         self._waiters = [*state.waiters, *self._waiters]
         self._holders = {**state.holders, **self._holders}
+        self._leases = {**state.leases, **self._leases}
         self._grants = list(state.grants)
         idle_since = self._now()
         for _ in range(_MAX_ROUNDS):
@@ -110,6 +127,7 @@ class LimiterWorkflow:
             update={
                 "waiters": list(self._waiters),
                 "holders": dict(self._holders),
+                "leases": {t: r for t, r in self._leases.items() if t in self._holders},
                 "grants": list(self._grants),
             }
         )
@@ -123,12 +141,37 @@ class LimiterWorkflow:
             candidates.append(min(self._holders.values()) - now)
         return max(0.05, min(candidates))
 
+    async def _expire(self, ticket: str, now: float) -> None:
+        """An expired lease: keep it while its holder lives, else take it back."""
+        request = self._leases.get(ticket)
+        if request is not None and workflow.patched(_LEASE_CHECK_PATCH):
+            check = LeaseCheck(ticket=ticket, limiter_id=workflow.info().workflow_id)
+            try:
+                await workflow.get_external_workflow_handle(request.requester).signal(
+                    names.LEASE_CHECK_SIGNAL, check
+                )
+            except Exception as e:
+                workflow.logger.warning(
+                    "limiter %s: lease %s taken back, holder %s is gone: %s",
+                    self._s.key,
+                    ticket,
+                    request.requester,
+                    e,
+                )
+            else:
+                if ticket in self._holders:  # not released while the signal was on its way
+                    self._holders[ticket] = now + request.lease_seconds
+                return
+        else:
+            workflow.logger.warning("limiter %s: lease %s expired", self._s.key, ticket)
+        self._holders.pop(ticket, None)
+        self._leases.pop(ticket, None)
+
     async def _grant_ready(self) -> None:
         now = self._now()
         for ticket, end in list(self._holders.items()):
             if end <= now:
-                workflow.logger.warning("limiter %s: lease %s expired", self._s.key, ticket)
-                del self._holders[ticket]
+                await self._expire(ticket, now)
         # a bounded number of grants per round
         for _ in range(len(self._waiters)):
             if not self._waiters:
@@ -152,8 +195,10 @@ class LimiterWorkflow:
                 if len(self._holders) >= self._s.limit:
                     return
                 self._holders[request.ticket] = now + request.lease_seconds
+                self._leases[request.ticket] = request
             self._waiters.pop(0)
             self._s = self._s.model_copy(update={"granted_total": self._s.granted_total + 1})
+            _record_wait(request.kind, now - queued_at)
             permit = Permit(
                 ticket=request.ticket, key=self._s.key, waited_seconds=round(now - queued_at, 3)
             )
@@ -164,8 +209,10 @@ class LimiterWorkflow:
             except ApplicationError:
                 # the requester is gone: free its slot again
                 self._holders.pop(request.ticket, None)
+                self._leases.pop(request.ticket, None)
             except Exception as e:
                 workflow.logger.warning(
                     "limiter %s: cannot signal %s: %s", self._s.key, request.requester, e
                 )
                 self._holders.pop(request.ticket, None)
+                self._leases.pop(request.ticket, None)

@@ -42,7 +42,8 @@ with workflow.unsafe.imports_passed_through():
 
     from schemas import names
     from schemas.errors import ErrorCode
-    from schemas.limits import AcquireCall, Permit
+    from schemas.limits import AcquireCall, LeaseCheck, Permit
+    from schemas.options import lease_seconds
     from schemas.pipeline import (
         ChunkAllowance,
         ChunkInput,
@@ -64,13 +65,17 @@ with workflow.unsafe.imports_passed_through():
 from workflows.budget import Admission, BudgetRefused, Ledger
 from workflows.calls import Outcome, call_worker, error_code_of, with_feedback
 from workflows.foreach import PipelineForEachWorkflow
-from workflows.permits import PermitBook
+from workflows.permits import Lease, PermitBook, PermitWaitExpired, concurrency_call
 
 STATUS_KEY = SearchAttributeKey.for_keyword(names.SA_STATUS)
 TENANT_KEY = SearchAttributeKey.for_keyword(names.SA_TENANT)
 PIPELINE_KEY = SearchAttributeKey.for_keyword(names.SA_PIPELINE)
 
 MEMO_SEARCH_ATTRIBUTES = "search_attributes"
+# A pipeline's own concurrency lease: checked with the pipeline when it runs out,
+# kept while the pipeline lives; with a deadline it lasts the deadline and a margin.
+PIPELINE_LEASE_SECONDS = 3600.0
+PIPELINE_LEASE_MARGIN = 60.0
 # A reviewer may send a step back this many times; then the step fails.
 MAX_REVIEW_ROUNDS = 3
 # Failed items listed in a for_each step's outputs (the counts cover all).
@@ -164,17 +169,26 @@ class PipelineWorkflow:
         """A limiter granted a permit this pipeline asked for."""
         self._permits.on_permit(permit)
 
+    @workflow.signal(name=names.LEASE_CHECK_SIGNAL)
+    async def lease_check(self, check: LeaseCheck) -> None:
+        """A limiter asks about a lease past its time (see ``LimiterWorkflow``)."""
+        await self._permits.on_lease_check(check)
+
     # -- queries and updates -------------------------------------------------
 
     @workflow.query(name=names.PROGRESS_QUERY)
     def progress(self, include_outputs: bool = False) -> dict[str, Any]:
         """Per-step status, attempts, error code, duration and usage so far."""
         exclude = None if include_outputs else {"outputs"}
+        waiting = self._permits.waiting_for()
+        steps = {k: v.model_dump(mode="json", exclude=exclude) for k, v in self._steps.items()}
+        for step_id in waiting.keys() & steps.keys():
+            steps[step_id]["status"] = "waiting"
         return {
             "status": self._status,
-            "steps": {
-                k: v.model_dump(mode="json", exclude=exclude) for k, v in self._steps.items()
-            },
+            "steps": steps,
+            # who waits at a limiter now: step id ("" for the pipeline) -> rate or concurrency
+            "waiting": waiting,
             "usage": (self._ledger.used if self._ledger else Usage()).model_dump(mode="json"),
             "budget": self._ledger.view() if self._ledger else None,
             "awaiting_review": sorted(self._awaiting),
@@ -244,13 +258,13 @@ class PipelineWorkflow:
         self._key_base = spec.resume_from.workflow_id if spec.resume_from else info.workflow_id
         self._ledger = Ledger(spec.budget, started_at=_now())
         # one upsert for all three: each is a visibility write on the server
-        self._status = "running"
+        self._status = "running" if spec.concurrency is None else "waiting"
         if self._search_attributes_on():
             workflow.upsert_search_attributes(
                 [
                     TENANT_KEY.value_set(spec.tenant),
                     PIPELINE_KEY.value_set(spec.name),
-                    STATUS_KEY.value_set("running"),
+                    STATUS_KEY.value_set(self._status),
                 ]
             )
         for step in spec.steps:
@@ -261,7 +275,14 @@ class PipelineWorkflow:
                 spec.tenant,
                 [s.worker for s in spec.steps] + [s.fallback for s in spec.steps if s.fallback],
             )
-            result = await self._execute(spec)
+            slot = await self._pipeline_slot(spec)
+            if isinstance(slot, PipelineResult):
+                result = slot
+            else:
+                try:
+                    result = await self._execute(spec)
+                finally:
+                    await self._permits.release_all(slot)
         except asyncio.CancelledError:
             self._finish("cancelled", spec)
             raise
@@ -277,6 +298,48 @@ class PipelineWorkflow:
             ) from e
         self._finish(result.status, spec)
         return result
+
+    async def _pipeline_slot(self, spec: PipelineSpec) -> list[Lease] | PipelineResult:
+        """Wait for the pipeline's own concurrency slot (``concurrency`` on the pipeline).
+
+        Returns the lease to give back at the end, or the result of a pipeline
+        whose deadline passed while it waited (``rate_limited``, nothing ran).
+        """
+        if spec.concurrency is None:
+            return []
+        try:
+            key = resolve(spec.concurrency.key, {"inputs": spec.inputs})
+        except ReferenceError_ as e:
+            raise ApplicationError(
+                f"pipeline: field 'concurrency.key': {e}",
+                type=ErrorCode.INVALID_INPUT.value,
+                non_retryable=True,
+            ) from None
+        info = workflow.info()
+        deadline = spec.budget.deadline_seconds
+        call = concurrency_call(
+            str(key),
+            spec.concurrency.limit,
+            info.workflow_id,
+            f"{info.workflow_id}/{workflow.uuid4().hex[:8]}/pipeline",
+            # renewed by the limiter's lease checks for as long as this pipeline lives
+            PIPELINE_LEASE_SECONDS if deadline is None else deadline + PIPELINE_LEASE_MARGIN,
+        )
+        try:
+            leases = await self._permits.acquire_all([call], self._remaining)
+        except PermitWaitExpired as e:
+            message = f"the pipeline deadline passed while waiting for {e.what} ({key})"
+            for sid in self._steps:
+                self._steps[sid] = StepResult(status="skipped", error_message=message)
+            return PipelineResult(
+                status="failed",
+                steps=dict(self._steps),
+                usage=Usage(),
+                trace_id=self._trace_id,
+                error={"code": ErrorCode.RATE_LIMITED.value, "message": message},
+            )
+        self._set_status("running")
+        return leases
 
     @staticmethod
     def _search_attributes_on() -> bool:
@@ -505,18 +568,21 @@ class PipelineWorkflow:
                 trace_id=self._trace_id,
                 input=step_input,
                 admission=admission,
-                max_attempts=step.retry.max_attempts if step.retry else None,
+                max_attempts=self._max_attempts(step),
                 queue_suffix=self._queue_suffix,
                 summary=label,
             )
         finally:
-            for lease_key, ticket in leases:
-                await self._permits.release(lease_key, ticket)
+            await self._permits.release_all(leases)
         if self._ledger is not None:
             self._ledger.settle(admission, outcome.usage)
         if outcome.error_code == ErrorCode.BUDGET_EXCEEDED.value:
             self._terminal = "budget_exhausted"
         return outcome
+
+    @staticmethod
+    def _max_attempts(step: Step) -> int | None:
+        return step.retry.max_attempts if step.retry else None
 
     def _remaining(self) -> timedelta | None:
         deadline = self._ledger.deadline if self._ledger else None
@@ -524,7 +590,7 @@ class PipelineWorkflow:
             return None
         return timedelta(seconds=max(0.0, deadline - _now()))
 
-    async def _acquire_limits(self, worker: WorkerSpec, step: Step) -> list[tuple[str, str]]:
+    async def _acquire_limits(self, worker: WorkerSpec, step: Step) -> list[Lease]:
         """Wait for the worker's per-tenant rate limit and the step's concurrency key.
 
         Returns the concurrency leases to release; ends the step ``rate_limited``
@@ -545,37 +611,27 @@ class PipelineWorkflow:
             )
         if step.concurrency is not None:
             key = self._resolve_input(step, step.concurrency.key, "concurrency.key", {})
-            attempts = worker.retries.max_attempts
-            lease = (step.timeout_seconds or worker.constraints.timeout_seconds) * attempts + 60
             calls.append(
-                AcquireCall(
-                    key=str(key),
-                    limit=step.concurrency.limit,
-                    requester=info.workflow_id,
-                    ticket=f"{base}/concurrency",
-                    lease_seconds=lease,
+                concurrency_call(
+                    str(key),
+                    step.concurrency.limit,
+                    info.workflow_id,
+                    f"{base}/concurrency",
+                    lease_seconds(worker, step.timeout_seconds, self._max_attempts(step)),
                 )
             )
-        leases: list[tuple[str, str]] = []
-        for call in calls:
-            result = await self._permits.acquire(call, self._remaining())
-            if result is None:
-                for key, ticket in leases:
-                    await self._permits.release(key, ticket)
-                what = "a concurrency slot" if call.key else "the rate limit"
-                raise _StepEnded(
-                    StepResult(
-                        status="failed",
-                        error_code=ErrorCode.RATE_LIMITED.value,
-                        error_message=(
-                            f"step {step.id!r}: the pipeline deadline passed while waiting "
-                            f"for {what}"
-                        ),
-                    )
+        try:
+            return await self._permits.acquire_all(calls, self._remaining, who=step.id)
+        except PermitWaitExpired as e:
+            raise _StepEnded(
+                StepResult(
+                    status="failed",
+                    error_code=ErrorCode.RATE_LIMITED.value,
+                    error_message=(
+                        f"step {step.id!r}: the pipeline deadline passed while waiting for {e.what}"
+                    ),
                 )
-            if result.limited and call.key is not None and result.limiter_id is not None:
-                leases.append((result.limiter_id, call.ticket))
-        return leases
+            ) from None
 
     async def _run_single(self, spec: PipelineSpec, step: Step) -> StepResult:
         worker = self._worker_specs[step.worker]
@@ -774,12 +830,19 @@ class PipelineWorkflow:
         errors: list[dict[str, Any]] = []
         failed = 0
         resolved: list[ChunkItem] = []
+        scope = self._scope()
         for i, item in enumerate(items):
+            item_scope = scope | {"item": item, "item_index": i}
             try:
                 resolved.append(
                     ChunkItem(
                         index=i,
-                        input=resolve(step.input, self._scope() | {"item": item, "item_index": i}),
+                        input=resolve(step.input, item_scope),
+                        concurrency_key=(
+                            None
+                            if step.concurrency is None
+                            else str(resolve(step.concurrency.key, item_scope))
+                        ),
                     )
                 )
             except ReferenceError_ as e:
@@ -824,9 +887,13 @@ class PipelineWorkflow:
                         items=chunk,
                         max_parallel=per_chunk_parallel,
                         timeout_seconds=step.timeout_seconds,
-                        max_attempts=step.retry.max_attempts if step.retry else None,
+                        max_attempts=self._max_attempts(step),
                         rate_limited=(
                             self._rate_limited is None or worker.worker_id in self._rate_limited
+                        ),
+                        concurrency_limit=step.concurrency.limit if step.concurrency else None,
+                        lease_seconds=lease_seconds(
+                            worker, step.timeout_seconds, self._max_attempts(step)
                         ),
                         allowance=ChunkAllowance(
                             max_tokens=share(admission.max_tokens, len(chunk)),

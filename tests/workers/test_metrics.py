@@ -205,6 +205,8 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
         AIWORKER_LLM_API_KEY=secret,
         AIWORKER_LLM_MODEL="test-model",
         AIWORKER_SHUTDOWN_GRACE_SECONDS="2",
+        # the validator step asks a LimiterWorkflow (in this process) for a permit
+        AIWORKER_RATE_LIMITS="validator:*=1000/min",
         TEMPORAL_NAMESPACE=env.client.namespace,
     )
     stderr = (tmp_path / "worker.stderr").open("w+")
@@ -262,6 +264,7 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
         assert value("temporal_workflow_completed_total") >= 1
         assert value("aiworker_pipelines_total", status="succeeded", pipeline="scraped") == 1
         assert value("temporal_activity_execution_latency_seconds_count") >= 1
+        assert value("aiworker_limiter_wait_seconds_count", kind="rate") == 1
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -87,9 +87,23 @@ async def fail(stack: Stack, pipeline: Any) -> tuple[ApplicationError, Any]:
             },
             "step 'a': field 'when.schema': invalid JSON Schema",
         ),
-        ({"name": "p", "steps": [{"id": "a", "worker": "validator", "input": V,
-                                  "for_each": [1, 2], "concurrency": {"key": "k", "limit": 1}}]},
-         "step 'a': field 'concurrency': not supported on a for_each step yet"),
+        (
+            {
+                "name": "p",
+                "concurrency": {"key": "${{ steps.a.outputs.valid }}", "limit": 1},
+                "steps": [{"id": "a", "worker": "validator", "input": V}],
+            },
+            "pipeline: field 'concurrency.key': steps.a.outputs.valid is not available "
+            "before the steps run (use inputs)",
+        ),
+        (
+            {
+                "name": "p",
+                "concurrency": {"key": "k", "limit": 0},
+                "steps": [{"id": "a", "worker": "validator", "input": V}],
+            },
+            "field 'concurrency.limit'",
+        ),
         ("not an object", "invalid pipeline"),
     ],
 )
