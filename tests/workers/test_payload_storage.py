@@ -28,15 +28,20 @@ from support.payloads import (
     stack_settings,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import (
+    DataConverter,
+    StorageDriverClaim,
+    StorageDriverRetrieveContext,
+)
 from temporalio.testing import WorkflowEnvironment
 
 from activities.errors import AccessDeniedError
 from schemas.pipeline import PipelineResult
 from schemas.protocol import WorkerResponse
 from schemas.settings import Settings, SettingsError
-from workers.payload_storage import FILE_DRIVER
+from workers.payload_storage import FILE_DRIVER, PrefixedS3StorageDriver
 from workers.temporal_client import data_converter
-from workers.tools import build_tools, close_connections
+from workers.tools import build_tools, close_connections, s3_connection
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -201,3 +206,39 @@ def test_store_settings() -> None:
     assert conv.external_storage is not None
     assert conv.external_storage.payload_size_threshold == 1000
     assert conv.payload_converter_class is pydantic_data_converter.payload_converter_class
+
+
+async def test_s3_payload_references_hold_the_prefix_they_were_written_under(
+    moto_s3: MotoS3, tmp_path: Path
+) -> None:
+    """A reader configured with another prefix (a moved store, a rolling deploy that
+    changes it) still reads what was written: the reference names the whole key."""
+    bucket = f"aiw-{uuid.uuid4().hex[:8]}"
+    moto_s3.client().create_bucket(Bucket=bucket)
+
+    def converter(store: str, name: str) -> DataConverter:
+        return data_converter(
+            Settings(data_dir=tmp_path / name, artifact_store=store, payload_threshold_bytes=1000)
+        )
+
+    value = {"text": "x" * 5000}
+    payloads = await converter(f"s3://{bucket}/old", "writer").encode([value])
+    (key,) = [o["Key"] for o in moto_s3.client().list_objects_v2(Bucket=bucket)["Contents"]]
+    assert key.startswith("old/_payloads/v0/")
+    for store in (f"s3://{bucket}/new", f"s3://{bucket}", f"s3://{bucket}/old"):
+        assert await converter(store, "reader").decode(payloads, [dict]) == [value], store
+
+    # A reference written before the prefix was recorded: read under the reader's own prefix.
+    digest = key.rsplit("/", 1)[1]
+    legacy = StorageDriverClaim(
+        {
+            "bucket": bucket,
+            "key": key.removeprefix("old/_payloads/"),
+            "hash_algorithm": "sha256",
+            "hash_value": digest,
+        }
+    )
+    driver = PrefixedS3StorageDriver(s3_connection(), bucket, "old/_payloads/")
+    (payload,) = await driver.retrieve(StorageDriverRetrieveContext(), [legacy])
+    assert hashlib.sha256(payload.SerializeToString()).hexdigest() == digest
+    await close_connections()
