@@ -333,6 +333,5 @@ async def test_a_killed_scrape_process_is_replaced_and_the_next_pipeline_is_serv
     assert result.output == {"title": "Big page", "valid": True, "bytes": len(big_site.page)}
     acts = activities(await handle.fetch_history())
     assert acts[names.WEB_SCRAPE]["identity"].startswith(f"{replacement.pid}@")
-    assert acts[names.WEB_SCRAPE]["attempt"] == 1
     assert acts[names.VALIDATOR]["identity"].startswith(f"{d.procs['b'].pid}@")
     assert big_local_files(d) == []
