@@ -215,7 +215,7 @@ def big_local_files(d: Deployment) -> list[Path]:
 
 
 async def test_five_mb_result_written_by_one_process_is_read_by_another_through_s3(
-    deployment: Deployment, big_site: BigSite, moto_s3: MotoS3, tmp_path: Path
+    deployment: Deployment, big_site: BigSite, moto_s3: MotoS3
 ) -> None:
     d = deployment
     a, b = d.procs["a"], d.procs["b"]
