@@ -10,7 +10,7 @@ the workflow sandbox, so workflow code stays free of I/O.
 Drivers: with ``s3://`` the SDK's own
 :class:`~temporalio.contrib.aws.s3driver.S3StorageDriver` (the SDK's
 keys ``v0/ns/<namespace>/...`` under ``<prefix>/_payloads/`` in the artifact
-bucket);
+bucket; each reference names its whole key, see :class:`PrefixedS3StorageDriver`);
 with ``file`` :class:`ArtifactStoreDriver` over a file store under
 ``<data_dir>/payloads/<namespace>/`` (one host or a shared volume). The file
 driver is registered in both cases so that payloads written before a switch
@@ -97,9 +97,10 @@ class _LazyAioboto3Client(S3StorageDriverClient):
     HTTP client a stream rather than one multi-megabyte ``bytes`` body (the
     SDK adapter's path makes aiohttp warn that this can block the loop).
 
-    Keys get ``key_prefix`` in front, so that everything aiworker writes stays
-    under the configured ``s3://bucket/prefix``; the SDK's references hold the
-    key without it.
+    Writes (``object_exists``, ``put_object``) get ``key_prefix`` in front of
+    the SDK's key, so that everything aiworker writes stays under the
+    configured ``s3://bucket/prefix``. Reads take the whole key as
+    :class:`PrefixedS3StorageDriver` resolves it from the reference.
     """
 
     def __init__(self, connection: S3Connection, key_prefix: str = "") -> None:
@@ -121,10 +122,57 @@ class _LazyAioboto3Client(S3StorageDriverClient):
         return await (await self._inner()).object_exists(bucket=bucket, key=self._prefix + key)
 
     async def get_object(self, *, bucket: str, key: str) -> bytes:
-        return await (await self._inner()).get_object(bucket=bucket, key=self._prefix + key)
+        return await (await self._inner()).get_object(bucket=bucket, key=key)
 
     def describe(self) -> Mapping[str, str]:
         return {"key_prefix": self._prefix} if self._prefix else {}
+
+
+class PrefixedS3StorageDriver(S3StorageDriver):
+    """The SDK's S3 driver, writing under a key prefix that its references name.
+
+    The SDK's reference holds the bucket and the key it built; this driver
+    adds the prefix it wrote under (``key_prefix``) and makes ``key`` the
+    object's whole key, so any reader finds the object whatever prefix it is
+    configured with itself: a moved store or a rolling deploy that changes
+    ``AIWORKER_ARTIFACT_STORE`` keeps older histories readable. A reference
+    without ``key_prefix`` (written before it was recorded) is read under the
+    reader's own prefix, as it was then.
+
+    Args:
+        connection: the process's S3 client.
+        bucket: the artifact bucket.
+        key_prefix: prepended to the SDK's keys on write (ends with ``/``, or empty).
+    """
+
+    def __init__(self, connection: S3Connection, bucket: str, key_prefix: str = "") -> None:
+        super().__init__(client=_LazyAioboto3Client(connection, key_prefix), bucket=bucket)
+        self._key_prefix = key_prefix
+
+    async def store(
+        self, context: StorageDriverStoreContext, payloads: Sequence[Payload]
+    ) -> list[StorageDriverClaim]:
+        return [
+            StorageDriverClaim(
+                {
+                    **c.claim_data,
+                    "key": self._key_prefix + c.claim_data["key"],
+                    "key_prefix": self._key_prefix,
+                }
+            )
+            for c in await super().store(context, payloads)
+        ]
+
+    async def retrieve(
+        self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
+    ) -> list[Payload]:
+        whole = [
+            c
+            if "key_prefix" in c.claim_data
+            else StorageDriverClaim({**c.claim_data, "key": self._key_prefix + c.claim_data["key"]})
+            for c in claims
+        ]
+        return await super().retrieve(context, whole)
 
 
 def external_storage(settings: Settings, s3: S3Connection | None = None) -> ExternalStorage:
@@ -141,7 +189,7 @@ def external_storage(settings: Settings, s3: S3Connection | None = None) -> Exte
             s3 = s3_connection()
         bucket, prefix = parse_s3_url(settings.artifact_store)
         key_prefix = f"{prefix}/_payloads/" if prefix else "_payloads/"
-        primary = S3StorageDriver(client=_LazyAioboto3Client(s3, key_prefix), bucket=bucket)
+        primary = PrefixedS3StorageDriver(s3, bucket, key_prefix)
         drivers.insert(0, primary)
 
     def select(_: StorageDriverSelectContext, __: Payload) -> StorageDriver:
@@ -154,4 +202,4 @@ def external_storage(settings: Settings, s3: S3Connection | None = None) -> Exte
     )
 
 
-__all__ = ["ArtifactStoreDriver", "external_storage"]
+__all__ = ["ArtifactStoreDriver", "PrefixedS3StorageDriver", "external_storage"]

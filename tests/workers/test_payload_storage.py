@@ -10,91 +10,38 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
-import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
+from fixtures.big_site import BODY_CHARS, BigSite, big_site  # noqa: F401  (module fixture)
 from fixtures.s3 import MotoS3, moto_s3  # noqa: F401  (module fixture)
-from temporalio.client import Client
+from support.payloads import (
+    SMALL_HISTORY_BYTES,
+    aiworker,
+    client_for,
+    external_sizes,
+    history_bytes,
+    stack_settings,
+)
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import (
+    DataConverter,
+    StorageDriverClaim,
+    StorageDriverRetrieveContext,
+)
 from temporalio.testing import WorkflowEnvironment
 
 from activities.errors import AccessDeniedError
 from schemas.pipeline import PipelineResult
 from schemas.protocol import WorkerResponse
 from schemas.settings import Settings, SettingsError
-from workers.payload_storage import FILE_DRIVER
+from workers.payload_storage import FILE_DRIVER, PrefixedS3StorageDriver
 from workers.temporal_client import data_converter
-from workers.tools import build_tools, close_connections
-
-BODY_CHARS = 5_000_000
-# A history whose 5 MB result went out of band: a few KB of events and references.
-SMALL_HISTORY_BYTES = 64 * 1024
-
-
-def big_page() -> bytes:
-    filler = ("lorem ipsum " * (BODY_CHARS // 12 + 1))[:BODY_CHARS]
-    return (
-        "<!doctype html><html><head><title>big</title></head><body><h1>Big page</h1>"
-        f'<div class="body">{filler}</div></body></html>'
-    ).encode()
-
-
-@pytest.fixture(scope="module")
-def big_site() -> Iterator[tuple[str, bytes]]:
-    page = big_page()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            body, status = (page, 200) if self.path == "/big" else (b"no", 404)
-            self.send_response(status)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/big", page
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-
-def stack_settings(tmp: Path, **kw: Any) -> Settings:
-    return Settings(
-        data_dir=tmp / "data",
-        task_queue_suffix=f"-t{uuid.uuid4().hex[:10]}",
-        metrics_port=0,
-        allow_private_networks=True,
-        shutdown_grace_seconds=5,
-        **kw,
-    )
-
-
-def client_for(env: WorkflowEnvironment, settings: Settings) -> Client:
-    """A client on the session's server with the converter ``settings`` configure."""
-    return Client(
-        env.client.service_client,
-        namespace=env.client.namespace,
-        data_converter=data_converter(settings),
-    )
+from workers.tools import build_tools, close_connections, s3_connection
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -117,29 +64,12 @@ async def s3_stack(
         await close_connections()
 
 
-def history_bytes(history: Any) -> int:
-    return sum(e.ByteSize() for e in history.events)
-
-
-def external_sizes(history: Any) -> list[int]:
-    """Sizes of the payloads that went out of band, as the history's references say."""
-    sizes = []
-    for e in history.events:
-        for attrs in (
-            e.activity_task_completed_event_attributes,
-            e.workflow_execution_completed_event_attributes,
-        ):
-            for p in attrs.result.payloads:
-                sizes += [x.size_bytes for x in p.external_payloads]
-    return sizes
-
-
 async def test_five_mb_scrape_result_goes_through_s3_with_a_small_history(
     s3_stack: Stack,
-    big_site: tuple[str, bytes],
+    big_site: BigSite,
     moto_s3: MotoS3,
 ) -> None:
-    url, page = big_site
+    url, page = big_site.url, big_site.page
     # A tenant of its own: web-scrape's per-tenant rate limit is not shared with other tests.
     tenant = f"acme-{uuid.uuid4().hex[:6]}"
     spec = {
@@ -228,18 +158,6 @@ async def test_five_mb_scrape_result_goes_through_s3_with_a_small_history(
     ]
 
 
-def aiworker(env: dict[str, str], *args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
 async def test_default_file_store_carries_payloads_over_the_threshold(
     env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
@@ -288,3 +206,39 @@ def test_store_settings() -> None:
     assert conv.external_storage is not None
     assert conv.external_storage.payload_size_threshold == 1000
     assert conv.payload_converter_class is pydantic_data_converter.payload_converter_class
+
+
+async def test_s3_payload_references_hold_the_prefix_they_were_written_under(
+    moto_s3: MotoS3, tmp_path: Path
+) -> None:
+    """A reader configured with another prefix (a moved store, a rolling deploy that
+    changes it) still reads what was written: the reference names the whole key."""
+    bucket = f"aiw-{uuid.uuid4().hex[:8]}"
+    moto_s3.client().create_bucket(Bucket=bucket)
+
+    def converter(store: str, name: str) -> DataConverter:
+        return data_converter(
+            Settings(data_dir=tmp_path / name, artifact_store=store, payload_threshold_bytes=1000)
+        )
+
+    value = {"text": "x" * 5000}
+    payloads = await converter(f"s3://{bucket}/old", "writer").encode([value])
+    (key,) = [o["Key"] for o in moto_s3.client().list_objects_v2(Bucket=bucket)["Contents"]]
+    assert key.startswith("old/_payloads/v0/")
+    for store in (f"s3://{bucket}/new", f"s3://{bucket}", f"s3://{bucket}/old"):
+        assert await converter(store, "reader").decode(payloads, [dict]) == [value], store
+
+    # A reference written before the prefix was recorded: read under the reader's own prefix.
+    digest = key.rsplit("/", 1)[1]
+    legacy = StorageDriverClaim(
+        {
+            "bucket": bucket,
+            "key": key.removeprefix("old/_payloads/"),
+            "hash_algorithm": "sha256",
+            "hash_value": digest,
+        }
+    )
+    driver = PrefixedS3StorageDriver(s3_connection(), bucket, "old/_payloads/")
+    (payload,) = await driver.retrieve(StorageDriverRetrieveContext(), [legacy])
+    assert hashlib.sha256(payload.SerializeToString()).hexdigest() == digest
+    await close_connections()

@@ -1,0 +1,72 @@
+"""Helpers for the large-payload tests: settings, a converter-aware client,
+reading external references out of a history, and the ``aiworker`` CLI as a
+separate process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from schemas.settings import Settings
+
+# A history whose 5 MB results went out of band: a few KB of events and references.
+SMALL_HISTORY_BYTES = 64 * 1024
+
+
+def stack_settings(tmp: Path, **kw: Any) -> Settings:
+    """Settings for an isolated stack: its own queue suffix and data directory."""
+    return Settings(
+        data_dir=tmp / "data",
+        task_queue_suffix=f"-t{uuid.uuid4().hex[:10]}",
+        metrics_port=0,
+        allow_private_networks=True,
+        shutdown_grace_seconds=5,
+        **kw,
+    )
+
+
+def client_for(env: WorkflowEnvironment, settings: Settings) -> Client:
+    """A client on the session's server with the converter ``settings`` configure."""
+    from workers.temporal_client import data_converter
+
+    return Client(
+        env.client.service_client,
+        namespace=env.client.namespace,
+        data_converter=data_converter(settings),
+    )
+
+
+def history_bytes(history: Any) -> int:
+    return sum(e.ByteSize() for e in history.events)
+
+
+def external_sizes(history: Any) -> list[int]:
+    """Sizes of the results that went out of band, as the history's references say."""
+    sizes = []
+    for e in history.events:
+        for attrs in (
+            e.activity_task_completed_event_attributes,
+            e.workflow_execution_completed_event_attributes,
+        ):
+            for p in attrs.result.payloads:
+                sizes += [x.size_bytes for x in p.external_payloads]
+    return sizes
+
+
+def aiworker(env: dict[str, str], *args: str) -> str:
+    """Run ``aiworker ARGS`` as its own process; its stdout (exit status 0 asserted)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
