@@ -7,7 +7,10 @@ opens: calls fail fast with ``circuit_open`` and a retry delay until
 success closes the breaker, its failure opens it again. State is exported as
 the ``aiworker_breaker_state`` gauge and logged on every transition.
 
-One :class:`BreakerRegistry` per process is shared by every activity.
+One :class:`BreakerRegistry` per process is shared by every activity. With a
+:class:`SharedBreakers` it also fails fast while another process has the
+target open: async callers use :meth:`BreakerRegistry.acheck`, which first
+brings this process's view of the shared state up to date (briefly bounded).
 """
 
 from __future__ import annotations
@@ -67,8 +70,23 @@ class BreakerRegistry:
             self._advance(target, c)
             return c.state
 
+    async def acheck(self, target: str) -> None:
+        """:meth:`check`, after refreshing a stale view of what other processes opened.
+
+        A locally open breaker fails fast without asking Temporal. The refresh
+        waits at most ``shared.wait_seconds``; a slow Temporal lets the call
+        go on with the last known state instead of failing it.
+        """
+        if self.shared is not None and self.state(target) == "closed":
+            await self.shared.refresh(f"{self.kind}:{target}")
+        self.check(target)
+
     def check(self, target: str) -> None:
-        """Let a call through, or raise ``CircuitOpenError`` with the wait."""
+        """Let a call through, or raise ``CircuitOpenError`` with the wait.
+
+        The shared state is read as last refreshed, never waited for (a stale
+        view is refreshed in the background): async callers use :meth:`acheck`.
+        """
         with self._lock:
             c = self._circuits.setdefault(target, _Circuit())
             self._advance(target, c)

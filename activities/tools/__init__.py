@@ -42,7 +42,15 @@ def scrape_tools(
             robots=robots,
             politeness=politeness,
             breakers=(
-                breakers if breakers is not None else BreakerRegistry("host", metrics=metrics)
+                breakers
+                if breakers is not None
+                else BreakerRegistry(
+                    "host",
+                    failure_threshold=settings.breaker_failure_threshold,
+                    window_seconds=settings.breaker_window_seconds,
+                    open_seconds=settings.breaker_open_seconds,
+                    metrics=metrics,
+                )
             ),
         ),
         "parse_html": HtmlParser(),
