@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from activities.errors import CircuitOpenError
 from activities.metrics import BREAKER_STATES, WorkerMetrics
 from activities.shared_breaker import SharedBreakers
+from schemas.settings import Settings
 
 log = logging.getLogger("aiworker.breaker")
 
@@ -60,6 +61,25 @@ class BreakerRegistry:
         self.shared = shared
         self._circuits: dict[str, _Circuit] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(
+        cls,
+        kind: str,
+        settings: Settings,
+        *,
+        metrics: WorkerMetrics | None = None,
+        shared: SharedBreakers | None = None,
+    ) -> BreakerRegistry:
+        """Breakers of ``kind`` tuned by the ``AIWORKER_BREAKER_*`` settings."""
+        return cls(
+            kind,
+            failure_threshold=settings.breaker_failure_threshold,
+            window_seconds=settings.breaker_window_seconds,
+            open_seconds=settings.breaker_open_seconds,
+            metrics=metrics,
+            shared=shared,
+        )
 
     def state(self, target: str) -> str:
         """``closed``, ``open`` or ``half_open`` as of now."""

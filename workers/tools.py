@@ -78,24 +78,6 @@ def lineage_index(settings: Settings) -> LineageIndex:
     return artifact_store(settings).index
 
 
-def breaker_registry(
-    kind: str,
-    settings: Settings,
-    *,
-    metrics: WorkerMetrics | None = None,
-    shared: SharedBreakers | None = None,
-) -> BreakerRegistry:
-    """The ``host`` or ``provider`` breakers, tuned by the ``AIWORKER_BREAKER_*`` settings."""
-    return BreakerRegistry(
-        kind,
-        failure_threshold=settings.breaker_failure_threshold,
-        window_seconds=settings.breaker_window_seconds,
-        open_seconds=settings.breaker_open_seconds,
-        metrics=metrics,
-        shared=shared,
-    )
-
-
 @functools.cache
 def _llm_metrics() -> LlmMetrics:
     # The default registry takes each metric name once per process.
@@ -118,7 +100,9 @@ def build_language_model(
         raise StartupError(f"model registry: {e}") from None
     return LanguageModel(
         registry,
-        breakers=breaker_registry("provider", settings, metrics=metrics, shared=shared),
+        breakers=BreakerRegistry.from_settings(
+            "provider", settings, metrics=metrics, shared=shared
+        ),
         metrics=llm_metrics if llm_metrics is not None else _llm_metrics(),
     )
 
@@ -134,7 +118,9 @@ def build_tools(settings: Settings, metrics: WorkerMetrics | None = None) -> dic
         scrape_tools(
             settings,
             metrics=metrics,
-            breakers=breaker_registry("host", settings, metrics=metrics, shared=shared),
+            breakers=BreakerRegistry.from_settings(
+                "host", settings, metrics=metrics, shared=shared
+            ),
         )
     )
     tools["artifact_store"] = artifact_store(settings)

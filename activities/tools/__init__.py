@@ -44,13 +44,7 @@ def scrape_tools(
             breakers=(
                 breakers
                 if breakers is not None
-                else BreakerRegistry(
-                    "host",
-                    failure_threshold=settings.breaker_failure_threshold,
-                    window_seconds=settings.breaker_window_seconds,
-                    open_seconds=settings.breaker_open_seconds,
-                    metrics=metrics,
-                )
+                else BreakerRegistry.from_settings("host", settings, metrics=metrics)
             ),
         ),
         "parse_html": HtmlParser(),
