@@ -7,7 +7,10 @@ opens: calls fail fast with ``circuit_open`` and a retry delay until
 success closes the breaker, its failure opens it again. State is exported as
 the ``aiworker_breaker_state`` gauge and logged on every transition.
 
-One :class:`BreakerRegistry` per process is shared by every activity.
+One :class:`BreakerRegistry` per process is shared by every activity. With a
+:class:`SharedBreakers` it also fails fast while another process has the
+target open: async callers use :meth:`BreakerRegistry.acheck`, which first
+brings this process's view of the shared state up to date (briefly bounded).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from activities.errors import CircuitOpenError
 from activities.metrics import BREAKER_STATES, WorkerMetrics
 from activities.shared_breaker import SharedBreakers
+from schemas.settings import Settings
 
 log = logging.getLogger("aiworker.breaker")
 
@@ -58,6 +62,25 @@ class BreakerRegistry:
         self._circuits: dict[str, _Circuit] = {}
         self._lock = threading.Lock()
 
+    @classmethod
+    def from_settings(
+        cls,
+        kind: str,
+        settings: Settings,
+        *,
+        metrics: WorkerMetrics | None = None,
+        shared: SharedBreakers | None = None,
+    ) -> BreakerRegistry:
+        """Breakers of ``kind`` tuned by the ``AIWORKER_BREAKER_*`` settings."""
+        return cls(
+            kind,
+            failure_threshold=settings.breaker_failure_threshold,
+            window_seconds=settings.breaker_window_seconds,
+            open_seconds=settings.breaker_open_seconds,
+            metrics=metrics,
+            shared=shared,
+        )
+
     def state(self, target: str) -> str:
         """``closed``, ``open`` or ``half_open`` as of now."""
         with self._lock:
@@ -67,8 +90,23 @@ class BreakerRegistry:
             self._advance(target, c)
             return c.state
 
+    async def acheck(self, target: str) -> None:
+        """:meth:`check`, after refreshing a stale view of what other processes opened.
+
+        A locally open breaker fails fast without asking Temporal. The refresh
+        waits at most ``shared.wait_seconds``; a slow Temporal lets the call
+        go on with the last known state instead of failing it.
+        """
+        if self.shared is not None and self.state(target) == "closed":
+            await self.shared.refresh(f"{self.kind}:{target}")
+        self.check(target)
+
     def check(self, target: str) -> None:
-        """Let a call through, or raise ``CircuitOpenError`` with the wait."""
+        """Let a call through, or raise ``CircuitOpenError`` with the wait.
+
+        The shared state is read as last refreshed, never waited for (a stale
+        view is refreshed in the background): async callers use :meth:`acheck`.
+        """
         with self._lock:
             c = self._circuits.setdefault(target, _Circuit())
             self._advance(target, c)

@@ -2,10 +2,19 @@
 
 A :class:`BreakerRegistry` with a :class:`SharedBreakers` publishes each
 opening to the target's ``SharedBreakerWorkflow`` and, before letting a call
-through, consults what the other processes published (refreshed in the
-background at most every ``refresh_seconds``), so one process's failures
-stop the others' calls too. Publishing and refreshing never block a call:
-they run as background tasks on the activity's event loop.
+through, consults what the other processes published, so one process's
+failures stop the others' calls too.
+
+Before a call (:meth:`SharedBreakers.refresh`), a view older than
+``refresh_seconds`` is refreshed by one query to the workflow, awaited for at
+most ``wait_seconds``: a process that never asked about a target therefore
+fails fast on its very first call if another process opened it. A slow or
+unreachable Temporal never fails the call: after the bound the call goes on
+with the last known value (logged once per slow refresh). One refresh per key
+is in flight at a time; concurrent callers share it. A workflow that does not
+exist (the target was never opened) or has completed (idle long after its
+last opening) answers cheaply without reaching a worker, and means "not open".
+Publishing never blocks a call: it runs as a background task.
 """
 
 from __future__ import annotations
@@ -13,29 +22,62 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowQueryRejectedError
+from temporalio.common import QueryRejectCondition
+from temporalio.service import RPCError, RPCStatusCode
 
 from schemas import names
 from schemas.limits import SharedBreakerState
 
 log = logging.getLogger("aiworker.breaker")
 
+# How long one refresh query may take in the background, so that a hung
+# Temporal does not pile up queries; callers wait far less (``wait_seconds``).
+_QUERY_RPC_TIMEOUT = timedelta(seconds=5)
+
+
+class _Refresh:
+    """One refresh query in flight for one key."""
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self.task = task
+        # Set once a caller gave up waiting: later callers do not wait again.
+        self.slow = False
+
 
 class SharedBreakers:
-    """Open-until times per breaker key, shared through Temporal."""
+    """Open-until times per breaker key, shared through Temporal.
+
+    Args:
+        queue: the pipelines task queue (with the deployment suffix) where the
+            ``SharedBreakerWorkflow`` runs.
+        client: the Temporal client; the running activity's by default.
+        refresh_seconds: how old this process's view of a key may be before a
+            call refreshes it.
+        wait_seconds: how long a call waits for a refresh before it goes on
+            with the last known value.
+    """
 
     def __init__(
-        self, queue: str, client: Client | None = None, refresh_seconds: float = 1.0
+        self,
+        queue: str,
+        client: Client | None = None,
+        refresh_seconds: float = 1.0,
+        wait_seconds: float = 1.0,
     ) -> None:
         self.queue = queue
         self.refresh_seconds = refresh_seconds
+        self.wait_seconds = wait_seconds
         self._client = client
         self._suffix = names.queue_suffix_of(queue)
         self._open_until: dict[str, float] = {}
         self._refreshed: dict[str, float] = {}
+        self._in_flight: dict[str, _Refresh] = {}
+        self._failing: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def _get_client(self) -> Client | None:
@@ -43,21 +85,67 @@ class SharedBreakers:
             self._client = activity.client()
         return self._client
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any] | None:
         try:
             task = asyncio.get_running_loop().create_task(coro)
         except RuntimeError:
             coro.close()  # no loop (a synchronous caller): nothing to share now
-            return
+            return None
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _stale(self, key: str) -> bool:
+        return time.monotonic() - self._refreshed.get(key, float("-inf")) >= self.refresh_seconds
+
+    def _start_refresh(self, key: str) -> _Refresh | None:
+        """The refresh in flight for ``key``, started now if there is none."""
+        current = self._in_flight.get(key)
+        if current is not None:
+            return current
+        # Stamped at the start: a failing Temporal is asked once per period, not per call.
+        self._refreshed[key] = time.monotonic()
+        task = self._spawn(self._refresh(key))
+        if task is None:
+            return None
+        refresh = self._in_flight[key] = _Refresh(task)
+        task.add_done_callback(lambda _: self._in_flight.pop(key, None))
+        return refresh
 
     def open_until(self, key: str) -> float:
-        """What the other processes said, as last refreshed (epoch seconds)."""
-        now = time.monotonic()
-        if now - self._refreshed.get(key, float("-inf")) >= self.refresh_seconds:
-            self._refreshed[key] = now
-            self._spawn(self._refresh(key))
+        """What the other processes said, as last refreshed (epoch seconds).
+
+        Never waits: a stale view is refreshed in the background for later calls.
+        """
+        if self._stale(key):
+            self._start_refresh(key)
+        return self._open_until.get(key, 0.0)
+
+    async def refresh(self, key: str) -> float:
+        """Bring a stale view of ``key`` up to date, waiting at most ``wait_seconds``.
+
+        Returns the open-until time (epoch seconds, 0: never opened) as known
+        after the wait.
+        """
+        refresh = self._in_flight.get(key)
+        if refresh is None and self._stale(key):
+            refresh = self._start_refresh(key)
+        if refresh is not None and not refresh.slow:
+            try:
+                await asyncio.wait_for(asyncio.shield(refresh.task), self.wait_seconds)
+            except TimeoutError:
+                if not refresh.slow:
+                    refresh.slow = True
+                    log.warning(
+                        "breaker.refresh_slow",
+                        extra={
+                            "aiworker": {
+                                "event": "breaker_refresh_slow",
+                                "key": key,
+                                "waited_seconds": self.wait_seconds,
+                            }
+                        },
+                    )
         return self._open_until.get(key, 0.0)
 
     def publish(self, key: str, open_until: float) -> None:
@@ -71,10 +159,37 @@ class SharedBreakers:
             return
         handle = client.get_workflow_handle(names.shared_breaker_workflow_id(key, self._suffix))
         try:
-            until = await handle.query(names.BREAKER_STATE_QUERY, result_type=float)
-        except Exception:
+            until = await handle.query(
+                names.BREAKER_STATE_QUERY,
+                result_type=float,
+                # A completed breaker workflow went idle long after its last opening:
+                # the server says so itself instead of replaying it on a worker.
+                reject_condition=QueryRejectCondition.NOT_OPEN,
+                rpc_timeout=_QUERY_RPC_TIMEOUT,
+            )
+        except WorkflowQueryRejectedError:
+            until = 0.0
+        except RPCError as e:
+            if e.status != RPCStatusCode.NOT_FOUND:
+                self._refresh_failed(key, e)
+                return
+            until = 0.0  # never opened anywhere
+        except Exception as e:
+            self._refresh_failed(key, e)
             return
+        self._failing.discard(key)
         self._open_until[key] = max(self._open_until.get(key, 0.0), float(until))
+
+    def _refresh_failed(self, key: str, e: Exception) -> None:
+        if key in self._failing:
+            return  # logged when it started failing; calls go on with the last known value
+        self._failing.add(key)
+        log.warning(
+            "breaker.refresh_failed",
+            extra={
+                "aiworker": {"event": "breaker_refresh_failed", "key": key, "error": str(e)[:300]}
+            },
+        )
 
     async def _publish(self, key: str, open_until: float) -> None:
         client = self._get_client()

@@ -80,6 +80,10 @@ class Settings(BaseModel):
     build_id: str | None = Field(default=None, min_length=1, max_length=255)
     artifact_store: str = "file"
     payload_threshold_bytes: int = Field(default=256 * 1024, ge=0)
+    # Circuit breakers per host and per model provider (activities/breaker.py).
+    breaker_failure_threshold: int = Field(default=5, ge=1)
+    breaker_window_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    breaker_open_seconds: float = Field(default=30.0, gt=0, allow_inf_nan=False)
 
     @field_validator("task_queue_suffix")
     @classmethod
@@ -147,6 +151,9 @@ class Settings(BaseModel):
             "BUILD_ID",
             "ARTIFACT_STORE",
             "PAYLOAD_THRESHOLD_BYTES",
+            "BREAKER_FAILURE_THRESHOLD",
+            "BREAKER_WINDOW_SECONDS",
+            "BREAKER_OPEN_SECONDS",
         }
         # Variables consumed by other parts (tests, dev server) are not settings.
         ignored_prefixes = ("TEST_", "DEV_")
@@ -175,6 +182,9 @@ class Settings(BaseModel):
             ("MAX_CONCURRENT_WORKFLOW_TASKS", "max_concurrent_workflow_tasks"),
             ("POLLERS", "pollers"),
             ("PAYLOAD_THRESHOLD_BYTES", "payload_threshold_bytes"),
+            ("BREAKER_FAILURE_THRESHOLD", "breaker_failure_threshold"),
+            ("BREAKER_WINDOW_SECONDS", "breaker_window_seconds"),
+            ("BREAKER_OPEN_SECONDS", "breaker_open_seconds"),
         ):
             if (v := get(name)) is not None:
                 raw[key] = v

@@ -100,7 +100,9 @@ def build_language_model(
         raise StartupError(f"model registry: {e}") from None
     return LanguageModel(
         registry,
-        breakers=BreakerRegistry("provider", metrics=metrics, shared=shared),
+        breakers=BreakerRegistry.from_settings(
+            "provider", settings, metrics=metrics, shared=shared
+        ),
         metrics=llm_metrics if llm_metrics is not None else _llm_metrics(),
     )
 
@@ -116,7 +118,9 @@ def build_tools(settings: Settings, metrics: WorkerMetrics | None = None) -> dic
         scrape_tools(
             settings,
             metrics=metrics,
-            breakers=BreakerRegistry("host", metrics=metrics, shared=shared),
+            breakers=BreakerRegistry.from_settings(
+                "host", settings, metrics=metrics, shared=shared
+            ),
         )
     )
     tools["artifact_store"] = artifact_store(settings)

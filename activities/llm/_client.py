@@ -208,8 +208,8 @@ class LanguageModel:
                 # must see that probe's outcome, which a refused call would never report.
                 reservation = self.limiter.acquire(cfg.target, est + max_tokens)
                 try:
-                    self.breakers.check(cfg.target)
-                except WorkerError:
+                    await self.breakers.acheck(cfg.target)
+                except (WorkerError, asyncio.CancelledError):
                     reservation.release()
                     raise
                 reply = await self._call(cfg, provider, req, max_tokens, deadline_seconds)

@@ -42,7 +42,9 @@ def scrape_tools(
             robots=robots,
             politeness=politeness,
             breakers=(
-                breakers if breakers is not None else BreakerRegistry("host", metrics=metrics)
+                breakers
+                if breakers is not None
+                else BreakerRegistry.from_settings("host", settings, metrics=metrics)
             ),
         ),
         "parse_html": HtmlParser(),

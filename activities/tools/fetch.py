@@ -341,7 +341,7 @@ class FetchTool:
     async def _send(self, url: str, ua: str, hostport: str, deadline: float) -> httpx.Response:
         """One request; the host's breaker sees its outcome."""
         if self.breakers is not None:
-            self.breakers.check(hostport)
+            await self.breakers.acheck(hostport)
         remaining = max(0.001, deadline - time.monotonic())
         timeout = httpx.Timeout(
             connect=min(self.limits.connect_timeout, remaining),

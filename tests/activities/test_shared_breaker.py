@@ -1,15 +1,24 @@
 """Breakers shared by worker processes: one process's failures stop the
 others' calls too. Each registry below stands for one process: they share
-nothing but the Temporal server."""
+nothing but the Temporal server (the two-process test with real ``aiworker
+worker`` processes is tests/reliability/test_shared_breaker_processes.py).
+
+The tests with a stand-in client cover what a real server cannot be made to
+do on demand: a query that hangs, a server that errors, and many callers at
+the same instant."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from typing import Any, cast
 
 import pytest
 from conftest import running_stack
+from support.procs import wait_until
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.breaker import BreakerRegistry
 from activities.errors import CircuitOpenError
@@ -17,12 +26,26 @@ from activities.shared_breaker import SharedBreakers
 from schemas import names
 from schemas.settings import Settings
 
+KEY = "host:shop.example"
 
-def process_view(client: Client, settings: Settings) -> BreakerRegistry:
+
+def process_view(
+    client: Client, settings: Settings, refresh_seconds: float = 0.2, wait_seconds: float = 10.0
+) -> BreakerRegistry:
     shared = SharedBreakers(
-        settings.queue(names.PIPELINES_QUEUE), client=client, refresh_seconds=0.2
+        settings.queue(names.PIPELINES_QUEUE),
+        client=client,
+        refresh_seconds=refresh_seconds,
+        wait_seconds=wait_seconds,
     )
     return BreakerRegistry("host", failure_threshold=5, open_seconds=30, shared=shared)
+
+
+async def open_until_in_temporal(client: Client, settings: Settings, key: str) -> float:
+    handle = client.get_workflow_handle(
+        names.shared_breaker_workflow_id(key, settings.task_queue_suffix)
+    )
+    return await handle.query(names.BREAKER_STATE_QUERY, result_type=float)
 
 
 async def eventually_open(
@@ -31,7 +54,7 @@ async def eventually_open(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            registry.check(target)
+            await registry.acheck(target)
         except CircuitOpenError as e:
             return e
         await asyncio.sleep(0.1)
@@ -43,24 +66,81 @@ async def test_breaker_opened_by_one_process_makes_the_other_fail_fast(
 ) -> None:
     async with running_stack(client, settings):
         a, b = process_view(client, settings), process_view(client, settings)
-        b.check("shop.example")  # closed everywhere at first
+        await b.acheck("shop.example")  # closed everywhere at first
         for _ in range(5):
-            a.check("shop.example")
+            await a.acheck("shop.example")
             a.record_failure("shop.example")
         assert a.state("shop.example") == "open"
+        # the opening reaches Temporal in the background
+        seen: list[float] = []
+
+        async def published() -> bool:
+            try:
+                seen.append(await open_until_in_temporal(client, settings, KEY))
+            except Exception:
+                return False
+            return seen[-1] > time.time()
+
+        deadline = time.monotonic() + 15
+        while not await published():
+            assert time.monotonic() < deadline, "the opening never reached Temporal"
+            await asyncio.sleep(0.1)
+
+        # A process that never asked about the target fails fast on its very first call.
+        fresh = process_view(client, settings)
+        with pytest.raises(CircuitOpenError) as first:
+            await fresh.acheck("shop.example")
+        assert first.value.code.value == "circuit_open"
+        assert 0 < (first.value.retry_after or 0) <= 30
+        assert "another worker process" in first.value.message
+        # b asked before the opening: its view is at most refresh_seconds old.
         err = await eventually_open(b, "shop.example", timeout=15)
-        assert err.code.value == "circuit_open"
-        assert 0 < (err.retry_after or 0) <= 30
         assert "another worker process" in err.message
-        # b saw no failure itself: its own circuit is closed, the state came through Temporal
-        assert b.state("shop.example") == "closed"
+        # b and fresh saw no failure themselves: the state came through Temporal
+        assert b.state("shop.example") == fresh.state("shop.example") == "closed"
         # other targets are not affected
-        b.check("other.example")
-        handle = client.get_workflow_handle(
-            names.shared_breaker_workflow_id("host:shop.example", settings.task_queue_suffix)
-        )
-        until = await handle.query(names.BREAKER_STATE_QUERY, result_type=float)
-        assert until > time.time()
+        await b.acheck("other.example")
+        await fresh.acheck("other.example")
+
+
+async def test_a_target_never_opened_anywhere_passes_after_one_query(
+    client: Client, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No worker polls the pipelines queue here: the answer comes from the server alone.
+    view = process_view(client, settings)
+    assert view.shared is not None
+    with caplog.at_level(logging.WARNING, logger="aiworker.breaker"):
+        await view.acheck("never.example")
+        assert await view.shared.refresh("host:never.example") == 0.0
+    assert not [r for r in caplog.records if r.getMessage().startswith("breaker.refresh")]
+
+
+async def test_a_completed_breaker_workflow_means_closed_without_a_worker(
+    client: Client, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    wid = names.shared_breaker_workflow_id(KEY, settings.task_queue_suffix)
+    publisher = SharedBreakers(settings.queue(names.PIPELINES_QUEUE), client=client)
+    publisher.publish(KEY, time.time() + 30)
+    handle = client.get_workflow_handle(wid)
+
+    async def started() -> bool:
+        try:
+            await handle.describe()
+        except RPCError:
+            return False
+        return True
+
+    deadline = time.monotonic() + 15
+    while not await started():
+        assert time.monotonic() < deadline, "the opening was never published"
+        await asyncio.sleep(0.1)
+    await handle.terminate("test: a breaker workflow that ended")
+    # Without the reject condition this query would wait for a worker (none polls
+    # here) until the RPC deadline and be logged as failed.
+    view = process_view(client, settings, wait_seconds=15)
+    with caplog.at_level(logging.WARNING, logger="aiworker.breaker"):
+        await view.acheck("shop.example")
+    assert not [r for r in caplog.records if r.getMessage().startswith("breaker.refresh")]
 
 
 def test_without_sharing_a_registry_is_process_local() -> None:
@@ -70,3 +150,107 @@ def test_without_sharing_a_registry_is_process_local() -> None:
     with pytest.raises(CircuitOpenError):
         a.check("x")
     b.check("x")
+
+
+class StandInTemporal:
+    """A client whose breaker query waits for the test, answers, or fails."""
+
+    def __init__(self, until: float = 0.0) -> None:
+        self.until = until
+        self.error: Exception | None = None
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.queries = 0
+
+    def get_workflow_handle(self, workflow_id: str) -> StandInTemporal:
+        return self
+
+    async def query(self, name: str, **kw: Any) -> float:
+        assert name == names.BREAKER_STATE_QUERY
+        self.queries += 1
+        await self.gate.wait()
+        if self.error is not None:
+            raise self.error
+        return self.until
+
+
+def stand_in_view(
+    temporal: StandInTemporal, refresh_seconds: float = 60, wait_seconds: float = 5
+) -> BreakerRegistry:
+    shared = SharedBreakers(
+        "aiworker-pipelines",
+        client=cast(Client, temporal),
+        refresh_seconds=refresh_seconds,
+        wait_seconds=wait_seconds,
+    )
+    return BreakerRegistry("host", failure_threshold=1, open_seconds=30, shared=shared)
+
+
+async def test_concurrent_first_callers_share_one_refresh_and_all_fail_fast() -> None:
+    temporal = StandInTemporal(until=time.time() + 20)
+    temporal.gate.clear()
+    view = stand_in_view(temporal)
+    calls = [asyncio.ensure_future(view.acheck("t.example")) for _ in range(10)]
+    await wait_until(lambda: temporal.queries == 1, 5, "the refresh query")
+    assert not any(c.done() for c in calls)  # every caller waits for the answer
+    temporal.gate.set()
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(r, CircuitOpenError) for r in results), results
+    # the view is fresh now: later calls use it without asking again
+    with pytest.raises(CircuitOpenError):
+        await view.acheck("t.example")
+    assert temporal.queries == 1
+
+
+async def test_a_hung_temporal_never_fails_a_call_and_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    temporal = StandInTemporal(until=time.time() + 20)
+    temporal.gate.clear()
+    view = stand_in_view(temporal, refresh_seconds=0, wait_seconds=0.05)
+    with caplog.at_level(logging.WARNING, logger="aiworker.breaker"):
+        for _ in range(3):
+            await view.acheck("t.example")  # the last known state: never opened
+    slow = [r for r in caplog.records if r.getMessage() == "breaker.refresh_slow"]
+    assert len(slow) == 1
+    assert temporal.queries == 1  # one refresh in flight, however many calls
+    # when the answer arrives, the next call honours it
+    temporal.gate.set()
+    assert view.shared is not None
+    await wait_until(lambda: view.shared is not None and not view.shared._in_flight, 5, "answer")
+    with pytest.raises(CircuitOpenError):
+        await view.acheck("t.example")
+
+
+async def test_a_failing_temporal_lets_calls_through_and_logs_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    temporal = StandInTemporal()
+    temporal.error = RPCError("unavailable", RPCStatusCode.UNAVAILABLE, b"")
+    view = stand_in_view(temporal, refresh_seconds=0)
+    with caplog.at_level(logging.WARNING, logger="aiworker.breaker"):
+        for _ in range(3):
+            await view.acheck("t.example")
+    assert temporal.queries == 3
+    failed = [r for r in caplog.records if r.getMessage() == "breaker.refresh_failed"]
+    assert len(failed) == 1
+
+
+async def test_not_found_means_never_opened() -> None:
+    temporal = StandInTemporal()
+    temporal.error = RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b"")
+    view = stand_in_view(temporal)
+    await view.acheck("t.example")
+    assert view.shared is not None
+    assert view.shared.open_until("host:t.example") == 0.0
+    assert "host:t.example" not in view.shared._failing
+
+
+async def test_a_locally_open_breaker_fails_fast_without_asking_temporal() -> None:
+    temporal = StandInTemporal()
+    view = stand_in_view(temporal)
+    view.record_failure("t.example")
+    with pytest.raises(CircuitOpenError) as e:
+        await view.acheck("t.example")
+    assert "another worker process" not in e.value.message
+    assert temporal.queries == 0

@@ -104,6 +104,40 @@ def test_settings_from_env() -> None:
     assert s.secret_values() == ["sk-secret-value"]
 
 
+async def test_breaker_settings_default_and_tune_both_registries() -> None:
+    from workers.tools import build_tools
+
+    defaults = Settings.from_env({})
+    assert (
+        defaults.breaker_failure_threshold,
+        defaults.breaker_window_seconds,
+        defaults.breaker_open_seconds,
+    ) == (5, 60.0, 30.0)
+    tuned = Settings.from_env(
+        {
+            "AIWORKER_BREAKER_FAILURE_THRESHOLD": "2",
+            "AIWORKER_BREAKER_WINDOW_SECONDS": "10",
+            "AIWORKER_BREAKER_OPEN_SECONDS": "8.5",
+            "AIWORKER_LLM_BASE_URL": "http://127.0.0.1:1/v1",
+            "AIWORKER_LLM_MODEL": "m",
+        }
+    )
+    tools = build_tools(tuned)
+    host = tools["fetch_url"].breakers
+    provider = tools["language_model"].breakers
+    for registry, kind in ((host, "host"), (provider, "provider")):
+        assert registry.kind == kind
+        assert (
+            registry.failure_threshold,
+            registry.window_seconds,
+            registry.open_seconds,
+        ) == (2, 10.0, 8.5)
+        assert registry.shared is not None  # openings are shared with other processes
+    for tool in tools.values():
+        if hasattr(tool, "aclose"):
+            await tool.aclose()
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
@@ -113,6 +147,11 @@ def test_settings_from_env() -> None:
         ({"AIWORKER_LLM_PROVIDER": "acme-ai"}, "AIWORKER_LLM_PROVIDER"),
         ({"AIWORKER_TYPO": "1"}, "AIWORKER_TYPO: unknown setting"),
         ({"AIWORKER_EGRESS_ALLOW": "10.0.0.1"}, "takes domains"),
+        ({"AIWORKER_BREAKER_FAILURE_THRESHOLD": "0"}, "AIWORKER_BREAKER_FAILURE_THRESHOLD: .*1"),
+        ({"AIWORKER_BREAKER_FAILURE_THRESHOLD": "2.5"}, "AIWORKER_BREAKER_FAILURE_THRESHOLD"),
+        ({"AIWORKER_BREAKER_WINDOW_SECONDS": "-1"}, "AIWORKER_BREAKER_WINDOW_SECONDS"),
+        ({"AIWORKER_BREAKER_OPEN_SECONDS": "soon"}, "AIWORKER_BREAKER_OPEN_SECONDS"),
+        ({"AIWORKER_BREAKER_OPEN_SECONDS": "inf"}, "AIWORKER_BREAKER_OPEN_SECONDS: .*finite"),
     ],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
