@@ -117,6 +117,7 @@ class LlmCall:
         reply = await lm.complete(
             request, deadline_seconds=ctx.remaining() - _DEADLINE_MARGIN_SECONDS
         )
+        ctx.spend(reply.usage.input_tokens, reply.usage.output_tokens)
         usage = {
             "input_tokens": reply.usage.input_tokens,
             "output_tokens": reply.usage.output_tokens,

@@ -97,6 +97,14 @@ class WorkerContext:
     max_tokens: int | None
     workflow_id: str | None = None
     activity_id: str | None = None
+    spent_input_tokens: int = 0
+    spent_output_tokens: int = 0
+
+    def spend(self, input_tokens: int = 0, output_tokens: int = 0) -> None:
+        """Book tokens a provider billed in this attempt as soon as they are known,
+        so that they count against the budget even if the attempt then fails."""
+        self.spent_input_tokens += max(0, input_tokens)
+        self.spent_output_tokens += max(0, output_tokens)
 
     def remaining(self) -> float:
         """Seconds left before this attempt's deadline."""
@@ -121,6 +129,39 @@ class WorkerContext:
         """Report progress of long work to Temporal (no-op outside an activity)."""
         if activity.in_activity():
             activity.heartbeat(*details)
+
+
+@dataclass
+class _Spend:
+    """What one activity has consumed: earlier attempts (carried in heartbeat
+    details, so Temporal keeps them across retries) and the running one."""
+
+    prior: Usage = field(default_factory=Usage)
+    ctx: WorkerContext | None = None
+
+    @classmethod
+    def of(cls, info: activity.Info | None) -> _Spend:
+        for d in info.heartbeat_details if info else ():
+            if isinstance(d, dict) and isinstance(d.get("usage"), dict):
+                try:
+                    return cls(prior=Usage.model_validate(d["usage"]))
+                except ValidationError:
+                    break
+        return cls()
+
+    def this_attempt(self) -> Usage:
+        c = self.ctx
+        if c is None:
+            return Usage()
+        return Usage(
+            input_tokens=c.spent_input_tokens,
+            output_tokens=c.spent_output_tokens,
+            external_calls=c.tools.external_calls,
+        )
+
+    def details(self, usage: Usage) -> list[dict[str, Any]]:
+        """Heartbeat details that hand ``usage`` to the next attempt."""
+        return [{"usage": usage.model_dump(mode="json")}] if usage != Usage() else []
 
 
 class Worker(Protocol):
@@ -260,6 +301,7 @@ class WorkerRuntime:
         tenant = "unknown"
         status = "failed"
         error_code: str | None = None
+        spend = _Spend.of(info)
         if self.metrics:
             self.metrics.in_flight.labels(worker_id).inc()
         # A child of the SDK's RunActivity span (TracingInterceptor on the worker's
@@ -291,7 +333,7 @@ class WorkerRuntime:
                         "idempotency_key": request.idempotency_key,
                     }
                 )
-                response = await self._run(worker, request, attempt, started, fields, info)
+                response = await self._run(worker, request, attempt, started, fields, info, spend)
                 response = response.model_copy(
                     update={
                         "observability": Observability(
@@ -311,13 +353,14 @@ class WorkerRuntime:
                 if e.retry_after is not None:
                     fields["retry_after_seconds"] = e.retry_after
                 failure, cause = self._redacted(e.to_application_error(worker_id, attempt), e)
-                raise failure from cause
+                raise self._booked(failure, spend) from cause
             except ApplicationError as e:
                 # A worker raised Temporal's error itself: keep it, but only with a stable code.
                 if e.type in ErrorCode.__members__.values():
                     error_code = e.type
                     fields.update(error_code=error_code, error=e.message)
                     failure, cause = self._redacted(e, e.__cause__)
+                    failure = self._booked(failure, spend)
                     if failure is e:
                         raise
                     raise failure from cause
@@ -329,7 +372,7 @@ class WorkerRuntime:
                     ),
                     e,
                 )
-                raise failure from cause
+                raise self._booked(failure, spend) from cause
             except asyncio.CancelledError:
                 status = "cancelled"
                 error_code = "cancelled"
@@ -348,7 +391,7 @@ class WorkerRuntime:
                     ).to_application_error(worker_id, attempt),
                     e,
                 )
-                raise failure from cause
+                raise self._booked(failure, spend) from cause
             finally:
                 duration = time.monotonic() - started
                 fields.update(status=status, duration_ms=round(duration * 1000, 3))
@@ -380,6 +423,32 @@ class WorkerRuntime:
                     m.duration.labels(worker_id, status).observe(duration)
                     if attempt > 1:
                         m.retries.labels(worker_id, tenant).inc()
+
+    @staticmethod
+    def _booked(failure: ApplicationError, spend: _Spend) -> ApplicationError:
+        """``failure`` with what the call consumed so far, every attempt included.
+
+        The usage goes into the failure's ``ErrorInfo`` (the workflow books it
+        against the budget) and into the heartbeat details, which Temporal
+        keeps for the next attempt, so retries add up instead of starting at 0.
+        """
+        usage = spend.prior + spend.this_attempt()
+        if usage == Usage():
+            return failure
+        if activity.in_activity():
+            activity.heartbeat(*spend.details(usage))
+        if not failure.details or not isinstance(failure.details[0], dict):
+            return failure
+        info = {**failure.details[0], "usage": usage.model_dump(mode="json")}
+        return ApplicationError(
+            failure.message,
+            info,
+            *failure.details[1:],
+            type=failure.type,
+            non_retryable=failure.non_retryable,
+            next_retry_delay=failure.next_retry_delay,
+            category=failure.category,
+        )
 
     def _redacted(
         self, failure: ApplicationError, cause: BaseException | None
@@ -425,6 +494,7 @@ class WorkerRuntime:
         started: float,
         fields: dict[str, Any],
         info: activity.Info | None,
+        spend: _Spend,
     ) -> WorkerResponse:
         spec = self.spec(worker.worker_id)
         problems = self.check_schema(spec.input_schema, request.input, "input")
@@ -459,6 +529,7 @@ class WorkerRuntime:
             workflow_id=info.workflow_id if info else None,
             activity_id=info.activity_id if info else None,
         )
+        spend.ctx = ctx
         for name in spec.observability.log_fields:
             if name in request.input:
                 fields[f"input.{name}"] = request.input[name]
@@ -475,7 +546,7 @@ class WorkerRuntime:
         )
         try:
             with lineage.bound(call):
-                async with self._heartbeats(spec), deadline:
+                async with self._heartbeats(spec, spend), deadline:
                     result = await worker.execute(ctx, request.input)
         except TimeoutError:
             if not deadline.expired():
@@ -512,25 +583,29 @@ class WorkerRuntime:
             outputs=result.outputs,
             warnings=result.warnings,
             artifacts=result.artifacts,
-            usage=Usage(
-                input_tokens=result.input_tokens,
-                output_tokens=result.output_tokens,
+            # this attempt's and the failed ones' before it: what the call cost
+            usage=spend.prior
+            + Usage(
+                input_tokens=max(result.input_tokens, ctx.spent_input_tokens),
+                output_tokens=max(result.output_tokens, ctx.spent_output_tokens),
                 external_calls=toolbox.external_calls,
             ),
             observability=Observability(worker_id=spec.worker_id, attempt=attempt),
         )
 
     @contextlib.asynccontextmanager
-    async def _heartbeats(self, spec: WorkerSpec) -> AsyncIterator[None]:
-        """Heartbeat in the background for workers whose spec asks for it."""
+    async def _heartbeats(self, spec: WorkerSpec, spend: _Spend) -> AsyncIterator[None]:
+        """Heartbeat in the background for workers whose spec asks for it (carrying
+        the earlier attempts' usage, which a detail-less heartbeat would erase)."""
         if not spec.heartbeat_seconds or not activity.in_activity():
             yield
             return
         interval = max(0.5, spec.heartbeat_seconds / 3)
 
         async def beat() -> None:
+            details = spend.details(spend.prior)
             while True:
-                activity.heartbeat()
+                activity.heartbeat(*details)
                 await asyncio.sleep(interval)
 
         task = asyncio.create_task(beat())

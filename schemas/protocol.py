@@ -152,3 +152,7 @@ class ErrorInfo(_Model):
         default_factory=list, description="machine-actionable reasons, e.g. validator errors"
     )
     context: dict[str, Any] = Field(default_factory=dict)
+    usage: Usage | None = Field(
+        default=None,
+        description="what the call consumed before it failed, every attempt so far included",
+    )

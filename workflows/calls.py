@@ -122,6 +122,7 @@ async def call_worker(
             error_code=error_code_of(e),
             error_message=str(cause) if cause else str(e),
             reasons=list(details.get("reasons") or []),
+            usage=_usage_of(details),
         )
     return Outcome(
         status=response.status,
@@ -131,6 +132,17 @@ async def call_worker(
         artifacts=[a.model_dump(mode="json") for a in response.artifacts],
         usage=response.usage,
     )
+
+
+def _usage_of(details: dict[str, Any]) -> Usage:
+    """What a failed call consumed (every attempt), as its ``ErrorInfo`` says."""
+    raw = details.get("usage")
+    if not isinstance(raw, dict):
+        return Usage()
+    try:
+        return Usage.model_validate(raw)
+    except ValueError:
+        return Usage()
 
 
 def with_feedback(

@@ -270,6 +270,10 @@ async def test_schema_violations_and_length_are_invalid_output_with_reasons(
     )
     step = bad.steps["ask"]
     assert (bad.status, step.error_code, step.attempts) == ("failed", "invalid_output", 1)
+    # the rejected reply was billed: its tokens count against the pipeline's budget
+    assert step.usage.input_tokens > 0 and step.usage.output_tokens > 0
+    assert step.usage.external_calls == 1
+    assert bad.usage == step.usage
     reasons = step.reasons
     assert [r["path"] for r in reasons] == ["$.age"]
     assert reasons[0]["validator"] == "type"

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+from typing import Any
 
+import pytest
+from conftest import running_stack
+from support.standins import registered
+from temporalio.client import Client
+
+from activities.errors import UpstreamError
+from activities.runtime import WorkerContext, WorkerResult
 from schemas.pipeline import Budget
 from schemas.protocol import Usage
+from schemas.settings import Settings
 from schemas.spec import load_specs
 from workflows.budget import BudgetRefused, Ledger
 
@@ -47,3 +56,35 @@ def test_deadline_refuses_and_caps_the_timeout() -> None:
     with pytest.raises(BudgetRefused) as e:
         ledger.admit(validator, now=130.0)
     assert e.value.resource == "deadline"
+
+
+class _SpendsThenFailsOnce:
+    """Bills tokens on every attempt; the first attempt then fails (retryable)."""
+
+    worker_id = "validator"
+
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+        ctx.spend(100, 20)
+        if ctx.attempt == 1:
+            raise UpstreamError("the provider dropped the connection after billing")
+        return WorkerResult(outputs={"valid": True, "errors": []}, input_tokens=100)
+
+
+async def test_failed_attempts_usage_is_booked_across_retries(
+    client: Client, settings: Settings
+) -> None:
+    pipeline = {
+        "name": "spend",
+        "budget": {"max_tokens": 10_000},
+        "steps": [{"id": "v", "worker": "validator", "input": {"data": 1, "schema": {}}}],
+    }
+    with registered(_SpendsThenFailsOnce()):
+        async with running_stack(client, settings) as stack:
+            handle = await stack.start(pipeline)
+            result = await asyncio.wait_for(handle.result(), 60)
+    step = result.steps["v"]
+    assert (result.status, step.attempts) == ("succeeded", 2)
+    # both attempts' tokens: the first one's came to the second through Temporal
+    assert (step.usage.input_tokens, step.usage.output_tokens) == (200, 40)
+    assert result.usage == step.usage
+    assert step.outputs == {"valid": True, "errors": []}
