@@ -239,7 +239,7 @@ class WorkerRuntime:
         self.specs = specs
         self.tools: dict[str, Any] = dict(tools or {})
         self.metrics = metrics
-        self.redactor = Redactor(settings.secret_values())
+        self.redactor = Redactor([*settings.secret_values(), *tool_secrets(self.tools)])
 
     def spec(self, worker_id: str) -> WorkerSpec:
         try:
@@ -615,6 +615,16 @@ class WorkerRuntime:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def tool_secrets(tools: Mapping[str, Any]) -> list[str]:
+    """Secrets the process's tools hold (a models file's API keys, say)."""
+    out: list[str] = []
+    for tool in tools.values():
+        values = getattr(tool, "secret_values", None)
+        if callable(values):
+            out.extend(str(v) for v in values())
+    return out
 
 
 def retryable_code(code: str) -> bool:

@@ -111,3 +111,14 @@ def configure_logging(
     # The SDK's own chatter at INFO is useful; httpx logs every request at INFO.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     return handler
+
+
+def redact_also(secrets: Iterable[str]) -> None:
+    """Add ``secrets`` (known only once tools are built) to every JSON log handler."""
+    extra = [s for s in secrets if s]
+    if not extra:
+        return
+    for h in logging.getLogger().handlers:
+        f = h.formatter
+        if isinstance(f, JsonFormatter):
+            f.redact = Redactor([*f.redact.secrets, *extra])

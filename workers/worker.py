@@ -70,14 +70,18 @@ def build_runtime(
     settings: Settings, metrics: WorkerMetrics | None = None, tools: dict[str, Any] | None = None
 ) -> WorkerRuntime:
     """The runtime shared by every activity of this process."""
+    from workers.logs import redact_also
     from workers.tools import build_tools
 
-    return WorkerRuntime(
+    runtime = WorkerRuntime(
         settings,
         load_specs(),
         tools=build_tools(settings, metrics) if tools is None else tools,
         metrics=metrics,
     )
+    # keys from the models file are known only now: logs must hide them too
+    redact_also(runtime.redactor.secrets)
+    return runtime
 
 
 # Pure helper modules of the workflows (no module state, no I/O) are shared

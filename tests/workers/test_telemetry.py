@@ -250,3 +250,49 @@ async def test_aiworker_run_roots_the_pipeline_trace(
     assert start.parent.span_id == cli_span.context.span_id
     assert len(_by_name(spans, f"RunActivity:{names.VALIDATOR}")) == 1
     assert len(_by_name(spans, f"worker {names.VALIDATOR}")) == 1
+
+
+async def test_models_file_keys_are_redacted_in_logs_and_failures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys that only the models file names (env var or key file) are secrets too."""
+    import uuid
+
+    from workers.tools import close_connections
+    from workers.worker import build_runtime
+
+    env_key, file_key = (f"sk-{kind}-{uuid.uuid4().hex}" for kind in ("env", "file"))
+    monkeypatch.setenv("AIW_TEST_MODELS_KEY", env_key)
+    (tmp_path / "key").write_text(file_key + "\n")
+    models = tmp_path / "models.json"
+    models.write_text(
+        json.dumps(
+            {
+                "models": {
+                    "default": {"model": "m", "api_key_env": "AIW_TEST_MODELS_KEY"},
+                    "claude": {
+                        "model": "c",
+                        "provider": "anthropic",
+                        "api_key_file": str(tmp_path / "key"),
+                    },
+                }
+            }
+        )
+    )
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    handler.setFormatter(JsonFormatter(Redactor()))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        runtime = build_runtime(Settings(models_file=models, data_dir=tmp_path / "data"))
+        logging.getLogger("aiworker.test").warning("calling with %s and %s", env_key, file_key)
+    finally:
+        root.removeHandler(handler)
+        await close_connections()
+    line = json.loads(buf.getvalue().splitlines()[-1])
+    assert env_key not in buf.getvalue() and file_key not in buf.getvalue()
+    assert line["event"] == "calling with [REDACTED] and [REDACTED]"
+    # and failures headed for workflow history
+    assert runtime.redactor(f"401 for key {env_key}") == "401 for key [REDACTED]"
+    assert runtime.redactor.contains_secret(file_key)
