@@ -12,8 +12,9 @@ fails fast on its very first call if another process opened it. A slow or
 unreachable Temporal never fails the call: after the bound the call goes on
 with the last known value (logged once per slow refresh). One refresh per key
 is in flight at a time; concurrent callers share it. A workflow that does not
-exist (the target was never opened) or has completed (idle long after its
-last opening) answers cheaply without reaching a worker, and means "not open".
+exist (the target was never opened) means "not open"; the time is read from
+the workflow's memo through ``DescribeWorkflow``, which the server answers
+itself, so no worker replays anything and a killed worker cannot stall it.
 Publishing never blocks a call: it runs as a background task.
 """
 
@@ -26,8 +27,12 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
-from temporalio.client import Client, WorkflowQueryRejectedError
-from temporalio.common import QueryRejectCondition
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowQueryRejectedError,
+)
 from temporalio.service import RPCError, RPCStatusCode
 
 from schemas import names
@@ -159,16 +164,7 @@ class SharedBreakers:
             return
         handle = client.get_workflow_handle(names.shared_breaker_workflow_id(key, self._suffix))
         try:
-            until = await handle.query(
-                names.BREAKER_STATE_QUERY,
-                result_type=float,
-                # A completed breaker workflow went idle long after its last opening:
-                # the server says so itself instead of replaying it on a worker.
-                reject_condition=QueryRejectCondition.NOT_OPEN,
-                rpc_timeout=_QUERY_RPC_TIMEOUT,
-            )
-        except WorkflowQueryRejectedError:
-            until = 0.0
+            until = await self._read(handle)
         except RPCError as e:
             if e.status != RPCStatusCode.NOT_FOUND:
                 self._refresh_failed(key, e)
@@ -179,6 +175,25 @@ class SharedBreakers:
             return
         self._failing.discard(key)
         self._open_until[key] = max(self._open_until.get(key, 0.0), float(until))
+
+    @staticmethod
+    async def _read(handle: WorkflowHandle[Any, Any]) -> float:
+        """The open-until time, from the memo the server keeps (no worker involved);
+        a breaker workflow started before it kept one is queried instead."""
+        desc = await handle.describe(rpc_timeout=_QUERY_RPC_TIMEOUT)
+        until = await desc.memo_value(names.BREAKER_MEMO_KEY, None, type_hint=float)
+        if until is not None:
+            return float(until)
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            return 0.0  # went idle long after its last opening
+        try:
+            return float(
+                await handle.query(
+                    names.BREAKER_STATE_QUERY, result_type=float, rpc_timeout=_QUERY_RPC_TIMEOUT
+                )
+            )
+        except WorkflowQueryRejectedError:
+            return 0.0
 
     def _refresh_failed(self, key: str, e: Exception) -> None:
         if key in self._failing:

@@ -66,6 +66,8 @@ def limiter_workflow_id(key: str, queue_suffix: str = "") -> str:
 SHARED_BREAKER_WORKFLOW: Final = "SharedBreakerWorkflow"
 BREAKER_OPENED_SIGNAL: Final = "opened"
 BREAKER_STATE_QUERY: Final = "state"
+# The memo key where SharedBreakerWorkflow keeps its open-until time (epoch seconds).
+BREAKER_MEMO_KEY: Final = "open_until"
 
 
 def shared_breaker_workflow_id(key: str, queue_suffix: str = "") -> str:

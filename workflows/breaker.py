@@ -3,7 +3,10 @@
 A worker process whose breaker for a target opens signal-with-starts this
 workflow with the time until which the target is open; other processes query
 it (at most about once a second per target) and fail fast with
-``circuit_open`` until then. The state is a single timestamp, carried across
+``circuit_open`` until then. The time is also kept in the workflow's memo
+(``open_until``), which the server itself answers in ``DescribeWorkflow``:
+a process reads it without a worker replaying anything, even when the
+worker that ran the workflow last is gone. The state is a single timestamp, carried across
 continue-as-new; an idle breaker completes and the next opening starts it
 again.
 """
@@ -21,6 +24,8 @@ with workflow.unsafe.imports_passed_through():
 _IDLE_SECONDS = 300.0
 _MAX_ROUNDS = 200
 _MAX_HISTORY_EVENTS = 1000
+# Replay: runs recorded before the memo existed did not upsert it.
+_MEMO_PATCH = "breaker-memo"
 
 
 @workflow.defn(name=names.SHARED_BREAKER_WORKFLOW)
@@ -47,7 +52,11 @@ class SharedBreakerWorkflow:
     async def run(self, state: SharedBreakerState) -> SharedBreakerState:
         """Keep the state until idle; continue-as-new to keep history bounded."""
         self._until = max(self._until, state.open_until)
+        published = -1.0
         for _ in range(_MAX_ROUNDS):
+            if self._until != published and workflow.patched(_MEMO_PATCH):
+                workflow.upsert_memo({names.BREAKER_MEMO_KEY: self._until})
+                published = self._until
             idle = self._until + _IDLE_SECONDS - workflow.now().timestamp()
             if idle <= 0:
                 return SharedBreakerState(key=state.key, open_until=self._until)

@@ -4,7 +4,7 @@ nothing but the Temporal server (the two-process test with real ``aiworker
 worker`` processes is tests/reliability/test_shared_breaker_processes.py).
 
 The tests with a stand-in client cover what a real server cannot be made to
-do on demand: a query that hangs, a server that errors, and many callers at
+do on demand: a read that hangs, a server that errors, and many callers at
 the same instant."""
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ async def test_breaker_opened_by_one_process_makes_the_other_fail_fast(
         await fresh.acheck("other.example")
 
 
-async def test_a_target_never_opened_anywhere_passes_after_one_query(
+async def test_a_target_never_opened_anywhere_passes_after_one_read(
     client: Client, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     # No worker polls the pipelines queue here: the answer comes from the server alone.
@@ -115,32 +115,37 @@ async def test_a_target_never_opened_anywhere_passes_after_one_query(
     assert not [r for r in caplog.records if r.getMessage().startswith("breaker.refresh")]
 
 
-async def test_a_completed_breaker_workflow_means_closed_without_a_worker(
+async def test_the_state_is_read_without_a_worker_from_the_memo(
     client: Client, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The worker that ran the breaker workflow is gone (killed, scaled down):
+    other processes still read the opening, from the memo the server keeps."""
     wid = names.shared_breaker_workflow_id(KEY, settings.task_queue_suffix)
-    publisher = SharedBreakers(settings.queue(names.PIPELINES_QUEUE), client=client)
-    publisher.publish(KEY, time.time() + 30)
     handle = client.get_workflow_handle(wid)
+    until = time.time() + 30
+    async with running_stack(client, settings):
+        publisher = SharedBreakers(settings.queue(names.PIPELINES_QUEUE), client=client)
+        publisher.publish(KEY, until)
 
-    async def started() -> bool:
-        try:
-            await handle.describe()
-        except RPCError:
-            return False
-        return True
+        async def in_memo() -> bool:
+            try:
+                desc = await handle.describe()
+            except RPCError:
+                return False
+            return bool(await desc.memo_value(names.BREAKER_MEMO_KEY, 0.0) == until)
 
-    deadline = time.monotonic() + 15
-    while not await started():
-        assert time.monotonic() < deadline, "the opening was never published"
-        await asyncio.sleep(0.1)
-    await handle.terminate("test: a breaker workflow that ended")
-    # Without the reject condition this query would wait for a worker (none polls
-    # here) until the RPC deadline and be logged as failed.
+        deadline = time.monotonic() + 15
+        while not await in_memo():
+            assert time.monotonic() < deadline, "the opening never reached the memo"
+            await asyncio.sleep(0.1)
+    # no worker polls any more; a query would wait for one until its RPC deadline
     view = process_view(client, settings, wait_seconds=15)
     with caplog.at_level(logging.WARNING, logger="aiworker.breaker"):
-        await view.acheck("shop.example")
+        with pytest.raises(CircuitOpenError) as e:
+            await view.acheck("shop.example")
+    assert "another worker process" in e.value.message
     assert not [r for r in caplog.records if r.getMessage().startswith("breaker.refresh")]
+    await handle.terminate("test over")
 
 
 def test_without_sharing_a_registry_is_process_local() -> None:
@@ -153,7 +158,7 @@ def test_without_sharing_a_registry_is_process_local() -> None:
 
 
 class StandInTemporal:
-    """A client whose breaker query waits for the test, answers, or fails."""
+    """A client whose breaker read (describe) waits for the test, answers, or fails."""
 
     def __init__(self, until: float = 0.0) -> None:
         self.until = until
@@ -165,12 +170,15 @@ class StandInTemporal:
     def get_workflow_handle(self, workflow_id: str) -> StandInTemporal:
         return self
 
-    async def query(self, name: str, **kw: Any) -> float:
-        assert name == names.BREAKER_STATE_QUERY
+    async def describe(self, **kw: Any) -> StandInTemporal:
         self.queries += 1
         await self.gate.wait()
         if self.error is not None:
             raise self.error
+        return self
+
+    async def memo_value(self, key: str, default: Any = None, **kw: Any) -> float:
+        assert key == names.BREAKER_MEMO_KEY
         return self.until
 
 
