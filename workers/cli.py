@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -140,35 +142,45 @@ def _configure_logs(settings: Settings, stream: Any = None) -> None:
     )
 
 
-async def _cmd_run(args: argparse.Namespace) -> int:
+@contextlib.asynccontextmanager
+async def _cli_span(name: str, **attributes: str) -> AsyncIterator[Any]:
+    """Telemetry for one CLI command: the root span of what it starts or changes
+    (the SDK's tracing interceptor carries it into the workflow), ended and
+    exported, with the process's S3 connections closed, when the command ends."""
     from opentelemetry import trace
 
     from workers.telemetry import Telemetry
-    from workers.temporal_client import connect
     from workers.tools import close_connections
+
+    telemetry = Telemetry(sdk_metrics=False, service_name="aiworker-cli")
+    tracer = trace.get_tracer("aiworker.cli")
+    try:
+        with tracer.start_as_current_span(
+            name, attributes={f"aiworker.{k}": v for k, v in attributes.items()}
+        ):
+            yield telemetry
+    finally:
+        telemetry.shutdown()
+        await close_connections()  # the S3 client that large payloads may have used
+
+
+async def _cmd_run(args: argparse.Namespace) -> int:
+    from workers.temporal_client import connect
 
     raw = read_pipeline(args.file)
     settings = load_settings()
     _configure_logs(settings)
-    telemetry = Telemetry(sdk_metrics=False, service_name="aiworker-cli")
-    tracer = trace.get_tracer("aiworker.cli")
-    try:
-        # The root of the pipeline's trace: start, workflow, every activity attempt.
-        with tracer.start_as_current_span(
-            f"aiworker run {raw['name']}",
-            attributes={
-                "aiworker.pipeline": raw["name"],
-                "aiworker.tenant": raw.get("tenant", "default"),
-            },
-        ):
-            client = await connect(
-                args.profile, target_host=args.address, telemetry=telemetry, settings=settings
-            )
-            handle = await start_pipeline(client, settings, raw, args.id)
-            return await _print_or_wait(client, handle, args.no_wait)
-    finally:
-        telemetry.shutdown()
-        await close_connections()  # the S3 client that large payloads may have used
+    # The root of the pipeline's trace: start, workflow, every activity attempt.
+    async with _cli_span(
+        f"aiworker run {raw['name']}",
+        pipeline=raw["name"],
+        tenant=raw.get("tenant", "default"),
+    ) as telemetry:
+        client = await connect(
+            args.profile, target_host=args.address, telemetry=telemetry, settings=settings
+        )
+        handle = await start_pipeline(client, settings, raw, args.id)
+        return await _print_or_wait(client, handle, args.no_wait)
 
 
 async def _print_or_wait(client: Any, handle: Any, no_wait: bool) -> int:
@@ -321,7 +333,6 @@ async def _cmd_review(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowUpdateFailedError
 
     from workers.temporal_client import connect
-    from workers.tools import close_connections
 
     outputs = None
     if args.outputs:
@@ -330,23 +341,28 @@ async def _cmd_review(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as e:
             _err(f"--outputs is not valid JSON: {e.msg}")
             return EXIT_USAGE
-    # Corrected outputs can be large: the same external storage as the workers.
-    client = await connect(args.profile, target_host=args.address, settings=load_settings())
-    try:
-        answer = await send_review(
-            client,
-            args.workflow_id,
-            args.decision,
-            outputs=outputs,
-            reviewer=args.reviewer or os.environ.get("USER"),
-            note=args.note,
-            step=args.step,
+    settings = load_settings()
+    _configure_logs(settings)
+    async with _cli_span(
+        f"aiworker review {args.decision}", workflow_id=args.workflow_id, decision=args.decision
+    ) as telemetry:
+        # Corrected outputs can be large: the same external storage as the workers.
+        client = await connect(
+            args.profile, target_host=args.address, settings=settings, telemetry=telemetry
         )
-    except WorkflowUpdateFailedError as e:
-        _err(f"review rejected: {e.cause}")
-        return EXIT_FAILED
-    finally:
-        await close_connections()
+        try:
+            answer = await send_review(
+                client,
+                args.workflow_id,
+                args.decision,
+                outputs=outputs,
+                reviewer=args.reviewer or os.environ.get("USER"),
+                note=args.note,
+                step=args.step,
+            )
+        except WorkflowUpdateFailedError as e:
+            _err(f"review rejected: {e.cause}")
+            return EXIT_FAILED
     print(json.dumps(answer))
     return EXIT_OK
 
@@ -372,19 +388,22 @@ async def _cmd_list(args: argparse.Namespace) -> int:
 
 async def _cmd_redrive(args: argparse.Namespace) -> int:
     from workers.temporal_client import connect
-    from workers.tools import close_connections
 
     settings = load_settings()
-    # The old run's input and result may sit in external storage.
-    client = await connect(args.profile, target_host=args.address, settings=settings)
-    try:
-        handle = await redrive(client, settings, args.workflow_id)
+    _configure_logs(settings)
+    async with _cli_span(
+        f"aiworker redrive {args.workflow_id}", workflow_id=args.workflow_id
+    ) as telemetry:
+        # The old run's input and result may sit in external storage.
+        client = await connect(
+            args.profile, target_host=args.address, settings=settings, telemetry=telemetry
+        )
+        try:
+            handle = await redrive(client, settings, args.workflow_id)
+        except RedriveError as e:
+            _err(str(e))
+            return EXIT_USAGE
         return await _print_or_wait(client, handle, args.no_wait)
-    except RedriveError as e:
-        _err(str(e))
-        return EXIT_USAGE
-    finally:
-        await close_connections()
 
 
 async def run_worker_process(

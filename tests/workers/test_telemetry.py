@@ -296,3 +296,44 @@ async def test_models_file_keys_are_redacted_in_logs_and_failures(
     # and failures headed for workflow history
     assert runtime.redactor(f"401 for key {env_key}") == "401 for key [REDACTED]"
     assert runtime.redactor.contains_secret(file_key)
+
+
+async def test_aiworker_redrive_roots_the_new_runs_trace(
+    tclient: Client,
+    env: WorkflowEnvironment,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``redrive`` (like ``review``) starts its work under a span of its own."""
+    failing = one_step_pipeline("redriven")
+    failing["steps"][0]["input"] = {"data": 1}  # no schema: invalid_input, the run fails
+    monkeypatch.setenv("AIWORKER_TASK_QUEUE_SUFFIX", settings.task_queue_suffix)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    SPANS.clear()
+    try:
+        async with running_stack(tclient, settings) as stack:
+            first = await stack.start(failing, id=workflow_id("redriven"))
+            assert (await first.result()).status == "failed"
+            code = await asyncio.to_thread(
+                cli.main,
+                ["redrive", first.id, "--address", env.client.service_client.config.target_host],
+            )
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in handlers:
+            root.addHandler(h)
+        root.setLevel(level)
+    assert code == 1  # the redriven run fails the same way
+    doc = json.loads(capsys.readouterr().out)
+    (cli_span,) = _by_name(SPANS.get_finished_spans(), f"aiworker redrive {first.id}")
+    assert cli_span.parent is None
+    assert doc["trace_id"] == hex_trace(cli_span)
+    spans = [
+        s for s in SPANS.get_finished_spans() if s.context.trace_id == cli_span.context.trace_id
+    ]
+    (start,) = _by_name(spans, f"StartWorkflow:{names.PIPELINE_WORKFLOW}")
+    assert start.parent.span_id == cli_span.context.span_id
+    assert len(_by_name(spans, f"worker {names.VALIDATOR}")) == 1
