@@ -67,13 +67,9 @@ def client(env: WorkflowEnvironment) -> Client:
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     """Test settings: a fresh queue suffix and data dir per test, private networks allowed."""
-    return Settings(
-        data_dir=tmp_path / "data",
-        task_queue_suffix=f"-t{uuid.uuid4().hex[:10]}",
-        metrics_port=0,
-        allow_private_networks=True,
-        shutdown_grace_seconds=5,
-    )
+    from support.payloads import stack_settings
+
+    return stack_settings(tmp_path)
 
 
 @dataclass

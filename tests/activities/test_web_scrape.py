@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
 from fixtures.scrape_site import FixtureSite
+from support.payloads import stack_settings
 from temporalio.client import Client
 
 from activities.breaker import BreakerRegistry
@@ -54,12 +54,9 @@ def site() -> Iterator[FixtureSite]:
 
 
 def make_settings(tmp: Path, *, private: bool) -> Settings:
-    return Settings(
-        data_dir=tmp / "data",
-        task_queue_suffix=f"-t{uuid.uuid4().hex[:10]}",
-        metrics_port=0,
+    return stack_settings(
+        tmp,
         allow_private_networks=private,
-        shutdown_grace_seconds=5,
         # these tests fan out many steps of one tenant; the spec's 10/min per
         # tenant is exercised by tests/workflows/test_limits.py
         rate_limits=tuple(parse_rate_limits("web-scrape:*=100000/min")),

@@ -20,15 +20,16 @@ SMALL_HISTORY_BYTES = 64 * 1024
 
 
 def stack_settings(tmp: Path, **kw: Any) -> Settings:
-    """Settings for an isolated stack: its own queue suffix and data directory."""
-    return Settings(
-        data_dir=tmp / "data",
-        task_queue_suffix=f"-t{uuid.uuid4().hex[:10]}",
-        metrics_port=0,
-        allow_private_networks=True,
-        shutdown_grace_seconds=5,
-        **kw,
-    )
+    """Settings for an isolated stack: its own queue suffix and data directory,
+    private networks allowed (loopback test servers); ``kw`` overrides any field."""
+    fields: dict[str, Any] = {
+        "data_dir": tmp / "data",
+        "task_queue_suffix": f"-t{uuid.uuid4().hex[:10]}",
+        "metrics_port": 0,
+        "allow_private_networks": True,
+        "shutdown_grace_seconds": 5,
+    }
+    return Settings(**(fields | kw))
 
 
 def client_for(env: WorkflowEnvironment, settings: Settings) -> Client:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +212,21 @@ def test_formatter_maps_temporal_extras_and_redacts() -> None:
     assert "Authorization: [REDACTED]" in doc["event"]
 
 
+@contextlib.contextmanager
+def cli_logging_restored() -> Iterator[None]:
+    """The CLI configures the root logger for its process: put the test's back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in handlers:
+            root.addHandler(h)
+        root.setLevel(level)
+
+
 async def test_aiworker_run_roots_the_pipeline_trace(
     tclient: Client,
     env: WorkflowEnvironment,
@@ -221,22 +238,14 @@ async def test_aiworker_run_roots_the_pipeline_trace(
     pipeline = tmp_path / "pipeline.json"
     pipeline.write_text(json.dumps(one_step_pipeline("from-cli")))
     monkeypatch.setenv("AIWORKER_TASK_QUEUE_SUFFIX", settings.task_queue_suffix)
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
     SPANS.clear()
-    try:
+    with cli_logging_restored():
         async with running_stack(tclient, settings):
             # `aiworker run` owns its event loop; give it a thread of its own.
             code = await asyncio.to_thread(
                 cli.main,
                 ["run", str(pipeline), "--address", env.client.service_client.config.target_host],
             )
-    finally:
-        for h in list(root.handlers):
-            root.removeHandler(h)
-        for h in handlers:
-            root.addHandler(h)
-        root.setLevel(level)
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["status"] == "succeeded"
@@ -309,10 +318,8 @@ async def test_aiworker_redrive_roots_the_new_runs_trace(
     failing = one_step_pipeline("redriven")
     failing["steps"][0]["input"] = {"data": 1}  # no schema: invalid_input, the run fails
     monkeypatch.setenv("AIWORKER_TASK_QUEUE_SUFFIX", settings.task_queue_suffix)
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
     SPANS.clear()
-    try:
+    with cli_logging_restored():
         async with running_stack(tclient, settings) as stack:
             first = await stack.start(failing, id=workflow_id("redriven"))
             assert (await first.result()).status == "failed"
@@ -320,12 +327,6 @@ async def test_aiworker_redrive_roots_the_new_runs_trace(
                 cli.main,
                 ["redrive", first.id, "--address", env.client.service_client.config.target_host],
             )
-    finally:
-        for h in list(root.handlers):
-            root.removeHandler(h)
-        for h in handlers:
-            root.addHandler(h)
-        root.setLevel(level)
     assert code == 1  # the redriven run fails the same way
     doc = json.loads(capsys.readouterr().out)
     (cli_span,) = _by_name(SPANS.get_finished_spans(), f"aiworker redrive {first.id}")
