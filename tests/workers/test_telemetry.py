@@ -249,16 +249,23 @@ async def test_aiworker_run_roots_the_pipeline_trace(
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["status"] == "succeeded"
-    (cli_span,) = _by_name(SPANS.get_finished_spans(), "aiworker run from-cli")
+    spans = cli_rooted_trace("aiworker run from-cli", doc)
+    assert len(_by_name(spans, f"RunActivity:{names.VALIDATOR}")) == 1
+    assert len(_by_name(spans, f"worker {names.VALIDATOR}")) == 1
+
+
+def cli_rooted_trace(root: str, result: dict[str, Any]) -> list[Any]:
+    """The spans of the trace a CLI command's span ``root`` began; it started the
+    workflow and the pipeline result names it."""
+    (cli_span,) = _by_name(SPANS.get_finished_spans(), root)
     assert cli_span.parent is None
-    assert doc["trace_id"] == hex_trace(cli_span)
+    assert result["trace_id"] == hex_trace(cli_span)
     spans = [
         s for s in SPANS.get_finished_spans() if s.context.trace_id == cli_span.context.trace_id
     ]
     (start,) = _by_name(spans, f"StartWorkflow:{names.PIPELINE_WORKFLOW}")
     assert start.parent.span_id == cli_span.context.span_id
-    assert len(_by_name(spans, f"RunActivity:{names.VALIDATOR}")) == 1
-    assert len(_by_name(spans, f"worker {names.VALIDATOR}")) == 1
+    return spans
 
 
 async def test_models_file_keys_are_redacted_in_logs_and_failures(
@@ -329,12 +336,5 @@ async def test_aiworker_redrive_roots_the_new_runs_trace(
             )
     assert code == 1  # the redriven run fails the same way
     doc = json.loads(capsys.readouterr().out)
-    (cli_span,) = _by_name(SPANS.get_finished_spans(), f"aiworker redrive {first.id}")
-    assert cli_span.parent is None
-    assert doc["trace_id"] == hex_trace(cli_span)
-    spans = [
-        s for s in SPANS.get_finished_spans() if s.context.trace_id == cli_span.context.trace_id
-    ]
-    (start,) = _by_name(spans, f"StartWorkflow:{names.PIPELINE_WORKFLOW}")
-    assert start.parent.span_id == cli_span.context.span_id
+    spans = cli_rooted_trace(f"aiworker redrive {first.id}", doc)
     assert len(_by_name(spans, f"worker {names.VALIDATOR}")) == 1
