@@ -56,6 +56,8 @@ PERMIT_SIGNAL: Final = "permit"
 # The limiter asks a lease's holder, before taking an expired lease back, whether it
 # still holds it: the signal fails when the holder's workflow is gone.
 LEASE_CHECK_SIGNAL: Final = "lease-check"
+# Histogram (seconds) of permit waits, recorded by LimiterWorkflow through the SDK meter.
+LIMITER_WAIT_METRIC: Final = "aiworker_limiter_wait"
 
 
 def limiter_workflow_id(key: str, queue_suffix: str = "") -> str:

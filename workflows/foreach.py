@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 
@@ -47,9 +48,10 @@ class PipelineForEachWorkflow:
         await self._permits.on_lease_check(check)
 
     @workflow.query(name=names.PROGRESS_QUERY)
-    def progress(self) -> dict[str, int]:
-        """Items finished so far in this chunk."""
-        return {"done": self._done}
+    def progress(self) -> dict[str, Any]:
+        """Items finished so far in this chunk, and the items waiting at a limiter
+        now (item index -> ``rate`` or ``concurrency``)."""
+        return {"done": self._done, "waiting": self._permits.waiting_for()}
 
     @workflow.run
     async def run(self, chunk: ChunkInput) -> ChunkResult:

@@ -40,7 +40,7 @@ def _record_wait(kind: str, seconds: float) -> None:
     """``aiworker_limiter_wait_seconds{kind}``: how long granted requests waited
     (the SDK's replay-safe meter: a replayed grant is not counted twice)."""
     workflow.metric_meter().create_histogram_float(
-        "aiworker_limiter_wait", "Time a permit request waited at its limiter.", "s"
+        names.LIMITER_WAIT_METRIC, "Time a permit request waited at its limiter.", "s"
     ).record(seconds, {"kind": kind})
 
 

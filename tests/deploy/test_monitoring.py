@@ -16,6 +16,7 @@ from deploy_tools import DEPLOY, ROOT, run
 from prometheus_client import CollectorRegistry
 
 from activities.metrics import WorkerMetrics
+from schemas import names
 from workers.telemetry import PIPELINES_METRIC
 
 MON = DEPLOY / "monitoring"
@@ -23,7 +24,10 @@ MON = DEPLOY / "monitoring"
 ORCHESTRATION_METRICS: set[str] = set()
 # Counted in workflow code through the SDK's metric meter and served on the same
 # /metrics by workers.telemetry (not a prometheus_client metric of the runtime).
-SDK_METER_METRICS = {PIPELINES_METRIC + "_total"}
+SDK_METER_METRICS = {
+    PIPELINES_METRIC + "_total",
+    *(f"{names.LIMITER_WAIT_METRIC}_seconds{s}" for s in ("_bucket", "_sum", "_count")),
+}
 
 # Debian's promtool (`apt-get install -y --no-install-recommends prometheus`).
 promtool = shutil.which("promtool")

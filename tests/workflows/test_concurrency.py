@@ -80,10 +80,25 @@ async def test_for_each_items_share_a_concurrency_key_across_chunks(
         ],
     }
     seen = InFlight()
+    gate = seen.gates["c1"] = asyncio.Event()
     async with running_stack(
         client, settings, replace_activities={"validator": seen.handler()}
     ) as stack:
         handle = await stack.start(pipeline)
+        chunks = [client.get_workflow_handle(f"{handle.id}/each/{k}") for k in range(5)]
+
+        async def c1_items_wait() -> bool:
+            # two c1 items hold the key (held at the gate); the others wait at the limiter
+            waiting: dict[str, str] = {}
+            for chunk in chunks:
+                try:
+                    waiting |= (await chunk.query(names.PROGRESS_QUERY))["waiting"]
+                except Exception:
+                    continue  # not started yet
+            return seen.running.get("c1") == 2 and set(waiting.values()) == {"concurrency"}
+
+        await wait_for(c1_items_wait, "c1 items waiting for the key, visible in chunk progress")
+        gate.set()
         result = await asyncio.wait_for(handle.result(), 90)
     each = result.steps["each"]
     assert each.status == "partial", each
