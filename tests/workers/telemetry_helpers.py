@@ -108,25 +108,6 @@ def flaky_validator(settings: Settings, leak: str | None = None) -> Any:
     return FlakyActivities(runtime, FlakyValidator(leak)).validator
 
 
-def one_step_pipeline(name: str = "traced") -> dict[str, Any]:
-    return {
-        "name": name,
-        "tenant": "acme",
-        "inputs": {"doc": {"title": "x"}},
-        "steps": [
-            {
-                "id": "check",
-                "worker": "validator",
-                "input": {
-                    "data": "${{ inputs.doc }}",
-                    "schema": {"type": "object", "required": ["title"]},
-                },
-            }
-        ],
-        "output": {"valid": "${{ steps.check.outputs.valid }}"},
-    }
-
-
 def workflow_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 

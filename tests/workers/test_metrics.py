@@ -22,7 +22,8 @@ import pytest
 from conftest import running_stack
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from telemetry_helpers import one_step_pipeline, tclient, telemetry, workflow_id  # noqa: F401 - pytest fixtures
+from support.pipelines import one_step_pipeline
+from telemetry_helpers import tclient, telemetry, workflow_id  # noqa: F401 - pytest fixtures
 from temporalio import workflow
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter

@@ -15,11 +15,11 @@ import pytest
 from conftest import running_stack
 from opentelemetry.trace import StatusCode
 from pydantic import SecretStr
+from support.pipelines import one_step_pipeline
 from telemetry_helpers import (  # noqa: F401 - pytest fixtures
     SPANS,
     flaky_validator,
     hex_trace,
-    one_step_pipeline,
     tclient,
     telemetry,
     workflow_id,

@@ -1,25 +1,11 @@
 from __future__ import annotations
 
 from conftest import Stack
+from support.pipelines import one_step_pipeline
 
 
 async def test_validator_pipeline_runs_end_to_end(stack: Stack) -> None:
-    pipeline = {
-        "name": "basic",
-        "tenant": "acme",
-        "inputs": {"doc": {"title": "x"}},
-        "steps": [
-            {
-                "id": "check",
-                "worker": "validator",
-                "input": {
-                    "data": "${{ inputs.doc }}",
-                    "schema": {"type": "object", "required": ["title"]},
-                },
-            }
-        ],
-        "output": {"valid": "${{ steps.check.outputs.valid }}"},
-    }
+    pipeline = one_step_pipeline("basic")
     handle = await stack.start(pipeline)
     result = await handle.result()
     assert result.status == "succeeded"
