@@ -26,7 +26,7 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows.budget import BudgetRefused, Ledger
 from workflows.calls import call_worker
-from workflows.permits import PermitBook, PermitWaitExpired, concurrency_call
+from workflows.permits import PermitBook, PermitWaitExpired
 
 
 @workflow.defn(name=names.FOREACH_WORKFLOW)
@@ -116,12 +116,12 @@ class PipelineForEachWorkflow:
                 if keyed:
                     assert item.concurrency_key is not None and chunk.concurrency_limit
                     calls.append(
-                        concurrency_call(
-                            item.concurrency_key,
-                            chunk.concurrency_limit,
-                            me,
-                            f"{ticket}/concurrency",
-                            chunk.lease_seconds,
+                        AcquireCall(
+                            key=item.concurrency_key,
+                            limit=chunk.concurrency_limit,
+                            requester=me,
+                            ticket=f"{ticket}/concurrency",
+                            lease_seconds=chunk.lease_seconds,
                         )
                     )
                 try:

@@ -34,15 +34,6 @@ class PermitWaitExpired(Exception):
         return "a concurrency slot" if self.call.key is not None else "the rate limit"
 
 
-def concurrency_call(
-    key: str, limit: int, requester: str, ticket: str, lease: float
-) -> AcquireCall:
-    """A request for a concurrency lease of ``lease`` seconds (see ``lease_seconds``)."""
-    return AcquireCall(
-        key=key, limit=limit, requester=requester, ticket=ticket, lease_seconds=lease
-    )
-
-
 class PermitBook:
     """Permits a workflow has asked for and received, and the leases it holds."""
 

@@ -65,7 +65,7 @@ with workflow.unsafe.imports_passed_through():
 from workflows.budget import Admission, BudgetRefused, Ledger
 from workflows.calls import Outcome, call_worker, error_code_of, with_feedback
 from workflows.foreach import PipelineForEachWorkflow
-from workflows.permits import Lease, PermitBook, PermitWaitExpired, concurrency_call
+from workflows.permits import Lease, PermitBook, PermitWaitExpired
 
 STATUS_KEY = SearchAttributeKey.for_keyword(names.SA_STATUS)
 TENANT_KEY = SearchAttributeKey.for_keyword(names.SA_TENANT)
@@ -317,13 +317,15 @@ class PipelineWorkflow:
             ) from None
         info = workflow.info()
         deadline = spec.budget.deadline_seconds
-        call = concurrency_call(
-            str(key),
-            spec.concurrency.limit,
-            info.workflow_id,
-            f"{info.workflow_id}/{workflow.uuid4().hex[:8]}/pipeline",
+        call = AcquireCall(
+            key=str(key),
+            limit=spec.concurrency.limit,
+            requester=info.workflow_id,
+            ticket=f"{info.workflow_id}/{workflow.uuid4().hex[:8]}/pipeline",
             # renewed by the limiter's lease checks for as long as this pipeline lives
-            PIPELINE_LEASE_SECONDS if deadline is None else deadline + PIPELINE_LEASE_MARGIN,
+            lease_seconds=(
+                PIPELINE_LEASE_SECONDS if deadline is None else deadline + PIPELINE_LEASE_MARGIN
+            ),
         )
         try:
             leases = await self._permits.acquire_all([call], self._remaining)
@@ -612,12 +614,14 @@ class PipelineWorkflow:
         if step.concurrency is not None:
             key = self._resolve_input(step, step.concurrency.key, "concurrency.key", {})
             calls.append(
-                concurrency_call(
-                    str(key),
-                    step.concurrency.limit,
-                    info.workflow_id,
-                    f"{base}/concurrency",
-                    lease_seconds(worker, step.timeout_seconds, self._max_attempts(step)),
+                AcquireCall(
+                    key=str(key),
+                    limit=step.concurrency.limit,
+                    requester=info.workflow_id,
+                    ticket=f"{base}/concurrency",
+                    lease_seconds=lease_seconds(
+                        worker, step.timeout_seconds, self._max_attempts(step)
+                    ),
                 )
             )
         try:
