@@ -440,15 +440,7 @@ class WorkerRuntime:
         if not failure.details or not isinstance(failure.details[0], dict):
             return failure
         info = {**failure.details[0], "usage": usage.model_dump(mode="json")}
-        return ApplicationError(
-            failure.message,
-            info,
-            *failure.details[1:],
-            type=failure.type,
-            non_retryable=failure.non_retryable,
-            next_retry_delay=failure.next_retry_delay,
-            category=failure.category,
-        )
+        return _replaced(failure, failure.message, [info, *failure.details[1:]])
 
     def _redacted(
         self, failure: ApplicationError, cause: BaseException | None
@@ -468,14 +460,7 @@ class WorkerRuntime:
         )
         if message == failure.message and details == list(failure.details) and not cause_leaks:
             return failure, cause
-        clean = ApplicationError(
-            message,
-            *details,
-            type=failure.type,
-            non_retryable=failure.non_retryable,
-            next_retry_delay=failure.next_retry_delay,
-            category=failure.category,
-        )
+        clean = _replaced(failure, message, details)
         return clean, (None if cause_leaks or message != failure.message else cause)
 
     def _trace_ids(self, span: trace.Span, request: WorkerRequest) -> tuple[str | None, str | None]:
@@ -615,6 +600,18 @@ class WorkerRuntime:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _replaced(failure: ApplicationError, message: str, details: list[Any]) -> ApplicationError:
+    """``failure`` with another message and details; code and retry behaviour kept."""
+    return ApplicationError(
+        message,
+        *details,
+        type=failure.type,
+        non_retryable=failure.non_retryable,
+        next_retry_delay=failure.next_retry_delay,
+        category=failure.category,
+    )
 
 
 def tool_secrets(tools: Mapping[str, Any]) -> list[str]:
