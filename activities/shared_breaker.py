@@ -6,7 +6,7 @@ through, consults what the other processes published, so one process's
 failures stop the others' calls too.
 
 Before a call (:meth:`SharedBreakers.refresh`), a view older than
-``refresh_seconds`` is refreshed by one query to the workflow, awaited for at
+``refresh_seconds`` is refreshed by one read of the workflow, awaited for at
 most ``wait_seconds``: a process that never asked about a target therefore
 fails fast on its very first call if another process opened it. A slow or
 unreachable Temporal never fails the call: after the bound the call goes on
@@ -40,13 +40,13 @@ from schemas.limits import SharedBreakerState
 
 log = logging.getLogger("aiworker.breaker")
 
-# How long one refresh query may take in the background, so that a hung
-# Temporal does not pile up queries; callers wait far less (``wait_seconds``).
+# How long one refresh read may take in the background, so that a hung
+# Temporal does not pile up reads; callers wait far less (``wait_seconds``).
 _QUERY_RPC_TIMEOUT = timedelta(seconds=5)
 
 
 class _Refresh:
-    """One refresh query in flight for one key."""
+    """One refresh read in flight for one key."""
 
     def __init__(self, task: asyncio.Task[None]) -> None:
         self.task = task
