@@ -19,7 +19,7 @@ install: $(STAMP)
 # .pyc files each run compiles them from source (measured: most of a short
 # pipeline's worker CPU).
 compile: $(STAMP)
-	$(BIN)/python -m compileall -q schemas activities workflows workers bench >/dev/null
+	$(BIN)/python -m compileall -q aiworker schemas activities workflows workers bench >/dev/null
 
 ## Start the embedded Temporal server + UI + worker, run the sample pipeline, print the result.
 demo: compile
@@ -31,7 +31,7 @@ dev: compile
 
 ## Lint, type-check and run the whole test suite against a real Temporal server.
 test: $(STAMP)
-	$(BIN)/ruff check schemas activities workflows workers tests bench
+	$(BIN)/ruff check aiworker schemas activities workflows workers tests bench examples
 	$(BIN)/mypy
 	$(BIN)/pytest
 

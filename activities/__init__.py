@@ -1,7 +1,8 @@
-"""AI workers (one module each) and the runtime they share."""
+"""AI workers (one module each), the SDK base they share and the runtime that runs them."""
 
-from activities.errors import WorkerError
-from activities.runtime import Worker, WorkerContext, WorkerResult, WorkerRuntime
-from activities.toolbox import Toolbox
+from aiworker.activities.errors import WorkerError
+from aiworker.activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
+from aiworker.activities.sdk import Worker
+from aiworker.activities.toolbox import Toolbox
 
 __all__ = ["Toolbox", "Worker", "WorkerContext", "WorkerError", "WorkerResult", "WorkerRuntime"]

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any, ClassVar
+from typing import Any
 
-from temporalio import activity
-
-from activities.errors import InvalidInputError, ValidationFailedError
-from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
-from schemas import names
-from schemas.protocol import WarningInfo, WorkerResponse
+from aiworker.activities.errors import InvalidInputError, ValidationFailedError
+from aiworker.activities.runtime import WorkerContext, WorkerResult
+from aiworker.activities.sdk import Worker
+from aiworker.schemas.protocol import WarningInfo
+from aiworker.schemas.spec import builtin_spec
 
 _MISSING = object()
 
@@ -60,10 +59,10 @@ def _branches(raw: dict[str, Any] | list[Any]) -> list[tuple[str, Any]]:
     return [(str(i), v) for i, v in enumerate(raw)]
 
 
-class Aggregator:
+class Aggregator(Worker):
     """Merges branch results under one of six explicit policies."""
 
-    worker_id: ClassVar[str] = names.AGGREGATOR
+    spec = builtin_spec("aggregator")
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
         policy: str = input["policy"]
@@ -282,16 +281,3 @@ def _merge_objects(
             }
         )
     return out
-
-
-class AggregatorActivities:
-    """The ``aggregator`` activity, bound to a runtime."""
-
-    def __init__(self, runtime: WorkerRuntime) -> None:
-        self._runtime = runtime
-        self._worker = Aggregator()
-
-    @activity.defn(name=names.AGGREGATOR)
-    async def aggregator(self, request: dict[str, Any]) -> WorkerResponse:
-        """Merge branch results with an explicit policy."""
-        return await self._runtime.run(self._worker, request)

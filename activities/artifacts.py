@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import quote, unquote, urlsplit
 
-from activities.errors import AccessDeniedError, InvalidInputError, NotFoundError
-from schemas.protocol import ArtifactRef
+from aiworker.activities.errors import AccessDeniedError, InvalidInputError, NotFoundError
+from aiworker.schemas.protocol import ArtifactRef
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # Writes under this size are cheaper inline than through a worker thread.

@@ -35,10 +35,10 @@ import aioboto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from activities.artifacts import tenant_dir
-from activities.errors import AccessDeniedError, InvalidInputError, NotFoundError
-from activities.lineage import MAX_RECORDS, ArtifactRecord, sort_records, workflow_segment
-from schemas.protocol import ArtifactRef
+from aiworker.activities.artifacts import tenant_dir
+from aiworker.activities.errors import AccessDeniedError, InvalidInputError, NotFoundError
+from aiworker.activities.lineage import MAX_RECORDS, ArtifactRecord, sort_records, workflow_segment
+from aiworker.schemas.protocol import ArtifactRef
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client

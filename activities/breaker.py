@@ -22,10 +22,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from activities.errors import CircuitOpenError
-from activities.metrics import BREAKER_STATES, WorkerMetrics
-from activities.shared_breaker import SharedBreakers
-from schemas.settings import Settings
+from aiworker.activities.errors import CircuitOpenError
+from aiworker.activities.metrics import BREAKER_STATES, WorkerMetrics
+from aiworker.activities.shared_breaker import SharedBreakers
+from aiworker.schemas.settings import Settings
 
 log = logging.getLogger("aiworker.breaker")
 

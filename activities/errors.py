@@ -32,8 +32,8 @@ from typing import Any, ClassVar
 
 from temporalio.exceptions import ApplicationError
 
-from schemas.errors import ErrorCode, is_retryable
-from schemas.protocol import ErrorInfo
+from aiworker.schemas.errors import ErrorCode, is_retryable
+from aiworker.schemas.protocol import ErrorInfo
 
 
 class WorkerError(Exception):

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 
 from temporalio import activity
 
-from schemas import names
-from schemas.limits import (
+from aiworker.schemas import names
+from aiworker.schemas.limits import (
     AcquireCall,
     AcquireRequest,
     AcquireResult,
@@ -23,8 +23,8 @@ from schemas.limits import (
     Plan,
     PlanCall,
 )
-from schemas.settings import Settings
-from schemas.spec import WorkerSpec, parse_rate
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import WorkerSpec, parse_rate
 
 
 def rate_limit_for(

@@ -29,8 +29,8 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict
 
-from activities.artifacts import ArtifactStore, atomic_write
-from schemas.protocol import ArtifactRef
+from aiworker.activities.artifacts import ArtifactStore, atomic_write
+from aiworker.schemas.protocol import ArtifactRef
 
 # One listing never reads more records than this (a bounded loop, and a hint
 # that a workflow writing more artifacts wants its own index).

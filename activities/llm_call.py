@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, ClassVar
+from typing import Any
 
-from temporalio import activity
-
-from activities.errors import InvalidInputError, InvalidOutputError
-from activities.jsonschema_cache import SchemaError, describe, validator_for
-from activities.llm import ChatRequest, LanguageModel, Message
-from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
-from schemas import names
-from schemas.protocol import WarningInfo, WorkerResponse
+from aiworker.activities.errors import InvalidInputError, InvalidOutputError
+from aiworker.activities.jsonschema_cache import SchemaError, describe, validator_for
+from aiworker.activities.llm import ChatRequest, LanguageModel, Message
+from aiworker.activities.runtime import WorkerContext, WorkerResult
+from aiworker.activities.sdk import Worker
+from aiworker.schemas.protocol import WarningInfo
+from aiworker.schemas.spec import builtin_spec
 
 TOOL = "language_model"
 # Leaves the runtime's own deadline to fire only for a call that ignores ours.
@@ -87,10 +86,10 @@ def _reason(message: str, validator: str) -> dict[str, str]:
     return {"path": "$", "message": message, "validator": validator, "schema_path": ""}
 
 
-class LlmCall:
+class LlmCall(Worker):
     """Calls a language model once; validates structured output when asked."""
 
-    worker_id: ClassVar[str] = names.LLM_CALL
+    spec = builtin_spec("llm-call")
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
         schema = input.get("response_schema")
@@ -201,16 +200,3 @@ class LlmCall:
                 **context,
             )
         return value
-
-
-class LlmCallActivities:
-    """The ``llm-call`` activity, bound to a runtime."""
-
-    def __init__(self, runtime: WorkerRuntime) -> None:
-        self._runtime = runtime
-        self._worker = LlmCall()
-
-    @activity.defn(name=names.LLM_CALL)
-    async def llm_call(self, request: dict[str, Any]) -> WorkerResponse:
-        """Make one language-model call under the llm-call contract."""
-        return await self._runtime.run(self._worker, request)

@@ -26,12 +26,11 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
-from temporalio import activity
 
-from activities.errors import (
+from aiworker.activities.errors import (
     AccessDeniedError,
     FetchFailedError,
     FetchTimeoutError,
@@ -39,12 +38,12 @@ from activities.errors import (
     NotFoundError,
     RateLimitedError,
 )
-from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
-from activities.tools.egress import EgressPolicy
-from activities.tools.fetch import guarded_transport
-from schemas import names
-from schemas.protocol import WorkerResponse
-from schemas.settings import Settings
+from aiworker.activities.runtime import WorkerContext, WorkerResult
+from aiworker.activities.sdk import Worker
+from aiworker.activities.tools.egress import EgressPolicy
+from aiworker.activities.tools.fetch import guarded_transport
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import builtin_spec
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS publications (
@@ -156,10 +155,10 @@ class WebhookPoster:
         await self._client.aclose()
 
 
-class Publish:
+class Publish(Worker):
     """Appends a record to a file sink or POSTs it to a webhook, once per key."""
 
-    worker_id: ClassVar[str] = names.PUBLISH
+    spec = builtin_spec("publish")
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
         key = ctx.request.idempotency_key
@@ -277,16 +276,3 @@ def _raise_for_status(resp: httpx.Response, url: str) -> None:
     raise InvalidInputError(
         f"webhook {url} rejected the record with {code}", field="input.record", status_code=code
     )
-
-
-class PublishActivities:
-    """The ``publish`` activity, bound to a runtime."""
-
-    def __init__(self, runtime: WorkerRuntime) -> None:
-        self._runtime = runtime
-        self._worker = Publish()
-
-    @activity.defn(name=names.PUBLISH)
-    async def publish(self, request: dict[str, Any]) -> WorkerResponse:
-        """Publish a record to a file sink or webhook, exactly once per idempotency key."""
-        return await self._runtime.run(self._worker, request)

@@ -20,7 +20,7 @@ import traceback
 from collections.abc import AsyncIterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
@@ -28,21 +28,21 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import lineage
-from activities.errors import (
+from aiworker.activities import lineage
+from aiworker.activities.errors import (
     InternalError,
     InvalidInputError,
     InvalidOutputError,
     WorkerError,
     WorkerTimeoutError,
 )
-from activities.jsonschema_cache import describe, validator_for
-from activities.metrics import WorkerMetrics
-from activities.redaction import Redactor
-from activities.toolbox import Toolbox
-from schemas.errors import ErrorCode, is_retryable
-from schemas.options import effective_timeout
-from schemas.protocol import (
+from aiworker.activities.jsonschema_cache import describe, validator_for
+from aiworker.activities.metrics import WorkerMetrics
+from aiworker.activities.redaction import Redactor
+from aiworker.activities.toolbox import Toolbox
+from aiworker.schemas.errors import ErrorCode, is_retryable
+from aiworker.schemas.options import effective_timeout
+from aiworker.schemas.protocol import (
     ArtifactRef,
     Observability,
     RequestConstraints,
@@ -51,8 +51,8 @@ from schemas.protocol import (
     WorkerRequest,
     WorkerResponse,
 )
-from schemas.settings import Settings
-from schemas.spec import WorkerSpec
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import WorkerSpec
 
 log = logging.getLogger("aiworker.worker")
 tracer = trace.get_tracer("aiworker.runtime")
@@ -99,6 +99,22 @@ class WorkerContext:
     activity_id: str | None = None
     spent_input_tokens: int = 0
     spent_output_tokens: int = 0
+    timeout_seconds: float | None = None
+
+    @property
+    def tenant(self) -> str:
+        """The tenant this call is for (scope files, artifacts and caches by it)."""
+        return self.request.tenant
+
+    @property
+    def idempotency_key(self) -> str:
+        """The same for every retry of one logical step: the key for side effects."""
+        return self.request.idempotency_key
+
+    @property
+    def step_id(self) -> str | None:
+        """The pipeline step this call runs, where the caller said."""
+        return self.request.step_id
 
     def spend(self, input_tokens: int = 0, output_tokens: int = 0) -> None:
         """Book tokens a provider billed in this attempt as soon as they are known,
@@ -164,10 +180,13 @@ class _Spend:
         return [{"usage": usage.model_dump(mode="json")}] if usage != Usage() else []
 
 
-class Worker(Protocol):
-    """The domain logic of one AI worker."""
+class Executes(Protocol):
+    """What the runtime runs: a worker id and ``execute`` (an :class:`aiworker.Worker`,
+    or a stand-in with the same two members). A worker that carries its own
+    ``spec`` runs under it; otherwise the runtime's specs name it."""
 
-    worker_id: ClassVar[str]
+    @property
+    def worker_id(self) -> str: ...
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult: ...
 
@@ -247,8 +266,16 @@ class WorkerRuntime:
         except KeyError:
             raise InvalidInputError(f"unknown worker {worker_id!r}", field="worker_id") from None
 
-    def parse_request(self, raw: Any, worker_id: str) -> WorkerRequest:
+    def spec_of(self, worker: Executes) -> WorkerSpec:
+        """The contract ``worker`` runs under: its own spec, else the runtime's."""
+        own = getattr(worker, "spec", None)
+        if isinstance(own, WorkerSpec):
+            return own
+        return self.spec(worker.worker_id)
+
+    def parse_request(self, raw: Any, spec: WorkerSpec) -> WorkerRequest:
         """Parse and check the envelope; ``invalid_input`` names the field."""
+        worker_id = spec.worker_id
         if isinstance(raw, WorkerRequest):
             req = raw
         else:
@@ -269,7 +296,6 @@ class WorkerRuntime:
                 f"request for worker {req.worker_id!r} sent to worker {worker_id!r}",
                 field="worker_id",
             )
-        spec = self.spec(worker_id)
         if req.version.split(".")[0] != spec.version.split(".")[0]:
             raise InvalidInputError(
                 f"request speaks contract version {req.version!r}; worker {worker_id!r} "
@@ -285,7 +311,7 @@ class WorkerRuntime:
             span.set_attribute("aiworker.schema_errors", len(errors))
             return describe(errors) if errors else []
 
-    async def run(self, worker: Worker, raw: Any) -> WorkerResponse:
+    async def run(self, worker: Executes, raw: Any) -> WorkerResponse:
         """Run one attempt of ``worker`` on the request ``raw``; raise ``ApplicationError``."""
         started = time.monotonic()
         worker_id = worker.worker_id
@@ -317,7 +343,8 @@ class WorkerRuntime:
                 span.set_attribute("aiworker.workflow_id", info.workflow_id or "")
                 span.set_attribute("aiworker.activity_id", info.activity_id)
             try:
-                request = self.parse_request(raw, worker_id)
+                spec = self.spec_of(worker)
+                request = self.parse_request(raw, spec)
                 tenant = request.tenant
                 fields.update(tenant=tenant, idempotency_key=request.idempotency_key)
                 span.set_attribute("aiworker.tenant", tenant)
@@ -333,7 +360,9 @@ class WorkerRuntime:
                         "idempotency_key": request.idempotency_key,
                     }
                 )
-                response = await self._run(worker, request, attempt, started, fields, info, spend)
+                response = await self._run(
+                    worker, spec, request, attempt, started, fields, info, spend
+                )
                 response = response.model_copy(
                     update={
                         "observability": Observability(
@@ -342,6 +371,7 @@ class WorkerRuntime:
                             worker_id=worker_id,
                             attempt=attempt,
                             duration_ms=round((time.monotonic() - started) * 1000, 3),
+                            timeout_seconds=response.observability.timeout_seconds,
                         )
                     }
                 )
@@ -473,7 +503,8 @@ class WorkerRuntime:
 
     async def _run(
         self,
-        worker: Worker,
+        worker: Executes,
+        spec: WorkerSpec,
         request: WorkerRequest,
         attempt: int,
         started: float,
@@ -481,7 +512,6 @@ class WorkerRuntime:
         info: activity.Info | None,
         spend: _Spend,
     ) -> WorkerResponse:
-        spec = self.spec(worker.worker_id)
         problems = self.check_schema(spec.input_schema, request.input, "input")
         if problems:
             first = problems[0]
@@ -511,6 +541,7 @@ class WorkerRuntime:
             attempt=attempt,
             deadline=started + timeout,
             max_tokens=limits.max_tokens,
+            timeout_seconds=timeout,
             workflow_id=info.workflow_id if info else None,
             activity_id=info.activity_id if info else None,
         )
@@ -523,7 +554,7 @@ class WorkerRuntime:
             tenant=request.tenant,
             worker_id=spec.worker_id,
             workflow_id=ctx.workflow_id,
-            step_id=lineage.step_of(request.idempotency_key, ctx.workflow_id),
+            step_id=request.step_id or lineage.step_of(request.idempotency_key, ctx.workflow_id),
             attempt=attempt,
             trace_id=fields.get("trace_id"),
             idempotency_key=request.idempotency_key,
@@ -575,7 +606,9 @@ class WorkerRuntime:
                 output_tokens=max(result.output_tokens, ctx.spent_output_tokens),
                 external_calls=toolbox.external_calls,
             ),
-            observability=Observability(worker_id=spec.worker_id, attempt=attempt),
+            observability=Observability(
+                worker_id=spec.worker_id, attempt=attempt, timeout_seconds=timeout
+            ),
         )
 
     @contextlib.asynccontextmanager

@@ -35,8 +35,8 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from schemas import names
-from schemas.limits import SharedBreakerState
+from aiworker.schemas import names
+from aiworker.schemas.limits import SharedBreakerState
 
 log = logging.getLogger("aiworker.breaker")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from activities.errors import BudgetExceededError, ToolNotAllowedError
+from aiworker.activities.errors import BudgetExceededError, ToolNotAllowedError
 
 # Tools that reach outside the process; each `use` counts one external call.
 EXTERNAL_TOOLS = frozenset({"fetch_url", "language_model", "http_post"})

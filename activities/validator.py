@@ -8,21 +8,19 @@ workflow can route on the code and feed the reasons back to the producer.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
-from temporalio import activity
-
-from activities.errors import InvalidInputError, ValidationFailedError
-from activities.jsonschema_cache import SchemaError, describe, validator_for
-from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
-from schemas import names
-from schemas.protocol import WorkerResponse
+from aiworker.activities.errors import InvalidInputError, ValidationFailedError
+from aiworker.activities.jsonschema_cache import SchemaError, describe, validator_for
+from aiworker.activities.runtime import WorkerContext, WorkerResult
+from aiworker.activities.sdk import Worker
+from aiworker.schemas.spec import builtin_spec
 
 
-class Validator:
+class Validator(Worker):
     """Validates ``data`` against ``schema`` (JSON Schema 2020-12 with formats)."""
 
-    worker_id: ClassVar[str] = names.VALIDATOR
+    spec = builtin_spec("validator")
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
         schema = input["schema"]
@@ -47,16 +45,3 @@ class Validator:
         if len(errors) > limit:
             outputs["truncated"] = True
         return WorkerResult(outputs=outputs, log_fields={"valid": not errors})
-
-
-class ValidatorActivities:
-    """The ``validator`` activity, bound to a runtime."""
-
-    def __init__(self, runtime: WorkerRuntime) -> None:
-        self._runtime = runtime
-        self._worker = Validator()
-
-    @activity.defn(name=names.VALIDATOR)
-    async def validator(self, request: dict[str, Any]) -> WorkerResponse:
-        """Validate data against a JSON Schema."""
-        return await self._runtime.run(self._worker, request)

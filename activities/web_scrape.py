@@ -12,17 +12,16 @@ missing field.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, ClassVar
+from typing import Any
 
-from temporalio import activity
-
-from activities.artifacts import ArtifactStore
-from activities.errors import InvalidInputError
-from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
-from activities.tools.extract import HtmlParser, SpecError
-from activities.tools.fetch import FetchTool
-from schemas import names
-from schemas.protocol import WarningInfo, WorkerResponse
+from aiworker.activities.artifacts import ArtifactStore
+from aiworker.activities.errors import InvalidInputError
+from aiworker.activities.runtime import WorkerContext, WorkerResult
+from aiworker.activities.sdk import Worker
+from aiworker.activities.tools.extract import HtmlParser, SpecError
+from aiworker.activities.tools.fetch import FetchTool
+from aiworker.schemas.protocol import WarningInfo
+from aiworker.schemas.spec import builtin_spec
 
 # Leave the runtime's own deadline a margin, so a slow site is `fetch_timeout`
 # (with the URL) and not the generic `timeout`.
@@ -32,10 +31,10 @@ _MAX_MARGIN_SECONDS = 1.0
 _INLINE_PARSE_CHARS = 512 * 1024
 
 
-class WebScrape:
+class WebScrape(Worker):
     """Fetches one page and extracts the fields of an ``extraction_spec``."""
 
-    worker_id: ClassVar[str] = names.WEB_SCRAPE
+    spec = builtin_spec("web-scrape")
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
         parser: HtmlParser = ctx.tools.use("parse_html")
@@ -77,16 +76,3 @@ class WebScrape:
                 "missing_fields": len(result.missing_required),
             },
         )
-
-
-class WebScrapeActivities:
-    """The ``web-scrape`` activity, bound to a runtime."""
-
-    def __init__(self, runtime: WorkerRuntime) -> None:
-        self._runtime = runtime
-        self._worker = WebScrape()
-
-    @activity.defn(name=names.WEB_SCRAPE)
-    async def web_scrape(self, request: dict[str, Any]) -> WorkerResponse:
-        """Fetch a page and extract fields from it."""
-        return await self._runtime.run(self._worker, request)

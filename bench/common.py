@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from workers.devserver import DevServer, free_port
+from aiworker.workers.devserver import DevServer, free_port
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:

@@ -16,13 +16,13 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.runtime import WorkerRuntime
+from aiworker.activities.runtime import WorkerRuntime
+from aiworker.schemas import names
+from aiworker.schemas.pipeline import Step
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import load_specs
+from aiworker.workers.worker import build_workers
 from bench.common import embedded_server
-from schemas import names
-from schemas.pipeline import Step
-from schemas.settings import Settings
-from schemas.spec import load_specs
-from workers.worker import build_workers
 
 
 def _rss_mb() -> float:

@@ -14,14 +14,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from activities.metrics import WorkerMetrics
-from activities.runtime import WorkerContext, WorkerRuntime
-from activities.toolbox import Toolbox
-from activities.validator import Validator
+from aiworker.activities.metrics import WorkerMetrics
+from aiworker.activities.runtime import WorkerContext, WorkerRuntime
+from aiworker.activities.toolbox import Toolbox
+from aiworker.activities.validator import Validator
+from aiworker.schemas.protocol import WorkerRequest
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import load_specs
 from bench.common import percentiles
-from schemas.protocol import WorkerRequest
-from schemas.settings import Settings
-from schemas.spec import load_specs
 
 REQUEST: dict[str, Any] = {
     "worker_id": "validator",

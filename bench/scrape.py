@@ -24,13 +24,13 @@ import httpx
 from bs4 import BeautifulSoup
 from prometheus_client import CollectorRegistry
 
-from activities.metrics import WorkerMetrics
-from activities.runtime import WorkerRuntime
-from activities.tools import scrape_tools
-from activities.tools.extract import PARSER
-from activities.web_scrape import WebScrape
-from schemas.settings import Settings
-from schemas.spec import load_specs
+from aiworker.activities.metrics import WorkerMetrics
+from aiworker.activities.runtime import WorkerRuntime
+from aiworker.activities.tools import scrape_tools
+from aiworker.activities.tools.extract import PARSER
+from aiworker.activities.web_scrape import WebScrape
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import load_specs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fixtures.scrape_site import FixtureSite

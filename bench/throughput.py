@@ -18,14 +18,15 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from activities.runtime import WorkerRuntime
+from aiworker.activities.runtime import WorkerRuntime
+from aiworker.schemas import names
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import load_specs
+from aiworker.workers.plugins import builtin_set
+from aiworker.workers.registry import activities_for
+from aiworker.workflows.pipeline import PipelineWorkflow
 from bench.bare_workflow import BareBenchWorkflow, noop
 from bench.common import embedded_server, percentiles
-from schemas import names
-from schemas.settings import Settings
-from schemas.spec import load_specs
-from workers.registry import activities_for
-from workflows.pipeline import PipelineWorkflow
 
 
 def pipeline(kind: str, n: int) -> dict[str, Any]:
@@ -114,7 +115,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
             client,
             task_queue=queue,
             workflows=[PipelineWorkflow, BareBenchWorkflow],
-            activities=[noop, *activities_for(names.PIPELINES_QUEUE, runtime)],
+            activities=[noop, *activities_for(names.PIPELINES_QUEUE, runtime, builtin_set())],
             max_concurrent_activity_task_polls=20,
             max_concurrent_workflow_task_polls=20,
             max_concurrent_activities=200,

@@ -2,9 +2,9 @@
 pipeline spec. Pure models and functions; no I/O on import.
 """
 
-from schemas.errors import ErrorCode, is_retryable
-from schemas.pipeline import PipelineResult, PipelineSpec, Step, StepResult
-from schemas.protocol import (
+from aiworker.schemas.errors import ErrorCode, is_retryable
+from aiworker.schemas.pipeline import PipelineResult, PipelineSpec, Step, StepResult
+from aiworker.schemas.protocol import (
     ArtifactRef,
     ErrorInfo,
     Observability,
@@ -15,7 +15,7 @@ from schemas.protocol import (
     WorkerRequest,
     WorkerResponse,
 )
-from schemas.spec import WorkerSpec, get_spec, load_specs
+from aiworker.schemas.spec import WorkerSpec, get_spec, load_specs
 
 __all__ = [
     "ArtifactRef",

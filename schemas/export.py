@@ -11,9 +11,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from schemas.pipeline import PipelineResult, PipelineSpec
-from schemas.protocol import ErrorInfo, WorkerRequest, WorkerResponse
-from schemas.spec import WorkerSpec
+from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
+from aiworker.schemas.protocol import ErrorInfo, WorkerRequest, WorkerResponse
+from aiworker.schemas.spec import WorkerSpec
 
 MODELS: dict[str, type[BaseModel]] = {
     "worker-request": WorkerRequest,

@@ -11,9 +11,9 @@ from typing import TypedDict
 
 from temporalio.common import RetryPolicy
 
-from schemas.errors import NON_RETRYABLE_CODES
-from schemas.protocol import RequestConstraints
-from schemas.spec import WorkerSpec
+from aiworker.schemas.errors import NON_RETRYABLE_CODES
+from aiworker.schemas.protocol import RequestConstraints
+from aiworker.schemas.spec import WorkerSpec
 
 # Temporal's own start-to-close timeout sits a little past the worker's own
 # deadline, so that the worker reports `timeout` with context first and the

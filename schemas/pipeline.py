@@ -13,8 +13,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.protocol import Usage
-from schemas.refs import ReferenceError_, find_refs
+from aiworker.schemas.protocol import Usage
+from aiworker.schemas.refs import ReferenceError_, find_refs
 
 TerminalStatus = Literal[
     "succeeded",

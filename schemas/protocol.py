@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from schemas.errors import ErrorCode
+from aiworker.schemas.errors import ErrorCode
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
@@ -78,6 +78,9 @@ class WorkerRequest(_Model):
         max_length=512,
         description="the same for every retry of one step: {workflow_id}/{step_id}[/{item}]",
     )
+    step_id: str | None = Field(
+        default=None, max_length=256, description="the pipeline step this call runs (lineage, logs)"
+    )
     tenant: str = Field(default="default", min_length=1, max_length=128)
     trace: TraceContext | None = None
     input: dict[str, Any] = Field(default_factory=dict)
@@ -124,6 +127,9 @@ class Observability(_Model):
     worker_id: str
     attempt: int = Field(default=1, ge=1)
     duration_ms: float = Field(default=0.0, ge=0)
+    timeout_seconds: float | None = Field(
+        default=None, gt=0, description="the deadline this attempt ran under (spec, tightened)"
+    )
 
 
 class WorkerResponse(_Model):

@@ -16,6 +16,9 @@ from typing import Any
 
 _TOKEN = re.compile(r"\$?\$\{\{(.*?)\}\}", re.DOTALL)
 _SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*|\d+")
+# What a pipeline step may refer to; a prompt worker's template refers to `input`.
+PIPELINE_ROOTS = ("inputs", "steps", "item", "item_index")
+TEMPLATE_ROOTS = ("input",)
 
 
 class ReferenceError_(ValueError):
@@ -38,8 +41,8 @@ class Ref:
         return None
 
 
-def parse_ref(expr: str) -> Ref:
-    """Parse the inside of ``${{ ... }}``."""
+def parse_ref(expr: str, roots: tuple[str, ...] = PIPELINE_ROOTS) -> Ref:
+    """Parse the inside of ``${{ ... }}``; its first segment must be one of ``roots``."""
     text = expr.strip()
     if not text:
         raise ReferenceError_("empty reference ${{ }}")
@@ -52,9 +55,10 @@ def parse_ref(expr: str) -> Ref:
             raise ReferenceError_(f"bad reference {text!r}: segment {p!r}")
         segments.append(int(p) if p.isdigit() else p)
     root = segments[0]
-    if root not in ("inputs", "steps", "item", "item_index"):
+    if root not in roots:
         raise ReferenceError_(
-            f"bad reference {text!r}: must start with inputs, steps, item or item_index"
+            f"bad reference {text!r}: must start with "
+            + (" or ".join([", ".join(roots[:-1]), roots[-1]]) if len(roots) > 1 else roots[0])
         )
     path = tuple(segments[1:])
     if root == "steps":
@@ -67,20 +71,20 @@ def parse_ref(expr: str) -> Ref:
     return Ref(text=text, root=str(root), path=path)
 
 
-def find_refs(value: Any) -> list[Ref]:
+def find_refs(value: Any, roots: tuple[str, ...] = PIPELINE_ROOTS) -> list[Ref]:
     """Every reference inside a JSON value (``ReferenceError_`` on a malformed one)."""
     out: list[Ref] = []
     if isinstance(value, str):
         for m in _TOKEN.finditer(value):
             if m.group(0).startswith("$$"):
                 continue
-            out.append(parse_ref(m.group(1)))
+            out.append(parse_ref(m.group(1), roots))
     elif isinstance(value, Mapping):
         for v in value.values():
-            out.extend(find_refs(v))
+            out.extend(find_refs(v, roots))
     elif isinstance(value, list):
         for v in value:
-            out.extend(find_refs(v))
+            out.extend(find_refs(v, roots))
     return out
 
 
@@ -106,7 +110,7 @@ def _as_text(v: Any) -> str:
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
-def resolve(value: Any, scope: Mapping[str, Any]) -> Any:
+def resolve(value: Any, scope: Mapping[str, Any], roots: tuple[str, ...] = PIPELINE_ROOTS) -> Any:
     """Replace every reference in ``value`` with its value from ``scope``.
 
     ``scope`` maps roots to values: ``inputs``, ``steps`` (``{id: {outputs, status}}``),
@@ -120,7 +124,7 @@ def resolve(value: Any, scope: Mapping[str, Any]) -> Any:
             m = matches[0]
             if m.group(0).startswith("$$"):
                 return m.group(0)[1:]
-            return _lookup(parse_ref(m.group(1)), scope)
+            return _lookup(parse_ref(m.group(1), roots), scope)
         parts: list[str] = []
         last = 0
         for m in matches:
@@ -128,12 +132,12 @@ def resolve(value: Any, scope: Mapping[str, Any]) -> Any:
             if m.group(0).startswith("$$"):
                 parts.append(m.group(0)[1:])
             else:
-                parts.append(_as_text(_lookup(parse_ref(m.group(1)), scope)))
+                parts.append(_as_text(_lookup(parse_ref(m.group(1), roots), scope)))
             last = m.end()
         parts.append(value[last:])
         return "".join(parts)
     if isinstance(value, Mapping):
-        return {k: resolve(v, scope) for k, v in value.items()}
+        return {k: resolve(v, scope, roots) for k, v in value.items()}
     if isinstance(value, list):
-        return [resolve(v, scope) for v in value]
+        return [resolve(v, scope, roots) for v in value]
     return value

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from schemas.spec import parse_rate
+from aiworker.schemas.spec import parse_rate
 
 ENV_PREFIX = "AIWORKER_"
 
@@ -84,6 +84,11 @@ class Settings(BaseModel):
     breaker_failure_threshold: int = Field(default=5, ge=1)
     breaker_window_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     breaker_open_seconds: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    # Workers beyond the built-ins (besides the `aiworker.plugins` entry points):
+    # importable modules with a WORKERS iterable, and directories of spec files
+    # (prompt and external workers).
+    worker_modules: tuple[str, ...] = ()
+    worker_specs: tuple[Path, ...] = ()
 
     @field_validator("task_queue_suffix")
     @classmethod
@@ -154,6 +159,8 @@ class Settings(BaseModel):
             "BREAKER_FAILURE_THRESHOLD",
             "BREAKER_WINDOW_SECONDS",
             "BREAKER_OPEN_SECONDS",
+            "WORKER_MODULES",
+            "WORKER_SPECS",
         }
         # Variables consumed by other parts (tests, dev server) are not settings.
         ignored_prefixes = ("TEST_", "DEV_")
@@ -208,6 +215,8 @@ class Settings(BaseModel):
             ENV_PREFIX + "ALLOW_PRIVATE_NETWORKS", get("ALLOW_PRIVATE_NETWORKS"), False
         )
         raw["egress_allow"] = tuple(_csv(get("EGRESS_ALLOW")))
+        raw["worker_modules"] = tuple(_csv(get("WORKER_MODULES")))
+        raw["worker_specs"] = tuple(Path(p) for p in _csv(get("WORKER_SPECS")))
         raw["rate_limits"] = tuple(parse_rate_limits(get("RATE_LIMITS") or ""))
         try:
             return cls.model_validate(raw)

@@ -1,8 +1,19 @@
 """Worker specs: the published contract of each AI worker.
 
-One JSON file per worker lives in ``schemas/workers/``; :func:`load_specs`
-reads and checks them (JSON Schema 2020-12 for ``input_schema`` and
-``output_schema``). Reading happens on first use, never on import.
+One JSON file per built-in worker lives in ``schemas/workers/``;
+:func:`load_specs` reads and checks them (JSON Schema 2020-12 for
+``input_schema`` and ``output_schema``). Plugins ship their own spec files
+(:meth:`WorkerSpec.from_file`), and prompt and external workers are spec
+files only, in the directories of ``AIWORKER_WORKER_SPECS``
+(:func:`load_spec_dir`). Reading happens on first use, never on import.
+
+``implementation.kind`` says who runs a worker:
+
+- ``python``: a :class:`aiworker.Worker` subclass in this or a plugin package;
+- ``prompt``: no code; a system/user template run by the llm-call machinery,
+  its ``output_schema`` the structured-output schema;
+- ``external``: another process, in any language, polls ``task_queue`` and
+  answers ``worker_id`` with the protocol's envelope; aiworker only calls it.
 """
 
 from __future__ import annotations
@@ -11,11 +22,13 @@ import functools
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from aiworker.schemas.refs import TEMPLATE_ROOTS, ReferenceError_, find_refs
 
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 _PERIOD_SECONDS = {
@@ -83,6 +96,69 @@ class ObservabilitySpec(_Model):
     log_fields: list[str] = Field(default_factory=list)
 
 
+class PythonImplementation(_Model):
+    """A worker class on the public SDK (built-ins and plugins)."""
+
+    kind: Literal["python"] = "python"
+
+
+class FewShotExample(_Model):
+    """One worked example a prompt worker shows the model before the real input."""
+
+    input: dict[str, Any]
+    output: Any
+
+
+class PromptImplementation(_Model):
+    """A worker with no code: templates run by the llm-call machinery.
+
+    ``system`` and ``prompt`` are templates: ``${{ input.<path> }}`` is replaced
+    by that part of the worker's input (a string as it is, anything else as
+    compact JSON), ``$${{`` is a literal. The spec's ``output_schema`` is the
+    structured-output schema the reply must match.
+    """
+
+    kind: Literal["prompt"]
+    model: str = Field(default="default", description="a model alias of the model registry")
+    system: str | None = None
+    prompt: str = Field(min_length=1)
+    few_shot: list[FewShotExample] = Field(default_factory=list, max_length=50)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+
+
+# The `feedback` input field of prompt workers (as llm-call's).
+FEEDBACK_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "maxItems": 50,
+    "items": {"type": ["object", "string"]},
+    "description": "validator reasons from an earlier attempt, shown to the model",
+}
+
+
+class ExternalImplementation(_Model):
+    """Another process polls the spec's task queue and answers with the envelope."""
+
+    kind: Literal["external"]
+
+
+Implementation = Annotated[
+    PythonImplementation | PromptImplementation | ExternalImplementation,
+    Field(discriminator="kind"),
+]
+
+
+class SpecExample(_Model):
+    """An input the conformance kit runs through the live worker.
+
+    Examples that reach the network (or a model) are marked ``network``; they,
+    and every example of a worker with ``side_effects``, run only when asked.
+    """
+
+    input: dict[str, Any]
+    description: str | None = None
+    network: bool = False
+
+
 class WorkerSpec(_Model):
     """The contract of one AI worker."""
 
@@ -98,6 +174,12 @@ class WorkerSpec(_Model):
     heartbeat_seconds: float | None = Field(
         default=None, gt=0, description="heartbeat timeout for long work; None for short workers"
     )
+    implementation: Implementation = Field(default_factory=PythonImplementation)
+    side_effects: bool = Field(
+        default=False,
+        description="the worker changes the world (publish): examples run only when asked",
+    )
+    examples: list[SpecExample] = Field(default_factory=list, max_length=100)
 
     @field_validator("input_schema", "output_schema")
     @classmethod
@@ -108,28 +190,149 @@ class WorkerSpec(_Model):
             raise ValueError(f"not a valid JSON Schema 2020-12: {e.message}") from e
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_feedback(cls, raw: Any) -> Any:
+        # The validation loop sends its reasons as `feedback`: every prompt
+        # worker's input accepts it, whatever its own schema says.
+        if not isinstance(raw, dict):
+            return raw
+        impl, schema = raw.get("implementation"), raw.get("input_schema")
+        if not (isinstance(impl, dict) and impl.get("kind") == "prompt"):
+            return raw
+        if isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
+            if "feedback" not in schema["properties"]:
+                props = {**schema["properties"], "feedback": FEEDBACK_SCHEMA}
+                raw = {**raw, "input_schema": {**schema, "properties": props}}
+        return raw
 
-@functools.cache
-def load_specs() -> dict[str, WorkerSpec]:
-    """Read every ``schemas/workers/*.json`` once; keyed by worker id."""
-    specs: dict[str, WorkerSpec] = {}
-    folder = Path(__file__).parent / "workers"
+    @model_validator(mode="after")
+    def _examples_and_prompt(self) -> WorkerSpec:
+        inputs = Draft202012Validator(self.input_schema)
+        for i, ex in enumerate(self.examples):
+            err = next(iter(inputs.iter_errors(ex.input)), None)
+            if err is not None:
+                raise ValueError(f"examples[{i}].input{_path(err)}: {err.message}")
+        impl = self.implementation
+        if isinstance(impl, PromptImplementation):
+            _check_prompt(self, impl)
+        return self
+
+    @property
+    def kind(self) -> str:
+        """``python``, ``prompt`` or ``external``."""
+        return self.implementation.kind
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> WorkerSpec:
+        """Read and check one spec file; ``ValueError`` names the file and field."""
+        p = Path(path)
+        try:
+            raw = json.loads(p.read_text("utf-8"))
+        except OSError as e:
+            raise ValueError(f"worker spec {p}: cannot read: {e.strerror}") from None
+        except ValueError as e:
+            raise ValueError(f"worker spec {p}: not valid JSON: {e}") from None
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as e:
+            raise ValueError(f"worker spec {p}: {describe_validation(e)}") from None
+
+
+def _path(err: Any) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+
+
+def describe_validation(e: ValidationError) -> str:
+    """A pydantic error as ``field.path: message`` lines joined by ``; ``."""
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(msg if loc == "(root)" else f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+def _check_prompt(spec: WorkerSpec, impl: PromptImplementation) -> None:
+    """A prompt's references must name fields the input schema declares, and it must
+    be allowed to reach a model; few-shot examples must keep the contract."""
+    if spec.output_schema.get("type") != "object":
+        raise ValueError(
+            'output_schema: a prompt worker\'s output is a JSON object: give it "type": "object"'
+        )
+    if "language_model" not in spec.constraints.tools_allowed:
+        raise ValueError(
+            'constraints.tools_allowed: a prompt worker needs "language_model" in its allow-list'
+        )
+    props = spec.input_schema.get("properties")
+    declared = set(props) if isinstance(props, dict) else set()
+    for name in ("system", "prompt"):
+        text = getattr(impl, name)
+        if text is None:
+            continue
+        try:
+            refs = find_refs(text, TEMPLATE_ROOTS)
+        except ReferenceError_ as e:
+            raise ValueError(f"implementation.{name}: {e}") from None
+        for ref in refs:
+            if not ref.path:
+                continue  # the whole input
+            if str(ref.path[0]) not in declared:
+                raise ValueError(
+                    f"implementation.{name}: ${{{{ {ref.text} }}}} names input field "
+                    f"{ref.path[0]!r}, which input_schema.properties does not declare"
+                    + (f" (declared: {', '.join(sorted(declared))})" if declared else "")
+                )
+    inputs = Draft202012Validator(spec.input_schema)
+    outputs = Draft202012Validator(spec.output_schema)
+    for i, shot in enumerate(impl.few_shot):
+        for what, validator, value in (
+            ("input", inputs, shot.input),
+            ("output", outputs, shot.output),
+        ):
+            err = next(iter(validator.iter_errors(value)), None)
+            if err is not None:
+                raise ValueError(f"implementation.few_shot[{i}].{what}{_path(err)}: {err.message}")
+
+
+def load_spec_dir(folder: Path) -> list[tuple[WorkerSpec, Path]]:
+    """Every ``*.json`` spec in ``folder`` (sorted by name), each checked.
+
+    ``ValueError`` names the file and field of the first bad one; a spec file
+    must be named after its ``worker_id``.
+    """
+    if not folder.is_dir():
+        raise ValueError(f"worker spec directory {folder} does not exist")
+    out = []
     for entry in sorted(folder.iterdir(), key=lambda p: p.name):
         if not entry.name.endswith(".json"):
             continue
-        try:
-            spec = WorkerSpec.model_validate(json.loads(entry.read_text("utf-8")))
-        except ValueError as e:
-            raise ValueError(f"worker spec {entry.name}: {e}") from e
+        spec = WorkerSpec.from_file(entry)
         if f"{spec.worker_id}.json" != entry.name:
-            raise ValueError(f"worker spec {entry.name} declares worker_id {spec.worker_id!r}")
-        specs[spec.worker_id] = spec
-    return specs
+            raise ValueError(f"worker spec {entry} declares worker_id {spec.worker_id!r}")
+        out.append((spec, entry))
+    return out
+
+
+BUILTIN_SPECS_DIR = Path(__file__).parent / "workers"
+
+
+@functools.cache
+def load_specs() -> dict[str, WorkerSpec]:
+    """The built-in workers' specs (``schemas/workers/*.json``), read once; by worker id."""
+    return {spec.worker_id: spec for spec, _ in load_spec_dir(BUILTIN_SPECS_DIR)}
+
+
+def builtin_spec(worker_id: str) -> WorkerSpec:
+    """The spec of one built-in worker (its class names it by this)."""
+    return load_specs()[worker_id]
 
 
 def get_spec(worker_id: str) -> WorkerSpec:
-    """The spec of one worker; ``KeyError`` names the known ones."""
-    specs = load_specs()
+    """The spec of one worker this process knows; ``KeyError`` names the known ones."""
+    from aiworker.schemas.catalog import current_specs
+
+    specs = current_specs()
     try:
         return specs[worker_id]
     except KeyError:

@@ -20,15 +20,15 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.metrics import WorkerMetrics
-from activities.runtime import WorkerRuntime
-from schemas import names
-from schemas.pipeline import PipelineResult
-from schemas.settings import Settings
-from schemas.spec import load_specs
-from workers.devserver import local_server_extra_args, temporal_cli_path, test_server_path
-from workers.registry import all_queues
-from workers.worker import build_workers
+from aiworker.activities.metrics import WorkerMetrics
+from aiworker.activities.runtime import WorkerRuntime
+from aiworker.schemas import names
+from aiworker.schemas.pipeline import PipelineResult
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import load_specs
+from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path, test_server_path
+from aiworker.workers.registry import all_queues
+from aiworker.workers.worker import build_workers
 
 
 @pytest_asyncio.fixture(scope="session")

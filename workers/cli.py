@@ -26,9 +26,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from schemas import names
-from schemas.settings import Settings, SettingsError
-from schemas.spec import load_specs
+from aiworker.schemas import names
+from aiworker.schemas.catalog import Catalog
+from aiworker.schemas.settings import Settings, SettingsError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -50,7 +50,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
 
 def read_pipeline(path: str) -> dict[str, Any]:
     """Read and check a pipeline file (``-`` for stdin); exit 2 with the reason."""
-    from workflows.pipeline import parse_spec
+    from aiworker.workflows.pipeline import parse_spec
 
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text("utf-8")
@@ -65,7 +65,7 @@ def read_pipeline(path: str) -> dict[str, Any]:
     from temporalio.exceptions import ApplicationError
 
     try:
-        parse_spec(raw, set(load_specs()))
+        parse_spec(raw, set(process_catalog().specs))
     except ApplicationError as e:
         problems = (e.details[0] or {}).get("problems", [e.message]) if e.details else [e.message]
         _err(f"{path}: invalid pipeline (invalid_input):")
@@ -109,7 +109,7 @@ async def wait_result(
     """Wait for a pipeline; returns (exit code, printable result)."""
     from temporalio.client import WorkflowFailureError
 
-    from schemas.pipeline import PipelineResult
+    from aiworker.schemas.pipeline import PipelineResult
 
     try:
         handle = client.get_workflow_handle(workflow_id, run_id=run_id, result_type=PipelineResult)
@@ -132,8 +132,8 @@ async def wait_result(
 
 
 def _configure_logs(settings: Settings, stream: Any = None) -> None:
-    from workers.logs import configure_logging
-    from workers.telemetry import otlp_header_secrets
+    from aiworker.workers.logs import configure_logging
+    from aiworker.workers.telemetry import otlp_header_secrets
 
     configure_logging(
         settings.log_level,
@@ -149,8 +149,8 @@ async def _cli_span(name: str, **attributes: str) -> AsyncIterator[Any]:
     exported, with the process's S3 connections closed, when the command ends."""
     from opentelemetry import trace
 
-    from workers.telemetry import Telemetry
-    from workers.tools import close_connections
+    from aiworker.workers.telemetry import Telemetry
+    from aiworker.workers.tools import close_connections
 
     telemetry = Telemetry(sdk_metrics=False, service_name="aiworker-cli")
     tracer = trace.get_tracer("aiworker.cli")
@@ -165,7 +165,7 @@ async def _cli_span(name: str, **attributes: str) -> AsyncIterator[Any]:
 
 
 async def _cmd_run(args: argparse.Namespace) -> int:
-    from workers.temporal_client import connect
+    from aiworker.workers.temporal_client import connect
 
     raw = read_pipeline(args.file)
     settings = load_settings()
@@ -282,7 +282,7 @@ async def redrive_input(client: Any, workflow_id: str) -> dict[str, Any]:
     """
     from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 
-    from schemas.pipeline import PipelineResult
+    from aiworker.schemas.pipeline import PipelineResult
 
     handle = client.get_workflow_handle(workflow_id)
     desc = await handle.describe()
@@ -317,7 +317,7 @@ OK_STATUSES = ("succeeded", "partial")
 
 async def redrive(client: Any, settings: Settings, workflow_id: str) -> Any:
     """Start the failed pipeline ``workflow_id`` again; returns the new handle."""
-    from schemas.pipeline import PipelineResult
+    from aiworker.schemas.pipeline import PipelineResult
 
     pipeline = await redrive_input(client, workflow_id)
     root = pipeline["resume_from"]["workflow_id"]
@@ -332,7 +332,7 @@ async def redrive(client: Any, settings: Settings, workflow_id: str) -> Any:
 async def _cmd_review(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowUpdateFailedError
 
-    from workers.temporal_client import connect
+    from aiworker.workers.temporal_client import connect
 
     outputs = None
     if args.outputs:
@@ -368,7 +368,7 @@ async def _cmd_review(args: argparse.Namespace) -> int:
 
 
 async def _cmd_list(args: argparse.Namespace) -> int:
-    from workers.temporal_client import connect
+    from aiworker.workers.temporal_client import connect
 
     client = await connect(args.profile, target_host=args.address)
     rows = await list_pipelines(
@@ -387,7 +387,7 @@ async def _cmd_list(args: argparse.Namespace) -> int:
 
 
 async def _cmd_redrive(args: argparse.Namespace) -> int:
-    from workers.temporal_client import connect
+    from aiworker.workers.temporal_client import connect
 
     settings = load_settings()
     _configure_logs(settings)
@@ -425,16 +425,17 @@ async def run_worker_process(
     """
     from prometheus_client import REGISTRY
 
-    from activities.metrics import WorkerMetrics
-    from workers.http_server import Health, MetricsServer
-    from workers.registry import all_queues
-    from workers.temporal_client import connect
-    from workers.worker import (
+    from aiworker.activities.metrics import WorkerMetrics
+    from aiworker.workers.http_server import Health, MetricsServer
+    from aiworker.workers.registry import all_queues
+    from aiworker.workers.temporal_client import connect
+    from aiworker.workers.worker import (
         StartupError,
         build_runtime,
         build_workers,
         ensure_search_attributes,
         install_signal_handlers,
+        load_process_workers,
         run_until_stopped,
     )
 
@@ -457,10 +458,11 @@ async def run_worker_process(
             client = await connect(
                 profile, target_host=address, telemetry=telemetry, settings=settings
             )
+        served = load_process_workers(settings)
         await ensure_search_attributes(client)
-        runtime = build_runtime(settings, WorkerMetrics())
-        queues = queues or list(settings.task_queues) or all_queues(dict(runtime.specs))
-        workers = build_workers(client, settings, runtime, queues)
+        runtime = build_runtime(settings, WorkerMetrics(), workers=served)
+        queues = queues or list(settings.task_queues) or all_queues(runtime.specs, served)
+        workers = build_workers(client, settings, runtime, queues, workers=served)
         stop = stop or asyncio.Event()
         install_signal_handlers(stop)
         if on_ready:
@@ -474,14 +476,14 @@ async def run_worker_process(
             server.stop()
         if telemetry is not None:
             telemetry.shutdown()
-        from workers.tools import close_connections
+        from aiworker.workers.tools import close_connections
 
         await close_connections()
     return EXIT_OK
 
 
 async def _cmd_worker(args: argparse.Namespace) -> int:
-    from workers.telemetry import Telemetry
+    from aiworker.workers.telemetry import Telemetry
 
     settings = load_settings()
     _configure_logs(settings)
@@ -509,10 +511,10 @@ def _dev_settings(args: argparse.Namespace) -> Settings:
 async def _dev(
     args: argparse.Namespace, pipeline: dict[str, Any] | None, bundled_demo: bool = False
 ) -> int:
-    from workers.demo_site import DemoSite
-    from workers.devserver import DevServer, DevServerError
-    from workers.telemetry import Telemetry
-    from workers.temporal_client import connect
+    from aiworker.workers.demo_site import DemoSite
+    from aiworker.workers.devserver import DevServer, DevServerError
+    from aiworker.workers.telemetry import Telemetry
+    from aiworker.workers.temporal_client import connect
 
     settings = _dev_settings(args)
     _configure_logs(settings, stream=_log_file(settings.data_dir))
@@ -612,24 +614,48 @@ def _log_file(data_dir: Path) -> Any:
     return open(data_dir / "worker.log", "a")
 
 
+def process_catalog() -> Catalog:
+    """Every worker this process would know as a worker process (built-ins, plugins,
+    spec files), installed; exits 2 naming a broken plugin or spec file."""
+    from aiworker.workers.worker import StartupError, load_process_workers
+
+    try:
+        return load_process_workers(load_settings()).catalog
+    except StartupError as e:
+        _err(str(e))
+        raise SystemExit(EXIT_USAGE) from None
+
+
 def _cmd_workers(args: argparse.Namespace) -> int:
-    specs = load_specs()
+    cat = process_catalog()
+    entries = sorted(cat.entries.values(), key=lambda e: e.worker_id)
     if args.json:
-        print(json.dumps({k: v.model_dump(mode="json") for k, v in specs.items()}, indent=2))
-        return EXIT_OK
-    print(
-        f"{'worker':<12} {'version':<8} {'task queue':<20} {'timeout':>8} {'attempts':>8}  purpose"
-    )
-    for s in specs.values():
         print(
-            f"{s.worker_id:<12} {s.version:<8} {s.task_queue:<20} "
-            f"{s.constraints.timeout_seconds:>7g}s {s.retries.max_attempts:>8}  {s.purpose}"
+            json.dumps(
+                {
+                    e.worker_id: {**e.spec.model_dump(mode="json"), "origin": e.origin}
+                    for e in entries
+                },
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    width = max([6, *(len(e.worker_id) for e in entries)])
+    print(
+        f"{'worker':<{width}} {'kind':<8} {'version':<8} {'task queue':<20} {'timeout':>8} "
+        f"{'attempts':>8}  origin"
+    )
+    for e in entries:
+        s = e.spec
+        print(
+            f"{s.worker_id:<{width}} {s.kind:<8} {s.version:<8} {s.task_queue:<20} "
+            f"{s.constraints.timeout_seconds:>7g}s {s.retries.max_attempts:>8}  {e.origin}"
         )
     return EXIT_OK
 
 
 async def _cmd_artifacts(args: argparse.Namespace) -> int:
-    from workers.tools import close_connections, lineage_index
+    from aiworker.workers.tools import close_connections, lineage_index
 
     settings = load_settings()
     try:
@@ -656,7 +682,7 @@ async def _cmd_artifacts(args: argparse.Namespace) -> int:
 
 
 def _cmd_schemas(args: argparse.Namespace) -> int:
-    from schemas.export import check, export
+    from aiworker.schemas.export import check, export
 
     if args.action == "export":
         for p in export():

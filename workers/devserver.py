@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from schemas import names
+from aiworker.schemas import names
 
 
 class DevServerError(RuntimeError):

@@ -31,9 +31,9 @@ from temporalio.common import WorkerDeploymentVersion
 from temporalio.contrib.aws.lambda_worker import LambdaWorkerConfig, run_worker
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.metrics import WorkerMetrics
-from schemas import names
-from schemas.settings import Settings
+from aiworker.activities.metrics import WorkerMetrics
+from aiworker.schemas import names
+from aiworker.schemas.settings import Settings
 
 # Room after the worker's drain for the SDK's shutdown hooks and the response.
 SHUTDOWN_HOOK_BUFFER = timedelta(seconds=2)
@@ -74,9 +74,9 @@ def make_handler(env: Mapping[str, str] | None = None) -> LambdaHandler:
     from opentelemetry.sdk.trace import TracerProvider
     from temporalio.contrib.opentelemetry import TracingInterceptor
 
-    from workers.registry import activities_for
-    from workers.telemetry import install_tracer_provider, tracer_provider_from_env
-    from workers.worker import build_runtime
+    from aiworker.workers.registry import activities_for
+    from aiworker.workers.telemetry import install_tracer_provider, tracer_provider_from_env
+    from aiworker.workers.worker import build_runtime, load_process_workers
 
     env = os.environ if env is None else env
     settings = Settings.from_env(env)
@@ -86,6 +86,8 @@ def make_handler(env: Mapping[str, str] | None = None) -> LambdaHandler:
     # private registry per process keeps warm invocations from re-registering.
     metrics = WorkerMetrics(CollectorRegistry())
     grace = timedelta(seconds=settings.shutdown_grace_seconds)
+    # Plugins and spec files load once, at cold start (a broken one fails it).
+    served = load_process_workers(settings)
     # Activity attempts join the trace of the pipeline that scheduled them
     # (OTLP export from the standard OTEL_* variables, as in a worker pod).
     provider = install_tracer_provider(tracer_provider_from_env(env, "aiworker-lambda"))
@@ -98,8 +100,8 @@ def make_handler(env: Mapping[str, str] | None = None) -> LambdaHandler:
 
     def configure(config: LambdaWorkerConfig) -> None:
         # Per invocation, inside its event loop: the tools' HTTP clients bind to it.
-        runtime = build_runtime(settings, metrics)
-        activities = activities_for(queue, runtime)
+        runtime = build_runtime(settings, metrics, workers=served)
+        activities = activities_for(queue, runtime, served)
         if not activities:
             raise LambdaConfigError(f"no activities are implemented for task queue {queue!r}")
         config.client_connect_config.setdefault("target_host", "localhost:7233")
@@ -121,7 +123,7 @@ def lambda_handler(event: Any, context: Any) -> None:
     """The function's handler (``workers.lambda_handler.lambda_handler``)."""
     global _handler
     if _handler is None:
-        from workers.logs import configure_logging
+        from aiworker.workers.logs import configure_logging
 
         settings = Settings.from_env(os.environ)
         configure_logging(settings.log_level, settings.secret_values())

@@ -34,12 +34,12 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
-from activities.artifacts import ArtifactStore, FileArtifactStore
-from schemas.settings import Settings
+from aiworker.activities.artifacts import ArtifactStore, FileArtifactStore
+from aiworker.schemas.settings import Settings
 
 if TYPE_CHECKING:
     # The AWS SDK loads only in processes configured for S3.
-    from activities.artifacts_s3 import S3Connection
+    from aiworker.activities.artifacts_s3 import S3Connection
 
 PAYLOAD_MEDIA_TYPE = "application/x-temporal-payload"
 FILE_DRIVER = "aiworker.file"
@@ -113,7 +113,7 @@ class _LazyAioboto3Client(S3StorageDriverClient):
         return new_aioboto3_client(await self._connection.client())
 
     async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
-        from activities.artifacts_s3 import upload
+        from aiworker.activities.artifacts_s3 import upload
 
         s3 = await self._connection.client()
         await upload(s3, bucket, self._prefix + key, data, content_type=PAYLOAD_MEDIA_TYPE)
@@ -181,10 +181,10 @@ def external_storage(settings: Settings, s3: S3Connection | None = None) -> Exte
     drivers: list[StorageDriver] = [file_driver]
     primary: StorageDriver = file_driver
     if settings.artifact_store.startswith("s3://"):
-        from activities.artifacts_s3 import parse_s3_url
+        from aiworker.activities.artifacts_s3 import parse_s3_url
 
         if s3 is None:
-            from workers.tools import s3_connection
+            from aiworker.workers.tools import s3_connection
 
             s3 = s3_connection()
         bucket, prefix = parse_s3_url(settings.artifact_store)

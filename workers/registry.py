@@ -1,39 +1,25 @@
 """Which activities and workflows each task queue serves.
 
-Each AI worker contributes one factory here; the worker process builds the
-activities for the queues it polls. This is the only place that imports
-worker implementations (entry points only).
+Workflows are fixed; activities come from the process's :class:`WorkerSet`
+(built-ins, plugins, prompt workers), each worker building its own activity
+from its spec. External workers are in the catalog (pipelines call them) but
+not served here: another process polls their queue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from activities.aggregator import AggregatorActivities
-from activities.limiter import LimiterActivities
-from activities.llm_call import LlmCallActivities
-from activities.publish import PublishActivities
-from activities.runtime import WorkerRuntime
-from activities.validator import ValidatorActivities
-from activities.web_scrape import WebScrapeActivities
-from schemas import names
-from schemas.spec import WorkerSpec
-from workflows.breaker import SharedBreakerWorkflow
-from workflows.foreach import PipelineForEachWorkflow
-from workflows.limiter import LimiterWorkflow
-from workflows.pipeline import PipelineWorkflow
-
-ActivityFactory = Callable[[WorkerRuntime], list[Callable[..., Any]]]
-
-# worker_id -> factory of its activity callables (bound to the shared runtime)
-ACTIVITY_FACTORIES: dict[str, ActivityFactory] = {
-    names.VALIDATOR: lambda rt: [ValidatorActivities(rt).validator],
-    names.LLM_CALL: lambda rt: [LlmCallActivities(rt).llm_call],
-    names.WEB_SCRAPE: lambda rt: [WebScrapeActivities(rt).web_scrape],
-    names.AGGREGATOR: lambda rt: [AggregatorActivities(rt).aggregator],
-    names.PUBLISH: lambda rt: [PublishActivities(rt).publish],
-}
+from aiworker.activities.limiter import LimiterActivities
+from aiworker.activities.runtime import WorkerRuntime
+from aiworker.schemas import names
+from aiworker.schemas.spec import WorkerSpec
+from aiworker.workers.plugins import WorkerSet
+from aiworker.workflows.breaker import SharedBreakerWorkflow
+from aiworker.workflows.foreach import PipelineForEachWorkflow
+from aiworker.workflows.limiter import LimiterWorkflow
+from aiworker.workflows.pipeline import PipelineWorkflow
 
 WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {
     names.PIPELINES_QUEUE: [
@@ -45,20 +31,25 @@ WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {
 }
 
 
-def all_queues(specs: dict[str, WorkerSpec]) -> list[str]:
-    """Every base task queue: the workflows' and each implemented worker's."""
+def all_queues(specs: Mapping[str, WorkerSpec], workers: WorkerSet | None = None) -> list[str]:
+    """Every base task queue this process can serve: the workflows' and each served worker's."""
     queues = set(WORKFLOWS_BY_QUEUE)
-    queues.update(specs[w].task_queue for w in ACTIVITY_FACTORIES if w in specs)
+    served = workers.served if workers is not None else None
+    queues.update(
+        s.task_queue
+        for wid, s in specs.items()
+        if (wid in served if served is not None else s.kind != "external")
+    )
     return sorted(queues)
 
 
-def activities_for(queue: str, runtime: WorkerRuntime) -> list[Callable[..., Any]]:
+def activities_for(
+    queue: str, runtime: WorkerRuntime, workers: WorkerSet
+) -> list[Callable[..., Any]]:
     """The activities served on the base task queue ``queue``."""
-    out: list[Callable[..., Any]] = []
-    for worker_id, factory in ACTIVITY_FACTORIES.items():
-        spec = runtime.specs.get(worker_id)
-        if spec is not None and spec.task_queue == queue:
-            out.extend(factory(runtime))
+    out: list[Callable[..., Any]] = [
+        w.activity(runtime) for w in workers.served.values() if w.spec.task_queue == queue
+    ]
     if queue == names.PIPELINES_QUEUE:
         # the limiter's local activity runs beside the pipeline workflows
         limiter = LimiterActivities(runtime.settings, runtime.specs)

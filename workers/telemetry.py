@@ -84,7 +84,7 @@ from temporalio.runtime import (
     TelemetryFilter,
 )
 
-from activities.metrics import DURATION_BUCKETS
+from aiworker.activities.metrics import DURATION_BUCKETS
 
 log = logging.getLogger("aiworker.telemetry")
 

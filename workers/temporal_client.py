@@ -19,17 +19,17 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
 from temporalio.envconfig import ClientConfig
 
-from schemas.settings import Settings
+from aiworker.schemas.settings import Settings
 
 if TYPE_CHECKING:
-    from workers.telemetry import Telemetry
+    from aiworker.workers.telemetry import Telemetry
 
 
 def data_converter(settings: Settings | None) -> DataConverter:
     """The pydantic converter, with external storage for large payloads from ``settings``."""
     if settings is None:
         return pydantic_data_converter
-    from workers.payload_storage import external_storage
+    from aiworker.workers.payload_storage import external_storage
 
     return dataclasses.replace(pydantic_data_converter, external_storage=external_storage(settings))
 

@@ -13,21 +13,21 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from activities.artifacts import FileArtifactStore
-from activities.breaker import BreakerRegistry
-from activities.lineage import FileLineageIndex, LineageIndex, RecordingArtifactStore
-from activities.llm import LanguageModel, LlmMetrics, ModelsFileError, load_registry
-from activities.metrics import WorkerMetrics
-from activities.publish import WebhookPoster
-from activities.shared_breaker import SharedBreakers
-from activities.tools import scrape_tools
-from schemas import names
-from schemas.settings import Settings
-from workers.worker import StartupError
+from aiworker.activities.artifacts import FileArtifactStore
+from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.lineage import FileLineageIndex, LineageIndex, RecordingArtifactStore
+from aiworker.activities.llm import LanguageModel, LlmMetrics, ModelsFileError, load_registry
+from aiworker.activities.metrics import WorkerMetrics
+from aiworker.activities.publish import WebhookPoster
+from aiworker.activities.shared_breaker import SharedBreakers
+from aiworker.activities.tools import scrape_tools
+from aiworker.schemas import names
+from aiworker.schemas.settings import Settings
+from aiworker.workers.worker import StartupError
 
 if TYPE_CHECKING:
     # The AWS SDK loads only in processes configured for S3.
-    from activities.artifacts_s3 import S3Connection
+    from aiworker.activities.artifacts_s3 import S3Connection
 
 _S3: dict[tuple[str | None, ...], S3Connection] = {}
 
@@ -44,7 +44,7 @@ def s3_connection() -> S3Connection:
     )
     conn = _S3.get(key)
     if conn is None:
-        from activities.artifacts_s3 import S3Connection
+        from aiworker.activities.artifacts_s3 import S3Connection
 
         conn = _S3[key] = S3Connection(region_name=os.environ.get("AWS_REGION"))
     return conn
@@ -61,7 +61,7 @@ async def close_connections() -> None:
 def artifact_store(settings: Settings) -> RecordingArtifactStore:
     """The configured artifact store, recording lineage."""
     if settings.artifact_store.startswith("s3://"):
-        from activities.artifacts_s3 import S3ArtifactStore, S3LineageIndex, parse_s3_url
+        from aiworker.activities.artifacts_s3 import S3ArtifactStore, S3LineageIndex, parse_s3_url
 
         bucket, prefix = parse_s3_url(settings.artifact_store)
         conn = s3_connection()

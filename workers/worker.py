@@ -27,13 +27,13 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from activities.metrics import WorkerMetrics
-from activities.runtime import WorkerRuntime
-from schemas import names
-from schemas.settings import Settings
-from schemas.spec import load_specs
-from workers.http_server import Health
-from workers.registry import WORKFLOWS_BY_QUEUE, activities_for, all_queues
+from aiworker.activities.metrics import WorkerMetrics
+from aiworker.activities.runtime import WorkerRuntime
+from aiworker.schemas import catalog, names
+from aiworker.schemas.settings import Settings
+from aiworker.workers.http_server import Health
+from aiworker.workers.plugins import PluginError, WorkerSet, builtin_set, install, load_workers
+from aiworker.workers.registry import WORKFLOWS_BY_QUEUE, activities_for, all_queues
 
 log = logging.getLogger("aiworker.process")
 
@@ -66,16 +66,29 @@ async def ensure_search_attributes(client: Client) -> None:
         ) from e
 
 
+def load_process_workers(settings: Settings) -> WorkerSet:
+    """Every worker this process knows (built-ins, plugins, spec files), installed as
+    the catalog its workflows read; a broken plugin stops the process here."""
+    try:
+        return install(load_workers(settings))
+    except PluginError as e:
+        raise StartupError(str(e)) from None
+
+
 def build_runtime(
-    settings: Settings, metrics: WorkerMetrics | None = None, tools: dict[str, Any] | None = None
+    settings: Settings,
+    metrics: WorkerMetrics | None = None,
+    tools: dict[str, Any] | None = None,
+    workers: WorkerSet | None = None,
 ) -> WorkerRuntime:
-    """The runtime shared by every activity of this process."""
-    from workers.logs import redact_also
-    from workers.tools import build_tools
+    """The runtime shared by every activity of this process (under ``workers``' specs,
+    else the installed catalog's)."""
+    from aiworker.workers.logs import redact_also
+    from aiworker.workers.tools import build_tools
 
     runtime = WorkerRuntime(
         settings,
-        load_specs(),
+        workers.specs if workers is not None else catalog.current_specs(),
         tools=build_tools(settings, metrics) if tools is None else tools,
         metrics=metrics,
     )
@@ -87,7 +100,11 @@ def build_runtime(
 # Pure helper modules of the workflows (no module state, no I/O) are shared
 # with the sandbox instead of being re-imported, and so re-compiled, for every
 # workflow run; that compile was most of a short pipeline's worker CPU.
-SHARED_WORKFLOW_MODULES = ("workflows.budget", "workflows.calls", "workflows.permits")
+SHARED_WORKFLOW_MODULES = (
+    "aiworker.workflows.budget",
+    "aiworker.workflows.calls",
+    "aiworker.workflows.permits",
+)
 
 
 def workflow_runner() -> SandboxedWorkflowRunner:
@@ -103,20 +120,23 @@ def build_workers(
     runtime: WorkerRuntime,
     queues: Sequence[str],
     replace: Mapping[str, Callable[..., Any]] | None = None,
+    workers: WorkerSet | None = None,
 ) -> list[Worker]:
     """One Temporal worker per base queue (with the deployment suffix).
 
+    ``workers`` are the AI workers to serve (the built-ins when omitted);
     ``replace`` maps worker ids to same-name stand-in activities (tests and
     local development stand in for a worker that is not deployed).
     """
-    known = all_queues(dict(runtime.specs))
+    served = workers if workers is not None else builtin_set()
+    known = all_queues(runtime.specs, served)
     unknown = [q for q in queues if q not in known]
     if unknown:
         raise StartupError(f"unknown task queue(s) {unknown}; known: {', '.join(known)}")
-    workers = []
+    out = []
     for q in queues:
         workflows = WORKFLOWS_BY_QUEUE.get(q, [])
-        acts = activities_for(q, runtime)
+        acts = activities_for(q, runtime, served)
         if replace:
             acts = [a for a in acts if _activity_name(a) not in replace]
             acts += [
@@ -124,7 +144,7 @@ def build_workers(
                 for wid, fn in replace.items()
                 if wid in runtime.specs and runtime.specs[wid].task_queue == q
             ]
-        workers.append(
+        out.append(
             Worker(
                 client,
                 task_queue=settings.queue(q),
@@ -138,7 +158,7 @@ def build_workers(
                 graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
             )
         )
-    return workers
+    return out
 
 
 def _activity_name(fn: Callable[..., Any]) -> str | None:

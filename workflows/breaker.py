@@ -18,8 +18,8 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from schemas import names
-    from schemas.limits import SharedBreakerState
+    from aiworker.schemas import names
+    from aiworker.schemas.limits import SharedBreakerState
 
 _IDLE_SECONDS = 300.0
 _MAX_ROUNDS = 200

@@ -19,9 +19,9 @@ from temporalio import workflow
 
 # The models must be the very classes the workflow passes through the sandbox.
 with workflow.unsafe.imports_passed_through():
-    from schemas.pipeline import Budget
-    from schemas.protocol import Usage
-    from schemas.spec import WorkerSpec
+    from aiworker.schemas.pipeline import Budget
+    from aiworker.schemas.protocol import Usage
+    from aiworker.schemas.spec import WorkerSpec
 
 
 class BudgetRefused(Exception):

@@ -15,18 +15,18 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from schemas.errors import ErrorCode
-    from schemas.options import activity_options
-    from schemas.protocol import (
+    from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.options import activity_options
+    from aiworker.schemas.protocol import (
         RequestConstraints,
         TraceContext,
         Usage,
         WorkerRequest,
         WorkerResponse,
     )
-    from schemas.spec import WorkerSpec
+    from aiworker.schemas.spec import WorkerSpec
 
-from workflows.budget import Admission
+from aiworker.workflows.budget import Admission
 
 
 @dataclass
@@ -77,6 +77,7 @@ async def call_worker(
     tenant: str,
     trace_id: str,
     input: dict[str, Any],
+    step_id: str | None = None,
     admission: Admission | None = None,
     timeout_seconds: float | None = None,
     max_attempts: int | None = None,
@@ -96,6 +97,7 @@ async def call_worker(
         worker_id=worker.worker_id,
         version=worker.version,
         idempotency_key=key,
+        step_id=step_id,
         tenant=tenant,
         trace=TraceContext(trace_id=trace_id, span_id=workflow.uuid4().hex[:16]),
         input=input,

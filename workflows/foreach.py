@@ -17,16 +17,15 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from schemas import names
-    from schemas.errors import ErrorCode
-    from schemas.limits import AcquireCall, LeaseCheck, Permit
-    from schemas.pipeline import Budget, ChunkInput, ChunkItem, ChunkResult, ItemResult
-    from schemas.protocol import Usage
-    from schemas.spec import load_specs
+    from aiworker.schemas import catalog, names
+    from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.limits import AcquireCall, LeaseCheck, Permit
+    from aiworker.schemas.pipeline import Budget, ChunkInput, ChunkItem, ChunkResult, ItemResult
+    from aiworker.schemas.protocol import Usage
 
-from workflows.budget import BudgetRefused, Ledger
-from workflows.calls import call_worker
-from workflows.permits import PermitBook, PermitWaitExpired
+from aiworker.workflows.budget import BudgetRefused, Ledger
+from aiworker.workflows.calls import call_worker
+from aiworker.workflows.permits import PermitBook, PermitWaitExpired
 
 
 @workflow.defn(name=names.FOREACH_WORKFLOW)
@@ -57,7 +56,7 @@ class PipelineForEachWorkflow:
     async def run(self, chunk: ChunkInput) -> ChunkResult:
         """Run every item of the chunk; item failures are results, not exceptions."""
         with workflow.unsafe.sandbox_unrestricted():
-            worker = load_specs()[chunk.worker]
+            worker = catalog.current_specs()[chunk.worker]
         a = chunk.allowance
         started = workflow.now().timestamp()
         expired = a.deadline is not None and a.deadline <= started
@@ -137,6 +136,7 @@ class PipelineForEachWorkflow:
                     outcome = await call_worker(
                         worker,
                         key=f"{chunk.key_prefix}/{item.index}",
+                        step_id=chunk.step_id,
                         tenant=chunk.tenant,
                         trace_id=chunk.trace_id,
                         input=item.input,

@@ -25,8 +25,8 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from schemas import names
-    from schemas.limits import AcquireRequest, LeaseCheck, LimiterState, Permit
+    from aiworker.schemas import names
+    from aiworker.schemas.limits import AcquireRequest, LeaseCheck, LimiterState, Permit
 
 # Continue-as-new well before histories get large.
 _MAX_HISTORY_EVENTS = 2000

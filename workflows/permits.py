@@ -16,8 +16,15 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from schemas import names
-    from schemas.limits import AcquireCall, AcquireResult, LeaseCheck, Permit, Plan, PlanCall
+    from aiworker.schemas import names
+    from aiworker.schemas.limits import (
+        AcquireCall,
+        AcquireResult,
+        LeaseCheck,
+        Permit,
+        Plan,
+        PlanCall,
+    )
 
 Lease = tuple[str, str]  # (limiter workflow id, ticket)
 

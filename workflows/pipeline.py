@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -40,11 +41,11 @@ with workflow.unsafe.imports_passed_through():
     from jsonschema import Draft202012Validator
     from pydantic import ValidationError
 
-    from schemas import names
-    from schemas.errors import ErrorCode
-    from schemas.limits import AcquireCall, LeaseCheck, Permit
-    from schemas.options import lease_seconds
-    from schemas.pipeline import (
+    from aiworker.schemas import catalog, names
+    from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.limits import AcquireCall, LeaseCheck, Permit
+    from aiworker.schemas.options import lease_seconds
+    from aiworker.schemas.pipeline import (
         ChunkAllowance,
         ChunkInput,
         ChunkItem,
@@ -58,14 +59,14 @@ with workflow.unsafe.imports_passed_through():
         check_pipeline,
         step_dependencies,
     )
-    from schemas.protocol import TraceContext, Usage
-    from schemas.refs import ReferenceError_, find_refs, resolve
-    from schemas.spec import WorkerSpec, load_specs
+    from aiworker.schemas.protocol import TraceContext, Usage
+    from aiworker.schemas.refs import ReferenceError_, find_refs, resolve
+    from aiworker.schemas.spec import WorkerSpec
 
-from workflows.budget import Admission, BudgetRefused, Ledger
-from workflows.calls import Outcome, call_worker, error_code_of, with_feedback
-from workflows.foreach import PipelineForEachWorkflow
-from workflows.permits import Lease, PermitBook, PermitWaitExpired
+from aiworker.workflows.budget import Admission, BudgetRefused, Ledger
+from aiworker.workflows.calls import Outcome, call_worker, error_code_of, with_feedback
+from aiworker.workflows.foreach import PipelineForEachWorkflow
+from aiworker.workflows.permits import Lease, PermitBook, PermitWaitExpired
 
 STATUS_KEY = SearchAttributeKey.for_keyword(names.SA_STATUS)
 TENANT_KEY = SearchAttributeKey.for_keyword(names.SA_TENANT)
@@ -86,11 +87,12 @@ _FEEDBACK_CODES = (ErrorCode.INVALID_OUTPUT.value, ErrorCode.VALIDATION_FAILED.v
 __all__ = ["PipelineWorkflow", "error_code_of", "invalid_input", "parse_spec"]
 
 
-def _specs() -> dict[str, WorkerSpec]:
-    # Worker processes load the specs before workflows run; the cached result
-    # is shared through the passed-through module, so this reads no file here.
+def _specs() -> Mapping[str, WorkerSpec]:
+    # Worker processes install their catalog (built-ins, plugins, spec files)
+    # before workflows run; the module is passed through, so this reads no file
+    # and imports no plugin here.
     with workflow.unsafe.sandbox_unrestricted():
-        return load_specs()
+        return catalog.current_specs()
 
 
 def invalid_input(message: str, problems: list[str] | None = None) -> ApplicationError:
@@ -153,7 +155,7 @@ class PipelineWorkflow:
         self._status = "running"
         self._ledger: Ledger | None = None
         self._spec: PipelineSpec | None = None
-        self._worker_specs: dict[str, WorkerSpec] = {}
+        self._worker_specs: Mapping[str, WorkerSpec] = {}
         self._terminal: TerminalStatus | None = None
         # Steps waiting for a human: step id -> JSON Schema for corrected outputs.
         self._awaiting: dict[str, Any] = {}
@@ -566,6 +568,7 @@ class PipelineWorkflow:
             outcome = await call_worker(
                 worker,
                 key=key,
+                step_id=step.id,
                 tenant=self._spec.tenant if self._spec else "default",
                 trace_id=self._trace_id,
                 input=step_input,
@@ -806,6 +809,7 @@ class PipelineWorkflow:
         return await call_worker(
             validator,
             key=key,
+            step_id=step.id,
             tenant=self._spec.tenant if self._spec else "default",
             trace_id=self._trace_id,
             input={"data": data, "schema": schema},

@@ -7,11 +7,11 @@ the model registry (:func:`load_registry`, :class:`ModelRegistry`,
 :class:`ChatReply`.
 """
 
-from activities.llm._client import LanguageModel, LlmMetrics, estimate_tokens
-from activities.llm._http import parse_duration, retry_after
-from activities.llm._limiter import RateLimiter
-from activities.llm._providers import PROVIDERS, AnthropicProvider, OpenAIProvider
-from activities.llm._registry import (
+from aiworker.activities.llm._client import LanguageModel, LlmMetrics, estimate_tokens
+from aiworker.activities.llm._http import parse_duration, retry_after
+from aiworker.activities.llm._limiter import RateLimiter
+from aiworker.activities.llm._providers import PROVIDERS, AnthropicProvider, OpenAIProvider
+from aiworker.activities.llm._registry import (
     ModelConfig,
     ModelEntry,
     ModelRegistry,
@@ -20,7 +20,7 @@ from activities.llm._registry import (
     load_registry,
     parse_models_file,
 )
-from activities.llm._types import ChatReply, ChatRequest, Message, Usage
+from aiworker.activities.llm._types import ChatReply, ChatRequest, Message, Usage
 
 __all__ = [
     "PROVIDERS",

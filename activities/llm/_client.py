@@ -37,8 +37,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from activities.breaker import BreakerRegistry
-from activities.errors import (
+from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.errors import (
     AccessDeniedError,
     BudgetExceededError,
     InvalidInputError,
@@ -48,12 +48,12 @@ from activities.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
-from activities.llm._http import retry_after
-from activities.llm._limiter import RateLimiter
-from activities.llm._providers import PROVIDERS, Provider, schema_instruction
-from activities.llm._registry import ModelConfig, ModelRegistry
-from activities.llm._types import ChatReply, ChatRequest
-from activities.metrics import DURATION_BUCKETS
+from aiworker.activities.llm._http import retry_after
+from aiworker.activities.llm._limiter import RateLimiter
+from aiworker.activities.llm._providers import PROVIDERS, Provider, schema_instruction
+from aiworker.activities.llm._registry import ModelConfig, ModelRegistry
+from aiworker.activities.llm._types import ChatReply, ChatRequest
+from aiworker.activities.metrics import DURATION_BUCKETS
 
 _tracer = trace.get_tracer("aiworker.llm")
 

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from activities.errors import BudgetExceededError, RateLimitedError
+from aiworker.activities.errors import BudgetExceededError, RateLimitedError
 
 WINDOW_SECONDS = 60.0
 

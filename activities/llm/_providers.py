@@ -18,8 +18,8 @@ import json
 import re
 from typing import Any, Protocol
 
-from activities.llm._registry import ModelConfig
-from activities.llm._types import ChatReply, ChatRequest, Message, Usage
+from aiworker.activities.llm._registry import ModelConfig
+from aiworker.activities.llm._types import ChatReply, ChatRequest, Message, Usage
 
 _TOOL_NAME = "respond"
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")

@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from activities.runtime import min_optional
-from schemas.settings import Settings
+from aiworker.activities.runtime import min_optional
+from aiworker.schemas.settings import Settings
 
 DEFAULT_BASE_URLS = {
     "openai": "https://api.openai.com/v1",

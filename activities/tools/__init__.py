@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from activities.artifacts import FileArtifactStore
-from activities.breaker import BreakerRegistry
-from activities.metrics import WorkerMetrics
-from activities.tools.egress import EgressPolicy
-from activities.tools.extract import HtmlParser
-from activities.tools.fetch import FetchLimits, FetchResult, FetchTool
-from activities.tools.robots import Politeness, RobotsCache
-from schemas.settings import Settings
+from aiworker.activities.artifacts import FileArtifactStore
+from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.metrics import WorkerMetrics
+from aiworker.activities.tools.egress import EgressPolicy
+from aiworker.activities.tools.extract import HtmlParser
+from aiworker.activities.tools.fetch import FetchLimits, FetchResult, FetchTool
+from aiworker.activities.tools.robots import Politeness, RobotsCache
+from aiworker.schemas.settings import Settings
 
 
 def scrape_tools(

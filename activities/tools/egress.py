@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import httpcore
 
-from activities.errors import EgressDeniedError
+from aiworker.activities.errors import EgressDeniedError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[list[str]]]

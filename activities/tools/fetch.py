@@ -32,8 +32,8 @@ from urllib.parse import urljoin, urlsplit
 import httpcore
 import httpx
 
-from activities.breaker import BreakerRegistry
-from activities.errors import (
+from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.errors import (
     AccessDeniedError,
     EgressDeniedError,
     FetchFailedError,
@@ -43,8 +43,8 @@ from activities.errors import (
     PayloadTooLargeError,
     RateLimitedError,
 )
-from activities.tools.egress import EgressPolicy, GuardedBackend
-from activities.tools.robots import Politeness, RobotsCache
+from aiworker.activities.tools.egress import EgressPolicy, GuardedBackend
+from aiworker.activities.tools.robots import Politeness, RobotsCache
 
 DEFAULT_USER_AGENT = "aiworker-scrape/0.1 (+https://github.com/aiworker/aiworker)"
 HTML_TYPES = frozenset(

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.aggregator import Aggregator
-from activities.runtime import WorkerRuntime
-from schemas.protocol import WorkerResponse
-from schemas.settings import Settings
-from schemas.spec import load_specs
+from aiworker.activities.aggregator import Aggregator
+from aiworker.activities.runtime import WorkerRuntime
+from aiworker.schemas.protocol import WorkerResponse
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import load_specs
 
 
 def _rt(settings: Settings) -> WorkerRuntime:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.artifacts import FileArtifactStore
-from activities.errors import AccessDeniedError
+from aiworker.activities.artifacts import FileArtifactStore
+from aiworker.activities.errors import AccessDeniedError
 
 
 async def test_artifacts_are_content_addressed_and_tenant_scoped(tmp_path: Path) -> None:

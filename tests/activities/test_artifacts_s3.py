@@ -11,11 +11,16 @@ import pytest
 import pytest_asyncio
 from fixtures.s3 import MotoS3, moto_s3  # noqa: F401  (module fixture)
 
-from activities import lineage
-from activities.artifacts_s3 import S3ArtifactStore, S3Connection, S3LineageIndex, parse_s3_url
-from activities.errors import AccessDeniedError, InvalidInputError, NotFoundError
-from activities.lineage import RecordingArtifactStore
-from schemas.errors import ErrorCode
+from aiworker.activities import lineage
+from aiworker.activities.artifacts_s3 import (
+    S3ArtifactStore,
+    S3Connection,
+    S3LineageIndex,
+    parse_s3_url,
+)
+from aiworker.activities.errors import AccessDeniedError, InvalidInputError, NotFoundError
+from aiworker.activities.lineage import RecordingArtifactStore
+from aiworker.schemas.errors import ErrorCode
 
 
 @pytest.fixture(scope="module")

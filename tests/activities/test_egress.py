@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from activities.errors import EgressDeniedError
-from activities.tools.egress import EgressPolicy
-from activities.tools.fetch import FetchTool
+from aiworker.activities.errors import EgressDeniedError
+from aiworker.activities.tools.egress import EgressPolicy
+from aiworker.activities.tools.fetch import FetchTool
 
 
 @pytest.mark.parametrize(

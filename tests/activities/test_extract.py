@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fixtures.scrape_site import ARTICLE_HTML, CHANGED_HTML, listing_html
 
-from activities.tools.extract import (
+from aiworker.activities.tools.extract import (
     HtmlParser,
     SpecError,
     compile_spec,

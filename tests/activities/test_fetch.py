@@ -6,9 +6,9 @@ import httpx
 import pytest
 from fixtures.scrape_site import CP1252_HTML, SJIS_HTML
 
-from activities.errors import AccessDeniedError, InvalidInputError, PayloadTooLargeError
-from activities.tools.egress import EgressPolicy
-from activities.tools.fetch import FetchLimits, FetchTool, decode_body, parse_retry_after
+from aiworker.activities.errors import AccessDeniedError, InvalidInputError, PayloadTooLargeError
+from aiworker.activities.tools.egress import EgressPolicy
+from aiworker.activities.tools.fetch import FetchLimits, FetchTool, decode_body, parse_retry_after
 
 
 def test_charsets_header_meta_detection() -> None:

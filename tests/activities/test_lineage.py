@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from activities import lineage
-from activities.artifacts import FileArtifactStore
-from activities.lineage import FileLineageIndex, RecordingArtifactStore, workflow_segment
-from workers.cli import main
+from aiworker.activities import lineage
+from aiworker.activities.artifacts import FileArtifactStore
+from aiworker.activities.lineage import FileLineageIndex, RecordingArtifactStore, workflow_segment
+from aiworker.workers.cli import main
 
 
 def call(wf: str, step: str, attempt: int) -> lineage.CallLineage:

@@ -17,8 +17,8 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from activities.breaker import BreakerRegistry
-from activities.errors import (
+from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.errors import (
     BudgetExceededError,
     CircuitOpenError,
     InvalidInputError,
@@ -26,7 +26,7 @@ from activities.errors import (
     UpstreamError,
     WorkerTimeoutError,
 )
-from activities.llm import (
+from aiworker.activities.llm import (
     ChatRequest,
     LanguageModel,
     Message,
@@ -38,10 +38,10 @@ from activities.llm import (
     parse_duration,
     retry_after,
 )
-from activities.llm_call import build_messages, parse_reply_json
-from schemas.settings import Settings
-from workers.tools import build_language_model
-from workers.worker import StartupError
+from aiworker.activities.llm_call import build_messages, parse_reply_json
+from aiworker.schemas.settings import Settings
+from aiworker.workers.tools import build_language_model
+from aiworker.workers.worker import StartupError
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC).timestamp()
 
@@ -355,7 +355,7 @@ async def test_one_span_per_call_with_model_and_tokens_but_no_prompt() -> None:
 
 
 def test_structured_output_options_per_provider() -> None:
-    from activities.llm import AnthropicProvider, OpenAIProvider
+    from aiworker.activities.llm import AnthropicProvider, OpenAIProvider
 
     array_schema = {"type": "array", "items": {"type": "string"}}
     req = ChatRequest(messages=(Message("user", "list"),), response_schema=array_schema)

@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry
 from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client, WorkflowHandle
 
-from activities.breaker import BreakerRegistry
-from activities.llm import LanguageModel, LlmMetrics, load_registry
-from schemas.pipeline import PipelineResult
-from schemas.settings import Settings
+from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.llm import LanguageModel, LlmMetrics, load_registry
+from aiworker.schemas.pipeline import PipelineResult
+from aiworker.schemas.settings import Settings
 
 OPENAI_SCENARIOS = (
     "echo",

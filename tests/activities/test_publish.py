@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.publish import Ledger, Publish, WebhookPoster
-from activities.runtime import WorkerRuntime
-from schemas.protocol import WorkerResponse
-from schemas.settings import Settings
-from schemas.spec import load_specs
+from aiworker.activities.publish import Ledger, Publish, WebhookPoster
+from aiworker.activities.runtime import WorkerRuntime
+from aiworker.schemas.protocol import WorkerResponse
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import load_specs
 
 
 def _rt(settings: Settings) -> WorkerRuntime:

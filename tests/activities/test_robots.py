@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from activities.errors import FetchFailedError
-from activities.tools.robots import Politeness, RobotsCache
+from aiworker.activities.errors import FetchFailedError
+from aiworker.activities.tools.robots import Politeness, RobotsCache
 
 
 async def test_robots_cache_fetches_once_per_origin_within_ttl() -> None:

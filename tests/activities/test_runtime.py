@@ -18,11 +18,11 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import Worker
 
-from activities.errors import FetchFailedError, RateLimitedError
-from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
-from schemas.protocol import WorkerResponse
-from schemas.settings import Settings
-from schemas.spec import WorkerSpec
+from aiworker.activities.errors import FetchFailedError, RateLimitedError
+from aiworker.activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
+from aiworker.schemas.protocol import WorkerResponse
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import WorkerSpec
 
 SPEC = {
     "worker_id": "echo",

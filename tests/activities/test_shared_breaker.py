@@ -20,11 +20,11 @@ from support.procs import wait_until
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.breaker import BreakerRegistry
-from activities.errors import CircuitOpenError
-from activities.shared_breaker import SharedBreakers
-from schemas import names
-from schemas.settings import Settings
+from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.errors import CircuitOpenError
+from aiworker.activities.shared_breaker import SharedBreakers
+from aiworker.schemas import names
+from aiworker.schemas.settings import Settings
 
 KEY = "host:shop.example"
 

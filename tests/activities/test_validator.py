@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 from conftest import Stack
 
-from activities.errors import InvalidInputError, ValidationFailedError
-from activities.runtime import WorkerRuntime
-from activities.validator import Validator
-from schemas.settings import Settings
-from schemas.spec import load_specs
+from aiworker.activities.errors import InvalidInputError, ValidationFailedError
+from aiworker.activities.runtime import WorkerRuntime
+from aiworker.activities.validator import Validator
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import load_specs
 
 
 def req(data: Any, schema: Any, **extra: Any) -> dict[str, Any]:

@@ -20,11 +20,11 @@ from fixtures.scrape_site import FixtureSite
 from support.payloads import stack_settings
 from temporalio.client import Client
 
-from activities.breaker import BreakerRegistry
-from activities.tools import EgressPolicy, scrape_tools
-from schemas.pipeline import PipelineResult
-from schemas.settings import Settings, parse_rate_limits
-from schemas.spec import get_spec
+from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.tools import EgressPolicy, scrape_tools
+from aiworker.schemas.pipeline import PipelineResult
+from aiworker.schemas.settings import Settings, parse_rate_limits
+from aiworker.schemas.spec import get_spec
 
 LISTING_SPEC = {
     "fields": {

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from deploy_tools import ROOT, compose_binary, run
 
-from schemas import names
-from schemas.settings import Settings
+from aiworker.schemas import names
+from aiworker.schemas.settings import Settings
 
 WORKER_SERVICES = {
     "aiworker-pipelines": names.PIPELINES_QUEUE,

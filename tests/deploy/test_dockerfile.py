@@ -64,7 +64,14 @@ def test_entrypoint_and_healthcheck() -> None:
 def test_dockerignore_keeps_the_context_small() -> None:
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert "**" in ignore  # everything out, then the packages back in
-    for needed in ("pyproject.toml", "schemas/", "activities/", "workflows/", "workers/"):
+    for needed in (
+        "pyproject.toml",
+        "aiworker/",
+        "schemas/",
+        "activities/",
+        "workflows/",
+        "workers/",
+    ):
         assert f"!{needed}" in ignore
     copied = re.findall(r"^COPY (?!--from)(\S+)", DOCKERFILE, re.M)
     for src in copied:

@@ -24,7 +24,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from schemas import names
+from aiworker.schemas import names
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -41,12 +41,12 @@ WORKER_SCRIPT = textwrap.dedent(
     from prometheus_client import CollectorRegistry
     from temporalio import activity
 
-    import workers.worker as worker_module
-    from activities.metrics import WorkerMetrics
-    from schemas import names
-    from schemas.settings import Settings
-    from workers.temporal_client import connect
-    from workers.worker import (
+    import aiworker.workers.worker as worker_module
+    from aiworker.activities.metrics import WorkerMetrics
+    from aiworker.schemas import names
+    from aiworker.schemas.settings import Settings
+    from aiworker.workers.temporal_client import connect
+    from aiworker.workers.worker import (
         build_runtime, build_workers, install_signal_handlers, run_until_stopped,
     )
 
@@ -69,7 +69,7 @@ WORKER_SCRIPT = textwrap.dedent(
         # (A second Worker on the same client and queue fails in the core, so
         # the activity goes in before build_workers creates the worker.)
         shipped = worker_module.activities_for
-        worker_module.activities_for = lambda q, rt: [*shipped(q, rt), slow]
+        worker_module.activities_for = lambda *a: [*shipped(*a), slow]
         workers = build_workers(client, settings, runtime, [names.PIPELINES_QUEUE])
         stop = asyncio.Event()
         install_signal_handlers(stop)

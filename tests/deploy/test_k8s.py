@@ -16,10 +16,10 @@ import pytest
 import yaml
 from deploy_tools import DEPLOY, KUBERNETES_VERSION, run, tool
 
-from schemas import names
-from schemas.options import activity_options
-from schemas.settings import Settings
-from schemas.spec import load_specs
+from aiworker.schemas import names
+from aiworker.schemas.options import activity_options
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import load_specs
 
 OVERLAYS = ("dev", "prod")
 QUEUES = {

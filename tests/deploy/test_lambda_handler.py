@@ -22,8 +22,8 @@ from temporalio.api.workflowservice.v1 import SetWorkerDeploymentCurrentVersionR
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from schemas import names
-from workers.lambda_handler import LambdaConfigError, lambda_queue, make_handler
+from aiworker.schemas import names
+from aiworker.workers.lambda_handler import LambdaConfigError, lambda_queue, make_handler
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -132,7 +132,7 @@ async def test_lambda_handler_completes_an_activity_before_the_deadline(
 
 
 def test_lambda_polls_one_queue(monkeypatch: pytest.MonkeyPatch) -> None:
-    from schemas.settings import Settings
+    from aiworker.schemas.settings import Settings
 
     assert lambda_queue(Settings()) == names.LLM_QUEUE
     assert lambda_queue(Settings(task_queues=(names.SCRAPE_QUEUE,))) == names.SCRAPE_QUEUE
@@ -144,7 +144,7 @@ def test_sam_template_sets_timeout_memory_and_environment() -> None:
     import yaml
     from deploy_tools import DEPLOY
 
-    from schemas.settings import Settings
+    from aiworker.schemas.settings import Settings
 
     template = yaml.safe_load((DEPLOY / "lambda" / "template.yaml").read_text())
     fn = template["Resources"]["LlmWorkerFunction"]

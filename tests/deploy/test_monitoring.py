@@ -15,9 +15,9 @@ import yaml
 from deploy_tools import DEPLOY, ROOT, run
 from prometheus_client import CollectorRegistry
 
-from activities.metrics import WorkerMetrics
-from schemas import names
-from workers.telemetry import PIPELINES_METRIC
+from aiworker.activities.metrics import WorkerMetrics
+from aiworker.schemas import names
+from aiworker.workers.telemetry import PIPELINES_METRIC
 
 MON = DEPLOY / "monitoring"
 # Exported by the pipeline orchestration, not by the worker runtime (see deploy/README.md).

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from support.standins import SlowPublish, registered
 
-from workers.cli import run_main
+from aiworker.workers.cli import run_main
 
 
 def run() -> None:

@@ -27,8 +27,8 @@ from support import history
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
-from schemas import names
-from schemas.pipeline import PipelineResult, TerminalStatus
+from aiworker.schemas import names
+from aiworker.schemas.pipeline import PipelineResult, TerminalStatus
 
 MAX_EXAMPLES = 40
 TERMINAL = set(get_args(TerminalStatus))

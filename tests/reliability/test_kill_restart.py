@@ -25,9 +25,9 @@ from support.standins import publish_step, read_jsonl
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client
 
-from schemas.pipeline import PipelineResult
-from schemas.settings import Settings
-from workers.cli import start_pipeline
+from aiworker.schemas.pipeline import PipelineResult
+from aiworker.schemas.settings import Settings
+from aiworker.workers.cli import start_pipeline
 
 SCRIPT = Path(__file__).with_name("standin_worker.py")
 HOLD_SECONDS = 3.0

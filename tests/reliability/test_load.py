@@ -27,11 +27,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
-from schemas import names
-from schemas.pipeline import PipelineResult
-from schemas.settings import Settings
-from workers.cli import start_pipeline
-from workers.devserver import local_server_extra_args, temporal_cli_path
+from aiworker.schemas import names
+from aiworker.schemas.pipeline import PipelineResult
+from aiworker.schemas.settings import Settings
+from aiworker.workers.cli import start_pipeline
+from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path
 
 N = 1000
 

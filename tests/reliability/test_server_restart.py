@@ -18,11 +18,11 @@ from support import history
 from support.procs import wait_until
 from support.standins import SlowPublish, publish_step, read_jsonl, registered
 
-from schemas.pipeline import PipelineResult
-from schemas.settings import Settings
-from workers.cli import start_pipeline
-from workers.devserver import DevServer, free_port
-from workers.temporal_client import connect
+from aiworker.schemas.pipeline import PipelineResult
+from aiworker.schemas.settings import Settings
+from aiworker.workers.cli import start_pipeline
+from aiworker.workers.devserver import DevServer, free_port
+from aiworker.workers.temporal_client import connect
 
 
 @pytest.mark.timeout(240)

@@ -33,8 +33,8 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHandle
 
-from schemas import names
-from schemas.settings import Settings
+from aiworker.schemas import names
+from aiworker.schemas.settings import Settings
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 THRESHOLD = 2

@@ -27,10 +27,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from activities.errors import EgressDeniedError, WorkerError
-from schemas.errors import ErrorCode
+from aiworker.activities.errors import EgressDeniedError, WorkerError
+from aiworker.schemas.errors import ErrorCode
 
-egress = pytest.importorskip("activities.tools.egress")
+egress = pytest.importorskip("aiworker.activities.tools.egress")
 
 PUBLIC_V4 = "93.184.216.34"
 PUBLIC_V6 = "2606:2800:220:1:248:1893:25c8:1946"
@@ -183,7 +183,7 @@ class Internal(BaseHTTPRequestHandler):
     ],
 )
 async def test_redirect_to_private_address_is_denied(target: str) -> None:
-    fetch = pytest.importorskip("activities.tools.fetch")
+    fetch = pytest.importorskip("aiworker.activities.tools.fetch")
 
     class Hits(Internal):
         hits = 0
@@ -206,7 +206,7 @@ async def test_redirect_to_private_address_is_denied(target: str) -> None:
 
 async def test_redirect_control_trusted_target_is_reached() -> None:
     """The same redirect to a trusted endpoint goes through: the denial above is the policy."""
-    fetch = pytest.importorskip("activities.tools.fetch")
+    fetch = pytest.importorskip("aiworker.activities.tools.fetch")
 
     class Hits(Internal):
         hits = 0
@@ -243,7 +243,7 @@ async def test_redirect_control_trusted_target_is_reached() -> None:
 )
 async def test_fetch_of_loopback_forms_never_reaches_the_server(host: str) -> None:
     """Each spelling of loopback, fetched for real: denied, and the server saw nothing."""
-    fetch = pytest.importorskip("activities.tools.fetch")
+    fetch = pytest.importorskip("aiworker.activities.tools.fetch")
 
     class Hits(Internal):
         hits = 0

@@ -36,13 +36,13 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from activities.errors import AccessDeniedError
-from schemas import names
-from schemas.pipeline import PipelineResult
-from schemas.protocol import WorkerResponse
-from schemas.settings import Settings
-from workers.cli import start_pipeline
-from workers.tools import artifact_store, close_connections
+from aiworker.activities.errors import AccessDeniedError
+from aiworker.schemas import names
+from aiworker.schemas.pipeline import PipelineResult
+from aiworker.schemas.protocol import WorkerResponse
+from aiworker.schemas.settings import Settings
+from aiworker.workers.cli import start_pipeline
+from aiworker.workers.tools import artifact_store, close_connections
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 PREFIX = "aiw"

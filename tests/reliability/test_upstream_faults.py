@@ -24,12 +24,12 @@ from support import history
 from support.loopback import upstream
 from temporalio.client import Client
 
-from activities.breaker import BreakerRegistry
-from activities.tools import scrape_tools
-from schemas import names
-from schemas.pipeline import PipelineResult
-from schemas.settings import RateLimitRule, Settings
-from schemas.spec import load_specs
+from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.tools import scrape_tools
+from aiworker.schemas import names
+from aiworker.schemas.pipeline import PipelineResult
+from aiworker.schemas.settings import RateLimitRule, Settings
+from aiworker.schemas.spec import load_specs
 
 THRESHOLD = 5
 OPEN_SECONDS = 30.0

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from schemas.errors import NON_RETRYABLE_CODES, RETRYABLE, ErrorCode, is_retryable
-from schemas.export import MODELS, check, export, render
-from schemas.options import activity_options
-from schemas.protocol import RequestConstraints, WorkerRequest
-from schemas.settings import Settings, SettingsError
-from schemas.spec import WorkerSpec, load_specs
+from aiworker.schemas.errors import NON_RETRYABLE_CODES, RETRYABLE, ErrorCode, is_retryable
+from aiworker.schemas.export import MODELS, check, export, render
+from aiworker.schemas.options import activity_options
+from aiworker.schemas.protocol import RequestConstraints, WorkerRequest
+from aiworker.schemas.settings import Settings, SettingsError
+from aiworker.schemas.spec import WorkerSpec, load_specs
 
 
 def test_exported_json_schemas_match_the_models() -> None:
@@ -105,7 +105,7 @@ def test_settings_from_env() -> None:
 
 
 async def test_breaker_settings_default_and_tune_both_registries() -> None:
-    from workers.tools import build_tools
+    from aiworker.workers.tools import build_tools
 
     defaults = Settings.from_env({})
     assert (

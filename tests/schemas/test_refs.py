@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.refs import ReferenceError_, find_refs, resolve
+from aiworker.schemas.refs import ReferenceError_, find_refs, resolve
 
 SCOPE = {
     "inputs": {"url": "https://x", "n": 3, "tags": ["a", "b"]},

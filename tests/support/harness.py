@@ -8,9 +8,9 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from schemas.options import activity_options
-    from schemas.protocol import RequestConstraints, WorkerResponse
-    from schemas.spec import WorkerSpec
+    from aiworker.schemas.options import activity_options
+    from aiworker.schemas.protocol import RequestConstraints, WorkerResponse
+    from aiworker.schemas.spec import WorkerSpec
 
 
 @workflow.defn(name="CallWorkerWorkflow")

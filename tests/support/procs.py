@@ -13,7 +13,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from schemas.settings import Settings
+from aiworker.schemas.settings import Settings
 
 
 def worker_env(client: Client, settings: Settings, data_dir: Path) -> dict[str, str]:

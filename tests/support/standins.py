@@ -20,14 +20,15 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from temporalio import activity
 
-from activities.publish import Publish
-from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
-from schemas import names
-from schemas.protocol import WorkerResponse
+from aiworker.activities.publish import Publish
+from aiworker.activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
+from aiworker.activities.sdk import Worker
+from aiworker.schemas import names
+from aiworker.schemas.protocol import WorkerResponse
 
 
 def standin_activity(runtime: WorkerRuntime, worker: Any) -> Callable[..., Any]:
@@ -40,26 +41,25 @@ def standin_activity(runtime: WorkerRuntime, worker: Any) -> Callable[..., Any]:
 
 
 @contextlib.contextmanager
-def registered(worker: Any, runtime: WorkerRuntime | None = None) -> Iterator[None]:
-    """Serve ``worker`` in place of the registered worker with its id, for the block.
+def registered(worker: Worker) -> Iterator[None]:
+    """Serve ``worker`` in place of the built-in worker with its id, for the block.
 
-    Patches the registry line that ``build_workers`` reads, so every worker
-    built inside the block (``running_stack``, ``aiworker worker``) serves the
-    stand-in; ``runtime`` replaces the process's runtime (derived specs, tools).
+    Swaps the built-in in the list every process loads its workers from, so
+    a worker process started inside the block (``aiworker worker``) serves
+    the stand-in and nothing else changes.
     """
-    from workers import registry
+    from aiworker.workers import plugins
 
-    wid = worker.worker_id
-    had = wid in registry.ACTIVITY_FACTORIES
-    saved = registry.ACTIVITY_FACTORIES.get(wid)
-    registry.ACTIVITY_FACTORIES[wid] = lambda rt: [standin_activity(runtime or rt, worker)]
+    shipped = plugins.builtin_workers
+
+    def with_standin() -> list[Worker]:
+        return [worker if w.worker_id == worker.worker_id else w for w in shipped()]
+
+    plugins.builtin_workers = with_standin  # type: ignore[assignment]
     try:
         yield
     finally:
-        if had and saved is not None:
-            registry.ACTIVITY_FACTORIES[wid] = saved
-        else:
-            registry.ACTIVITY_FACTORIES.pop(wid, None)
+        plugins.builtin_workers = shipped  # type: ignore[assignment]
 
 
 # --- the side effect -------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
 
 
-class SlowPublish:
+class SlowPublish(Publish):
     """The real ``publish`` worker, then a hold before the activity completes.
 
     The write happens before the hold, so a process killed during the hold
@@ -91,15 +91,12 @@ class SlowPublish:
     ``attempts`` with its key, attempt, pid and whether publish saw a duplicate.
     """
 
-    worker_id: ClassVar[str] = names.PUBLISH
-
     def __init__(self, attempts: Path, hold_seconds: float) -> None:
         self.attempts = attempts
         self.hold_seconds = hold_seconds
-        self._inner = Publish()
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
-        result = await self._inner.execute(ctx, input)
+        result = await super().execute(ctx, input)
         line = {
             "key": ctx.request.idempotency_key,
             "attempt": ctx.attempt,

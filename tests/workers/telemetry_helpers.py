@@ -19,15 +19,15 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from activities.errors import UpstreamError
-from activities.metrics import WorkerMetrics
-from activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
-from schemas import names
-from schemas.protocol import WorkerResponse
-from schemas.settings import Settings
-from schemas.spec import load_specs
-from workers.telemetry import Telemetry, install_tracer_provider
-from workers.temporal_client import connect
+from aiworker.activities.errors import UpstreamError
+from aiworker.activities.metrics import WorkerMetrics
+from aiworker.activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
+from aiworker.schemas import names
+from aiworker.schemas.protocol import WorkerResponse
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import load_specs
+from aiworker.workers.telemetry import Telemetry, install_tracer_provider
+from aiworker.workers.temporal_client import connect
 
 SPANS = InMemorySpanExporter()
 _provider: TracerProvider | None = None
@@ -115,7 +115,9 @@ def workflow_id(prefix: str) -> str:
 def hex_trace(span: Any) -> str:
     return format(span.context.trace_id, "032x")
 
+
 # Fixtures shared by the telemetry and metrics tests (imported by them by name).
+
 
 @pytest_asyncio.fixture(scope="module")
 async def telemetry() -> AsyncIterator[Telemetry]:

@@ -17,8 +17,8 @@ import pytest
 from conftest import Stack
 from temporalio.client import Client
 
-from schemas import names
-from workers.devserver import free_port, temporal_cli_path
+from aiworker.schemas import names
+from aiworker.workers.devserver import free_port, temporal_cli_path
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 

@@ -30,17 +30,15 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from schemas import names
-from schemas.pipeline import PipelineResult
-from schemas.settings import Settings
-from workers.devserver import free_port
-from workers.http_server import Health, MetricsServer
-from workers.telemetry import Telemetry
-from workers.worker import watch_connection
+from aiworker.schemas import names
+from aiworker.schemas.pipeline import PipelineResult
+from aiworker.schemas.settings import Settings
+from aiworker.workers.devserver import free_port
+from aiworker.workers.http_server import Health, MetricsServer
+from aiworker.workers.telemetry import Telemetry
+from aiworker.workers.worker import watch_connection
 
 P95 = "histogram_quantile(0.95, sum by (le) (rate(aiworker_request_duration_seconds_bucket[1m])))"
-
-
 
 
 async def _get(url: str, **params: Any) -> httpx.Response:
@@ -215,7 +213,7 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
         [
             sys.executable,
             "-m",
-            "workers.cli",
+            "aiworker.workers.cli",
             "worker",
             "--address",
             env.client.service_client.config.target_host,

@@ -9,7 +9,7 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-from workers.telemetry import (
+from aiworker.workers.telemetry import (
     otlp_header_secrets,
     span_exporter_from_env,
     tracer_provider_from_env,

@@ -35,13 +35,13 @@ from temporalio.converter import (
 )
 from temporalio.testing import WorkflowEnvironment
 
-from activities.errors import AccessDeniedError
-from schemas.pipeline import PipelineResult
-from schemas.protocol import WorkerResponse
-from schemas.settings import Settings, SettingsError
-from workers.payload_storage import FILE_DRIVER, PrefixedS3StorageDriver
-from workers.temporal_client import data_converter
-from workers.tools import build_tools, close_connections, s3_connection
+from aiworker.activities.errors import AccessDeniedError
+from aiworker.schemas.pipeline import PipelineResult
+from aiworker.schemas.protocol import WorkerResponse
+from aiworker.schemas.settings import Settings, SettingsError
+from aiworker.workers.payload_storage import FILE_DRIVER, PrefixedS3StorageDriver
+from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.tools import build_tools, close_connections, s3_connection
 
 
 @pytest_asyncio.fixture(scope="module")

@@ -27,14 +27,12 @@ from telemetry_helpers import (  # noqa: F401 - pytest fixtures
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from schemas import names
-from schemas.settings import Settings
-from workers import cli
-from workers.logs import JsonFormatter, Redactor
+from aiworker.schemas import names
+from aiworker.schemas.settings import Settings
+from aiworker.workers import cli
+from aiworker.workers.logs import JsonFormatter, Redactor
 
 SECRET = "sk-live-9f8e7d6c5b4a3210fedcba"
-
-
 
 
 def _by_name(spans: list[Any], name: str) -> list[Any]:
@@ -274,8 +272,8 @@ async def test_models_file_keys_are_redacted_in_logs_and_failures(
     """Keys that only the models file names (env var or key file) are secrets too."""
     import uuid
 
-    from workers.tools import close_connections
-    from workers.worker import build_runtime
+    from aiworker.workers.tools import close_connections
+    from aiworker.workers.worker import build_runtime
 
     env_key, file_key = (f"sk-{kind}-{uuid.uuid4().hex}" for kind in ("env", "file"))
     monkeypatch.setenv("AIW_TEST_MODELS_KEY", env_key)

@@ -29,9 +29,9 @@ from temporalio.client import Client, WorkflowHandle  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
-from schemas import names  # noqa: E402
-from schemas.settings import Settings  # noqa: E402
-from workers.devserver import local_server_extra_args, temporal_cli_path  # noqa: E402
+from aiworker.schemas import names  # noqa: E402
+from aiworker.schemas.settings import Settings  # noqa: E402
+from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path  # noqa: E402
 
 OUT = HERE / "histories"
 

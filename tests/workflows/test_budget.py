@@ -10,13 +10,14 @@ from conftest import running_stack
 from support.standins import registered
 from temporalio.client import Client
 
-from activities.errors import UpstreamError
-from activities.runtime import WorkerContext, WorkerResult
-from schemas.pipeline import Budget
-from schemas.protocol import Usage
-from schemas.settings import Settings
-from schemas.spec import load_specs
-from workflows.budget import BudgetRefused, Ledger
+from aiworker.activities.errors import UpstreamError
+from aiworker.activities.runtime import WorkerContext, WorkerResult
+from aiworker.activities.validator import Validator
+from aiworker.schemas.pipeline import Budget
+from aiworker.schemas.protocol import Usage
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import load_specs
+from aiworker.workflows.budget import BudgetRefused, Ledger
 
 
 def test_parallel_steps_reserve_their_share_and_never_overspend() -> None:
@@ -58,10 +59,8 @@ def test_deadline_refuses_and_caps_the_timeout() -> None:
     assert e.value.resource == "deadline"
 
 
-class _SpendsThenFailsOnce:
+class _SpendsThenFailsOnce(Validator):
     """Bills tokens on every attempt; the first attempt then fails (retryable)."""
-
-    worker_id = "validator"
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
         ctx.spend(100, 20)

@@ -9,9 +9,9 @@ from pathlib import Path
 from conftest import running_stack
 from temporalio.client import Client
 
-from schemas.settings import Settings
-from workers.demo_site import DemoSite
-from workers.tools import build_tools
+from aiworker.schemas.settings import Settings
+from aiworker.workers.demo_site import DemoSite
+from aiworker.workers.tools import build_tools
 
 DEMO = Path(__file__).parents[2] / "workers" / "samples" / "demo.json"
 

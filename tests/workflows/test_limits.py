@@ -17,11 +17,11 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from activities.limiter import rate_limit_for
-from schemas import names
-from schemas.protocol import Observability, WorkerResponse
-from schemas.settings import Settings, parse_rate_limits
-from schemas.spec import load_specs
+from aiworker.activities.limiter import rate_limit_for
+from aiworker.schemas import names
+from aiworker.schemas.protocol import Observability, WorkerResponse
+from aiworker.schemas.settings import Settings, parse_rate_limits
+from aiworker.schemas.spec import load_specs
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 

@@ -16,11 +16,11 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from activities.publish import PublishActivities
-from activities.runtime import WorkerRuntime
-from schemas import names
-from schemas.settings import Settings
-from schemas.spec import load_specs
+from aiworker.activities.publish import Publish
+from aiworker.activities.runtime import WorkerRuntime
+from aiworker.schemas import names
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import load_specs
 
 STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
 
@@ -322,13 +322,13 @@ async def test_budget_refuses_a_step_before_it_is_scheduled(
 async def test_publish_writes_once_when_the_worker_dies_after_writing(
     client: Client, settings: Settings
 ) -> None:
-    real = PublishActivities(WorkerRuntime(settings, load_specs()))
+    real = Publish().activity(WorkerRuntime(settings, load_specs()))
     attempts: list[int] = []
 
     async def dies_after_writing(req: dict[str, Any]) -> dict[str, Any]:
         from temporalio import activity
 
-        response = await real.publish(req)
+        response = await real(req)
         attempts.append(activity.info().attempt)
         if activity.info().attempt == 1:
             # The side effect happened; the worker vanishes before reporting it.

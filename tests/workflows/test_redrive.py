@@ -11,8 +11,8 @@ from conftest import running_stack
 from pipeline_standins import fail, scheduled_activities, standin, wait_for
 from temporalio.client import Client
 
-from schemas.settings import Settings
-from workers.cli import list_pipelines, list_query, redrive
+from aiworker.schemas.settings import Settings
+from aiworker.workers.cli import list_pipelines, list_query, redrive
 
 
 async def test_redrive_reuses_succeeded_steps_and_keeps_idempotency_keys(

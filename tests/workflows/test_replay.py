@@ -13,8 +13,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from workflows.foreach import PipelineForEachWorkflow
-from workflows.pipeline import PipelineWorkflow
+from aiworker.workflows.foreach import PipelineForEachWorkflow
+from aiworker.workflows.pipeline import PipelineWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 

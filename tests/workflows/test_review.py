@@ -11,9 +11,9 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
-from schemas import names
-from schemas.settings import Settings
-from workers.cli import send_review
+from aiworker.schemas import names
+from aiworker.schemas.settings import Settings
+from aiworker.workers.cli import send_review
 
 STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
 GOOD = {"policy": "all", "result": {"title": "fixed by a human"}, "used": [], "failed": []}

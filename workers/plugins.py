@@ -1,0 +1,158 @@
+"""Which workers this process knows and serves: built-ins, plugins, spec files.
+
+Read once at process start, never inside a workflow task:
+
+1. the built-ins (``aiworker.activities.builtins``);
+2. the entry points of group ``aiworker.plugins`` of every installed package:
+   each names a :class:`~aiworker.Worker` instance, a Worker subclass, or an
+   iterable of them;
+3. the modules in ``AIWORKER_WORKER_MODULES``, each with a ``WORKERS`` iterable;
+4. the spec files in the directories of ``AIWORKER_WORKER_SPECS``: prompt
+   workers (served here, by the llm-call machinery) and external workers
+   (known, so pipelines check and call them; served by another process).
+
+Anything wrong (a plugin that raises on import, a spec that fails the model,
+two workers with one id, a prompt that names an undeclared field, a python
+spec file with no class behind it) stops the process with a
+:class:`PluginError` naming the plugin or file and the field; nothing is half
+registered. The resulting :class:`WorkerSet` is installed as the process's
+catalog (``aiworker.schemas.catalog``), which workflows read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from aiworker.activities.builtins import builtin_workers
+from aiworker.activities.prompt import PromptWorker
+from aiworker.activities.sdk import Worker, workers_in
+from aiworker.schemas import catalog
+from aiworker.schemas.catalog import Catalog, CatalogEntry
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import load_spec_dir
+
+ENTRY_POINT_GROUP = "aiworker.plugins"
+
+
+class PluginError(RuntimeError):
+    """A plugin or spec file that stops the process at start; the message names it."""
+
+
+@dataclass(frozen=True)
+class WorkerSet:
+    """Every worker this process knows (``catalog``) and those it runs (``served``)."""
+
+    catalog: Catalog
+    served: Mapping[str, Worker]
+
+    @property
+    def specs(self) -> Mapping[str, Any]:
+        return self.catalog.specs
+
+    def origin(self, worker_id: str) -> str:
+        return self.catalog.entries[worker_id].origin
+
+
+def _from_entry_points(eps: Iterable[importlib.metadata.EntryPoint]) -> list[tuple[Worker, str]]:
+    out: list[tuple[Worker, str]] = []
+    for ep in sorted(eps, key=lambda e: e.name):
+        dist = ep.dist.name if ep.dist is not None else "?"
+        where = f"plugin {ep.name!r} ({ep.value}, package {dist})"
+        try:
+            loaded = ep.load()
+        except Exception as e:
+            raise PluginError(f"{where} failed to import: {type(e).__name__}: {e}") from e
+        try:
+            out.extend((w, f"plugin {dist}:{ep.name}") for w in workers_in(loaded, where=where))
+        except Exception as e:
+            raise PluginError(f"{where}: {e}") from e
+    return out
+
+
+def _from_modules(modules: Iterable[str]) -> list[tuple[Worker, str]]:
+    out: list[tuple[Worker, str]] = []
+    for name in modules:
+        where = f"module {name!r} (AIWORKER_WORKER_MODULES)"
+        try:
+            module = importlib.import_module(name)
+        except Exception as e:
+            raise PluginError(f"{where} failed to import: {type(e).__name__}: {e}") from e
+        if not hasattr(module, "WORKERS"):
+            raise PluginError(f"{where} has no WORKERS (an iterable of workers)")
+        try:
+            out.extend((w, f"module {name}") for w in workers_in(module.WORKERS, where=where))
+        except Exception as e:
+            raise PluginError(f"{where}: {e}") from e
+    return out
+
+
+def load_workers(
+    settings: Settings,
+    *,
+    entry_points: Iterable[importlib.metadata.EntryPoint] | None = None,
+    builtins: Iterable[Worker] | None = None,
+) -> WorkerSet:
+    """Load every worker this process knows; :class:`PluginError` on the first problem.
+
+    ``entry_points`` replaces the installed ``aiworker.plugins`` entry points
+    and ``builtins`` the built-in workers (tests).
+    """
+    found: list[tuple[Worker, str]] = [
+        (w, "builtin") for w in (builtin_workers() if builtins is None else builtins)
+    ]
+    eps = (
+        importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        if entry_points is None
+        else entry_points
+    )
+    found += _from_entry_points(eps)
+    found += _from_modules(settings.worker_modules)
+    entries = [CatalogEntry(w.spec, origin) for w, origin in found]
+    served: dict[str, Worker] = {w.worker_id: w for w, _ in found}
+    for folder in settings.worker_specs:
+        try:
+            files = load_spec_dir(folder)
+        except ValueError as e:
+            raise PluginError(f"{e} (AIWORKER_WORKER_SPECS)") from None
+        for spec, path in files:
+            origin = f"file {path}"
+            if spec.kind == "python":
+                raise PluginError(
+                    f"worker spec {path}: implementation.kind is 'python', but a python "
+                    "worker comes with its class (a plugin or AIWORKER_WORKER_MODULES); "
+                    "spec directories hold 'prompt' and 'external' workers"
+                )
+            entries.append(CatalogEntry(spec, origin))
+            if spec.kind == "prompt":
+                served.setdefault(spec.worker_id, PromptWorker(spec))
+    for w, origin in found:
+        if w.spec.kind != "python":
+            raise PluginError(
+                f"{origin}: worker {w.worker_id!r} is a Worker class, so its spec's "
+                f"implementation.kind must be 'python', not {w.spec.kind!r}"
+            )
+    try:
+        cat = Catalog(entries)
+    except ValueError as e:
+        raise PluginError(str(e)) from None
+    return WorkerSet(cat, MappingProxyType(served))
+
+
+def builtin_set() -> WorkerSet:
+    """The built-ins alone (scripts and tests that load no plugins)."""
+    workers = builtin_workers()
+    return WorkerSet(
+        Catalog(CatalogEntry(w.spec, "builtin") for w in workers),
+        MappingProxyType({w.worker_id: w for w in workers}),
+    )
+
+
+def install(workers: WorkerSet) -> WorkerSet:
+    """Make ``workers`` this process's catalog, which its workflows read."""
+    catalog.install(workers.catalog)
+    return workers
