@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,11 +22,12 @@ from temporalio.testing import WorkflowEnvironment
 
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.runtime import WorkerRuntime
-from aiworker.schemas import names
+from aiworker.schemas import catalog, names
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import load_specs
 from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path, test_server_path
+from aiworker.workers.plugins import WorkerSet, install, load_workers
 from aiworker.workers.registry import all_queues
 from aiworker.workers.worker import build_workers
 
@@ -106,26 +107,46 @@ async def running_stack(
     tools: dict[str, Any] | None = None,
     replace_activities: dict[str, Callable[..., Any]] | None = None,
     queues: list[str] | None = None,
+    workers: WorkerSet | None = None,
 ) -> AsyncIterator[Stack]:
     """Workers for every queue (or ``queues``), optionally with stand-in activities.
 
     ``replace_activities`` maps a worker id to a same-name activity that stands
     in for it (STYLE.md: workflow tests may do this; workers themselves are
-    tested against real servers).
+    tested against real servers). ``workers`` serves a set with plugins or
+    spec files (see :func:`installed_workers`); the built-ins otherwise.
     """
     metrics = WorkerMetrics(CollectorRegistry())
-    runtime = WorkerRuntime(settings, load_specs(), tools=tools or {}, metrics=metrics)
-    workers = build_workers(
-        client, settings, runtime, queues or all_queues(dict(load_specs())), replace_activities
+    specs = workers.specs if workers is not None else load_specs()
+    runtime = WorkerRuntime(settings, specs, tools=tools or {}, metrics=metrics)
+    temporal_workers = build_workers(
+        client,
+        settings,
+        runtime,
+        queues or all_queues(specs, workers),
+        replace_activities,
+        workers=workers,
     )
-    tasks = [asyncio.create_task(w.run()) for w in workers]
+    tasks = [asyncio.create_task(w.run()) for w in temporal_workers]
     try:
         yield Stack(client, settings, runtime, metrics)
     finally:
-        await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+        await asyncio.gather(*(w.shutdown() for w in temporal_workers), return_exceptions=True)
         for t in tasks:
             if t.done() and not t.cancelled() and t.exception():
                 raise t.exception()  # type: ignore[misc]
+
+
+@contextmanager
+def installed_workers(settings: Settings, **kw: Any) -> Iterator[WorkerSet]:
+    """Load the workers ``settings`` name (plugins, modules, spec directories) as a
+    worker process does, and install them as this process's catalog for the block,
+    so pipelines check and call them; then back to the built-ins."""
+    ws = install(load_workers(settings, **kw))
+    try:
+        yield ws
+    finally:
+        catalog.uninstall()
 
 
 @pytest_asyncio.fixture
