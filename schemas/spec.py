@@ -162,6 +162,8 @@ class ExternalImplementation(_Model):
     kind: Literal["external"]
 
 
+_KINDS = ("python", "prompt", "external")
+
 Implementation = Annotated[
     PythonImplementation | PromptImplementation | ExternalImplementation,
     Field(discriminator="kind"),
@@ -272,7 +274,12 @@ def describe_validation(e: ValidationError) -> str:
     """A pydantic error as ``field.path: message`` lines joined by ``; ``."""
     parts = []
     for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        path = list(err["loc"])
+        # pydantic puts a tagged union's tag in the path: `implementation.prompt.model`
+        # is the spec's `implementation.model` (and `prompt` a field of its own).
+        if len(path) > 1 and path[0] == "implementation" and path[1] in _KINDS:
+            del path[1]
+        loc = ".".join(str(x) for x in path) or "(root)"
         msg = err["msg"].removeprefix("Value error, ")
         parts.append(msg if loc == "(root)" else f"{loc}: {msg}")
     return "; ".join(parts)
