@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from jsonschema import Draft202012Validator
 from llm_fakes import FakeProvider, start_fake_provider
 from prometheus_client import CollectorRegistry
 from temporalio.exceptions import ApplicationError
@@ -29,7 +30,9 @@ from aiworker.schemas.spec import FEEDBACK_SCHEMA, WorkerSpec
 from aiworker.testing import run_worker
 from aiworker.workers.plugins import PluginError, load_workers
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "prompts"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "prompts"
+JSON_SCHEMAS = ROOT / "schemas" / "json"
 TICKET = {
     "subject": "Checkout page returns 500 for everyone",
     "body": "Since 09:10 UTC none of our customers can pay.",
@@ -236,6 +239,10 @@ def test_templates_render_by_one_rule() -> None:
     assert json.loads(render("${{ input }}", scope)) == {
         k: v for k, v in scope.items() if k != "feedback"
     }
+    # a literal is no reference: the load check lets it through, rendering unescapes it
+    raw["implementation"]["prompt"] = "Write $${{ input.anything }} for ${{ input.product.name }}"
+    literal = PromptWorker(WorkerSpec.model_validate(raw)).llm_input(shoe)["messages"][-1]
+    assert literal["content"] == "Write ${{ input.anything }} for Trail shoe"
     # text from the input is never expanded again
     assert render("${{ input.a }}", {"a": "${{ input.b }}", "b": "secret"}) == "${{ input.b }}"
 
@@ -424,6 +431,10 @@ def test_a_spec_file_named_after_another_worker_is_refused(
 
 
 def test_the_example_specs_load_as_served_workers(tmp_path: Path, settings: Settings) -> None:
+    # what an editor or a plugin's CI checks them against, without aiworker
+    exported = json.loads((JSON_SCHEMAS / "worker-spec.schema.json").read_text("utf-8"))
+    for path in sorted(EXAMPLES.glob("*.json")):
+        Draft202012Validator(exported).validate(json.loads(path.read_text("utf-8")))
     ws = _load(settings, EXAMPLES)
     for worker_id, queue in (
         ("classify-ticket", "support-triage"),
