@@ -48,7 +48,7 @@ _ABSENT = object()
 def _lookup(input: dict[str, Any], path: tuple[str | int, ...]) -> Any:
     """The value at ``path`` in ``input``, or ``_ABSENT``."""
     if not path:
-        # The whole input, as the caller wrote it: feedback has its own turn.
+        # The whole input (defaults filled in), without feedback: that has a turn of its own.
         return {k: v for k, v in input.items() if k != FEEDBACK_FIELD}
     cur: Any = input
     for seg in path:
