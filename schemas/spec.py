@@ -102,6 +102,10 @@ class PythonImplementation(_Model):
     kind: Literal["python"] = "python"
 
 
+# A template is a prompt, not a document: bounded like every user-written input.
+_TEMPLATE_MAX_CHARS = 100_000
+
+
 class FewShotExample(_Model):
     """One worked example a prompt worker shows the model before the real input."""
 
@@ -112,24 +116,41 @@ class FewShotExample(_Model):
 class PromptImplementation(_Model):
     """A worker with no code: templates run by the llm-call machinery.
 
-    ``system`` and ``prompt`` are templates: ``${{ input.<path> }}`` is replaced
-    by that part of the worker's input (a string as it is, anything else as
-    compact JSON), ``$${{`` is a literal. The spec's ``output_schema`` is the
-    structured-output schema the reply must match.
+    ``system`` and ``prompt`` are templates. ``${{ input.<path> }}`` is
+    replaced by that part of the worker's input: a string as it is, any other
+    value as compact JSON; a top-level field the input leaves out takes its
+    ``default`` from ``input_schema``, and a value still missing renders as
+    empty text; ``${{ input }}`` is the whole input as JSON.
+    ``$${{`` is a literal ``${{``, and text that comes from the input is never
+    expanded again. Every referenced top-level field must be declared in
+    ``input_schema.properties``. Each ``few_shot`` example becomes a user turn
+    (``prompt`` rendered with its ``input``) and an assistant turn (its
+    ``output`` as JSON) before the real input. The spec's ``output_schema``
+    is the structured-output schema the reply must match.
     """
 
     kind: Literal["prompt"]
-    model: str = Field(default="default", description="a model alias of the model registry")
-    system: str | None = None
-    prompt: str = Field(min_length=1)
+    model: str = Field(
+        default="default",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="a model alias of the model registry (AIWORKER_MODELS_FILE, or default)",
+    )
+    system: str | None = Field(default=None, max_length=_TEMPLATE_MAX_CHARS)
+    prompt: str = Field(min_length=1, max_length=_TEMPLATE_MAX_CHARS)
     few_shot: list[FewShotExample] = Field(default_factory=list, max_length=50)
     temperature: float | None = Field(default=None, ge=0, le=2)
 
 
-# The `feedback` input field of prompt workers (as llm-call's).
+# The input field through which the validation loop hands a prompt worker the
+# reasons its last reply was rejected (as llm-call's `feedback`). Every prompt
+# worker's input_schema gets it, so no spec has to remember it; a spec may
+# not give it another shape, because the loop always sends a list. As many
+# items as the validator may return (its max_errors); the worker shows the
+# model the first ones only.
+FEEDBACK_FIELD = "feedback"
 FEEDBACK_SCHEMA: dict[str, Any] = {
     "type": "array",
-    "maxItems": 50,
+    "maxItems": 1000,
     "items": {"type": ["object", "string"]},
     "description": "validator reasons from an earlier attempt, shown to the model",
 }
@@ -140,6 +161,8 @@ class ExternalImplementation(_Model):
 
     kind: Literal["external"]
 
+
+_KINDS = ("python", "prompt", "external")
 
 Implementation = Annotated[
     PythonImplementation | PromptImplementation | ExternalImplementation,
@@ -194,16 +217,20 @@ class WorkerSpec(_Model):
     @classmethod
     def _prompt_feedback(cls, raw: Any) -> Any:
         # The validation loop sends its reasons as `feedback`: every prompt
-        # worker's input accepts it, whatever its own schema says.
+        # worker's input accepts it, whatever its own schema says. A spec that
+        # declares `feedback` itself keeps its declaration (_check_prompt
+        # refuses one of another shape).
         if not isinstance(raw, dict):
             return raw
         impl, schema = raw.get("implementation"), raw.get("input_schema")
         if not (isinstance(impl, dict) and impl.get("kind") == "prompt"):
             return raw
-        if isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
-            if "feedback" not in schema["properties"]:
-                props = {**schema["properties"], "feedback": FEEDBACK_SCHEMA}
-                raw = {**raw, "input_schema": {**schema, "properties": props}}
+        if not isinstance(schema, dict):
+            return raw
+        props = schema.get("properties", {})
+        if isinstance(props, dict) and FEEDBACK_FIELD not in props:
+            props = {**props, FEEDBACK_FIELD: FEEDBACK_SCHEMA}
+            raw = {**raw, "input_schema": {**schema, "properties": props}}
         return raw
 
     @model_validator(mode="after")
@@ -247,25 +274,52 @@ def describe_validation(e: ValidationError) -> str:
     """A pydantic error as ``field.path: message`` lines joined by ``; ``."""
     parts = []
     for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        path = list(err["loc"])
+        # pydantic puts a tagged union's tag in the path: `implementation.prompt.model`
+        # is the spec's `implementation.model` (and `prompt` a field of its own).
+        if len(path) > 1 and path[0] == "implementation" and path[1] in _KINDS:
+            del path[1]
+        loc = ".".join(str(x) for x in path) or "(root)"
         msg = err["msg"].removeprefix("Value error, ")
         parts.append(msg if loc == "(root)" else f"{loc}: {msg}")
     return "; ".join(parts)
 
 
 def _check_prompt(spec: WorkerSpec, impl: PromptImplementation) -> None:
-    """A prompt's references must name fields the input schema declares, and it must
-    be allowed to reach a model; few-shot examples must keep the contract."""
+    """Refuse a prompt spec that could only fail at run time.
+
+    Its output must be an object (it is the structured-output schema); it must
+    be allowed one model call with room for a reply; its templates may only
+    name input fields the input schema declares; its few-shot examples must
+    keep the contract; its examples call a model, so they are ``network``.
+    """
     if spec.output_schema.get("type") != "object":
         raise ValueError(
-            'output_schema: a prompt worker\'s output is a JSON object: give it "type": "object"'
+            "output_schema: a prompt worker's output is a JSON object (the structured-output "
+            'schema): give it "type": "object"'
         )
-    if "language_model" not in spec.constraints.tools_allowed:
+    c = spec.constraints
+    if "language_model" not in c.tools_allowed:
         raise ValueError(
             'constraints.tools_allowed: a prompt worker needs "language_model" in its allow-list'
         )
+    if c.max_external_calls is not None and c.max_external_calls < 1:
+        raise ValueError(
+            "constraints.max_external_calls: a prompt worker makes one model call per "
+            f"attempt; {c.max_external_calls} allows none"
+        )
+    if c.max_tokens is not None and c.max_tokens < 1:
+        raise ValueError(
+            f"constraints.max_tokens: {c.max_tokens} leaves the model no tokens to reply with"
+        )
     props = spec.input_schema.get("properties")
-    declared = set(props) if isinstance(props, dict) else set()
+    declared = props if isinstance(props, dict) else {}
+    if declared.get(FEEDBACK_FIELD, FEEDBACK_SCHEMA) != FEEDBACK_SCHEMA:
+        raise ValueError(
+            f"input_schema.properties.{FEEDBACK_FIELD}: reserved for the validation loop's "
+            "reasons, which every prompt worker accepts; leave it out (to receive them in a "
+            "field of your own, name that field in the step's validate.feedback_field)"
+        )
     for name in ("system", "prompt"):
         text = getattr(impl, name)
         if text is None:
@@ -275,14 +329,9 @@ def _check_prompt(spec: WorkerSpec, impl: PromptImplementation) -> None:
         except ReferenceError_ as e:
             raise ValueError(f"implementation.{name}: {e}") from None
         for ref in refs:
-            if not ref.path:
-                continue  # the whole input
-            if str(ref.path[0]) not in declared:
-                raise ValueError(
-                    f"implementation.{name}: ${{{{ {ref.text} }}}} names input field "
-                    f"{ref.path[0]!r}, which input_schema.properties does not declare"
-                    + (f" (declared: {', '.join(sorted(declared))})" if declared else "")
-                )
+            problem = _undeclared(spec.input_schema, ref.path)
+            if problem:
+                raise ValueError(f"implementation.{name}: ${{{{ {ref.text} }}}} {problem}")
     inputs = Draft202012Validator(spec.input_schema)
     outputs = Draft202012Validator(spec.output_schema)
     for i, shot in enumerate(impl.few_shot):
@@ -293,6 +342,50 @@ def _check_prompt(spec: WorkerSpec, impl: PromptImplementation) -> None:
             err = next(iter(validator.iter_errors(value)), None)
             if err is not None:
                 raise ValueError(f"implementation.few_shot[{i}].{what}{_path(err)}: {err.message}")
+    for i, ex in enumerate(spec.examples):
+        if not ex.network:
+            raise ValueError(
+                f"examples[{i}].network: a prompt worker's example calls a model: mark it "
+                '"network": true, so that the conformance kit runs it only when asked'
+            )
+
+
+def _undeclared(schema: dict[str, Any], path: tuple[str | int, ...]) -> str | None:
+    """Why ``input.<path>`` names nothing ``schema`` declares, or None.
+
+    The first segment must be in ``properties``. Deeper segments are checked
+    as far as the schema spells its shape out (``properties``, ``items``);
+    only a closed object (``additionalProperties: false``) refuses an
+    undeclared name, and a schema that composes (``$ref``, ``allOf``, ...)
+    is taken on trust from there.
+    """
+    node: Any = schema
+    for depth, seg in enumerate(path):
+        if not isinstance(node, dict):
+            return None
+        if isinstance(seg, int):
+            if depth == 0:
+                return "indexes the input, which is an object: name a field (input.<field>)"
+            items = node.get("items")
+            if not isinstance(items, dict):
+                return None
+            node = items
+            continue
+        props = node.get("properties")
+        props = props if isinstance(props, dict) else {}
+        if seg in props:
+            node = props[seg]
+            continue
+        where = "input" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path[:depth])
+        if depth == 0:
+            return f"names input field {seg!r}, which input_schema.properties does not declare" + (
+                f" (declared: {', '.join(sorted(props))})" if props else ""
+            )
+        if node.get("additionalProperties") is False and not node.get("patternProperties"):
+            known = ", ".join(sorted(props)) or "none"
+            return f"names {seg!r}, which {where} does not have (declared: {known})"
+        return None
+    return None
 
 
 def load_spec_dir(folder: Path) -> list[tuple[WorkerSpec, Path]]:

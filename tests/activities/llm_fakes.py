@@ -6,7 +6,8 @@ One ``ThreadingHTTPServer`` on 127.0.0.1 speaks both wire formats:
 model name picks the behaviour: ``<scenario>@<anything>``; each distinct
 model name has its own request counter, so a test that suffixes its models
 with a fresh id gets fresh "first request" behaviour. Replies are
-deterministic and carry usage fields.
+deterministic and carry usage fields. The ``scripted`` scenario answers
+with the replies a test queued for that model name (:meth:`FakeProvider.script`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,15 @@ class FakeProvider:
     thread: threading.Thread
     requests: list[Recorded] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    scripts: dict[str, list[str | int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def script(self, model: str, *replies: str | int) -> None:
+        """What the ``scripted`` scenario answers ``model``'s n-th request with: a
+        string is the reply's content (HTTP 200), an int an error status; the last
+        one repeats."""
+        with self.lock:
+            self.scripts[model] = list(replies)
 
     @property
     def root(self) -> str:
@@ -124,13 +133,23 @@ class _Handler(BaseHTTPRequestHandler):
                 Recorded(self.path, model, body, {k.lower(): v for k, v in self.headers.items()})
             )
             n = fake.counts[model] = fake.counts.get(model, 0) + 1
+            script = fake.scripts.get(model)
         scenario = model.split("@", 1)[0]
-        if self.path.startswith("/v1/chat/completions"):
+        if scenario == "scripted" and self.path.startswith("/v1/chat/completions"):
+            self._scripted(script or ["(nothing scripted)"], body, n)
+        elif self.path.startswith("/v1/chat/completions"):
             self._openai(scenario, body, n)
         elif self.path == "/v1/messages":
             self._anthropic(scenario, body, n)
         else:
             self._send(404, {"error": {"message": "no such route", "type": "not_found"}})
+
+    def _scripted(self, script: list[str | int], body: dict[str, Any], n: int) -> None:
+        reply = script[min(n, len(script)) - 1]
+        if isinstance(reply, int):
+            self._send(reply, {"error": {"message": f"scripted {reply}", "type": "server"}})
+        else:
+            self._send(200, _openai_reply(body, reply))
 
     def _openai(self, scenario: str, body: dict[str, Any], n: int) -> None:
         err = {"type": "invalid_request_error", "code": None}
