@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -135,7 +136,11 @@ def load_workers(
                 f"spec's implementation.kind must be {kind!r}, not {w.spec.kind!r}"
             )
     entries = [CatalogEntry(w.spec, origin) for w, origin in found]
-    served: dict[str, Worker] = {w.worker_id: w for w, _ in found}
+    served: dict[str, Worker] = {}
+    defined: dict[str, str] = {}  # worker id -> where, for the duplicate's message
+    for w, origin in found:
+        _claim(defined, w.worker_id, _described(w, origin))
+        served[w.worker_id] = w
     for folder in settings.worker_specs:
         try:
             files = load_spec_dir(folder)
@@ -149,14 +154,28 @@ def load_workers(
                     "worker comes with its class (a plugin or AIWORKER_WORKER_MODULES); "
                     "spec directories hold 'prompt' and 'external' workers"
                 )
+            _claim(defined, spec.worker_id, origin)
             entries.append(CatalogEntry(spec, origin))
             if spec.kind == "prompt":
-                served.setdefault(spec.worker_id, PromptWorker(spec))
-    try:
-        cat = Catalog(entries)
-    except ValueError as e:
-        raise PluginError(str(e)) from None
+                served[spec.worker_id] = PromptWorker(spec)
+    cat = Catalog(entries)
     return WorkerSet(cat, MappingProxyType(served))
+
+
+def _claim(defined: dict[str, str], worker_id: str, where: str) -> None:
+    if worker_id in defined:
+        raise PluginError(
+            f"worker_id {worker_id!r} is defined twice: by {defined[worker_id]} and by {where}"
+        )
+    defined[worker_id] = where
+
+
+def _described(w: Worker, origin: str) -> str:
+    """``origin`` and the file that defines ``w``'s class (a duplicate names both)."""
+    if origin == "builtin" or isinstance(w, PromptWorker):
+        return origin  # aiworker's own code: the origin says it all
+    module = sys.modules.get(type(w).__module__)
+    return f"{origin} ({getattr(module, '__file__', None) or type(w).__module__})"
 
 
 def builtin_set() -> WorkerSet:

@@ -669,7 +669,7 @@ def test_two_workers_with_one_id(plugins: Plugins, settings: Settings) -> None:
     eps = plugins.dist("acme-validator", {"strict-validator": f"{mod}:Redact"})
     assert _load(settings, eps) == (
         "worker_id 'validator' is defined twice: by builtin and by "
-        "plugin acme-validator:strict-validator"
+        f"plugin acme-validator:strict-validator ({plugins.path(mod + '.py')})"
     )
     # plugin vs plugin
     first = plugins.module(WORKER_CLASS.format(file="same.json"), {"same.json": _spec("same")})
@@ -678,8 +678,46 @@ def test_two_workers_with_one_id(plugins: Plugins, settings: Settings) -> None:
         "acme-b", {"b": f"{second}:Redact"}
     )
     assert _load(settings, eps) == (
-        "worker_id 'same' is defined twice: by plugin acme-a:a and by plugin acme-b:b"
+        f"worker_id 'same' is defined twice: by plugin acme-a:a ({plugins.path(first + '.py')}) "
+        f"and by plugin acme-b:b ({plugins.path(second + '.py')})"
     )
+    # plugin vs a spec file in AIWORKER_WORKER_SPECS
+    folder = plugins.root / "specs"
+    folder.mkdir()
+    (folder / "same.json").write_text(
+        json.dumps(_spec("same", implementation={"kind": "external"}))
+    )
+    with_specs = settings.model_copy(update={"worker_specs": (folder,)})
+    assert _load(with_specs, plugins.dist("acme-c", {"c": f"{first}:Redact"})) == (
+        f"worker_id 'same' is defined twice: by plugin acme-c:c ({plugins.path(first + '.py')}) "
+        f"and by file {folder / 'same.json'}"
+    )
+
+
+def test_a_plugin_may_ship_prompt_workers_built_from_its_spec_files(
+    plugins: Plugins, settings: Settings
+) -> None:
+    prompt = _spec(
+        "classify",
+        implementation=PROMPT_IMPL,
+        input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
+        constraints={"timeout_seconds": 5, "tools_allowed": ["language_model"]},
+    )
+    mod = plugins.module(
+        """
+        from pathlib import Path
+
+        from aiworker import WorkerSpec
+        from aiworker.activities.prompt import PromptWorker
+
+        WORKERS = [PromptWorker(WorkerSpec.from_file(Path(__file__).with_name("classify.json")))]
+        """,
+        {"classify.json": prompt},
+    )
+    workers = load_workers(settings.model_copy(update={"worker_modules": (mod,)}))
+    assert workers.origin("classify") == f"module {mod}"
+    assert workers.specs["classify"].kind == "prompt"
+    assert "classify" in workers.served
 
 
 def test_a_worker_module_without_workers_registers_nothing(
