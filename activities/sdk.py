@@ -78,9 +78,9 @@ class Worker:
     ``spec`` is read and checked when the class is defined, so a worker whose
     contract is broken, or whose ``implementation.kind`` is not ``python``,
     fails its import (and a plugin process refuses to start, naming the file
-    and field). Instances are built once per process,
-    with no arguments; a worker reaches the outside world only through
-    ``ctx.tools``, which holds what its spec's ``tools_allowed`` allows.
+    and field). Instances are built once per process, with no arguments; a
+    worker reaches the outside world only through ``ctx.tools``, which holds
+    what its spec's ``tools_allowed`` allows.
     """
 
     spec: ClassVar[WorkerSpec]
