@@ -19,49 +19,68 @@ Built-ins, plugins and prompt workers are all instances of :class:`Worker`.
 from __future__ import annotations
 
 import inspect
+import reprlib
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import ValidationError
 from temporalio import activity
 
 from aiworker.activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
 from aiworker.schemas.options import ActivityOptions, activity_options
 from aiworker.schemas.protocol import RequestConstraints, WorkerResponse
-from aiworker.schemas.spec import WorkerSpec
+from aiworker.schemas.spec import WorkerSpec, describe_validation
 
 Activity = Callable[[dict[str, Any]], Awaitable[WorkerResponse]]
 
 
 def _spec_of(cls: type, raw: object) -> WorkerSpec:
-    """A class's ``spec`` attribute as a checked :class:`WorkerSpec`."""
+    """A class's ``spec`` attribute as a checked :class:`WorkerSpec` of a python worker.
+
+    ``ValueError`` names the spec file (or the class) and the field.
+    """
+    file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    where = f"{cls.__qualname__}.spec" + (f" ({file})" if file else f" (module {cls.__module__})")
     if isinstance(raw, WorkerSpec):
-        return raw
-    if isinstance(raw, dict):
-        return WorkerSpec.model_validate(raw)
-    if isinstance(raw, str | Path):
+        spec = raw
+    elif isinstance(raw, dict):
+        try:
+            spec = WorkerSpec.model_validate(raw)
+        except ValidationError as e:
+            raise ValueError(f"{where}: {describe_validation(e)}") from None
+    elif isinstance(raw, str | Path):
         path = Path(raw)
         if not path.is_absolute():
-            module = sys.modules.get(cls.__module__)
-            where = getattr(module, "__file__", None)
-            base = Path(where).parent if where else Path.cwd()
-            path = base / path
-        return WorkerSpec.from_file(path)
-    raise TypeError(
-        f"{cls.__qualname__}.spec must be a WorkerSpec, a dict or a spec file path, "
-        f"not {type(raw).__name__}"
-    )
+            path = (Path(file).parent if file else Path.cwd()) / path
+        where = f"worker spec {path}"
+        spec = WorkerSpec.from_file(path)
+    else:
+        raise TypeError(
+            f"{where} must be a WorkerSpec, a dict or a spec file path, not {type(raw).__name__}"
+        )
+    if spec.kind != "python":
+        # A class with code runs a python worker; a prompt or external worker
+        # is a spec file alone, and serving it from a class would bypass the
+        # machinery its kind names (llm-call, or nobody here at all).
+        raise ValueError(
+            f"{where}: implementation.kind is {spec.kind!r}, but {cls.__qualname__} is a "
+            f"Worker class, which implements a 'python' worker ({spec.kind} workers are "
+            "spec files in AIWORKER_WORKER_SPECS)"
+        )
+    return spec
 
 
 class Worker:
     """The base of every AI worker: subclass it, set ``spec``, write ``execute``.
 
     ``spec`` is read and checked when the class is defined, so a worker whose
-    contract is broken fails its import (and a plugin process refuses to
-    start, naming the file and field). Instances are built once per process,
-    with no arguments; a worker reaches the outside world only through
-    ``ctx.tools``, which holds what its spec's ``tools_allowed`` allows.
+    contract is broken, or whose ``implementation.kind`` is not ``python``,
+    fails its import (and a plugin process refuses to start, naming the file
+    and field). Instances are built once per process, with no arguments; a
+    worker reaches the outside world only through ``ctx.tools``, which holds
+    what its spec's ``tools_allowed`` allows.
     """
 
     spec: ClassVar[WorkerSpec]
@@ -116,27 +135,56 @@ class Worker:
 def workers_in(value: object, *, where: str) -> list[Worker]:
     """The workers a plugin names: a worker, a worker class, or an iterable of them.
 
-    ``TypeError`` says what ``where`` held instead.
+    Classes are instantiated here (with no arguments). Every problem is a
+    ``TypeError`` whose message starts with ``where`` and says what it held
+    instead: not a worker, a class without a spec, an ``execute`` that is
+    missing or not ``async``, a constructor that failed.
     """
     items: list[object]
     if isinstance(value, Worker) or inspect.isclass(value):
         items = [value]
+    elif isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        # A string or a mapping is iterable, but its characters or keys are
+        # never what the author meant to list.
+        raise TypeError(
+            f"{where} is a {type(value).__name__}, not a Worker, a Worker subclass "
+            "or an iterable of them"
+        )
     else:
         try:
-            items = list(value)  # type: ignore[call-overload]
-        except TypeError:
-            raise TypeError(
-                f"{where} is a {type(value).__name__}, not a Worker, a Worker subclass "
-                "or an iterable of them"
-            ) from None
+            items = list(value)
+        except Exception as e:
+            raise TypeError(f"{where}: listing its workers failed: {type(e).__name__}: {e}") from e
     out: list[Worker] = []
     for item in items:
-        if isinstance(item, Worker):
+        if inspect.isclass(item) and issubclass(item, Worker):
+            out.append(_instance(item, where))
+        elif isinstance(item, Worker):
+            if not isinstance(getattr(item, "spec", None), WorkerSpec):
+                raise TypeError(f"{where}: a {type(item).__qualname__} without a spec")
+            _check_execute(type(item), where)
             out.append(item)
-        elif inspect.isclass(item) and issubclass(item, Worker):
-            if "spec" not in vars(item) and not isinstance(getattr(item, "spec", None), WorkerSpec):
-                raise TypeError(f"{where}: {item.__qualname__} has no spec")
-            out.append(item())
         else:
-            raise TypeError(f"{where} holds {item!r}, which is not a Worker or a Worker subclass")
+            raise TypeError(
+                f"{where} holds {reprlib.repr(item)}, which is not a Worker or a Worker subclass"
+            )
     return out
+
+
+def _instance(cls: type[Worker], where: str) -> Worker:
+    if not isinstance(getattr(cls, "spec", None), WorkerSpec):
+        raise TypeError(f"{where}: {cls.__qualname__} has no spec")
+    _check_execute(cls, where)
+    try:
+        return cls()
+    except Exception as e:
+        raise TypeError(f"{where}: {cls.__qualname__}() failed: {type(e).__name__}: {e}") from e
+
+
+def _check_execute(cls: type[Worker], where: str) -> None:
+    # Caught here, at process start, rather than as `internal` on every call.
+    execute = cls.execute
+    if execute is Worker.execute:
+        raise TypeError(f"{where}: {cls.__qualname__} does not implement execute")
+    if not inspect.iscoroutinefunction(execute):
+        raise TypeError(f"{where}: {cls.__qualname__}.execute must be 'async def'")

@@ -4,25 +4,29 @@ Read once at process start, never inside a workflow task:
 
 1. the built-ins (``aiworker.activities.builtins``);
 2. the entry points of group ``aiworker.plugins`` of every installed package:
-   each names a :class:`~aiworker.Worker` instance, a Worker subclass, or an
-   iterable of them;
+   each names a :class:`~aiworker.Worker` instance, a Worker subclass (built
+   here, with no arguments), or an iterable of them;
 3. the modules in ``AIWORKER_WORKER_MODULES``, each with a ``WORKERS`` iterable;
 4. the spec files in the directories of ``AIWORKER_WORKER_SPECS``: prompt
    workers (served here, by the llm-call machinery) and external workers
    (known, so pipelines check and call them; served by another process).
 
-Anything wrong (a plugin that raises on import, a spec that fails the model,
-two workers with one id, a prompt that names an undeclared field, a python
-spec file with no class behind it) stops the process with a
-:class:`PluginError` naming the plugin or file and the field; nothing is half
-registered. The resulting :class:`WorkerSet` is installed as the process's
-catalog (``aiworker.schemas.catalog``), which workflows read.
+Anything wrong (a plugin that raises on import, an entry point or
+``WORKERS`` that holds something other than workers, a spec that fails the
+model, a Worker class whose spec is not ``implementation.kind`` python, two
+workers with one id, a prompt that names an undeclared field, a python spec
+file with no class behind it) stops the process with a :class:`PluginError`
+naming the plugin or module, the file and the field. Nothing is half
+registered: the resulting :class:`WorkerSet` is built whole, then installed
+(:func:`install`) as the process's catalog (``aiworker.schemas.catalog``),
+which workflows read.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -60,34 +64,43 @@ class WorkerSet:
 
 def _from_entry_points(eps: Iterable[importlib.metadata.EntryPoint]) -> list[tuple[Worker, str]]:
     out: list[tuple[Worker, str]] = []
-    for ep in sorted(eps, key=lambda e: e.name):
-        dist = ep.dist.name if ep.dist is not None else "?"
-        where = f"plugin {ep.name!r} ({ep.value}, package {dist})"
+    for ep in sorted(eps, key=lambda e: (e.name, _dist_name(e))):
+        dist = _dist_name(ep)
+        origin = f"plugin {dist}:{ep.name}" if dist else f"plugin {ep.name}"
+        where = f"{origin} ({ep.value})"
         try:
             loaded = ep.load()
         except Exception as e:
             raise PluginError(f"{where} failed to import: {type(e).__name__}: {e}") from e
         try:
-            out.extend((w, f"plugin {dist}:{ep.name}") for w in workers_in(loaded, where=where))
-        except Exception as e:
-            raise PluginError(f"{where}: {e}") from e
+            out.extend((w, origin) for w in workers_in(loaded, where=where))
+        except TypeError as e:  # its message names `where`
+            raise PluginError(str(e)) from e
     return out
+
+
+def _dist_name(ep: importlib.metadata.EntryPoint) -> str:
+    # `dist` is None for an EntryPoint built by hand rather than read from metadata
+    return ep.dist.name if ep.dist is not None else ""
 
 
 def _from_modules(modules: Iterable[str]) -> list[tuple[Worker, str]]:
     out: list[tuple[Worker, str]] = []
     for name in modules:
-        where = f"module {name!r} (AIWORKER_WORKER_MODULES)"
+        where = f"module {name} (AIWORKER_WORKER_MODULES)"
         try:
             module = importlib.import_module(name)
         except Exception as e:
             raise PluginError(f"{where} failed to import: {type(e).__name__}: {e}") from e
         if not hasattr(module, "WORKERS"):
-            raise PluginError(f"{where} has no WORKERS (an iterable of workers)")
+            raise PluginError(
+                f"{where} has no WORKERS (an iterable of workers or worker classes); "
+                f"file {getattr(module, '__file__', '?')}"
+            )
         try:
             out.extend((w, f"module {name}") for w in workers_in(module.WORKERS, where=where))
-        except Exception as e:
-            raise PluginError(f"{where}: {e}") from e
+        except TypeError as e:  # its message names `where`
+            raise PluginError(str(e)) from e
     return out
 
 
@@ -112,8 +125,22 @@ def load_workers(
     )
     found += _from_entry_points(eps)
     found += _from_modules(settings.worker_modules)
+    for w, origin in found:
+        # A class serves the kind it implements: PromptWorker the prompt spec it
+        # was built from, any other Worker its python code; an external spec
+        # is never served here.
+        kind = "prompt" if isinstance(w, PromptWorker) else "python"
+        if w.spec.kind != kind:
+            raise PluginError(
+                f"{origin}: worker {w.worker_id!r} is a {type(w).__qualname__}, so its "
+                f"spec's implementation.kind must be {kind!r}, not {w.spec.kind!r}"
+            )
     entries = [CatalogEntry(w.spec, origin) for w, origin in found]
-    served: dict[str, Worker] = {w.worker_id: w for w, _ in found}
+    served: dict[str, Worker] = {}
+    defined: dict[str, str] = {}  # worker id -> where, for the duplicate's message
+    for w, origin in found:
+        _claim(defined, w.worker_id, _described(w, origin))
+        served[w.worker_id] = w
     for folder in settings.worker_specs:
         try:
             files = load_spec_dir(folder)
@@ -127,20 +154,28 @@ def load_workers(
                     "worker comes with its class (a plugin or AIWORKER_WORKER_MODULES); "
                     "spec directories hold 'prompt' and 'external' workers"
                 )
+            _claim(defined, spec.worker_id, origin)
             entries.append(CatalogEntry(spec, origin))
             if spec.kind == "prompt":
-                served.setdefault(spec.worker_id, PromptWorker(spec))
-    for w, origin in found:
-        if w.spec.kind != "python":
-            raise PluginError(
-                f"{origin}: worker {w.worker_id!r} is a Worker class, so its spec's "
-                f"implementation.kind must be 'python', not {w.spec.kind!r}"
-            )
-    try:
-        cat = Catalog(entries)
-    except ValueError as e:
-        raise PluginError(str(e)) from None
+                served[spec.worker_id] = PromptWorker(spec)
+    cat = Catalog(entries)
     return WorkerSet(cat, MappingProxyType(served))
+
+
+def _claim(defined: dict[str, str], worker_id: str, where: str) -> None:
+    if worker_id in defined:
+        raise PluginError(
+            f"worker_id {worker_id!r} is defined twice: by {defined[worker_id]} and by {where}"
+        )
+    defined[worker_id] = where
+
+
+def _described(w: Worker, origin: str) -> str:
+    """``origin`` and the file that defines ``w``'s class (a duplicate names both)."""
+    if origin == "builtin" or isinstance(w, PromptWorker):
+        return origin  # aiworker's own code: the origin says it all
+    module = sys.modules.get(type(w).__module__)
+    return f"{origin} ({getattr(module, '__file__', None) or type(w).__module__})"
 
 
 def builtin_set() -> WorkerSet:

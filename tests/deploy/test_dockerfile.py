@@ -76,3 +76,46 @@ def test_dockerignore_keeps_the_context_small() -> None:
     copied = re.findall(r"^COPY (?!--from)(\S+)", DOCKERFILE, re.M)
     for src in copied:
         assert (ROOT / src).exists(), src
+
+
+PLUGIN = ROOT / "examples" / "plugin"
+
+
+def _instructions(text: str) -> list[str]:
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [
+        " ".join(line.split())
+        for line in joined.splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+
+
+def test_plugin_image_builds_on_the_aiworker_image_and_stays_non_root() -> None:
+    text = (PLUGIN / "Dockerfile").read_text()
+    lines = _instructions(text)
+    arg = re.search(r"^ARG AIWORKER_IMAGE=(\S+)$", text, re.M)
+    # The tag deploy/ gives the image built from deploy/Dockerfile.
+    version = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert arg and version and arg.group(1) == f"aiworker:{version.group(1)}"
+    froms = [line for line in lines if line.startswith("FROM ")]
+    assert froms and all(f.split()[1] == "${AIWORKER_IMAGE}" for f in froms)
+    final = lines[lines.index(froms[-1]) :]
+    (install,) = [line for line in final if "pip install" in line]
+    assert "/wheels/*.whl" in install and "--no-deps" not in install  # aiworker resolves in place
+    assert "aiworker workers" in install  # a broken plugin fails the build
+    # Back to the base image's unprivileged user after installing as root.
+    base_user = [line for line in _stages()[-1] if line.startswith("USER ")][-1]
+    assert final[-1] == base_user
+    # Everything it copies exists and passes its .dockerignore.
+    ignore = (PLUGIN / ".dockerignore").read_text().splitlines()
+    for line in lines:
+        if line.startswith("COPY ") and "--from" not in line:
+            for src in line.split()[1:-1]:
+                assert (PLUGIN / src).exists(), src
+                assert f"!{src}" in ignore or f"!{src}/" in ignore, src
+
+
+def test_deploy_readme_shows_the_plugin_dockerfile_as_it_is() -> None:
+    readme = (DEPLOY / "README.md").read_text()
+    (block,) = re.findall(r"```dockerfile\n(.*?)```", readme, re.S)
+    assert _instructions(block) == _instructions((PLUGIN / "Dockerfile").read_text())

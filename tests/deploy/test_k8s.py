@@ -1,5 +1,10 @@
 """deploy/k8s: both overlays render with kustomize and pass kubernetes-validate --strict.
 
+So does the overlay that deploy/README.md shows for your own workers (a
+plugin image, the ``worker-specs`` component mounting spec files from a
+ConfigMap, the plugin's queue): its YAML block is built, as written, in a copy
+of ``deploy/k8s``, and what it mounts is loaded as a worker process would.
+
 kubernetes-validate ships schemas for the built-in kinds only. The
 ServiceMonitor (a prometheus-operator CRD, in an optional component that the
 prod overlay includes) is split off before validation and checked here by
@@ -10,6 +15,10 @@ kind without a schema.
 from __future__ import annotations
 
 import functools
+import json
+import re
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +29,7 @@ from aiworker.schemas import names
 from aiworker.schemas.options import activity_options
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import load_specs
+from aiworker.workers.plugins import load_workers
 
 OVERLAYS = ("dev", "prod")
 QUEUES = {
@@ -32,6 +42,10 @@ QUEUES = {
 LONGEST_ACTIVITY_TIMEOUT_SECONDS = 60
 PRIVATE_V4 = {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8"}
 CRD_GROUPS = ("monitoring.coreos.com/",)
+# The overlay deploy/README.md shows in "Your own workers", built as overlays/<this>.
+DOCUMENTED = "acme"
+SPECS_DIR = "/etc/aiworker/workers"
+PLUGIN_IMAGE = "ghcr.io/acme/aiworker-pii:1.0.0"
 
 
 @functools.cache
@@ -51,13 +65,66 @@ def rendered(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]
     return request.param, render(request.param)
 
 
+def prompt_spec(worker_id: str) -> dict[str, Any]:
+    """A prompt worker's spec file, on the queue of the llm pods."""
+    return {
+        "worker_id": worker_id,
+        "version": "1.0.0",
+        "purpose": "Sort a support ticket into a queue, with a model and no code.",
+        "task_queue": names.LLM_QUEUE,
+        "input_schema": {
+            "type": "object",
+            "required": ["subject", "body"],
+            "properties": {"subject": {"type": "string"}, "body": {"type": "string"}},
+        },
+        "output_schema": {
+            "type": "object",
+            "required": ["queue"],
+            "properties": {"queue": {"enum": ["billing", "login", "bug", "other"]}},
+        },
+        "constraints": {"timeout_seconds": 45, "tools_allowed": ["language_model"]},
+        "retries": {"max_attempts": 3},
+        "implementation": {
+            "kind": "prompt",
+            "prompt": "Subject: ${{ input.subject }}\n\n${{ input.body }}\n\nWhich queue?",
+        },
+    }
+
+
 @pytest.fixture(scope="module")
-def validation(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str]:
-    """One kubernetes-validate --strict run over both overlays' built-in kinds."""
+def documented(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The README's overlay for your own workers, rendered in a copy of deploy/k8s."""
+    blocks = re.findall(r"```yaml\n(.*?)```", (DEPLOY / "README.md").read_text(), re.S)
+    (block,) = [b for b in blocks if "components/worker-specs" in b]
+    k8s = tmp_path_factory.mktemp("documented") / "k8s"
+    shutil.copytree(DEPLOY / "k8s", k8s)
+    overlay = k8s / "overlays" / DOCUMENTED
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(block)
+    (generator,) = [
+        g
+        for g in yaml.safe_load(block)["configMapGenerator"]
+        if g["name"] == "aiworker-worker-specs"
+    ]
+    for name in generator["files"]:
+        path = overlay / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(prompt_spec(path.stem)))
+    result = run([tool("kubectl"), "kustomize", str(overlay)])
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def validation(
+    tmp_path_factory: pytest.TempPathFactory, documented: list[dict[str, Any]]
+) -> tuple[int, str]:
+    """One kubernetes-validate --strict run over the overlays' built-in kinds."""
     out_dir = tmp_path_factory.mktemp("k8s")
     paths = []
-    for overlay in OVERLAYS:
-        standard = [d for d in render(overlay) if not d["apiVersion"].startswith(CRD_GROUPS)]
+    for overlay in (*OVERLAYS, DOCUMENTED):
+        docs = documented if overlay == DOCUMENTED else render(overlay)
+        standard = [d for d in docs if not d["apiVersion"].startswith(CRD_GROUPS)]
         path = out_dir / f"{overlay}.yaml"
         path.write_text(yaml.safe_dump_all(standard, sort_keys=False))
         paths.append(str(path))
@@ -71,14 +138,17 @@ def of_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
 
 
-def test_overlays_pass_strict_validation(validation: tuple[int, str]) -> None:
+def test_overlays_pass_strict_validation(
+    validation: tuple[int, str], documented: list[dict[str, Any]]
+) -> None:
     code, out = validation
     assert code == 0, out
     assert "Couldn't find schema" not in out, out
-    for overlay in OVERLAYS:
-        kinds = {(d["kind"], d["metadata"]["name"]) for d in render(overlay)}
+    for overlay in (*OVERLAYS, DOCUMENTED):
+        docs = documented if overlay == DOCUMENTED else render(overlay)
+        kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
         passed = out.count(f"{overlay}.yaml passed for resource")
-        crds = sum(1 for d in render(overlay) if d["apiVersion"].startswith(CRD_GROUPS))
+        crds = sum(1 for d in docs if d["apiVersion"].startswith(CRD_GROUPS))
         assert passed == len(kinds) - crds, out
 
 
@@ -250,6 +320,50 @@ def test_service_monitor_selects_the_metrics_service() -> None:
         labels = d["spec"]["template"]["metadata"]["labels"]
         assert services[0]["spec"]["selector"].items() <= labels.items()
     assert not [d for d in render("dev") if d["kind"] == "ServiceMonitor"]
+
+
+def test_worker_specs_component_mounts_the_same_specs_in_every_pod(
+    documented: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    maps = of_kind(documented, "ConfigMap")
+    (specs_cm,) = [n for n in maps if n.startswith("aiworker-worker-specs-")]  # hashed: rolls
+    (settings_cm,) = [n for n in maps if n.startswith("aiworker-settings-")]
+    assert maps[settings_cm]["data"]["AIWORKER_WORKER_SPECS"] == SPECS_DIR
+    deployments = of_kind(documented, "Deployment")
+    assert set(deployments) == set(QUEUES)
+    polled: set[str] = set()
+    for name, d in deployments.items():
+        pod = d["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert c["image"] == PLUGIN_IMAGE, name
+        volume = next(v for v in pod["volumes"] if v["name"] == "worker-specs")
+        assert volume["configMap"]["name"] == specs_cm, f"{name}: mounts {volume}"
+        mount = next(m for m in c["volumeMounts"] if m["name"] == "worker-specs")
+        assert (mount["mountPath"], mount["readOnly"]) == (SPECS_DIR, True)
+        env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+        settings = Settings.from_env({**maps[settings_cm]["data"], **env})
+        assert settings.worker_specs == (Path(SPECS_DIR),)
+        polled.update(settings.task_queues)
+    assert polled == {*QUEUES.values(), "acme-text"}
+
+    # What a pod finds in the mounted directory, loaded as its worker process does.
+    folder = tmp_path / "workers"
+    folder.mkdir()
+    for key, text in maps[specs_cm]["data"].items():
+        (folder / key).write_text(text)
+    workers = load_workers(Settings(worker_specs=(folder,)))
+    mounted = [e for e in workers.catalog.entries.values() if e.origin.startswith("file ")]
+    assert [e.worker_id for e in mounted] == ["classify-ticket"]
+    for e in mounted:
+        assert e.spec.kind == "prompt"
+        assert e.spec.task_queue in polled, f"no Deployment polls {e.spec.task_queue}"
+        assert e.worker_id in workers.served
+    # The component is optional: the overlays themselves mount no specs.
+    for overlay in OVERLAYS:
+        for d in of_kind(render(overlay), "Deployment").values():
+            assert "worker-specs" not in {
+                v["name"] for v in d["spec"]["template"]["spec"]["volumes"]
+            }
 
 
 def _configmap_env(docs: list[dict[str, Any]]) -> dict[str, str]:
