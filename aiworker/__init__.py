@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         WorkerError,
         WorkerTimeoutError,
     )
+    from aiworker.activities.prompt import PromptWorker
     from aiworker.activities.runtime import WorkerContext, WorkerResult
     from aiworker.activities.sdk import Worker
     from aiworker.schemas.errors import ErrorCode
@@ -83,6 +84,7 @@ _LAZY: dict[str, str] = {
     "InvalidInputError": "aiworker.activities.errors:InvalidInputError",
     "InvalidOutputError": "aiworker.activities.errors:InvalidOutputError",
     "NotFoundError": "aiworker.activities.errors:NotFoundError",
+    "PromptWorker": "aiworker.activities.prompt:PromptWorker",
     "PayloadTooLargeError": "aiworker.activities.errors:PayloadTooLargeError",
     "RateLimitedError": "aiworker.activities.errors:RateLimitedError",
     "Result": "aiworker.activities.runtime:WorkerResult",
@@ -132,6 +134,7 @@ __all__ = [
     "InvalidOutputError",
     "NotFoundError",
     "PayloadTooLargeError",
+    "PromptWorker",
     "RateLimitedError",
     "Result",
     "ToolNotAllowedError",

@@ -31,6 +31,7 @@ from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import catalog, names
 from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import PromptImplementation
 from aiworker.workers.http_server import Health
 from aiworker.workers.plugins import PluginError, WorkerSet, builtin_set, install, load_workers
 from aiworker.workers.registry import WORKFLOWS_BY_QUEUE, activities_for, all_queues
@@ -94,7 +95,33 @@ def build_runtime(
     )
     # keys from the models file are known only now: logs must hide them too
     redact_also(runtime.redactor.secrets)
+    if workers is not None:
+        warn_unknown_aliases(workers, runtime.tools.get("language_model"))
     return runtime
+
+
+def warn_unknown_aliases(workers: WorkerSet, language_model: Any) -> None:
+    """Say at start which prompt workers name a model alias this process lacks.
+
+    Not fatal: a process may serve other workers while the model is configured
+    elsewhere; each call of such a worker fails ``invalid_input`` naming the alias.
+    """
+    aliases = set(getattr(getattr(language_model, "registry", None), "aliases", None) or ())
+    for worker in workers.served.values():
+        impl = worker.spec.implementation
+        if isinstance(impl, PromptImplementation) and impl.model not in aliases:
+            log.warning(
+                "worker.model_alias_unknown",
+                extra={
+                    "aiworker": {
+                        "event": "model_alias_unknown",
+                        "worker_id": worker.worker_id,
+                        "alias": impl.model,
+                        "known_aliases": sorted(aliases),
+                        "origin": workers.origin(worker.worker_id),
+                    }
+                },
+            )
 
 
 # Pure helper modules of the workflows (no module state, no I/O) are shared

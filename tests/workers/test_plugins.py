@@ -754,3 +754,28 @@ def test_a_broken_plugin_stops_the_worker_process_with_one_line(
         result = _run([AIWORKER, *command], env, timeout=90)
         assert result.returncode == 2, result.stdout + result.stderr
         assert result.stderr.splitlines() == [expected], result.stderr
+
+
+def test_a_prompt_worker_naming_an_undefined_alias_is_reported_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from aiworker.workers.tools import build_language_model
+    from aiworker.workers.worker import build_runtime
+
+    examples = Path(__file__).resolve().parents[2] / "examples" / "prompts"
+    settings = Settings(data_dir=tmp_path, worker_specs=(examples,))
+    ws = load_workers(settings, entry_points=[])
+    caplog.set_level(logging.WARNING, logger="aiworker")
+    # no model configured: the process has no `default` alias
+    lm = build_language_model(settings, env={})
+    build_runtime(settings, tools={"language_model": lm}, workers=ws)
+    named = {
+        r.aiworker["worker_id"]: r.aiworker  # type: ignore[attr-defined]
+        for r in caplog.records
+        if getattr(r, "aiworker", {}).get("event") == "model_alias_unknown"
+    }
+    assert set(named) == {"classify-ticket", "tag-product"}
+    assert named["classify-ticket"]["alias"] == "default"
+    assert named["classify-ticket"]["origin"].endswith("classify-ticket.json")
