@@ -28,8 +28,8 @@ from typing import Any
 from aiworker.activities.errors import InvalidInputError, ValidationFailedError
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
+from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.protocol import WarningInfo
-from aiworker.schemas.spec import builtin_spec
 
 _MISSING = object()
 

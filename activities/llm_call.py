@@ -30,8 +30,8 @@ from aiworker.activities.jsonschema_cache import SchemaError, describe, validato
 from aiworker.activities.llm import ChatRequest, LanguageModel, Message
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
+from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.protocol import WarningInfo
-from aiworker.schemas.spec import builtin_spec
 
 TOOL = "language_model"
 # Leaves the runtime's own deadline to fire only for a call that ignores ours.

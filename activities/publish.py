@@ -42,8 +42,8 @@ from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.activities.tools.egress import EgressPolicy
 from aiworker.activities.tools.fetch import guarded_transport
+from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import builtin_spec
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS publications (

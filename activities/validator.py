@@ -14,7 +14,7 @@ from aiworker.activities.errors import InvalidInputError, ValidationFailedError
 from aiworker.activities.jsonschema_cache import SchemaError, describe, validator_for
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
-from aiworker.schemas.spec import builtin_spec
+from aiworker.schemas.catalog import builtin_spec
 
 
 class Validator(Worker):

@@ -20,8 +20,8 @@ from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.activities.tools.extract import HtmlParser, SpecError
 from aiworker.activities.tools.fetch import FetchTool
+from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.protocol import WarningInfo
-from aiworker.schemas.spec import builtin_spec
 
 # Leave the runtime's own deadline a margin, so a slow site is `fetch_timeout`
 # (with the URL) and not the generic `timeout`.

@@ -18,9 +18,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import names
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.pipeline import Step
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import load_specs
 from aiworker.workers.worker import build_workers
 from bench.common import embedded_server
 

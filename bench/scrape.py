@@ -29,8 +29,8 @@ from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.tools import scrape_tools
 from aiworker.activities.tools.extract import PARSER
 from aiworker.activities.web_scrape import WebScrape
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import load_specs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fixtures.scrape_site import FixtureSite

@@ -20,8 +20,8 @@ from temporalio.worker import Worker
 
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import names
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import load_specs
 from aiworker.workers.plugins import builtin_set
 from aiworker.workers.registry import activities_for
 from aiworker.workflows.pipeline import PipelineWorkflow

@@ -2,6 +2,7 @@
 pipeline spec. Pure models and functions; no I/O on import.
 """
 
+from aiworker.schemas.catalog import get_spec, load_specs
 from aiworker.schemas.errors import ErrorCode, is_retryable
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec, Step, StepResult
 from aiworker.schemas.protocol import (
@@ -15,7 +16,7 @@ from aiworker.schemas.protocol import (
     WorkerRequest,
     WorkerResponse,
 )
-from aiworker.schemas.spec import WorkerSpec, get_spec, load_specs
+from aiworker.schemas.spec import WorkerSpec
 
 __all__ = [
     "ArtifactRef",

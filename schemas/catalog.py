@@ -1,4 +1,8 @@
-"""The workers this process knows: every spec, with where it came from.
+"""Spec files and the workers this process knows: every spec, with where it came from.
+
+:func:`load_specs` reads the built-ins' specs (``schemas/workers/``) and
+:func:`load_spec_dir` a directory of spec files, each checked; reading happens
+on first use, never on import.
 
 A worker process builds its catalog once at start (built-ins, plugins from
 the ``aiworker.plugins`` entry points and ``AIWORKER_WORKER_MODULES``, spec
@@ -14,9 +18,43 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 
-from aiworker.schemas.spec import WorkerSpec, load_specs
+from aiworker.schemas.spec import WorkerSpec
+
+
+def load_spec_dir(folder: Path) -> list[tuple[WorkerSpec, Path]]:
+    """Every ``*.json`` spec in ``folder`` (sorted by name), each checked.
+
+    ``ValueError`` names the file and field of the first bad one; a spec file
+    must be named after its ``worker_id``.
+    """
+    if not folder.is_dir():
+        raise ValueError(f"worker spec directory {folder} does not exist")
+    out = []
+    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+        if not entry.name.endswith(".json"):
+            continue
+        spec = WorkerSpec.from_file(entry)
+        if f"{spec.worker_id}.json" != entry.name:
+            raise ValueError(f"worker spec {entry} declares worker_id {spec.worker_id!r}")
+        out.append((spec, entry))
+    return out
+
+
+BUILTIN_SPECS_DIR = Path(__file__).parent / "workers"
+
+
+@functools.cache
+def load_specs() -> dict[str, WorkerSpec]:
+    """The built-in workers' specs (``schemas/workers/*.json``), read once; by worker id."""
+    return {spec.worker_id: spec for spec, _ in load_spec_dir(BUILTIN_SPECS_DIR)}
+
+
+def builtin_spec(worker_id: str) -> WorkerSpec:
+    """The spec of one built-in worker (its class names it by this)."""
+    return load_specs()[worker_id]
 
 
 @dataclass(frozen=True)
@@ -88,3 +126,12 @@ def current() -> Catalog:
 def current_specs() -> Mapping[str, WorkerSpec]:
     """Every worker spec this process knows, by worker id."""
     return current().specs
+
+
+def get_spec(worker_id: str) -> WorkerSpec:
+    """The spec of one worker this process knows; ``KeyError`` names the known ones."""
+    specs = current_specs()
+    try:
+        return specs[worker_id]
+    except KeyError:
+        raise KeyError(f"unknown worker {worker_id!r}; known: {', '.join(sorted(specs))}") from None

@@ -1,11 +1,9 @@
 """Worker specs: the published contract of each AI worker.
 
-One JSON file per built-in worker lives in ``schemas/workers/``;
-:func:`load_specs` reads and checks them (JSON Schema 2020-12 for
-``input_schema`` and ``output_schema``). Plugins ship their own spec files
-(:meth:`WorkerSpec.from_file`), and prompt and external workers are spec
-files only, in the directories of ``AIWORKER_WORKER_SPECS``
-(:func:`load_spec_dir`). Reading happens on first use, never on import.
+The models of a spec file (JSON Schema 2020-12 for ``input_schema`` and
+``output_schema``), checked as a whole: a spec that could only fail at run
+time is refused when it is read. :meth:`WorkerSpec.from_file` reads one file;
+``aiworker.schemas.catalog`` reads the built-ins' folder and spec directories.
 
 ``implementation.kind`` says who runs a worker:
 
@@ -18,7 +16,6 @@ files only, in the directories of ``AIWORKER_WORKER_SPECS``
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from pathlib import Path
@@ -386,47 +383,3 @@ def _undeclared(schema: dict[str, Any], path: tuple[str | int, ...]) -> str | No
             return f"names {seg!r}, which {where} does not have (declared: {known})"
         return None
     return None
-
-
-def load_spec_dir(folder: Path) -> list[tuple[WorkerSpec, Path]]:
-    """Every ``*.json`` spec in ``folder`` (sorted by name), each checked.
-
-    ``ValueError`` names the file and field of the first bad one; a spec file
-    must be named after its ``worker_id``.
-    """
-    if not folder.is_dir():
-        raise ValueError(f"worker spec directory {folder} does not exist")
-    out = []
-    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
-        if not entry.name.endswith(".json"):
-            continue
-        spec = WorkerSpec.from_file(entry)
-        if f"{spec.worker_id}.json" != entry.name:
-            raise ValueError(f"worker spec {entry} declares worker_id {spec.worker_id!r}")
-        out.append((spec, entry))
-    return out
-
-
-BUILTIN_SPECS_DIR = Path(__file__).parent / "workers"
-
-
-@functools.cache
-def load_specs() -> dict[str, WorkerSpec]:
-    """The built-in workers' specs (``schemas/workers/*.json``), read once; by worker id."""
-    return {spec.worker_id: spec for spec, _ in load_spec_dir(BUILTIN_SPECS_DIR)}
-
-
-def builtin_spec(worker_id: str) -> WorkerSpec:
-    """The spec of one built-in worker (its class names it by this)."""
-    return load_specs()[worker_id]
-
-
-def get_spec(worker_id: str) -> WorkerSpec:
-    """The spec of one worker this process knows; ``KeyError`` names the known ones."""
-    from aiworker.schemas.catalog import current_specs
-
-    specs = current_specs()
-    try:
-        return specs[worker_id]
-    except KeyError:
-        raise KeyError(f"unknown worker {worker_id!r}; known: {', '.join(sorted(specs))}") from None

@@ -23,9 +23,9 @@ from temporalio.testing import WorkflowEnvironment
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import catalog, names
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import load_specs
 from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path, test_server_path
 from aiworker.workers.plugins import WorkerSet, install, load_workers
 from aiworker.workers.registry import all_queues

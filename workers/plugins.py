@@ -36,9 +36,8 @@ from aiworker.activities.builtins import builtin_workers
 from aiworker.activities.prompt import PromptWorker
 from aiworker.activities.sdk import Worker, workers_in
 from aiworker.schemas import catalog
-from aiworker.schemas.catalog import Catalog, CatalogEntry
+from aiworker.schemas.catalog import Catalog, CatalogEntry, load_spec_dir
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import load_spec_dir
 
 ENTRY_POINT_GROUP = "aiworker.plugins"
 

@@ -23,7 +23,7 @@ from aiworker.activities.shared_breaker import SharedBreakers
 from aiworker.activities.tools import scrape_tools
 from aiworker.schemas import names
 from aiworker.schemas.settings import Settings
-from aiworker.workers.worker import StartupError
+from aiworker.workers.errors import StartupError
 
 if TYPE_CHECKING:
     # The AWS SDK loads only in processes configured for S3.

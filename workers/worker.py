@@ -32,15 +32,12 @@ from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import catalog, names
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import PromptImplementation
+from aiworker.workers.errors import StartupError as StartupError  # raised here, re-exported
 from aiworker.workers.http_server import Health
 from aiworker.workers.plugins import PluginError, WorkerSet, builtin_set, install, load_workers
 from aiworker.workers.registry import WORKFLOWS_BY_QUEUE, activities_for, all_queues
 
 log = logging.getLogger("aiworker.process")
-
-
-class StartupError(RuntimeError):
-    """The process cannot start; the message says why and what to do."""
 
 
 async def ensure_search_attributes(client: Client) -> None:

@@ -9,9 +9,9 @@ from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.aggregator import Aggregator
 from aiworker.activities.runtime import WorkerRuntime
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.protocol import WorkerResponse
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import load_specs
 
 
 def _rt(settings: Settings) -> WorkerRuntime:

@@ -14,9 +14,9 @@ from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.publish import Ledger, Publish, WebhookPoster
 from aiworker.activities.runtime import WorkerRuntime
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.protocol import WorkerResponse
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import load_specs
 
 
 def _rt(settings: Settings) -> WorkerRuntime:

@@ -22,9 +22,9 @@ from temporalio.client import Client
 
 from aiworker.activities.breaker import BreakerRegistry
 from aiworker.activities.tools import EgressPolicy, scrape_tools
+from aiworker.schemas.catalog import get_spec
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import Settings, parse_rate_limits
-from aiworker.schemas.spec import get_spec
 
 LISTING_SPEC = {
     "fields": {

@@ -26,9 +26,9 @@ import yaml
 from deploy_tools import DEPLOY, KUBERNETES_VERSION, run, tool
 
 from aiworker.schemas import names
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.options import activity_options
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import load_specs
 from aiworker.workers.plugins import load_workers
 
 OVERLAYS = ("dev", "prod")

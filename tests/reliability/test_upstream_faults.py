@@ -27,9 +27,9 @@ from temporalio.client import Client
 from aiworker.activities.breaker import BreakerRegistry
 from aiworker.activities.tools import scrape_tools
 from aiworker.schemas import names
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import RateLimitRule, Settings
-from aiworker.schemas.spec import load_specs
 
 THRESHOLD = 5
 OPEN_SECONDS = 30.0

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.errors import NON_RETRYABLE_CODES, RETRYABLE, ErrorCode, is_retryable
 from aiworker.schemas.export import MODELS, check, export, render
 from aiworker.schemas.options import activity_options
 from aiworker.schemas.protocol import RequestConstraints, WorkerRequest
 from aiworker.schemas.settings import Settings, SettingsError
-from aiworker.schemas.spec import WorkerSpec, load_specs
+from aiworker.schemas.spec import WorkerSpec
 
 
 def test_exported_json_schemas_match_the_models() -> None:

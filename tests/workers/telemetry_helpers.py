@@ -23,9 +23,9 @@ from aiworker.activities.errors import UpstreamError
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
 from aiworker.schemas import names
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.protocol import WorkerResponse
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import load_specs
 from aiworker.workers.telemetry import Telemetry, install_tracer_provider
 from aiworker.workers.temporal_client import connect
 

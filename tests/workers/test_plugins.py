@@ -53,8 +53,8 @@ from temporalio.client import Client
 
 import aiworker
 from aiworker.schemas import catalog, names
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import load_specs
 from aiworker.workers.devserver import temporal_cli_path
 from aiworker.workers.plugins import ENTRY_POINT_GROUP, PluginError, load_workers
 from aiworker.workers.worker import StartupError, load_process_workers

@@ -19,9 +19,9 @@ from temporalio.client import Client
 
 from aiworker.activities.limiter import rate_limit_for
 from aiworker.schemas import names
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.protocol import Observability, WorkerResponse
 from aiworker.schemas.settings import Settings, parse_rate_limits
-from aiworker.schemas.spec import load_specs
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 

@@ -19,8 +19,8 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from aiworker.activities.publish import Publish
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import names
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import load_specs
 
 STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
 
