@@ -54,6 +54,7 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 from collections import Counter
 from datetime import timedelta
@@ -260,3 +261,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 if __name__ == "__main__":
     asyncio.run(main(parse_args()))
+    # Skip interpreter finalization: Temporal Core's Rust threads may still call
+    # into Python then and abort the process (temporalio/sdk-python#300).
+    sys.stdout.flush()
+    os._exit(0)
