@@ -26,6 +26,7 @@ class ActivityOptions(TypedDict):
 
     task_queue: str
     start_to_close_timeout: timedelta
+    schedule_to_start_timeout: timedelta | None
     heartbeat_timeout: timedelta | None
     retry_policy: RetryPolicy
 
@@ -57,12 +58,24 @@ def activity_options(
     constraints: RequestConstraints | None = None,
     max_attempts: int | None = None,
     queue_suffix: str = "",
+    schedule_to_start_seconds: float | None = None,
 ) -> ActivityOptions:
-    """Activity options for one call of the worker ``spec`` describes."""
+    """Activity options for one call of the worker ``spec`` describes.
+
+    ``schedule_to_start_seconds`` bounds how long the call may wait in its task
+    queue for a worker to poll it (an external worker nobody runs); without it
+    the call waits until a worker comes.
+    """
     timeout = effective_timeout(spec, constraints)
     return ActivityOptions(
         task_queue=spec.task_queue + queue_suffix,
         start_to_close_timeout=timedelta(seconds=timeout + _GRACE_SECONDS),
+        schedule_to_start_timeout=(
+            None
+            if schedule_to_start_seconds is None
+            # a server reads a zero duration as "unset": keep a positive bound
+            else timedelta(seconds=max(schedule_to_start_seconds, 0.001))
+        ),
         heartbeat_timeout=(
             timedelta(seconds=spec.heartbeat_seconds) if spec.heartbeat_seconds else None
         ),

@@ -40,6 +40,9 @@ class Admission:
     max_tokens: int | None
     max_external_calls: int | None
     timeout_seconds: float | None
+    # What was left of the pipeline deadline when the step was admitted: bounds how
+    # long a call may wait for a worker to poll its queue (external workers).
+    deadline_seconds: float | None = None
 
 
 def _share(left: int, cap: int | None) -> int:
@@ -119,7 +122,12 @@ class Ledger:
             limit = remaining_time if limit is None else min(limit, remaining_time)
         if limit is not None:
             limit = min(limit, c.timeout_seconds)
-        return Admission(max_tokens=tokens, max_external_calls=n_calls, timeout_seconds=limit)
+        return Admission(
+            max_tokens=tokens,
+            max_external_calls=n_calls,
+            timeout_seconds=limit,
+            deadline_seconds=remaining_time,
+        )
 
     def settle(self, admission: Admission, usage: Usage) -> None:
         """Release a reservation and book what the step really used."""

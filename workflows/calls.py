@@ -4,6 +4,16 @@ Shared by ``PipelineWorkflow`` and its for_each chunks. A call goes by
 activity name with options derived from the worker spec; a failure comes back
 as an :class:`Outcome` carrying the stable error code of the activity's cause,
 never as an exception, so callers route on codes. Deterministic code only.
+
+A built-in or plugin worker validates its own envelope and outputs in the
+worker runtime, so its result is decoded straight into ``WorkerResponse``.
+An external worker (``implementation.kind`` external) runs code aiworker
+never saw: its result arrives undecoded (``RawValue``) and is checked here,
+the envelope against ``WorkerResponse`` and the outputs against the spec's
+``output_schema``; anything malformed becomes an ``invalid_output`` outcome
+with the reasons, never a failed workflow task and never data downstream.
+Its call may wait in the task queue only until the pipeline's deadline
+(``schedule_to_start``), then fails as ``timeout`` naming the queue.
 """
 
 from __future__ import annotations
@@ -12,9 +22,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError
+from temporalio.common import RawValue
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    TimeoutError,
+    TimeoutType,
+)
 
 with workflow.unsafe.imports_passed_through():
+    from jsonschema import Draft202012Validator
+    from pydantic import ValidationError
+    from referencing import Registry
+
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.options import activity_options
     from aiworker.schemas.protocol import (
@@ -103,14 +124,20 @@ async def call_worker(
         input=input,
         constraints=constraints,
     )
+    external = worker.kind == "external"
     options = activity_options(
-        worker, constraints=constraints, max_attempts=max_attempts, queue_suffix=queue_suffix
+        worker,
+        constraints=constraints,
+        max_attempts=max_attempts,
+        queue_suffix=queue_suffix,
+        schedule_to_start_seconds=schedule_to_start_seconds(worker, admission),
     )
     try:
-        response = await workflow.execute_activity(
+        result = await workflow.execute_activity(
             worker.worker_id,
             request,
-            result_type=WorkerResponse,
+            # an external worker's reply is checked here, not trusted to decode
+            result_type=RawValue if external else WorkerResponse,
             summary=summary or worker.worker_id,
             **options,
         )
@@ -118,14 +145,36 @@ async def call_worker(
         details = error_details(e)
         cause = e.cause
         attempts = int(details.get("context", {}).get("attempt", 0) or 0)
+        message = str(cause) if cause else str(e)
+        if isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START:
+            timeout_s = options["schedule_to_start_timeout"]
+            waited = timeout_s.total_seconds() if timeout_s else 0.0
+            message = (
+                f"no worker polled task queue {options['task_queue']!r} for "
+                f"{worker.worker_id!r} within {waited:g}s (the pipeline deadline); "
+                "is its process running?"
+            )
+            return Outcome(
+                status="failed",
+                attempts=0,  # no attempt started
+                error_code=ErrorCode.TIMEOUT.value,
+                error_message=message,
+            )
         return Outcome(
             status="failed",
             attempts=attempts or (options["retry_policy"].maximum_attempts or 1),
             error_code=error_code_of(e),
-            error_message=str(cause) if cause else str(e),
+            error_message=message,
             reasons=list(details.get("reasons") or []),
             usage=_usage_of(details),
         )
+    if isinstance(result, RawValue):
+        checked = check_external_response(worker, result)
+        if isinstance(checked, Outcome):
+            return checked
+        response = checked
+    else:
+        response = result
     return Outcome(
         status=response.status,
         outputs=response.outputs,
@@ -134,6 +183,116 @@ async def call_worker(
         artifacts=[a.model_dump(mode="json") for a in response.artifacts],
         usage=response.usage,
     )
+
+
+def schedule_to_start_seconds(worker: WorkerSpec, admission: Admission | None) -> float | None:
+    """How long a call of ``worker`` may wait for a poller: what is left of the
+    pipeline deadline for an external worker (None: no deadline, or a worker
+    this process serves itself, whose queue it polls)."""
+    if worker.kind != "external" or admission is None:
+        return None
+    return admission.deadline_seconds
+
+
+def external_wait(
+    worker: WorkerSpec, admission: Admission | None, queue_suffix: str, now: float
+) -> dict[str, Any] | None:
+    """What the ``progress`` query shows for a running call of an external worker.
+
+    The workflow sees only that the call is scheduled, not whether a worker
+    has picked it up, so this names the queue and the bound, nothing more.
+    """
+    if worker.kind != "external":
+        return None
+    wait = schedule_to_start_seconds(worker, admission)
+    return {
+        "task_queue": worker.task_queue + queue_suffix,
+        "schedule_to_start_timeout_seconds": wait,
+        "schedule_to_start_deadline": None if wait is None else now + wait,
+        "note": (
+            "served by another process; the pipeline cannot see whether a worker has "
+            "picked the call up"
+            + (
+                ", and fails it as timeout if none has by the deadline"
+                if wait is not None
+                else "; with no pipeline deadline it waits until one does"
+            )
+        ),
+    }
+
+
+def check_external_response(worker: WorkerSpec, raw: RawValue) -> WorkerResponse | Outcome:
+    """An external worker's reply as a ``WorkerResponse``, or an ``invalid_output``
+    outcome saying what is wrong with it (paths and messages)."""
+    try:
+        doc = workflow.payload_converter().from_payload(raw.payload)
+    except Exception as e:  # any payload this process cannot decode is the worker's fault
+        return _malformed(worker, 1, f"the reply cannot be decoded: {e}", [])
+    attempt = _attempt_in(doc)
+    try:
+        response = WorkerResponse.model_validate(doc)
+    except ValidationError as e:
+        reasons = [
+            {"path": _path(err["loc"]), "message": err["msg"], "validator": err["type"]}
+            for err in e.errors(include_url=False)[:100]
+        ]
+        return _malformed(worker, attempt, "the response envelope is malformed", reasons)
+    if response.worker_id != worker.worker_id:
+        reasons = [
+            {
+                "path": "$.worker_id",
+                "message": f"{response.worker_id!r} answered a call of {worker.worker_id!r}",
+            }
+        ]
+        return _malformed(worker, attempt, "the response names another worker", reasons)
+    try:
+        # An empty registry: a remote `$ref` is never fetched (it fails instead), and
+        # no format checker runs, so this is pure computation on the spec's schema.
+        validator = Draft202012Validator(worker.output_schema, registry=Registry())
+        errors = sorted(
+            validator.iter_errors(response.outputs), key=lambda e: list(map(str, e.absolute_path))
+        )
+        reasons = [
+            {"path": _path(e.absolute_path), "message": e.message, "validator": str(e.validator)}
+            for e in errors[:100]
+        ]
+    except Exception as e:  # an unresolvable `$ref` in the spec's schema, say
+        reasons = [{"path": "$", "message": f"the output schema cannot be applied: {e}"}]
+    if reasons:
+        out = _malformed(
+            worker, response.observability.attempt, "the outputs fail the output schema", reasons
+        )
+        out.usage = response.usage
+        return out
+    return response
+
+
+def _malformed(
+    worker: WorkerSpec, attempt: int, what: str, reasons: list[dict[str, Any]]
+) -> Outcome:
+    first = f": {reasons[0]['path']}: {reasons[0]['message']}" if reasons else ""
+    return Outcome(
+        status="failed",
+        attempts=attempt,
+        error_code=ErrorCode.INVALID_OUTPUT.value,
+        error_message=f"external worker {worker.worker_id!r}: {what}{first}",
+        reasons=reasons,
+    )
+
+
+def _attempt_in(doc: Any) -> int:
+    """The attempt a (possibly malformed) reply says it is, else 1."""
+    obs = doc.get("observability") if isinstance(doc, dict) else None
+    attempt = obs.get("attempt") if isinstance(obs, dict) else None
+    return attempt if isinstance(attempt, int) and attempt >= 1 else 1
+
+
+def _path(parts: Any) -> str:
+    """``['items', 0, 'name']`` -> ``$.items[0].name``."""
+    out = "$"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
 
 
 def _usage_of(details: dict[str, Any]) -> Usage:

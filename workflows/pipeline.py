@@ -64,7 +64,13 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.budget import Admission, BudgetRefused, Ledger
-from aiworker.workflows.calls import Outcome, call_worker, error_code_of, with_feedback
+from aiworker.workflows.calls import (
+    Outcome,
+    call_worker,
+    error_code_of,
+    external_wait,
+    with_feedback,
+)
 from aiworker.workflows.foreach import PipelineForEachWorkflow
 from aiworker.workflows.permits import Lease, PermitBook, PermitWaitExpired
 
@@ -165,6 +171,8 @@ class PipelineWorkflow:
         self._trace_id = ""
         self._permits = PermitBook()
         self._rate_limited: set[str] | None = None  # None: every worker asks the limiter
+        # Steps calling an external worker now: step id -> its queue and wait bound.
+        self._external: dict[str, dict[str, Any]] = {}
 
     @workflow.signal(name=names.PERMIT_SIGNAL)
     def permit(self, permit: Permit) -> None:
@@ -186,6 +194,8 @@ class PipelineWorkflow:
         steps = {k: v.model_dump(mode="json", exclude=exclude) for k, v in self._steps.items()}
         for step_id in waiting.keys() & steps.keys():
             steps[step_id]["status"] = "waiting"
+        for step_id in self._external.keys() & steps.keys():
+            steps[step_id]["external_worker"] = self._external[step_id]
         return {
             "status": self._status,
             "steps": steps,
@@ -565,6 +575,9 @@ class PipelineWorkflow:
         leases = await self._acquire_limits(worker, step)
         try:
             admission = self._admit(worker, step.timeout_seconds)
+            wait = external_wait(worker, admission, self._queue_suffix, _now())
+            if wait is not None:
+                self._external[step.id] = wait
             outcome = await call_worker(
                 worker,
                 key=key,
@@ -578,6 +591,7 @@ class PipelineWorkflow:
                 summary=label,
             )
         finally:
+            self._external.pop(step.id, None)
             await self._permits.release_all(leases)
         if self._ledger is not None:
             self._ledger.settle(admission, outcome.usage)
