@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conformance_workers import LaxInput, WrongOutput, spec
+from conformance_workers import LaxInput, TextLength, WrongOutput, spec
 from conftest import installed_workers, running_stack
 from fixtures.scrape_site import FixtureSite
 from jsonschema import Draft202012Validator
@@ -376,6 +376,42 @@ async def test_bad_usage_exits_2_with_one_line(
     assert unreachable.stderr.startswith("aiworker: cannot reach Temporal: ")
     assert bad_examples.stderr.startswith(f"aiworker: --examples {examples}: examples[0].input")
     assert "'schema' is a required property" in bad_examples.stderr
+
+
+async def test_a_worker_nobody_serves_fails_every_call_with_the_queue_named(
+    client: Client, settings: Settings
+) -> None:
+    # no worker process: each call is bounded by call_timeout, then reported
+    report = await check_worker(
+        client, TextLength.spec, queue_suffix=settings.task_queue_suffix, call_timeout=2
+    )
+    assert not report.passed
+    queue = f"aiworker-pipelines{settings.task_queue_suffix}"
+    for name in ("example[0] (three letters)", "tightened timeout", "invalid input"):
+        check = report.check(name)
+        assert check.status == "fail"
+        assert check.reason.startswith(
+            f"no answer within 2s: is a worker process polling task queue {queue}?"
+        ), check.reason
+    # a Temporal timeout is no worker failure: nothing to look for an ErrorInfo in
+    assert report.check("error info").status == "skip"
+
+
+async def test_a_broken_plugin_is_reported_even_when_temporal_is_unreachable(
+    client: Client, settings: Settings
+) -> None:
+    env = cli_env(client, settings, AIWORKER_WORKER_MODULES="no_such_plugin_module")
+    env["TEMPORAL_ADDRESS"] = f"127.0.0.1:{free_port()}"
+    env["AIWORKER_METRICS_PORT"] = "0"
+    proc = await _to_thread(
+        lambda: subprocess.run(
+            [AIWORKER, "worker"], env=env, capture_output=True, text=True, timeout=90, cwd=ROOT
+        )
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("aiworker: module no_such_plugin_module (AIWORKER_WORKER_MODULES)")
+    assert "ModuleNotFoundError" in line
 
 
 # --- the derivations -------------------------------------------------------------------
