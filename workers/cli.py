@@ -687,9 +687,10 @@ async def _cmd_conformance(args: argparse.Namespace) -> int:
     from aiworker.workers.conformance import check_worker, load_examples
     from aiworker.workers.temporal_client import connect
 
-    spec = process_catalog().specs.get(args.worker_id)
+    specs = process_catalog().specs
+    spec = specs.get(args.worker_id)
     if spec is None:
-        known = ", ".join(sorted(process_catalog().specs))
+        known = ", ".join(sorted(specs))
         _err(f"unknown worker {args.worker_id!r}; known: {known}")
         return EXIT_USAGE
     examples = None
