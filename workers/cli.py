@@ -10,6 +10,7 @@ aiworker redrive ID          run a failed pipeline again, reusing its succeeded 
 aiworker workers             list the worker specs (the published contracts)
 aiworker artifacts WF_ID     list the artifacts a workflow wrote (lineage)
 aiworker schemas export|check  write or check schemas/json/
+aiworker conformance WORKER_ID  check a live worker against its spec through Temporal
 """
 
 from __future__ import annotations
@@ -454,11 +455,12 @@ async def run_worker_process(
             )
             return EXIT_USAGE
     try:
+        # A broken plugin is reported even when Temporal is unreachable.
+        served = load_process_workers(settings)
         if client is None:
             client = await connect(
                 profile, target_host=address, telemetry=telemetry, settings=settings
             )
-        served = load_process_workers(settings)
         await ensure_search_attributes(client)
         runtime = build_runtime(settings, WorkerMetrics(), workers=served)
         queues = queues or list(settings.task_queues) or all_queues(runtime.specs, served)
@@ -681,6 +683,43 @@ async def _cmd_artifacts(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _cmd_conformance(args: argparse.Namespace) -> int:
+    from aiworker.workers.conformance import check_worker, load_examples
+    from aiworker.workers.temporal_client import connect
+
+    specs = process_catalog().specs
+    spec = specs.get(args.worker_id)
+    if spec is None:
+        known = ", ".join(sorted(specs))
+        _err(f"unknown worker {args.worker_id!r}; known: {known}")
+        return EXIT_USAGE
+    examples = None
+    if args.examples:
+        try:
+            examples = load_examples(spec, args.examples)
+        except ValueError as e:
+            _err(f"--examples {e}")
+            return EXIT_USAGE
+    settings = load_settings()
+    try:
+        client = await connect(args.profile, target_host=args.address, settings=settings)
+    except RuntimeError as e:
+        _err(f"cannot reach Temporal: {e}")
+        return EXIT_USAGE
+    report = await check_worker(
+        client,
+        spec,
+        queue_suffix=settings.task_queue_suffix,
+        network=args.network or args.all,
+        side_effects=args.side_effects or args.all,
+        examples=examples,
+        call_timeout=args.timeout,
+        tenant=args.tenant,
+    )
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
+    return EXIT_OK if report.passed else EXIT_FAILED
+
+
 def _cmd_schemas(args: argparse.Namespace) -> int:
     from aiworker.schemas.export import check, export
 
@@ -692,6 +731,16 @@ def _cmd_schemas(args: argparse.Namespace) -> int:
     for d in drift:
         _err(d)
     return EXIT_FAILED if drift else EXIT_OK
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 < seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 3600 seconds")
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -766,6 +815,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("schemas", help="export or check the JSON Schemas in schemas/json")
     sc.add_argument("action", choices=["export", "check"])
+
+    cf = sub.add_parser("conformance", help="check a live worker against its spec through Temporal")
+    cf.add_argument("worker_id")
+    cf.add_argument(
+        "--network", action="store_true", help="also run examples that reach a site or a model"
+    )
+    cf.add_argument(
+        "--side-effects",
+        action="store_true",
+        help="also run the examples of a worker with side effects (publish)",
+    )
+    cf.add_argument("--all", action="store_true", help="--network and --side-effects")
+    cf.add_argument("--examples", help="a JSON file of examples to run instead of the spec's")
+    cf.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=60.0,
+        help="seconds each call may take, retries included (default 60)",
+    )
+    cf.add_argument("--tenant", default="default", help="the tenant of the requests")
+    cf.add_argument("--json", action="store_true", help="print the report as JSON")
+    conn(cf)
     return p
 
 
@@ -795,6 +866,8 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(_cmd_artifacts(args))
         if args.command == "schemas":
             return _cmd_schemas(args)
+        if args.command == "conformance":
+            return asyncio.run(_cmd_conformance(args))
     except KeyboardInterrupt:
         return 130
     except RuntimeError as e:
