@@ -33,9 +33,9 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.llm import LlmMetrics
-from aiworker.schemas.catalog import Catalog, CatalogEntry
+from aiworker.schemas.catalog import Catalog, CatalogEntry, builtin_spec
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import WorkerSpec, builtin_spec
+from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.conformance import (
     ConformanceReport,
     check_worker,
