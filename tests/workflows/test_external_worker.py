@@ -275,3 +275,33 @@ async def test_nobody_polls_the_queue_the_call_fails_at_the_pipeline_deadline(
     wait = call.schedule_to_start_timeout.ToTimedelta().total_seconds()
     assert 0 < wait <= 3
     assert abs(seen["schedule_to_start_timeout_seconds"] - wait) < 0.001
+
+
+async def test_the_external_worker_passes_the_conformance_kit(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    from aiworker.workers.conformance import check_worker
+
+    spec = load_workers(with_specs(settings), entry_points=()).specs[WORKER]
+    async with external_worker(client, settings, tmp_path):
+        report = await check_worker(client, spec, queue_suffix=settings.task_queue_suffix)
+    assert report.passed, report.render()
+    ran = {c.name.split(" ")[0]: c.status for c in report.checks}
+    # every check ran (the example is offline): none was skipped
+    assert set(ran.values()) == {"pass"}, report.render()
+    assert {"tightened", "invalid", "wrong", "error"} <= set(ran), report.render()
+
+
+async def test_a_misbehaving_external_worker_fails_the_conformance_kit(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    from aiworker.workers.conformance import check_worker
+
+    spec = load_workers(with_specs(settings), entry_points=()).specs[WORKER]
+    async with external_worker(client, settings, tmp_path, "--malformed-envelope"):
+        report = await check_worker(
+            client, spec, queue_suffix=settings.task_queue_suffix, call_timeout=30
+        )
+    assert not report.passed
+    failed = [c for c in report.checks if c.status == "fail"]
+    assert any(c.name.startswith("example[") for c in failed), report.render()
