@@ -144,6 +144,15 @@ def make_activity(spec: dict[str, Any], schemas: Path, args: argparse.Namespace)
             raise fail(
                 "invalid_input", "the request envelope is malformed", attempt, reasons=reasons
             )
+        major = str(request.get("version", "")).split(".")[0]
+        if major != str(spec["version"]).split(".")[0]:
+            raise fail(
+                "invalid_input",
+                f"request speaks contract version {request.get('version')!r}; "
+                f"{worker_id} implements {spec['version']!r}",
+                attempt,
+                field="version",
+            )
         if reasons := reasons_of(input_v, request["input"]):
             first = reasons[0]
             raise fail(
