@@ -369,6 +369,13 @@ async def test_installed_plugin_runs_in_a_pipeline_started_by_the_temporal_cli(
         )
         assert ticket.returncode == 0, ticket.stdout + ticket.stderr + worker.output()
         assert ticket.stdout.strip().startswith("T-"), ticket.stdout
+
+        # 4. The conformance kit, as a plugin's CI runs it, passes on the installed plugin.
+        kit = await asyncio.to_thread(
+            _run, [str(plugin_env.aiworker), "conformance", "pii-redact"], env, 120
+        )
+        assert kit.returncode == 0, kit.stdout + kit.stderr + worker.output()
+        assert "PASSED: 6 passed, 0 failed, 0 skipped" in kit.stdout, kit.stdout
         assert worker.proc.poll() is None, worker.output()
     finally:
         stopped = worker.terminate()
