@@ -12,8 +12,11 @@ never saw: its result arrives undecoded (``RawValue``) and is checked here,
 the envelope against ``WorkerResponse`` and the outputs against the spec's
 ``output_schema``; anything malformed becomes an ``invalid_output`` outcome
 with the reasons, never a failed workflow task and never data downstream.
-Its call may wait in the task queue only until the pipeline's deadline
-(``schedule_to_start``), then fails as ``timeout`` naming the queue.
+Its failures are checked too: a type outside the error-code table is
+``internal`` with the type named, and details that are no ``ErrorInfo`` are
+dropped (:func:`foreign_failure`). Its call may wait in the task queue only
+until the pipeline's deadline (``schedule_to_start``), then fails as
+``timeout`` naming the queue.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
     CancelledError,
+    RetryState,
     TimeoutError,
     TimeoutType,
 )
@@ -39,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.options import activity_options
     from aiworker.schemas.protocol import (
+        ErrorInfo,
         RequestConstraints,
         TraceContext,
         Usage,
@@ -48,6 +53,8 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.budget import Admission
+
+_CODES = frozenset(c.value for c in ErrorCode)
 
 
 @dataclass
@@ -142,10 +149,13 @@ async def call_worker(
             **options,
         )
     except ActivityError as e:
-        details = error_details(e)
         cause = e.cause
-        attempts = int(details.get("context", {}).get("attempt", 0) or 0)
         message = str(cause) if cause else str(e)
+        code = error_code_of(e)
+        details = error_details(e)
+        if external:
+            code, details, message = foreign_failure(worker, e, message)
+        attempts = _attempt_in(details, "context")
         if isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START:
             timeout_s = options["schedule_to_start_timeout"]
             waited = timeout_s.total_seconds() if timeout_s else 0.0
@@ -160,10 +170,15 @@ async def call_worker(
                 error_code=ErrorCode.TIMEOUT.value,
                 error_message=message,
             )
+        if not attempts:
+            # The failure did not say (a Temporal timeout, a worker's bare exception):
+            # all attempts if the policy ran out, else at least the one that failed.
+            ran_out = e.retry_state == RetryState.MAXIMUM_ATTEMPTS_REACHED
+            attempts = (options["retry_policy"].maximum_attempts or 1) if ran_out else 1
         return Outcome(
             status="failed",
-            attempts=attempts or (options["retry_policy"].maximum_attempts or 1),
-            error_code=error_code_of(e),
+            attempts=attempts,
+            error_code=code,
             error_message=message,
             reasons=list(details.get("reasons") or []),
             usage=_usage_of(details),
@@ -221,6 +236,41 @@ def external_wait(
     }
 
 
+def foreign_failure(
+    worker: WorkerSpec, err: ActivityError, message: str
+) -> tuple[str, dict[str, Any], str]:
+    """An external worker's failure as (code, ErrorInfo as a dict, message).
+
+    Built-ins raise through the runtime, which guarantees a stable code and a
+    well-formed ``ErrorInfo``; an external worker may raise anything its SDK
+    sends (``ValueError``, ``PanicError``) with any details. A type outside the
+    code table is ``internal`` (a bug in the worker) with that type named, and
+    details that are no ``ErrorInfo`` are dropped, so a misbehaving worker
+    fails its step, never the pipeline.
+    """
+    code = error_code_of(err)
+    cause = err.cause
+    if isinstance(cause, ApplicationError) and code not in _CODES:
+        message = (
+            f"external worker {worker.worker_id!r} failed with type {code!r}, "
+            f"which is no aiworker error code: {message}"
+        )
+        code = ErrorCode.INTERNAL.value
+    raw = cause.details if isinstance(cause, ApplicationError) else ()
+    if not raw:
+        return code, {}, message
+    try:
+        info = ErrorInfo.model_validate(raw[0])
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        message += (
+            f" (its ErrorInfo detail is malformed and ignored: "
+            f"{_path(first['loc'])}: {first['msg']})"
+        )
+        return code, {}, message
+    return code, info.model_dump(mode="json"), message
+
+
 def check_external_response(worker: WorkerSpec, raw: RawValue) -> WorkerResponse | Outcome:
     """An external worker's reply as a ``WorkerResponse``, or an ``invalid_output``
     outcome saying what is wrong with it (paths and messages)."""
@@ -228,7 +278,7 @@ def check_external_response(worker: WorkerSpec, raw: RawValue) -> WorkerResponse
         doc = workflow.payload_converter().from_payload(raw.payload)
     except Exception as e:  # any payload this process cannot decode is the worker's fault
         return _malformed(worker, 1, f"the reply cannot be decoded: {e}", [])
-    attempt = _attempt_in(doc)
+    attempt = _attempt_in(doc, "observability") or 1
     try:
         response = WorkerResponse.model_validate(doc)
     except ValidationError as e:
@@ -280,11 +330,12 @@ def _malformed(
     )
 
 
-def _attempt_in(doc: Any) -> int:
-    """The attempt a (possibly malformed) reply says it is, else 1."""
-    obs = doc.get("observability") if isinstance(doc, dict) else None
-    attempt = obs.get("attempt") if isinstance(obs, dict) else None
-    return attempt if isinstance(attempt, int) and attempt >= 1 else 1
+def _attempt_in(doc: Any, section: str) -> int:
+    """The attempt a (possibly malformed) reply or ErrorInfo states in ``section``
+    (``observability``, ``context``), else 0."""
+    part = doc.get(section) if isinstance(doc, dict) else None
+    attempt = part.get("attempt") if isinstance(part, dict) else None
+    return attempt if isinstance(attempt, int) and attempt >= 1 else 0
 
 
 def _path(parts: Any) -> str:

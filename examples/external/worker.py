@@ -31,7 +31,9 @@ any language with a Temporal SDK (TypeScript, Go, Java, .NET); the contract:
    whose one detail is an **ErrorInfo** (``error-info.schema.json``:
    ``{code, message, retryable, worker_id, field, reasons, context: {attempt}}``).
    Temporal's retry policy, derived by aiworker from the spec's ``retries``,
-   does the retrying.
+   does the retrying. Any other failure (an uncaught exception, whose type
+   is your SDK's or language's) fails the step as ``internal`` naming that
+   type, and details that are no ErrorInfo are dropped.
 
 The envelopes grow by optional fields only: ignore request fields you do not
 know rather than reject them.

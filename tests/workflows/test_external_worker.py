@@ -20,7 +20,10 @@ from typing import Any
 
 from conftest import Stack, installed_workers, running_stack
 from support.procs import WorkerProcess, wait_until, worker_env
+from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker as TemporalWorker
 
 from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
@@ -130,6 +133,14 @@ async def activities(handle: WorkflowHandle[Any, Any]) -> list[tuple[Any, Any]]:
     return [(a, results.get(i)) for i, a in scheduled.items()]
 
 
+def reply_encodings(history: Any) -> set[bytes]:
+    return {
+        e.activity_task_completed_event_attributes.result.payloads[0].metadata["encoding"]
+        for e in history.events
+        if e.HasField("activity_task_completed_event_attributes")
+    }
+
+
 async def test_the_spec_is_known_with_its_file_origin_and_not_served(settings: Settings) -> None:
     ws = load_workers(with_specs(settings), entry_points=())
     spec = ws.specs[WORKER]
@@ -167,6 +178,9 @@ async def test_an_external_worker_runs_in_a_pipeline_beside_a_builtin(
         assert len(calls) == 1
         scheduled, reply = calls[0]
         assert scheduled.task_queue.name == s.queue(QUEUE)
+        # both directions are plain JSON: the default converter of every Temporal SDK
+        assert scheduled.input.payloads[0].metadata["encoding"] == b"json/plain"
+        assert reply_encodings(await handle.fetch_history()) == {b"json/plain"}
         assert scheduled.retry_policy.maximum_attempts == 3
         assert "invalid_input" in scheduled.retry_policy.non_retryable_error_types
         # the step's tighter timeout reached the worker, which reports it
@@ -305,3 +319,53 @@ async def test_a_misbehaving_external_worker_fails_the_conformance_kit(
     assert not report.passed
     failed = [c for c in report.checks if c.status == "fail"]
     assert any(c.name.startswith("example[") for c in failed), report.render()
+
+
+@asynccontextmanager
+async def stand_in(client: Client, settings: Settings, fn: Any) -> AsyncIterator[None]:
+    """A same-name activity on the external worker's queue (STYLE: a workflow test may
+    stand in for a worker): here, an external worker that fails in ways aiworker never
+    wrote, which the workflow must turn into a stable code, never a stuck task."""
+    worker = TemporalWorker(
+        client,
+        task_queue=settings.queue(QUEUE),
+        activities=[activity.defn(name=WORKER)(fn)],
+    )
+    async with worker:
+        yield
+
+
+async def test_a_failure_aiworker_never_wrote_is_internal_with_its_type_named(
+    client: Client, settings: Settings
+) -> None:
+    async def foreign_type_bad_details(request: dict[str, Any]) -> dict[str, Any]:
+        # a type outside the code table, and details that are no ErrorInfo
+        raise ApplicationError(
+            "boom",
+            {"context": "x", "reasons": "oops", "usage": 5},
+            type="KeyError",
+            non_retryable=True,
+        )
+
+    async def plain_exception(request: dict[str, Any]) -> dict[str, Any]:
+        raise ValueError("nope")  # what an SDK sends for an uncaught exception
+
+    s = with_specs(settings)
+    cases = (
+        (foreign_type_bad_details, "KeyError", 1, "its ErrorInfo detail is malformed and ignored"),
+        (plain_exception, "ValueError", 3, "nope"),  # retryable: the spec's 3 attempts
+    )
+    for fn, foreign, attempts, said in cases:
+        async with stand_in(client, s, fn), stack_with_specs(client, s) as stack:
+            handle = await stack.start(pipeline([stats_step(), CHECK_STEP]))
+            # bounded: before the fix, the pipeline itself failed as internal
+            result = await asyncio.wait_for(handle.result(), 60)
+        # the step failed, not the pipeline: its failure is routed like any other
+        stats = result.steps["stats"]
+        assert (stats.status, stats.error_code, stats.attempts) == ("failed", "internal", attempts)
+        assert f"failed with type {foreign!r}, which is no aiworker error code" in (
+            stats.error_message or ""
+        )
+        assert said in (stats.error_message or "")
+        assert stats.reasons == []
+        assert result.status == "failed" and result.steps["check"].status == "skipped"
