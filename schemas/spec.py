@@ -251,16 +251,21 @@ class WorkerSpec(_Model):
     def from_file(cls, path: str | Path) -> WorkerSpec:
         """Read and check one spec file; ``ValueError`` names the file and field."""
         p = Path(path)
-        try:
-            raw = json.loads(p.read_text("utf-8"))
-        except OSError as e:
-            raise ValueError(f"worker spec {p}: cannot read: {e.strerror}") from None
-        except ValueError as e:
-            raise ValueError(f"worker spec {p}: not valid JSON: {e}") from None
+        raw = read_json_file(p, "worker spec ")
         try:
             return cls.model_validate(raw)
         except ValidationError as e:
             raise ValueError(f"worker spec {p}: {describe_validation(e)}") from None
+
+
+def read_json_file(path: Path, what: str = "") -> Any:
+    """The JSON in ``path``; ``ValueError`` says ``<what><path>: why`` when it cannot be read."""
+    try:
+        return json.loads(path.read_text("utf-8"))
+    except OSError as e:
+        raise ValueError(f"{what}{path}: cannot read: {e.strerror}") from None
+    except ValueError as e:
+        raise ValueError(f"{what}{path}: not valid JSON: {e}") from None
 
 
 def _path(err: Any) -> str:

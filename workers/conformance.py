@@ -31,7 +31,6 @@ event of each call), not from what the worker says about itself.
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -46,7 +45,7 @@ from aiworker.schemas.protocol import (
     TraceContext,
     WorkerRequest,
 )
-from aiworker.schemas.spec import SpecExample, WorkerSpec, describe_validation
+from aiworker.schemas.spec import SpecExample, WorkerSpec, describe_validation, read_json_file
 from aiworker.workers.conformance_checks import (
     _INVALID_ID,
     _TIMEOUT_ID,
@@ -78,13 +77,7 @@ def examples_for(spec: WorkerSpec, raw: Any, where: str) -> list[SpecExample]:
 def load_examples(spec: WorkerSpec, path: str | Path) -> list[SpecExample]:
     """Examples from a JSON file (a list like a spec's ``examples``) for ``spec``."""
     p = Path(path)
-    try:
-        raw = json.loads(p.read_text("utf-8"))
-    except OSError as e:
-        raise ValueError(f"{p}: cannot read: {e.strerror}") from None
-    except ValueError as e:
-        raise ValueError(f"{p}: not valid JSON: {e}") from None
-    return examples_for(spec, raw, str(p))
+    return examples_for(spec, read_json_file(p), str(p))
 
 
 def _request(

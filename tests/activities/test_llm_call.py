@@ -1,5 +1,5 @@
 """The llm-call worker through the real Temporal server, against loopback
-providers that misbehave on purpose (see ``llm_fakes``). Attempts and error
+providers that misbehave on purpose (see ``fixtures/llm_fakes.py``). Attempts and error
 codes come from the pipeline result and the workflow history.
 """
 
@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
-from llm_fakes import BAD, GOOD, PERSON_SCHEMA, FakeProvider, start_fake_provider
+from fixtures.llm_fakes import BAD, GOOD, PERSON_SCHEMA, FakeProvider, fake  # noqa: F401  (module fixture)
 from prometheus_client import CollectorRegistry
 from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client, WorkflowHandle
@@ -45,15 +45,6 @@ OPENAI_SCENARIOS = (
     "bad-request",
 )
 ANTHROPIC_SCENARIOS = ("echo", "tool", "overloaded-once", "ratelimit-once")
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeProvider]:
-    f = start_fake_provider()
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 @dataclass

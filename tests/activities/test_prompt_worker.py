@@ -1,5 +1,5 @@
 """Prompt workers (a spec file, no code) against a loopback OpenAI-compatible
-server (``llm_fakes``): what the model receives, what the worker returns, how
+server (``fixtures/llm_fakes.py``): what the model receives, what the worker returns, how
 a rejected reply comes back, and the spec files a process refuses at start.
 
 Pipelines with prompt workers: ``tests/workflows/test_prompt_pipeline.py``.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from fixtures.llm_fakes import FakeProvider, fake  # noqa: F401  (module fixture)
 from jsonschema import Draft202012Validator
-from llm_fakes import FakeProvider, start_fake_provider
 from prometheus_client import CollectorRegistry
 from temporalio.exceptions import ApplicationError
 
@@ -44,15 +44,6 @@ def example(name: str) -> dict[str, Any]:
     """A spec file of examples/prompts, as JSON."""
     raw: dict[str, Any] = json.loads((EXAMPLES / f"{name}.json").read_text("utf-8"))
     return raw
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeProvider]:
-    f = start_fake_provider()
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 @dataclass

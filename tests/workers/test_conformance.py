@@ -25,6 +25,9 @@ from typing import Any
 import pytest
 from conformance_workers import LaxInput, TextLength, WrongOutput, spec
 from conftest import installed_workers, running_stack
+
+# The loopback model provider lives beside the llm-call tests.
+from fixtures.llm_fakes import FakeProvider, fake  # noqa: F401  (module fixture)
 from fixtures.scrape_site import FixtureSite
 from jsonschema import Draft202012Validator
 from prometheus_client import CollectorRegistry
@@ -47,10 +50,6 @@ from aiworker.workers.devserver import free_port
 from aiworker.workers.plugins import WorkerSet
 from aiworker.workers.tools import build_language_model, build_tools
 
-# The loopback model provider lives beside the llm-call tests.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "activities"))
-from llm_fakes import FakeProvider, start_fake_provider
-
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
@@ -66,15 +65,6 @@ def site() -> Iterator[FixtureSite]:
         yield s
     finally:
         s.stop()
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeProvider]:
-    f = start_fake_provider()
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 def statuses(report: ConformanceReport) -> dict[str, str]:

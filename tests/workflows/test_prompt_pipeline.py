@@ -4,7 +4,7 @@ The worker is ``examples/prompts/classify-ticket.json``, copied as it is into
 a spec directory the process loads (``AIWORKER_WORKER_SPECS``), served by the
 process beside the built-ins; its ``default`` model alias points
 (``AIWORKER_LLM_BASE_URL`` / ``AIWORKER_LLM_MODEL``) at a loopback
-OpenAI-compatible server that answers what each test scripts (``llm_fakes``).
+OpenAI-compatible server that answers what each test scripts (``fixtures/llm_fakes.py``).
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -23,6 +22,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from conftest import Stack, installed_workers, running_stack
+
+# The loopback model provider lives beside the llm-call tests.
+from fixtures.llm_fakes import FakeProvider, Recorded, fake  # noqa: F401  (module fixture)
 from prometheus_client import CollectorRegistry
 from temporalio.client import Client, WorkflowHandle
 
@@ -31,10 +33,6 @@ from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import Settings
 from aiworker.workers.tools import build_language_model
 
-# The loopback model provider lives beside the llm-call tests.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "activities"))
-from llm_fakes import FakeProvider, Recorded, start_fake_provider
-
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "prompts"
 WORKER = "classify-ticket"
 TICKET = {
@@ -42,15 +40,6 @@ TICKET = {
     "body": "Since 09:10 UTC none of our customers can pay.",
 }
 GOOD = {"category": "bug", "priority": "urgent", "summary": "Checkout fails with 500 for all."}
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeProvider]:
-    f = start_fake_provider()
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 @dataclass
