@@ -17,7 +17,6 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from aiworker.activities.metrics import WorkerMetrics
@@ -29,6 +28,7 @@ from aiworker.schemas.settings import Settings
 from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path, test_server_path
 from aiworker.workers.plugins import WorkerSet, install, load_workers
 from aiworker.workers.registry import all_queues
+from aiworker.workers.temporal_client import data_converter
 from aiworker.workers.worker import build_workers
 
 
@@ -37,7 +37,7 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
     """A real Temporal dev server for the whole session (in memory, headless)."""
     keep = local_server_extra_args()
     e = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(None),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=keep,
     )
@@ -51,7 +51,7 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
 async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
     """The time-skipping test server, for review deadlines and long timers."""
     e = await WorkflowEnvironment.start_time_skipping(
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(None),
         test_server_existing_path=test_server_path(),
     )
     try:

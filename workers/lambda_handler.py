@@ -29,7 +29,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from temporalio.common import WorkerDeploymentVersion
 from temporalio.contrib.aws.lambda_worker import LambdaWorkerConfig, run_worker
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.schemas import names
@@ -76,6 +75,7 @@ def make_handler(env: Mapping[str, str] | None = None) -> LambdaHandler:
 
     from aiworker.workers.registry import activities_for
     from aiworker.workers.telemetry import install_tracer_provider, tracer_provider_from_env
+    from aiworker.workers.temporal_client import data_converter
     from aiworker.workers.worker import build_runtime, load_process_workers
 
     env = os.environ if env is None else env
@@ -105,7 +105,7 @@ def make_handler(env: Mapping[str, str] | None = None) -> LambdaHandler:
         if not activities:
             raise LambdaConfigError(f"no activities are implemented for task queue {queue!r}")
         config.client_connect_config.setdefault("target_host", "localhost:7233")
-        config.client_connect_config["data_converter"] = pydantic_data_converter
+        config.client_connect_config["data_converter"] = data_converter(None)
         config.worker_config["task_queue"] = settings.queue(queue)
         config.worker_config["activities"] = activities
         config.worker_config["interceptors"] = [tracing]

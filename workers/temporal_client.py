@@ -2,8 +2,10 @@
 
 ``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_API_KEY``, TLS
 settings and profiles in ``temporal.toml`` all work as the SDK documents.
-Every client uses the pydantic data converter; with settings, the converter
-also moves large payloads to external storage (:func:`data_converter`); with a
+Every client uses the pydantic data converter with a failure converter that
+drops failure details it cannot decode (:mod:`workers.failures`); with
+settings, the converter also moves large payloads to external storage
+(:func:`data_converter`); with a
 :class:`workers.telemetry.Telemetry` the client also gets the process's
 Temporal runtime (SDK metrics, Core logs) and the tracing interceptors. Workers
 built from a client inherit all of it.
@@ -20,18 +22,27 @@ from temporalio.converter import DataConverter
 from temporalio.envconfig import ClientConfig
 
 from aiworker.schemas.settings import Settings
+from aiworker.workers.failures import TolerantFailureConverter
 
 if TYPE_CHECKING:
     from aiworker.workers.telemetry import Telemetry
 
 
 def data_converter(settings: Settings | None) -> DataConverter:
-    """The pydantic converter, with external storage for large payloads from ``settings``."""
+    """The pydantic converter, with external storage for large payloads from ``settings``.
+
+    Failures convert with :class:`workers.failures.TolerantFailureConverter`:
+    an external worker's undecodable failure details must fail its step, not
+    every workflow task of the pipeline.
+    """
+    converter = dataclasses.replace(
+        pydantic_data_converter, failure_converter_class=TolerantFailureConverter
+    )
     if settings is None:
-        return pydantic_data_converter
+        return converter
     from aiworker.workers.payload_storage import external_storage
 
-    return dataclasses.replace(pydantic_data_converter, external_storage=external_storage(settings))
+    return dataclasses.replace(converter, external_storage=external_storage(settings))
 
 
 def connect_config(profile: str | None = None, **overrides: Any) -> dict[str, Any]:

@@ -23,7 +23,6 @@ import pytest
 import pytest_asyncio
 from conftest import running_stack
 from temporalio.client import Client, WorkflowFailureError
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
@@ -32,6 +31,7 @@ from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import Settings
 from aiworker.workers.cli import start_pipeline
 from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path
+from aiworker.workers.temporal_client import data_converter
 
 N = 1000
 
@@ -40,7 +40,7 @@ N = 1000
 async def own_client() -> AsyncIterator[Client]:
     """A client of a fresh in-memory dev server, stopped after the test."""
     env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(None),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=local_server_extra_args(),
     )

@@ -39,6 +39,7 @@ from aiworker.activities.errors import AccessDeniedError
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.protocol import WorkerResponse
 from aiworker.schemas.settings import Settings, SettingsError
+from aiworker.workers.failures import TolerantFailureConverter
 from aiworker.workers.payload_storage import FILE_DRIVER, PrefixedS3StorageDriver
 from aiworker.workers.temporal_client import data_converter
 from aiworker.workers.tools import build_tools, close_connections, s3_connection
@@ -201,7 +202,10 @@ def test_store_settings() -> None:
             Settings.from_env({"AIWORKER_ARTIFACT_STORE": bad})
     with pytest.raises(SettingsError, match="AIWORKER_PAYLOAD_THRESHOLD_BYTES"):
         Settings.from_env({"AIWORKER_PAYLOAD_THRESHOLD_BYTES": "-1"})
-    assert data_converter(None) is pydantic_data_converter
+    for conv in (data_converter(None), data_converter(Settings(payload_threshold_bytes=1000))):
+        assert conv.payload_converter_class is pydantic_data_converter.payload_converter_class
+        assert isinstance(conv.failure_converter, TolerantFailureConverter)
+    assert data_converter(None).external_storage is None
     conv = data_converter(Settings(payload_threshold_bytes=1000))
     assert conv.external_storage is not None
     assert conv.external_storage.payload_size_threshold == 1000

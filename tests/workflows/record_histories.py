@@ -26,12 +26,12 @@ sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent.parent)]
 from conftest import running_stack  # noqa: E402
 from pipeline_standins import fail, standin, wait_for  # noqa: E402
 from temporalio.client import Client, WorkflowHandle  # noqa: E402
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from aiworker.schemas import names  # noqa: E402
 from aiworker.schemas.settings import Settings  # noqa: E402
 from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path  # noqa: E402
+from aiworker.workers.temporal_client import data_converter  # noqa: E402
 
 OUT = HERE / "histories"
 
@@ -180,7 +180,7 @@ async def record(client: Client, data_dir: Path) -> None:
 async def main() -> None:
     keep = local_server_extra_args()
     env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(None),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=keep,
     )

@@ -19,9 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from conftest import Stack, installed_workers, running_stack
+from support.history import workflow_task_failures
 from support.procs import WorkerProcess, wait_until, worker_env
 from temporalio import activity
+from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHandle
+from temporalio.converter import (
+    CompositePayloadConverter,
+    DataConverter,
+    DefaultPayloadConverter,
+    EncodingPayloadConverter,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker as TemporalWorker
 
@@ -369,3 +377,64 @@ async def test_a_failure_aiworker_never_wrote_is_internal_with_its_type_named(
         assert said in (stats.error_message or "")
         assert stats.reasons == []
         assert result.status == "failed" and result.steps["check"].status == "skipped"
+
+
+class Odd:
+    """A value only the stand-in's own converter can encode (``binary/x-odd``)."""
+
+
+class OddEncoding(EncodingPayloadConverter):
+    """An encoding aiworker's converter does not know, as a foreign SDK might write."""
+
+    @property
+    def encoding(self) -> str:
+        return "binary/x-odd"
+
+    def to_payload(self, value: Any) -> Payload | None:
+        return (
+            Payload(metadata={"encoding": b"binary/x-odd"}, data=b"odd")
+            if isinstance(value, Odd)
+            else None
+        )
+
+    def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
+        return Odd()
+
+
+class OddPayloadConverter(CompositePayloadConverter):
+    def __init__(self) -> None:
+        super().__init__(
+            OddEncoding(), *DefaultPayloadConverter.default_encoding_payload_converters
+        )
+
+
+async def test_failure_details_in_an_unknown_encoding_are_dropped_and_the_step_fails(
+    client: Client, settings: Settings
+) -> None:
+    async def odd_details(request: dict[str, Any]) -> dict[str, Any]:
+        # a cause chain whose every level carries a detail aiworker cannot decode
+        raise ApplicationError("boom", Odd(), type="upstream_error") from ApplicationError(
+            "provider said no", Odd()
+        )
+
+    # the stand-in's own client writes its failures with the odd encoding
+    foreign = Client(
+        **{
+            **client.config(),
+            "data_converter": DataConverter(payload_converter_class=OddPayloadConverter),
+        }
+    )
+    s = with_specs(settings)
+    async with stand_in(foreign, s, odd_details), stack_with_specs(client, s) as stack:
+        handle = await stack.start(pipeline([stats_step(), CHECK_STEP]))
+        # bounded: before the fix, every workflow task failed decoding the failure, forever
+        result = await asyncio.wait_for(handle.result(), 60)
+    assert await workflow_task_failures(handle) == 0
+    stats = result.steps["stats"]
+    # upstream_error is retryable: the spec's 3 attempts ran, the last one's failure ends the step
+    assert (stats.status, stats.error_code, stats.attempts) == ("failed", "upstream_error", 3)
+    assert stats.error_message == (
+        "upstream_error: boom "
+        "(details dropped: cannot decode: Unknown payload encoding binary/x-odd)"
+    )
+    assert result.status == "failed" and result.steps["check"].status == "skipped"

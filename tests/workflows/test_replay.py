@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from aiworker.workers.temporal_client import data_converter
 from aiworker.workflows.foreach import PipelineForEachWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
 
@@ -33,7 +33,7 @@ async def test_replay(path: Path) -> None:
     history = _load(path)
     replayer = Replayer(
         workflows=[PipelineWorkflow, PipelineForEachWorkflow],
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(None),
     )
     result = await replayer.replay_workflow(history)
     assert result.replay_failure is None
