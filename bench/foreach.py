@@ -14,13 +14,13 @@ import uuid
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import names
 from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.pipeline import Step
 from aiworker.schemas.settings import Settings
+from aiworker.workers.temporal_client import data_converter
 from aiworker.workers.worker import build_workers
 from bench.common import embedded_server
 
@@ -55,7 +55,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
     }
     rss_before = _rss_mb()
     with embedded_server() as server:
-        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        client = await Client.connect(server.address, data_converter=data_converter(None))
         settings = Settings(metrics_port=0, task_queue_suffix=f"-bench{uuid.uuid4().hex[:6]}")
         runtime = WorkerRuntime(settings, load_specs())
         workers = build_workers(client, settings, runtime, [names.PIPELINES_QUEUE])

@@ -15,7 +15,6 @@ import uuid
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from aiworker.activities.runtime import WorkerRuntime
@@ -24,6 +23,7 @@ from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.settings import Settings
 from aiworker.workers.plugins import builtin_set
 from aiworker.workers.registry import activities_for
+from aiworker.workers.temporal_client import data_converter
 from aiworker.workflows.pipeline import PipelineWorkflow
 from bench.bare_workflow import BareBenchWorkflow, noop
 from bench.common import embedded_server, percentiles
@@ -107,7 +107,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
     concurrency = 20
     results = []
     with embedded_server() as server:
-        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        client = await Client.connect(server.address, data_converter=data_converter(None))
         settings = Settings(metrics_port=0, task_queue_suffix=f"-bench{uuid.uuid4().hex[:6]}")
         runtime = WorkerRuntime(settings, load_specs())
         queue = settings.queue(names.PIPELINES_QUEUE)
