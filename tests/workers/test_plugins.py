@@ -398,7 +398,7 @@ def _cli_result(stdout: str) -> dict[str, Any]:
 
 TICKET_SCRIPT = textwrap.dedent(
     """
-    import asyncio, sys, uuid
+    import asyncio, os, sys, uuid
 
     from temporalio.client import Client
     from temporalio.worker import Worker
@@ -424,6 +424,10 @@ TICKET_SCRIPT = textwrap.dedent(
 
 
     asyncio.run(main())
+    # The SDK's core threads can abort the interpreter at exit (sdk-python#300),
+    # after the result is printed; exit as aiworker's own processes do.
+    sys.stdout.flush()
+    os._exit(0)
     """
 )
 
