@@ -89,12 +89,13 @@ def _request(
     tenant: str,
     version: str | None = None,
     timeout_seconds: float | None = None,
+    key_of: str | None = None,
 ) -> dict[str, Any]:
     trace = TraceContext(trace_id=uuid.uuid4().hex, span_id=uuid.uuid4().hex[:16])
     return WorkerRequest(
         worker_id=spec.worker_id,
         version=version or spec.version,
-        idempotency_key=f"conformance/{run}/{call_id}",
+        idempotency_key=f"conformance/{run}/{key_of or call_id}",
         step_id=call_id,
         tenant=tenant,
         trace=trace,
@@ -185,7 +186,7 @@ def _plan(
     """The calls to make, and the examples skipped (by check name) with the reason."""
     calls: list[ConformanceCall] = []
     skipped: dict[str, str] = {}
-    runnable: list[SpecExample] = []
+    runnable: list[tuple[int, SpecExample]] = []
     for i, ex in enumerate(spec.examples):
         name = _example_name(i, ex)
         if spec.side_effects and not side_effects:
@@ -193,7 +194,7 @@ def _plan(
         elif ex.network and not network:
             skipped[name] = "the example needs the network: run with --network (or --all)"
         else:
-            runnable.append(ex)
+            runnable.append((i, ex))
             cid = f"example-{i}"
             calls.append(
                 ConformanceCall(
@@ -202,6 +203,7 @@ def _plan(
             )
     if runnable:
         t = tightened_timeout(spec)
+        first, example = runnable[0]
         calls.append(
             ConformanceCall(
                 id=_TIMEOUT_ID,
@@ -209,9 +211,11 @@ def _plan(
                     spec,
                     run,
                     _TIMEOUT_ID,
-                    dict(runnable[0].input),
+                    dict(example.input),
                     tenant=tenant,
                     timeout_seconds=t,
+                    # the example's own key: a worker with side effects does them once
+                    key_of=f"example-{first}" if spec.side_effects else None,
                 ),
                 timeout_seconds=t,
             )

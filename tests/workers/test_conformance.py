@@ -171,7 +171,8 @@ async def test_network_and_side_effect_builtins_pass_against_loopback_servers(
     sink = s.data_dir / "sinks" / "conformance" / "example.jsonl"
     lines = [json.loads(x) for x in sink.read_text("utf-8").splitlines()]
     record = builtin_spec("publish").examples[0].input["record"]
-    assert len(lines) == 2 and all(x["record"] == record for x in lines), lines
+    # the tightened-timeout call reuses the example's idempotency key: published once
+    assert len(lines) == 1 and lines[0]["record"] == record, lines
 
 
 # --- a prompt worker and a plugin ------------------------------------------------------
