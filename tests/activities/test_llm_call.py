@@ -409,7 +409,7 @@ async def test_real_provider_structured_output(client: Client, settings: Setting
     if not base_url:
         reason = "AIWORKER_TEST_LLM_BASE_URL is not set: no real model server to call"
         print(f"SKIPPED test_real_provider_structured_output: {reason}")
-        pytest.skip(reason)
+        pytest.skip(reason=reason)
     real = settings.model_copy(
         update={
             "llm_base_url": base_url,

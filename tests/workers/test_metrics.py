@@ -68,7 +68,7 @@ async def test_prometheus_scrapes_worker_and_p95_is_a_number(
 ) -> None:
     prometheus = shutil.which("prometheus")
     if prometheus is None:
-        pytest.skip("the prometheus binary is not installed (apt-get install -y prometheus)")
+        pytest.skip(reason="the prometheus binary is not installed (apt-get install -y prometheus)")
     async with running_stack(tclient, settings) as stack:
         registry = stack.metrics.registry
         telemetry.register(registry)
