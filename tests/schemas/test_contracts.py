@@ -158,3 +158,18 @@ async def test_breaker_settings_default_and_tune_both_registries() -> None:
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         Settings.from_env(env)
+
+
+def test_llm_call_takes_every_reason_the_validator_can_give_as_feedback() -> None:
+    # The validation loop hands the validator's reasons to the next attempt; an
+    # input schema that took fewer would turn a long rejection into invalid_input.
+    from jsonschema import Draft202012Validator
+
+    from aiworker.workflows.calls import with_feedback
+
+    specs = load_specs()
+    most = specs["validator"].input_schema["properties"]["max_errors"]["maximum"]
+    reasons = [{"path": f"$.items[{i}]", "message": "is not a number"} for i in range(most)]
+    retry = with_feedback({"prompt": "List the prices."}, "feedback", reasons)
+    errors = list(Draft202012Validator(specs["llm-call"].input_schema).iter_errors(retry))
+    assert errors == []
