@@ -14,6 +14,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 
+from aiworker.schemas.spec import json_path
+
 _FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
 
 
@@ -27,14 +29,6 @@ def _compiled(canonical: str) -> Draft202012Validator:
 def validator_for(schema: Any) -> Draft202012Validator:
     """A compiled 2020-12 validator with format checks; ``SchemaError`` if invalid."""
     return _compiled(json.dumps(schema, sort_keys=True, separators=(",", ":")))
-
-
-def json_path(parts: Any) -> str:
-    """``['items', 0, 'name']`` -> ``$.items[0].name``."""
-    out = "$"
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
-    return out
 
 
 def describe(errors: list[ValidationError], limit: int = 100) -> list[dict[str, str]]:

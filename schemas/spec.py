@@ -268,8 +268,17 @@ def read_json_file(path: Path, what: str = "") -> Any:
         raise ValueError(f"{what}{path}: not valid JSON: {e}") from None
 
 
+def json_path(parts: Any) -> str:
+    """``['items', 0, 'name']`` -> ``$.items[0].name`` (messages name places in JSON terms)."""
+    out = "$"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
 def _path(err: Any) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+    # a suffix for a field name: `examples[0].input` + `.items[0]`
+    return json_path(err.absolute_path)[1:]
 
 
 def describe_validation(e: ValidationError) -> str:

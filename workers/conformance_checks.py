@@ -19,7 +19,7 @@ from aiworker.schemas.protocol import (
     ErrorInfo,
     WorkerResponse,
 )
-from aiworker.schemas.spec import SpecExample, WorkerSpec, describe_validation
+from aiworker.schemas.spec import SpecExample, WorkerSpec, describe_validation, json_path
 from aiworker.workflows.conformance import ConformanceCall
 
 Status = Literal["pass", "fail", "skip"]
@@ -264,7 +264,7 @@ def _example(spec: WorkerSpec, name: str, o: dict[str, Any], queue: str, timeout
         key=lambda e: [str(p) for p in e.absolute_path],
     )
     for err in errors[:3]:
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+        path = json_path(err.absolute_path)[1:]
         problems.append(f"outputs{path}: {err.message} (output_schema rule {err.validator})")
     if problems:
         return Check(name, FAIL, "; ".join(problems))

@@ -50,7 +50,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerRequest,
         WorkerResponse,
     )
-    from aiworker.schemas.spec import WorkerSpec
+    from aiworker.schemas.spec import WorkerSpec, json_path
 
 from aiworker.workflows.budget import Admission
 
@@ -265,7 +265,7 @@ def foreign_failure(
         first = e.errors(include_url=False)[0]
         message += (
             f" (its ErrorInfo detail is malformed and ignored: "
-            f"{_path(first['loc'])}: {first['msg']})"
+            f"{json_path(first['loc'])}: {first['msg']})"
         )
         return code, {}, message
     return code, info.model_dump(mode="json"), message
@@ -283,7 +283,7 @@ def check_external_response(worker: WorkerSpec, raw: RawValue) -> WorkerResponse
         response = WorkerResponse.model_validate(doc)
     except ValidationError as e:
         reasons = [
-            {"path": _path(err["loc"]), "message": err["msg"], "validator": err["type"]}
+            {"path": json_path(err["loc"]), "message": err["msg"], "validator": err["type"]}
             for err in e.errors(include_url=False)[:100]
         ]
         return _malformed(worker, attempt, "the response envelope is malformed", reasons)
@@ -303,7 +303,11 @@ def check_external_response(worker: WorkerSpec, raw: RawValue) -> WorkerResponse
             validator.iter_errors(response.outputs), key=lambda e: list(map(str, e.absolute_path))
         )
         reasons = [
-            {"path": _path(e.absolute_path), "message": e.message, "validator": str(e.validator)}
+            {
+                "path": json_path(e.absolute_path),
+                "message": e.message,
+                "validator": str(e.validator),
+            }
             for e in errors[:100]
         ]
     except Exception as e:  # an unresolvable `$ref` in the spec's schema, say
@@ -336,14 +340,6 @@ def _attempt_in(doc: Any, section: str) -> int:
     part = doc.get(section) if isinstance(doc, dict) else None
     attempt = part.get("attempt") if isinstance(part, dict) else None
     return attempt if isinstance(attempt, int) and attempt >= 1 else 0
-
-
-def _path(parts: Any) -> str:
-    """``['items', 0, 'name']`` -> ``$.items[0].name``."""
-    out = "$"
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
-    return out
 
 
 def _usage_of(details: dict[str, Any]) -> Usage:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
-from fixtures.scrape_site import FixtureSite
+from fixtures.scrape_site import FixtureSite, site  # noqa: F401  (module fixture)
 from support.payloads import stack_settings
 from temporalio.client import Client
 
@@ -42,15 +42,6 @@ LISTING_SPEC = {
     }
 }
 H1 = {"fields": {"h1": {"selector": "h1", "required": True}}}
-
-
-@pytest.fixture(scope="module")
-def site() -> Iterator[FixtureSite]:
-    s = FixtureSite().start()
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 def make_settings(tmp: Path, *, private: bool) -> Settings:

@@ -18,17 +18,15 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from conformance_workers import LaxInput, TextLength, WrongOutput, spec
 from conftest import installed_workers, running_stack
 
 # The loopback model provider lives beside the llm-call tests.
 from fixtures.llm_fakes import FakeProvider, fake  # noqa: F401  (module fixture)
-from fixtures.scrape_site import FixtureSite
+from fixtures.scrape_site import FixtureSite, site  # noqa: F401  (module fixture)
 from jsonschema import Draft202012Validator
 from prometheus_client import CollectorRegistry
 from temporalio import activity
@@ -56,15 +54,6 @@ AIWORKER = str(Path(sys.executable).parent / "aiworker")
 BUILTINS = ("validator", "aggregator", "web-scrape", "llm-call", "publish")
 ALL_CHECKS_PASS = ("tightened timeout", "invalid input", "wrong version", "error info")
 TICKET_REPLY = {"category": "bug", "priority": "urgent", "summary": "Checkout fails with 500."}
-
-
-@pytest.fixture(scope="module")
-def site() -> Iterator[FixtureSite]:
-    s = FixtureSite().start()
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 def statuses(report: ConformanceReport) -> dict[str, str]:
