@@ -40,6 +40,7 @@ from aiworker.activities.jsonschema_cache import describe, validator_for
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.redaction import Redactor
 from aiworker.activities.toolbox import Toolbox
+from aiworker.schemas import names
 from aiworker.schemas.errors import ErrorCode, is_retryable
 from aiworker.schemas.options import effective_timeout
 from aiworker.schemas.protocol import (
@@ -572,7 +573,7 @@ class WorkerRuntime:
                 timeout_seconds=timeout,
             ) from None
         fields.update(result.log_fields)
-        if result.status not in ("succeeded", "partial"):
+        if result.status not in names.OK_STATUSES:
             raise InternalError(f"worker returned status {result.status!r}")
         problems = self.check_schema(spec.output_schema, result.outputs, "output")
         if problems:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from aiworker.schemas.base import Model
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class AcquireRequest(_Model):
+class AcquireRequest(Model):
     """A request for one permit, sent by a pipeline to the key's limiter."""
 
     requester: str = Field(description="workflow id that receives the permit signal")
@@ -24,7 +22,7 @@ class AcquireRequest(_Model):
     )
 
 
-class Permit(_Model):
+class Permit(Model):
     """The limiter's answer: the ticket may go now."""
 
     ticket: str
@@ -32,7 +30,7 @@ class Permit(_Model):
     waited_seconds: float = 0.0
 
 
-class LimiterState(_Model):
+class LimiterState(Model):
     """What a limiter carries across continue-as-new."""
 
     key: str
@@ -50,14 +48,14 @@ class LimiterState(_Model):
     granted_total: int = 0
 
 
-class LeaseCheck(_Model):
+class LeaseCheck(Model):
     """The limiter asks whether ``ticket`` is still held; the holder releases it if not."""
 
     ticket: str
     limiter_id: str
 
 
-class AcquireCall(_Model):
+class AcquireCall(Model):
     """Input of the ``limiter-acquire`` activity."""
 
     worker_id: str | None = Field(default=None, description="rate limit: worker of the step")
@@ -69,7 +67,7 @@ class AcquireCall(_Model):
     lease_seconds: float = 3600.0
 
 
-class AcquireResult(_Model):
+class AcquireResult(Model):
     """What the ``limiter-acquire`` activity did."""
 
     limited: bool = Field(description="false when no limit applies: go at once")
@@ -79,20 +77,20 @@ class AcquireResult(_Model):
     period_seconds: float | None = None
 
 
-class PlanCall(_Model):
+class PlanCall(Model):
     """Input of the ``limiter-plan`` activity: which of these workers are rate limited."""
 
     tenant: str
     workers: list[str]
 
 
-class Plan(_Model):
+class Plan(Model):
     """The workers of a pipeline whose calls go through a rate limiter."""
 
     rate_limited: list[str] = Field(default_factory=list)
 
 
-class SharedBreakerState(_Model):
+class SharedBreakerState(Model):
     """One shared breaker: its key and the time (epoch seconds) until which it is open."""
 
     key: str

@@ -6,6 +6,12 @@ from __future__ import annotations
 
 from typing import Final
 
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+)
+
 # Task queues (kebab-case). A deployment may add a suffix to every queue
 # (``AIWORKER_TASK_QUEUE_SUFFIX``) to run an isolated stack on one cluster;
 # the pipeline workflow derives the suffix from its own queue.
@@ -29,6 +35,24 @@ SA_STATUS: Final = "AiworkerStatus"
 SA_TENANT: Final = "AiworkerTenant"
 SA_PIPELINE: Final = "AiworkerPipeline"
 SEARCH_ATTRIBUTES: Final = (SA_STATUS, SA_TENANT, SA_PIPELINE)
+STATUS_KEY: Final = SearchAttributeKey.for_keyword(SA_STATUS)
+TENANT_KEY: Final = SearchAttributeKey.for_keyword(SA_TENANT)
+PIPELINE_KEY: Final = SearchAttributeKey.for_keyword(SA_PIPELINE)
+
+
+def pipeline_search_attributes(status: str, tenant: str, pipeline: str) -> TypedSearchAttributes:
+    """The search attributes a pipeline workflow carries: status, tenant, pipeline name."""
+    return TypedSearchAttributes(
+        [
+            SearchAttributePair(STATUS_KEY, status),
+            SearchAttributePair(TENANT_KEY, tenant),
+            SearchAttributePair(PIPELINE_KEY, pipeline),
+        ]
+    )
+
+
+# The statuses in which a call, a step or a pipeline counts as done well.
+OK_STATUSES: Final = ("succeeded", "partial")
 
 # The header in which the SDK's OpenTelemetry TracingInterceptor carries the
 # W3C trace context into workflows and activities.

@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from aiworker.schemas.base import Model
 from aiworker.schemas.protocol import Usage
 from aiworker.schemas.refs import ReferenceError_, find_refs
 
@@ -41,11 +42,7 @@ StepStatus = Literal[
 ]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Budget(_Model):
+class Budget(Model):
     """Limits across the whole pipeline, children included."""
 
     max_tokens: int | None = Field(default=None, ge=0)
@@ -53,13 +50,13 @@ class Budget(_Model):
     deadline_seconds: float | None = Field(default=None, gt=0)
 
 
-class StepRetry(_Model):
+class StepRetry(Model):
     """Per-step override of the worker's retries; may only tighten."""
 
     max_attempts: int = Field(ge=1, le=100)
 
 
-class Validation(_Model):
+class Validation(Model):
     """The bounded validation loop of a step: run, validate, feed back reasons."""
 
     schema_: dict[str, Any] | bool = Field(alias="schema")
@@ -71,7 +68,7 @@ class Validation(_Model):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class Concurrency(_Model):
+class Concurrency(Model):
     """At most ``limit`` steps (or pipelines) with the same ``key`` run at once,
     across every worker process; the key is a string or a ``${{ }}`` reference."""
 
@@ -79,7 +76,7 @@ class Concurrency(_Model):
     limit: int = Field(ge=1, le=10_000)
 
 
-class Step(_Model):
+class Step(Model):
     """One node of the pipeline DAG."""
 
     id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$", max_length=64)
@@ -110,7 +107,7 @@ class Step(_Model):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class ResumeFrom(_Model):
+class ResumeFrom(Model):
     """Redrive: reuse the outputs of steps that succeeded in an earlier run.
 
     ``workflow_id`` is the first run's id: idempotency keys keep using it so
@@ -122,7 +119,7 @@ class ResumeFrom(_Model):
     steps: dict[str, StepResult] = Field(default_factory=dict)
 
 
-class PipelineSpec(_Model):
+class PipelineSpec(Model):
     """A pipeline: the input of ``PipelineWorkflow``."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
@@ -140,7 +137,7 @@ class PipelineSpec(_Model):
     )
 
 
-class StepResult(_Model):
+class StepResult(Model):
     """How one step ended."""
 
     status: StepStatus
@@ -164,7 +161,7 @@ class StepResult(_Model):
     )
 
 
-class ChunkItem(_Model):
+class ChunkItem(Model):
     """One for_each item with its resolved input (and concurrency key, if any)."""
 
     index: int = Field(ge=0)
@@ -172,7 +169,7 @@ class ChunkItem(_Model):
     concurrency_key: str | None = None
 
 
-class ChunkAllowance(_Model):
+class ChunkAllowance(Model):
     """The share of the pipeline budget a for_each chunk may spend."""
 
     max_tokens: int | None = None
@@ -180,7 +177,7 @@ class ChunkAllowance(_Model):
     deadline: float | None = Field(default=None, description="POSIX seconds, workflow time")
 
 
-class ChunkInput(_Model):
+class ChunkInput(Model):
     """The input of ``PipelineForEachWorkflow``: a bounded slice of a for_each."""
 
     step_id: str
@@ -201,7 +198,7 @@ class ChunkInput(_Model):
     lease_seconds: float = Field(default=3600.0, gt=0, description="one item's lease")
 
 
-class ItemResult(_Model):
+class ItemResult(Model):
     """How one for_each item ended (``outputs`` only when it succeeded)."""
 
     index: int
@@ -212,14 +209,14 @@ class ItemResult(_Model):
     error_message: str | None = None
 
 
-class ChunkResult(_Model):
+class ChunkResult(Model):
     """The result of ``PipelineForEachWorkflow``."""
 
     items: list[ItemResult]
     usage: Usage = Field(default_factory=Usage)
 
 
-class ReviewDecision(_Model):
+class ReviewDecision(Model):
     """The argument of the ``review`` Workflow Update."""
 
     decision: Literal["approve", "reject", "retry"]
@@ -231,7 +228,7 @@ class ReviewDecision(_Model):
     step: str | None = Field(default=None, description="the step under review, if several wait")
 
 
-class PipelineResult(_Model):
+class PipelineResult(Model):
     """The result of ``PipelineWorkflow``."""
 
     status: TerminalStatus

@@ -10,19 +10,16 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from aiworker.schemas.base import Model
 from aiworker.schemas.errors import ErrorCode
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TraceContext(_Model):
+class TraceContext(Model):
     """W3C trace identifiers carried with a request (lower-case hex)."""
 
     trace_id: str = Field(description="32 hex digits")
@@ -59,7 +56,7 @@ class TraceContext(_Model):
         return cls(trace_id=trace_id, span_id=span_id)
 
 
-class RequestConstraints(_Model):
+class RequestConstraints(Model):
     """Per-request overrides; each may only tighten the worker spec."""
 
     timeout_seconds: float | None = Field(default=None, gt=0)
@@ -68,7 +65,7 @@ class RequestConstraints(_Model):
     max_external_calls: int | None = Field(default=None, ge=0)
 
 
-class WorkerRequest(_Model):
+class WorkerRequest(Model):
     """One call of one worker."""
 
     worker_id: str = Field(min_length=1)
@@ -87,7 +84,7 @@ class WorkerRequest(_Model):
     constraints: RequestConstraints = Field(default_factory=RequestConstraints)
 
 
-class WarningInfo(_Model):
+class WarningInfo(Model):
     """A non-fatal finding, e.g. a field a partial result is missing."""
 
     code: str
@@ -95,7 +92,7 @@ class WarningInfo(_Model):
     field: str | None = None
 
 
-class ArtifactRef(_Model):
+class ArtifactRef(Model):
     """A large output stored out of band."""
 
     uri: str
@@ -104,7 +101,7 @@ class ArtifactRef(_Model):
     media_type: str = "application/octet-stream"
 
 
-class Usage(_Model):
+class Usage(Model):
     """What a call consumed; summed by the pipeline's budget ledger."""
 
     input_tokens: int = Field(default=0, ge=0)
@@ -119,7 +116,7 @@ class Usage(_Model):
         )
 
 
-class Observability(_Model):
+class Observability(Model):
     """Where to find this call in traces and logs."""
 
     trace_id: str | None = None
@@ -132,7 +129,7 @@ class Observability(_Model):
     )
 
 
-class WorkerResponse(_Model):
+class WorkerResponse(Model):
     """A successful (or partial) result of a worker call."""
 
     worker_id: str
@@ -145,7 +142,7 @@ class WorkerResponse(_Model):
     observability: Observability
 
 
-class ErrorInfo(_Model):
+class ErrorInfo(Model):
     """The details of a failure, attached to the ``ApplicationError``."""
 
     code: ErrorCode

@@ -23,8 +23,9 @@ from typing import Annotated, Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from aiworker.schemas.base import Model
 from aiworker.schemas.refs import TEMPLATE_ROOTS, ReferenceError_, find_refs
 
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*(s|sec|second|m|min|minute|h|hour)\s*$")
@@ -51,11 +52,7 @@ def parse_rate(text: str) -> tuple[int, float]:
     return int(m.group(1)), scale * _PERIOD_SECONDS[m.group(3)]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SpecConstraints(_Model):
+class SpecConstraints(Model):
     """The limits a worker runs under; requests may only tighten them."""
 
     timeout_seconds: float = Field(gt=0, le=86400)
@@ -72,7 +69,7 @@ class SpecConstraints(_Model):
         return v
 
 
-class RetrySpec(_Model):
+class RetrySpec(Model):
     """How Temporal retries the worker's retryable failures."""
 
     max_attempts: int = Field(ge=1, le=100)
@@ -87,13 +84,13 @@ class RetrySpec(_Model):
         return self
 
 
-class ObservabilitySpec(_Model):
+class ObservabilitySpec(Model):
     """Which input fields a worker's log line carries."""
 
     log_fields: list[str] = Field(default_factory=list)
 
 
-class PythonImplementation(_Model):
+class PythonImplementation(Model):
     """A worker class on the public SDK (built-ins and plugins)."""
 
     kind: Literal["python"] = "python"
@@ -103,14 +100,14 @@ class PythonImplementation(_Model):
 _TEMPLATE_MAX_CHARS = 100_000
 
 
-class FewShotExample(_Model):
+class FewShotExample(Model):
     """One worked example a prompt worker shows the model before the real input."""
 
     input: dict[str, Any]
     output: Any
 
 
-class PromptImplementation(_Model):
+class PromptImplementation(Model):
     """A worker with no code: templates run by the llm-call machinery.
 
     ``system`` and ``prompt`` are templates. ``${{ input.<path> }}`` is
@@ -153,7 +150,7 @@ FEEDBACK_SCHEMA: dict[str, Any] = {
 }
 
 
-class ExternalImplementation(_Model):
+class ExternalImplementation(Model):
     """Another process polls the spec's task queue and answers with the envelope."""
 
     kind: Literal["external"]
@@ -167,7 +164,7 @@ Implementation = Annotated[
 ]
 
 
-class SpecExample(_Model):
+class SpecExample(Model):
     """An input the conformance kit runs through the live worker.
 
     Examples that reach the network (or a model) are marked ``network``; they,
@@ -179,7 +176,7 @@ class SpecExample(_Model):
     network: bool = False
 
 
-class WorkerSpec(_Model):
+class WorkerSpec(Model):
     """The contract of one AI worker."""
 
     worker_id: str = Field(pattern=r"^[a-z][a-z0-9-]*$")

@@ -82,18 +82,8 @@ async def start_pipeline(
     client: Any, settings: Settings, raw: dict[str, Any], workflow_id: str | None = None
 ) -> Any:
     """Start ``PipelineWorkflow`` for ``raw``; returns the handle."""
-    from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
-
     wid = workflow_id or f"{raw['name']}-{uuid.uuid4().hex[:12]}"
-    sa = TypedSearchAttributes(
-        [
-            SearchAttributePair(SearchAttributeKey.for_keyword(names.SA_STATUS), "queued"),
-            SearchAttributePair(
-                SearchAttributeKey.for_keyword(names.SA_TENANT), raw.get("tenant", "default")
-            ),
-            SearchAttributePair(SearchAttributeKey.for_keyword(names.SA_PIPELINE), raw["name"]),
-        ]
-    )
+    sa = names.pipeline_search_attributes("queued", raw.get("tenant", "default"), raw["name"])
     return await client.start_workflow(
         names.PIPELINE_WORKFLOW,
         raw,
@@ -305,15 +295,14 @@ async def redrive_input(client: Any, workflow_id: str) -> dict[str, Any]:
         progress = await handle.query(names.PROGRESS_QUERY, True)
         steps = dict(progress.get("steps") or {})
     reuse = {
-        sid: r for sid, r in steps.items() if isinstance(r, dict) and r.get("status") in OK_STATUSES
+        sid: r
+        for sid, r in steps.items()
+        if isinstance(r, dict) and r.get("status") in names.OK_STATUSES
     }
     previous = pipeline.get("resume_from") or {}
     root = previous.get("workflow_id") or workflow_id
     pipeline["resume_from"] = {"workflow_id": root, "run_id": desc.run_id, "steps": reuse}
     return pipeline
-
-
-OK_STATUSES = ("succeeded", "partial")
 
 
 async def redrive(client: Any, settings: Settings, workflow_id: str) -> Any:

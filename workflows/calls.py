@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
     from referencing import Registry
 
+    from aiworker.schemas import names
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.options import activity_options
     from aiworker.schemas.protocol import (
@@ -73,7 +74,7 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.status in ("succeeded", "partial")
+        return self.status in names.OK_STATUSES
 
 
 def error_code_of(err: BaseException) -> str:

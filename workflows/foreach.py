@@ -149,7 +149,7 @@ class PipelineForEachWorkflow:
                     await self._permits.release_all(leases)
                 ledger.settle(admission, outcome.usage)
                 self._done += 1
-                status = outcome.status if outcome.status in ("succeeded", "partial") else "failed"
+                status = outcome.status if outcome.status in names.OK_STATUSES else "failed"
                 return ItemResult(
                     index=item.index,
                     status=status,  # type: ignore[arg-type]

@@ -34,7 +34,6 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -74,10 +73,6 @@ from aiworker.workflows.calls import (
 from aiworker.workflows.foreach import PipelineForEachWorkflow
 from aiworker.workflows.permits import Lease, PermitBook, PermitWaitExpired
 
-STATUS_KEY = SearchAttributeKey.for_keyword(names.SA_STATUS)
-TENANT_KEY = SearchAttributeKey.for_keyword(names.SA_TENANT)
-PIPELINE_KEY = SearchAttributeKey.for_keyword(names.SA_PIPELINE)
-
 MEMO_SEARCH_ATTRIBUTES = "search_attributes"
 # A pipeline's own concurrency lease: checked with the pipeline when it runs out,
 # kept while the pipeline lives; with a deadline it lasts the deadline and a margin.
@@ -87,7 +82,6 @@ PIPELINE_LEASE_MARGIN = 60.0
 MAX_REVIEW_ROUNDS = 3
 # Failed items listed in a for_each step's outputs (the counts cover all).
 MAX_ITEM_ERRORS = 20
-OK = ("succeeded", "partial")
 _FEEDBACK_CODES = (ErrorCode.INVALID_OUTPUT.value, ErrorCode.VALIDATION_FAILED.value)
 
 __all__ = ["PipelineWorkflow", "error_code_of", "invalid_input", "parse_spec"]
@@ -274,9 +268,9 @@ class PipelineWorkflow:
         if self._search_attributes_on():
             workflow.upsert_search_attributes(
                 [
-                    TENANT_KEY.value_set(spec.tenant),
-                    PIPELINE_KEY.value_set(spec.name),
-                    STATUS_KEY.value_set(self._status),
+                    names.TENANT_KEY.value_set(spec.tenant),
+                    names.PIPELINE_KEY.value_set(spec.name),
+                    names.STATUS_KEY.value_set(self._status),
                 ]
             )
         for step in spec.steps:
@@ -366,7 +360,7 @@ class PipelineWorkflow:
         if status != self._status or status == "running":
             self._status = status
             if self._search_attributes_on():
-                workflow.upsert_search_attributes([STATUS_KEY.value_set(status)])
+                workflow.upsert_search_attributes([names.STATUS_KEY.value_set(status)])
 
     def _finish(self, status: str, spec: PipelineSpec) -> None:
         self._set_status(status)
@@ -391,7 +385,7 @@ class PipelineWorkflow:
                         if step.id in done or step.id in running or not deps[step.id] <= done:
                             continue
                         old = reuse.get(step.id)
-                        if old is not None and old.status in OK and spec.resume_from:
+                        if old is not None and old.status in names.OK_STATUSES and spec.resume_from:
                             self._steps[step.id] = old.model_copy(
                                 update={"reused_from": spec.resume_from.workflow_id}
                             )
@@ -498,7 +492,7 @@ class PipelineWorkflow:
         """Dependencies, gate and ``when``: raise ``_StepEnded`` if the step must not run."""
         for dep in step.depends_on:
             st = self._steps[dep].status
-            if st not in OK and step.worker != names.AGGREGATOR:
+            if st not in names.OK_STATUSES and step.worker != names.AGGREGATOR:
                 raise _StepEnded(
                     StepResult(status="skipped", error_message=f"dependency {dep!r} ended {st}")
                 )
@@ -535,7 +529,7 @@ class PipelineWorkflow:
             upstream = [
                 r.step_id
                 for r in find_refs(value)
-                if r.step_id is not None and self._steps[r.step_id].status not in OK
+                if r.step_id is not None and self._steps[r.step_id].status not in names.OK_STATUSES
             ]
             if upstream:
                 raise _StepEnded(
@@ -661,7 +655,7 @@ class PipelineWorkflow:
         result = StepResult(status="failed")
         for review_round in range(MAX_REVIEW_ROUNDS + 1):
             result = await self._attempt(spec, step, worker, step_input, review_round)
-            if result.status in OK or self._terminal is not None:
+            if result.status in names.OK_STATUSES or self._terminal is not None:
                 return result
             if step.on_failure != "escalate" or review_round == MAX_REVIEW_ROUNDS:
                 return result
@@ -940,7 +934,7 @@ class PipelineWorkflow:
                     usage = usage + chunk_result.usage
                     for it in chunk_result.items:
                         done_items += 1
-                        if it.status in OK:
+                        if it.status in names.OK_STATUSES:
                             results[it.index] = it.outputs
                             continue
                         failed += 1
