@@ -88,10 +88,3 @@ class Plan(Model):
     """The workers of a pipeline whose calls go through a rate limiter."""
 
     rate_limited: list[str] = Field(default_factory=list)
-
-
-class SharedBreakerState(Model):
-    """One shared breaker: its key and the time (epoch seconds) until which it is open."""
-
-    key: str
-    open_until: float = 0.0

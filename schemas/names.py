@@ -70,7 +70,7 @@ def queue_suffix_of(task_queue: str) -> str:
     return ""
 
 
-# Limits that hold across worker processes (see workflows/limiter.py).
+# Limits that hold across worker processes (see workflows/limits.py).
 LIMITER_WORKFLOW: Final = "LimiterWorkflow"
 LIMITER_ACQUIRE: Final = "limiter-acquire"
 LIMITER_PLAN: Final = "limiter-plan"

@@ -140,8 +140,8 @@ async def _cli_span(name: str, **attributes: str) -> AsyncIterator[Any]:
     exported, with the process's S3 connections closed, when the command ends."""
     from opentelemetry import trace
 
+    from aiworker.workers.resources import close_connections
     from aiworker.workers.telemetry import Telemetry
-    from aiworker.workers.tools import close_connections
 
     telemetry = Telemetry(sdk_metrics=False, service_name="aiworker-cli")
     tracer = trace.get_tracer("aiworker.cli")
@@ -467,7 +467,7 @@ async def run_worker_process(
             server.stop()
         if telemetry is not None:
             telemetry.shutdown()
-        from aiworker.workers.tools import close_connections
+        from aiworker.workers.resources import close_connections
 
         await close_connections()
     return EXIT_OK
@@ -646,7 +646,7 @@ def _cmd_workers(args: argparse.Namespace) -> int:
 
 
 async def _cmd_artifacts(args: argparse.Namespace) -> int:
-    from aiworker.workers.tools import close_connections, lineage_index
+    from aiworker.workers.resources import close_connections, lineage_index
 
     settings = load_settings()
     try:

@@ -184,7 +184,7 @@ def external_storage(settings: Settings, s3: S3Connection | None = None) -> Exte
         from aiworker.activities.artifacts_s3 import parse_s3_url
 
         if s3 is None:
-            from aiworker.workers.tools import s3_connection
+            from aiworker.workers.resources import s3_connection
 
             s3 = s3_connection()
         bucket, prefix = parse_s3_url(settings.artifact_store)

@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aiworker.activities.limiter import LimiterActivities
+from aiworker.activities.limits import LimiterActivities
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import names
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.plugins import WorkerSet
-from aiworker.workflows.breaker import SharedBreakerWorkflow
+from aiworker.workflows.breakers import SharedBreakerWorkflow
 from aiworker.workflows.foreach import PipelineForEachWorkflow
-from aiworker.workflows.limiter import LimiterWorkflow
+from aiworker.workflows.limits import LimiterWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
 
 WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {

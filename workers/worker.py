@@ -82,7 +82,7 @@ def build_runtime(
     """The runtime shared by every activity of this process (under ``workers``' specs,
     else the installed catalog's)."""
     from aiworker.workers.logs import redact_also
-    from aiworker.workers.tools import build_tools
+    from aiworker.workers.resources import build_tools
 
     runtime = WorkerRuntime(
         settings,
@@ -127,7 +127,7 @@ def warn_unknown_aliases(workers: WorkerSet, language_model: Any) -> None:
 SHARED_WORKFLOW_MODULES = (
     "aiworker.workflows.budget",
     "aiworker.workflows.calls",
-    "aiworker.workflows.permits",
+    "aiworker.workflows.limits",
 )
 
 

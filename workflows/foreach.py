@@ -25,7 +25,7 @@ with workflow.unsafe.imports_passed_through():
 
 from aiworker.workflows.budget import BudgetRefused, Ledger
 from aiworker.workflows.calls import call_worker
-from aiworker.workflows.permits import PermitBook, PermitWaitExpired
+from aiworker.workflows.limits import PermitBook, PermitWaitExpired
 
 
 @workflow.defn(name=names.FOREACH_WORKFLOW)

@@ -71,7 +71,7 @@ from aiworker.workflows.calls import (
     with_feedback,
 )
 from aiworker.workflows.foreach import PipelineForEachWorkflow
-from aiworker.workflows.permits import Lease, PermitBook, PermitWaitExpired
+from aiworker.workflows.limits import Lease, PermitBook, PermitWaitExpired
 
 MEMO_SEARCH_ATTRIBUTES = "search_attributes"
 # A pipeline's own concurrency lease: checked with the pipeline when it runs out,

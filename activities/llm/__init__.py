@@ -7,9 +7,9 @@ the model registry (:func:`load_registry`, :class:`ModelRegistry`,
 :class:`ChatReply`.
 """
 
+from aiworker.activities.limits import RateLimiter
 from aiworker.activities.llm._client import LanguageModel, LlmMetrics, estimate_tokens
 from aiworker.activities.llm._http import parse_duration, retry_after
-from aiworker.activities.llm._limiter import RateLimiter
 from aiworker.activities.llm._providers import PROVIDERS, AnthropicProvider, OpenAIProvider
 from aiworker.activities.llm._registry import (
     ModelConfig,

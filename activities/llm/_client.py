@@ -37,7 +37,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.errors import (
     AccessDeniedError,
     BudgetExceededError,
@@ -48,8 +48,8 @@ from aiworker.activities.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
+from aiworker.activities.limits import RateLimiter
 from aiworker.activities.llm._http import retry_after
-from aiworker.activities.llm._limiter import RateLimiter
 from aiworker.activities.llm._providers import PROVIDERS, Provider, schema_instruction
 from aiworker.activities.llm._registry import ModelConfig, ModelRegistry
 from aiworker.activities.llm._types import ChatReply, ChatRequest

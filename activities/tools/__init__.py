@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiworker.activities.artifacts import FileArtifactStore
-from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.tools.egress import EgressPolicy
 from aiworker.activities.tools.extract import HtmlParser

@@ -32,7 +32,7 @@ from urllib.parse import urljoin, urlsplit
 import httpcore
 import httpx
 
-from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.errors import (
     AccessDeniedError,
     EgressDeniedError,

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.errors import (
     BudgetExceededError,
     CircuitOpenError,
@@ -40,7 +40,7 @@ from aiworker.activities.llm import (
 )
 from aiworker.activities.llm_call import build_messages, parse_reply_json
 from aiworker.schemas.settings import Settings
-from aiworker.workers.tools import build_language_model
+from aiworker.workers.resources import build_language_model
 from aiworker.workers.worker import StartupError
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC).timestamp()

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client, WorkflowHandle
 
-from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.llm import LanguageModel, LlmMetrics, load_registry
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import Settings

@@ -20,9 +20,8 @@ from support.procs import wait_until
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.breakers import BreakerRegistry, SharedBreakers
 from aiworker.activities.errors import CircuitOpenError
-from aiworker.activities.shared_breaker import SharedBreakers
 from aiworker.schemas import names
 from aiworker.schemas.settings import Settings
 

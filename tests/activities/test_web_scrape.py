@@ -20,7 +20,7 @@ from fixtures.scrape_site import FixtureSite, site  # noqa: F401  (module fixtur
 from support.payloads import stack_settings
 from temporalio.client import Client
 
-from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.tools import EgressPolicy, scrape_tools
 from aiworker.schemas.catalog import get_spec
 from aiworker.schemas.pipeline import PipelineResult

@@ -24,7 +24,7 @@ from support import history
 from support.loopback import upstream
 from temporalio.client import Client
 
-from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.tools import scrape_tools
 from aiworker.schemas import names
 from aiworker.schemas.catalog import load_specs

@@ -106,7 +106,7 @@ def test_settings_from_env() -> None:
 
 
 async def test_breaker_settings_default_and_tune_both_registries() -> None:
-    from aiworker.workers.tools import build_tools
+    from aiworker.workers.resources import build_tools
 
     defaults = Settings.from_env({})
     assert (

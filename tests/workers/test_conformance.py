@@ -46,7 +46,7 @@ from aiworker.workers.conformance import (
 )
 from aiworker.workers.devserver import free_port
 from aiworker.workers.plugins import WorkerSet
-from aiworker.workers.tools import build_language_model, build_tools
+from aiworker.workers.resources import build_language_model, build_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

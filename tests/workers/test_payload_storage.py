@@ -41,8 +41,8 @@ from aiworker.schemas.protocol import WorkerResponse
 from aiworker.schemas.settings import Settings, SettingsError
 from aiworker.workers.failures import TolerantFailureConverter
 from aiworker.workers.payload_storage import FILE_DRIVER, PrefixedS3StorageDriver
+from aiworker.workers.resources import build_tools, close_connections, s3_connection
 from aiworker.workers.temporal_client import data_converter
-from aiworker.workers.tools import build_tools, close_connections, s3_connection
 
 
 @pytest_asyncio.fixture(scope="module")

@@ -272,7 +272,7 @@ async def test_models_file_keys_are_redacted_in_logs_and_failures(
     """Keys that only the models file names (env var or key file) are secrets too."""
     import uuid
 
-    from aiworker.workers.tools import close_connections
+    from aiworker.workers.resources import close_connections
     from aiworker.workers.worker import build_runtime
 
     env_key, file_key = (f"sk-{kind}-{uuid.uuid4().hex}" for kind in ("env", "file"))

@@ -11,7 +11,7 @@ from temporalio.client import Client
 
 from aiworker.schemas.settings import Settings
 from aiworker.workers.demo_site import DemoSite
-from aiworker.workers.tools import build_tools
+from aiworker.workers.resources import build_tools
 
 DEMO = Path(__file__).parents[2] / "workers" / "samples" / "demo.json"
 

@@ -17,7 +17,7 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from aiworker.activities.limiter import rate_limit_for
+from aiworker.activities.limits import rate_limit_for
 from aiworker.schemas import names
 from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.protocol import Observability, WorkerResponse

@@ -31,7 +31,7 @@ from temporalio.client import Client, WorkflowHandle
 from aiworker.activities.llm import LlmMetrics
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import Settings
-from aiworker.workers.tools import build_language_model
+from aiworker.workers.resources import build_language_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "prompts"
 WORKER = "classify-ticket"

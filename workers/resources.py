@@ -1,4 +1,6 @@
-"""Tool instances for the worker runtime, built once per process from settings.
+"""A worker process's resources, built once per process from settings: the tool
+instances (``activities/tools/``) the runtime hands to workers through their
+toolbox (``activities/toolbox.py``), the language model, stores and S3 clients.
 
 The ``artifact_store`` tool is the store ``AIWORKER_ARTIFACT_STORE`` names
 (``file``: under the data directory; ``s3://bucket/prefix``: S3-compatible),
@@ -14,12 +16,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiworker.activities.artifacts import FileArtifactStore
-from aiworker.activities.breaker import BreakerRegistry
+from aiworker.activities.breakers import BreakerRegistry, SharedBreakers
 from aiworker.activities.lineage import FileLineageIndex, LineageIndex, RecordingArtifactStore
 from aiworker.activities.llm import LanguageModel, LlmMetrics, ModelsFileError, load_registry
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.publish import WebhookPoster
-from aiworker.activities.shared_breaker import SharedBreakers
 from aiworker.activities.tools import scrape_tools
 from aiworker.schemas import names
 from aiworker.schemas.settings import Settings

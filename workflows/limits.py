@@ -1,32 +1,56 @@
-"""``LimiterWorkflow``: one limit key, shared by every worker process.
+"""Limits on the workflow side: the limiter workflow that owns a limit key, and
+the pipeline's way of asking it for permits.
 
-Rate limits (N per period) and concurrency limits (N leases at once) must
-hold however many worker pods run, survive restarts and never drop a
-request. So the state lives in Temporal itself, not in a process or a second
-datastore: one long-running workflow per key (id
-``aiworker-limiter/<key>``) receives ``acquire`` signals (sent with
-signal-with-start, so the first request creates it), grants permits in
-arrival order by signalling the requesting workflow, and receives
-``release`` signals for concurrency leases. When a lease's ``lease_seconds``
-pass, the limiter asks its holder (a ``lease-check`` signal): a holder that
-is gone cannot be signalled and loses the slot, a live one keeps it for
-another period and gives it back itself if it no longer holds it. So a
-vanished requester cannot hold a slot forever, and a long one (a pipeline
-waiting days for review) is never overrun.
-History stays bounded with continue-as-new; an idle limiter completes and the
-next request starts a fresh one.
+1. :class:`LimiterWorkflow`, one limit key shared by every worker process.
+   ``LimiterWorkflow``: one limit key, shared by every worker process.
+
+   Rate limits (N per period) and concurrency limits (N leases at once) must
+   hold however many worker pods run, survive restarts and never drop a
+   request. So the state lives in Temporal itself, not in a process or a second
+   datastore: one long-running workflow per key (id
+   ``aiworker-limiter/<key>``) receives ``acquire`` signals (sent with
+   signal-with-start, so the first request creates it), grants permits in
+   arrival order by signalling the requesting workflow, and receives
+   ``release`` signals for concurrency leases. When a lease's ``lease_seconds``
+   pass, the limiter asks its holder (a ``lease-check`` signal): a holder that
+   is gone cannot be signalled and loses the slot, a live one keeps it for
+   another period and gives it back itself if it no longer holds it. So a
+   vanished requester cannot hold a slot forever, and a long one (a pipeline
+   waiting days for review) is never overrun.
+   History stays bounded with continue-as-new; an idle limiter completes and the
+   next request starts a fresh one.
+
+2. :class:`PermitBook`, the pipeline side: ask, wait for the permit, release.
+   The pipeline side of cross-process limits: ask, wait for the permit, release.
+
+   Deterministic: asking is a local activity (``limiter-acquire``), waiting is
+   ``workflow.wait_condition`` on the ``permit`` signal, releasing a concurrency
+   lease is a signal to the limiter workflow. A limiter that finds a lease past
+   its time asks the holder (``lease-check``); a lease this workflow no longer
+   holds is released again, a held one is kept.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
-    from aiworker.schemas.limits import AcquireRequest, LeaseCheck, LimiterState, Permit
+    from aiworker.schemas.limits import (
+        AcquireCall,
+        AcquireRequest,
+        AcquireResult,
+        LeaseCheck,
+        LimiterState,
+        Permit,
+        Plan,
+        PlanCall,
+    )
 
 # Continue-as-new well before histories get large.
 _MAX_HISTORY_EVENTS = 2000
@@ -34,6 +58,8 @@ _MAX_ROUNDS = 500
 _IDLE_SECONDS = 300.0
 # Replay: limiters that ran before lease checks existed took expired leases back at once.
 _LEASE_CHECK_PATCH = "lease-check"
+
+Lease = tuple[str, str]  # (limiter workflow id, ticket)
 
 
 def _record_wait(kind: str, seconds: float) -> None:
@@ -216,3 +242,111 @@ class LimiterWorkflow:
                 )
                 self._holders.pop(request.ticket, None)
                 self._leases.pop(request.ticket, None)
+
+
+class PermitWaitExpired(Exception):
+    """The deadline passed before the limiter granted ``call``."""
+
+    def __init__(self, call: AcquireCall) -> None:
+        super().__init__(call.ticket)
+        self.call = call
+
+    @property
+    def what(self) -> str:
+        return "a concurrency slot" if self.call.key is not None else "the rate limit"
+
+
+class PermitBook:
+    """Permits a workflow has asked for and received, and the leases it holds."""
+
+    def __init__(self) -> None:
+        self.received: dict[str, Permit] = {}
+        # ticket -> (who waits: a step id, or "" for the pipeline; "rate" or "concurrency")
+        self.waiting: dict[str, tuple[str, str]] = {}
+        self.held: dict[str, str] = {}  # ticket -> limiter workflow id
+
+    async def plan(self, tenant: str, workers: list[str]) -> set[str]:
+        """The workers whose calls must wait for a rate-limit permit (one local activity)."""
+        plan: Plan = await workflow.execute_local_activity(
+            names.LIMITER_PLAN,
+            PlanCall(tenant=tenant, workers=sorted(set(workers))),
+            result_type=Plan,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
+        )
+        return set(plan.rate_limited)
+
+    def on_permit(self, permit: Permit) -> None:
+        self.received[permit.ticket] = permit
+
+    async def on_lease_check(self, check: LeaseCheck) -> None:
+        """The limiter asks about a lease past its time: give back one not held."""
+        if check.ticket not in self.held and check.ticket not in self.waiting:
+            await self._signal_release(check.limiter_id, check.ticket)
+
+    def waiting_for(self) -> dict[str, str]:
+        """Who waits for a permit now: step id (or "") -> ``rate`` or ``concurrency``."""
+        return dict(self.waiting.values())
+
+    async def acquire(
+        self, call: AcquireCall, wait: timedelta | None, who: str = ""
+    ) -> AcquireResult | None:
+        """Wait for a permit; the limiter's answer, or None if ``wait`` passed first."""
+        result: AcquireResult = await workflow.execute_local_activity(
+            names.LIMITER_ACQUIRE,
+            call,
+            result_type=AcquireResult,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
+        )
+        if not result.limited:
+            return result
+        self.waiting[call.ticket] = (who, "concurrency" if call.key is not None else "rate")
+        try:
+            await workflow.wait_condition(lambda: call.ticket in self.received, timeout=wait)
+        except TimeoutError:
+            if result.limiter_id is not None:
+                await self._signal_release(result.limiter_id, call.ticket)
+            return None
+        finally:
+            self.waiting.pop(call.ticket, None)
+        if call.key is not None and result.limiter_id is not None:
+            self.held[call.ticket] = result.limiter_id
+        return result
+
+    async def acquire_all(
+        self,
+        calls: Sequence[AcquireCall],
+        wait: Callable[[], timedelta | None],
+        who: str = "",
+    ) -> list[Lease]:
+        """Every permit in order; the concurrency leases to give back after the call.
+
+        Raises:
+            PermitWaitExpired: ``wait()`` passed first; leases taken so far are released.
+        """
+        leases: list[Lease] = []
+        for call in calls:
+            result = await self.acquire(call, wait(), who)
+            if result is None:
+                await self.release_all(leases)
+                raise PermitWaitExpired(call)
+            if call.ticket in self.held:
+                leases.append((self.held[call.ticket], call.ticket))
+        return leases
+
+    async def release_all(self, leases: Sequence[Lease]) -> None:
+        for limiter_id, ticket in leases:
+            await self.release(limiter_id, ticket)
+
+    async def release(self, limiter_id: str, ticket: str) -> None:
+        """Give a concurrency lease back (or withdraw a queued request)."""
+        self.held.pop(ticket, None)
+        await self._signal_release(limiter_id, ticket)
+
+    async def _signal_release(self, limiter_id: str, ticket: str) -> None:
+        handle = workflow.get_external_workflow_handle(limiter_id)
+        try:
+            await handle.signal(names.LIMITER_RELEASE_SIGNAL, ticket)
+        except Exception as e:
+            workflow.logger.warning("cannot release %s at %s: %s", ticket, limiter_id, e)

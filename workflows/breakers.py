@@ -19,7 +19,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
-    from aiworker.schemas.limits import SharedBreakerState
+    from aiworker.schemas.breakers import SharedBreakerState
 
 _IDLE_SECONDS = 300.0
 _MAX_ROUNDS = 200

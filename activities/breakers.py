@@ -1,0 +1,411 @@
+"""Circuit breakers per upstream target (a host, a model provider), in one
+process and across processes.
+
+1. :class:`BreakerRegistry`, the breakers of one process.
+   Circuit breakers per upstream target (a host, a model provider).
+
+   Closed: calls pass; failures are counted in a sliding window. When
+   ``failure_threshold`` failures fall within ``window_seconds`` the breaker
+   opens: calls fail fast with ``circuit_open`` and a retry delay until
+   ``open_seconds`` have passed. Then it is half-open: one probe call passes; its
+   success closes the breaker, its failure opens it again. State is exported as
+   the ``aiworker_breaker_state`` gauge and logged on every transition.
+
+   One :class:`BreakerRegistry` per process is shared by every activity. With a
+   :class:`SharedBreakers` it also fails fast while another process has the
+   target open: async callers use :meth:`BreakerRegistry.acheck`, which first
+   brings this process's view of the shared state up to date (briefly bounded).
+
+2. :class:`SharedBreakers`, the process side of breakers shared across processes.
+   The process side of breakers shared across worker processes.
+
+   A :class:`BreakerRegistry` with a :class:`SharedBreakers` publishes each
+   opening to the target's ``SharedBreakerWorkflow`` and, before letting a call
+   through, consults what the other processes published, so one process's
+   failures stop the others' calls too.
+
+   Before a call (:meth:`SharedBreakers.refresh`), a view older than
+   ``refresh_seconds`` is refreshed by one read of the workflow, awaited for at
+   most ``wait_seconds``: a process that never asked about a target therefore
+   fails fast on its very first call if another process opened it. A slow or
+   unreachable Temporal never fails the call: after the bound the call goes on
+   with the last known value (logged once per slow refresh). One refresh per key
+   is in flight at a time; concurrent callers share it. A workflow that does not
+   exist (the target was never opened) means "not open"; the time is read from
+   the workflow's memo through ``DescribeWorkflow``, which the server answers
+   itself, so no worker replays anything and a killed worker cannot stall it.
+   Publishing never blocks a call: it runs as a background task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from temporalio import activity
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowQueryRejectedError,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from aiworker.activities.errors import CircuitOpenError
+from aiworker.activities.metrics import BREAKER_STATES, WorkerMetrics
+from aiworker.schemas import names
+from aiworker.schemas.breakers import SharedBreakerState
+from aiworker.schemas.settings import Settings
+
+log = logging.getLogger("aiworker.breaker")
+
+# How long one refresh read may take in the background, so that a hung
+# Temporal does not pile up reads; callers wait far less (``wait_seconds``).
+_QUERY_RPC_TIMEOUT = timedelta(seconds=5)
+
+
+class _Refresh:
+    """One refresh read in flight for one key."""
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self.task = task
+        # Set once a caller gave up waiting: later callers do not wait again.
+        self.slow = False
+
+
+class SharedBreakers:
+    """Open-until times per breaker key, shared through Temporal.
+
+    Args:
+        queue: the pipelines task queue (with the deployment suffix) where the
+            ``SharedBreakerWorkflow`` runs.
+        client: the Temporal client; the running activity's by default.
+        refresh_seconds: how old this process's view of a key may be before a
+            call refreshes it.
+        wait_seconds: how long a call waits for a refresh before it goes on
+            with the last known value.
+    """
+
+    def __init__(
+        self,
+        queue: str,
+        client: Client | None = None,
+        refresh_seconds: float = 1.0,
+        wait_seconds: float = 1.0,
+    ) -> None:
+        self.queue = queue
+        self.refresh_seconds = refresh_seconds
+        self.wait_seconds = wait_seconds
+        self._client = client
+        self._suffix = names.queue_suffix_of(queue)
+        self._open_until: dict[str, float] = {}
+        self._refreshed: dict[str, float] = {}
+        self._in_flight: dict[str, _Refresh] = {}
+        self._failing: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def _get_client(self) -> Client | None:
+        if self._client is None and activity.in_activity():
+            self._client = activity.client()
+        return self._client
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any] | None:
+        try:
+            task = asyncio.get_running_loop().create_task(coro)
+        except RuntimeError:
+            coro.close()  # no loop (a synchronous caller): nothing to share now
+            return None
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _stale(self, key: str) -> bool:
+        return time.monotonic() - self._refreshed.get(key, float("-inf")) >= self.refresh_seconds
+
+    def _start_refresh(self, key: str) -> _Refresh | None:
+        """The refresh in flight for ``key``, started now if there is none."""
+        current = self._in_flight.get(key)
+        if current is not None:
+            return current
+        # Stamped at the start: a failing Temporal is asked once per period, not per call.
+        self._refreshed[key] = time.monotonic()
+        task = self._spawn(self._refresh(key))
+        if task is None:
+            return None
+        refresh = self._in_flight[key] = _Refresh(task)
+        task.add_done_callback(lambda _: self._in_flight.pop(key, None))
+        return refresh
+
+    def open_until(self, key: str) -> float:
+        """What the other processes said, as last refreshed (epoch seconds).
+
+        Never waits: a stale view is refreshed in the background for later calls.
+        """
+        if self._stale(key):
+            self._start_refresh(key)
+        return self._open_until.get(key, 0.0)
+
+    async def refresh(self, key: str) -> float:
+        """Bring a stale view of ``key`` up to date, waiting at most ``wait_seconds``.
+
+        Returns the open-until time (epoch seconds, 0: never opened) as known
+        after the wait.
+        """
+        refresh = self._in_flight.get(key)
+        if refresh is None and self._stale(key):
+            refresh = self._start_refresh(key)
+        if refresh is not None and not refresh.slow:
+            try:
+                await asyncio.wait_for(asyncio.shield(refresh.task), self.wait_seconds)
+            except TimeoutError:
+                if not refresh.slow:
+                    refresh.slow = True
+                    log.warning(
+                        "breaker.refresh_slow",
+                        extra={
+                            "aiworker": {
+                                "event": "breaker_refresh_slow",
+                                "key": key,
+                                "waited_seconds": self.wait_seconds,
+                            }
+                        },
+                    )
+        return self._open_until.get(key, 0.0)
+
+    def publish(self, key: str, open_until: float) -> None:
+        """Tell every process that ``key`` is open until ``open_until``."""
+        self._open_until[key] = max(self._open_until.get(key, 0.0), open_until)
+        self._spawn(self._publish(key, open_until))
+
+    async def _refresh(self, key: str) -> None:
+        client = self._get_client()
+        if client is None:
+            return
+        handle = client.get_workflow_handle(names.shared_breaker_workflow_id(key, self._suffix))
+        try:
+            until = await self._read(handle)
+        except RPCError as e:
+            if e.status != RPCStatusCode.NOT_FOUND:
+                self._refresh_failed(key, e)
+                return
+            until = 0.0  # never opened anywhere
+        except Exception as e:
+            self._refresh_failed(key, e)
+            return
+        self._failing.discard(key)
+        self._open_until[key] = max(self._open_until.get(key, 0.0), float(until))
+
+    @staticmethod
+    async def _read(handle: WorkflowHandle[Any, Any]) -> float:
+        """The open-until time, from the memo the server keeps (no worker involved);
+        a breaker workflow started before it kept one is queried instead."""
+        desc = await handle.describe(rpc_timeout=_QUERY_RPC_TIMEOUT)
+        until = await desc.memo_value(names.BREAKER_MEMO_KEY, None, type_hint=float)
+        if until is not None:
+            return float(until)
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            return 0.0  # went idle long after its last opening
+        try:
+            return float(
+                await handle.query(
+                    names.BREAKER_STATE_QUERY, result_type=float, rpc_timeout=_QUERY_RPC_TIMEOUT
+                )
+            )
+        except WorkflowQueryRejectedError:
+            return 0.0
+
+    def _refresh_failed(self, key: str, e: Exception) -> None:
+        if key in self._failing:
+            return  # logged when it started failing; calls go on with the last known value
+        self._failing.add(key)
+        log.warning(
+            "breaker.refresh_failed",
+            extra={
+                "aiworker": {"event": "breaker_refresh_failed", "key": key, "error": str(e)[:300]}
+            },
+        )
+
+    async def _publish(self, key: str, open_until: float) -> None:
+        client = self._get_client()
+        if client is None:
+            return
+        try:
+            await client.start_workflow(
+                names.SHARED_BREAKER_WORKFLOW,
+                SharedBreakerState(key=key, open_until=open_until),
+                id=names.shared_breaker_workflow_id(key, self._suffix),
+                task_queue=self.queue,
+                start_signal=names.BREAKER_OPENED_SIGNAL,
+                start_signal_args=[open_until],
+                static_summary=f"breaker {key}",
+            )
+        except Exception as e:
+            log.warning(
+                "breaker.share_failed",
+                extra={"aiworker": {"event": "breaker_share_failed", "key": key, "error": str(e)}},
+            )
+
+
+@dataclass
+class _Circuit:
+    failures: deque[float] = field(default_factory=deque)
+    state: str = "closed"
+    opened_at: float = 0.0
+    probe_in_flight: bool = False
+
+
+class BreakerRegistry:
+    """Breakers of one kind (``host`` or ``provider``), keyed by target."""
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        failure_threshold: int = 5,
+        window_seconds: float = 60.0,
+        open_seconds: float = 30.0,
+        metrics: WorkerMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        shared: SharedBreakers | None = None,
+    ) -> None:
+        self.kind = kind
+        self.failure_threshold = failure_threshold
+        self.window_seconds = window_seconds
+        self.open_seconds = open_seconds
+        self.metrics = metrics
+        self.clock = clock
+        self.shared = shared
+        self._circuits: dict[str, _Circuit] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(
+        cls,
+        kind: str,
+        settings: Settings,
+        *,
+        metrics: WorkerMetrics | None = None,
+        shared: SharedBreakers | None = None,
+    ) -> BreakerRegistry:
+        """Breakers of ``kind`` tuned by the ``AIWORKER_BREAKER_*`` settings."""
+        return cls(
+            kind,
+            failure_threshold=settings.breaker_failure_threshold,
+            window_seconds=settings.breaker_window_seconds,
+            open_seconds=settings.breaker_open_seconds,
+            metrics=metrics,
+            shared=shared,
+        )
+
+    def state(self, target: str) -> str:
+        """``closed``, ``open`` or ``half_open`` as of now."""
+        with self._lock:
+            c = self._circuits.get(target)
+            if c is None:
+                return "closed"
+            self._advance(target, c)
+            return c.state
+
+    async def acheck(self, target: str) -> None:
+        """:meth:`check`, after refreshing a stale view of what other processes opened.
+
+        A locally open breaker fails fast without asking Temporal. The refresh
+        waits at most ``shared.wait_seconds``; a slow Temporal lets the call
+        go on with the last known state instead of failing it.
+        """
+        if self.shared is not None and self.state(target) == "closed":
+            await self.shared.refresh(f"{self.kind}:{target}")
+        self.check(target)
+
+    def check(self, target: str) -> None:
+        """Let a call through, or raise ``CircuitOpenError`` with the wait.
+
+        The shared state is read as last refreshed, never waited for (a stale
+        view is refreshed in the background): async callers use :meth:`acheck`.
+        """
+        with self._lock:
+            c = self._circuits.setdefault(target, _Circuit())
+            self._advance(target, c)
+            if c.state == "closed":
+                self._check_shared(target)
+                return
+            if c.state == "half_open" and not c.probe_in_flight:
+                c.probe_in_flight = True
+                return
+            wait = max(0.1, c.opened_at + self.open_seconds - self.clock())
+            raise CircuitOpenError(
+                f"circuit for {self.kind} {target} is open; next probe in {wait:.1f}s",
+                retry_after=round(wait, 3),
+                target=target,
+            )
+
+    def _check_shared(self, target: str) -> None:
+        """Fail fast while another process has this target's breaker open."""
+        if self.shared is None:
+            return
+        until = self.shared.open_until(f"{self.kind}:{target}")
+        wait = until - time.time()
+        if wait > 0:
+            raise CircuitOpenError(
+                f"circuit for {self.kind} {target} is open (opened by another worker "
+                f"process); next probe in {wait:.1f}s",
+                retry_after=round(max(0.1, wait), 3),
+                target=target,
+                shared=True,
+            )
+
+    def record_success(self, target: str) -> None:
+        with self._lock:
+            c = self._circuits.setdefault(target, _Circuit())
+            c.failures.clear()
+            c.probe_in_flight = False
+            if c.state != "closed":
+                self._transition(target, c, "closed")
+
+    def record_failure(self, target: str) -> None:
+        with self._lock:
+            c = self._circuits.setdefault(target, _Circuit())
+            now = self.clock()
+            if c.state == "half_open":
+                c.probe_in_flight = False
+                c.opened_at = now
+                self._transition(target, c, "open")
+                return
+            c.failures.append(now)
+            while c.failures and c.failures[0] < now - self.window_seconds:
+                c.failures.popleft()
+            if c.state == "closed" and len(c.failures) >= self.failure_threshold:
+                c.opened_at = now
+                self._transition(target, c, "open")
+
+    def _advance(self, target: str, c: _Circuit) -> None:
+        if c.state == "open" and self.clock() >= c.opened_at + self.open_seconds:
+            c.probe_in_flight = False
+            self._transition(target, c, "half_open")
+
+    def _transition(self, target: str, c: _Circuit, state: str) -> None:
+        previous, c.state = c.state, state
+        log.warning(
+            "breaker.%s",
+            state,
+            extra={
+                "aiworker": {
+                    "event": "breaker_state",
+                    "kind": self.kind,
+                    "target": target,
+                    "from": previous,
+                    "to": state,
+                }
+            },
+        )
+        if self.metrics is not None:
+            self.metrics.breaker_state.labels(self.kind, target).set(BREAKER_STATES[state])
+        if state == "open" and self.shared is not None:
+            self.shared.publish(f"{self.kind}:{target}", time.time() + self.open_seconds)

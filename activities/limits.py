@@ -1,0 +1,228 @@
+"""Limits on the activity side: the cross-process limiter's activity and each
+provider endpoint's own request and token rates.
+
+1. The ``limiter-acquire``/``limiter-plan`` activities (:class:`LimiterActivities`).
+   The ``limiter-acquire`` activity: hand a permit request to the key's limiter.
+
+   Runs in a worker process, where the settings live: it works out which limit
+   applies (the worker spec's ``rate_limit`` per tenant, overridden by
+   ``AIWORKER_RATE_LIMITS`` rules ``worker:tenant`` then ``worker:*``), and
+   signal-with-starts the ``LimiterWorkflow`` for that key on the process's own
+   task queue. The pipeline then waits for the ``permit`` signal; nothing is
+   dropped and nothing is held in a process.
+
+2. :class:`RateLimiter`, a client-side limit per model endpoint.
+   A client-side limit per provider endpoint: requests and tokens per minute.
+
+   Every call in the process reserves one request and its estimated tokens
+   (prompt estimate + ``max_tokens``) in a sliding 60-second window before it
+   goes out; when the provider reports the real usage the reservation is
+   corrected. A call that would pass either limit is refused at once with
+   ``rate_limited`` and the time until enough of the window has expired as its
+   retry delay, so Temporal waits instead of a coroutine holding a slot. A call
+   that alone needs more tokens than the per-minute limit can never pass and is
+   ``budget_exceeded``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from temporalio import activity
+
+from aiworker.activities.errors import BudgetExceededError, RateLimitedError
+from aiworker.schemas import names
+from aiworker.schemas.limits import (
+    AcquireCall,
+    AcquireRequest,
+    AcquireResult,
+    LimiterState,
+    Plan,
+    PlanCall,
+)
+from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import WorkerSpec, parse_rate
+
+WINDOW_SECONDS = 60.0
+
+
+def rate_limit_for(
+    settings: Settings, specs: Mapping[str, WorkerSpec], worker_id: str, tenant: str
+) -> tuple[int, float] | None:
+    """(limit, period seconds) for ``worker_id`` and ``tenant``, or None for no limit."""
+    for rule_tenant in (tenant, "*"):
+        for rule in settings.rate_limits:
+            if rule.worker_id == worker_id and rule.tenant == rule_tenant:
+                return rule.limit, rule.period_seconds
+    spec = specs.get(worker_id)
+    if spec is not None and spec.constraints.rate_limit:
+        return parse_rate(spec.constraints.rate_limit)
+    return None
+
+
+class LimiterActivities:
+    """Activities of the cross-process limiter."""
+
+    def __init__(self, settings: Settings, specs: Mapping[str, WorkerSpec]) -> None:
+        self._settings = settings
+        self._specs = specs
+
+    @activity.defn(name=names.LIMITER_PLAN)
+    async def plan(self, call: PlanCall) -> Plan:
+        """Which of a pipeline's workers have a rate limit for its tenant (asked once)."""
+        return Plan(
+            rate_limited=sorted(
+                w
+                for w in set(call.workers)
+                if rate_limit_for(self._settings, self._specs, w, call.tenant) is not None
+            )
+        )
+
+    @activity.defn(name=names.LIMITER_ACQUIRE)
+    async def acquire(self, call: AcquireCall) -> AcquireResult:
+        """Queue a permit request at the key's limiter (created on first use)."""
+        if call.key is not None and call.limit is not None:
+            key = f"concurrency:{call.key}"
+            request = AcquireRequest(
+                requester=call.requester,
+                ticket=call.ticket,
+                kind="concurrency",
+                limit=call.limit,
+                lease_seconds=call.lease_seconds,
+            )
+            result = AcquireResult(limited=True, key=key, limit=call.limit)
+        elif call.worker_id is not None:
+            rate = rate_limit_for(
+                self._settings, self._specs, call.worker_id, call.tenant or "default"
+            )
+            if rate is None:
+                return AcquireResult(limited=False)
+            limit, period = rate
+            key = f"rate:{call.worker_id}:{call.tenant or 'default'}"
+            request = AcquireRequest(
+                requester=call.requester,
+                ticket=call.ticket,
+                kind="rate",
+                limit=limit,
+                period_seconds=period,
+            )
+            result = AcquireResult(limited=True, key=key, limit=limit, period_seconds=period)
+        else:
+            return AcquireResult(limited=False)
+        queue = activity.info().task_queue
+        limiter_id = names.limiter_workflow_id(key, names.queue_suffix_of(queue))
+        client = activity.client()
+        await client.start_workflow(
+            names.LIMITER_WORKFLOW,
+            LimiterState(
+                key=key,
+                kind=request.kind,
+                limit=request.limit,
+                period_seconds=request.period_seconds,
+            ),
+            id=limiter_id,
+            task_queue=queue,
+            start_signal=names.LIMITER_ACQUIRE_SIGNAL,
+            start_signal_args=[request],
+            static_summary=f"limiter {key}",
+        )
+        return result.model_copy(update={"limiter_id": limiter_id})
+
+
+@dataclass(eq=False)
+class _Entry:
+    at: float
+    tokens: int
+
+
+@dataclass
+class _Window:
+    entries: deque[_Entry] = field(default_factory=deque)
+    tokens: int = 0
+
+
+class Reservation:
+    """One admitted call; :meth:`settle` replaces its estimate by real usage."""
+
+    def __init__(self, limiter: RateLimiter, window: _Window | None, entry: _Entry | None) -> None:
+        self._limiter = limiter
+        self._window = window
+        self._entry = entry
+
+    def release(self) -> None:
+        """Give the reservation back: the call never went out."""
+        if self._window is None or self._entry is None:
+            return
+        with self._limiter._lock:
+            if self._entry in self._window.entries:
+                self._window.entries.remove(self._entry)
+                self._window.tokens -= self._entry.tokens
+        self._entry = None
+
+    def settle(self, tokens: int) -> None:
+        if self._window is None or self._entry is None:
+            return
+        with self._limiter._lock:
+            if self._entry in self._window.entries:
+                self._window.tokens += tokens - self._entry.tokens
+            self._entry.tokens = tokens
+
+
+class RateLimiter:
+    """Sliding-window limits keyed by target; one per process, thread-safe."""
+
+    def __init__(
+        self,
+        limits: dict[str, tuple[int | None, int | None]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limits = limits
+        self.clock = clock
+        self._windows: dict[str, _Window] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, target: str, tokens: int) -> Reservation:
+        """Admit one call of about ``tokens`` tokens or raise ``RateLimitedError``."""
+        rpm, tpm = self.limits.get(target, (None, None))
+        if rpm is None and tpm is None:
+            return Reservation(self, None, None)
+        if tpm is not None and tokens > tpm:
+            raise BudgetExceededError(
+                f"the call needs about {tokens} tokens; the client-side limit of {target} "
+                f"is {tpm} tokens/min",
+                resource="tokens_per_minute",
+                limit=tpm,
+                target=target,
+            )
+        with self._lock:
+            now = self.clock()
+            w = self._windows.setdefault(target, _Window())
+            while w.entries and w.entries[0].at <= now - WINDOW_SECONDS:
+                w.tokens -= w.entries.popleft().tokens
+            wait = 0.0
+            if rpm is not None and len(w.entries) + 1 > rpm:
+                wait = w.entries[len(w.entries) - rpm].at + WINDOW_SECONDS - now
+            if tpm is not None and w.tokens + tokens > tpm:
+                # Wait until enough of the oldest reservations have left the window.
+                freed = 0
+                for e in w.entries:
+                    freed += e.tokens
+                    if w.tokens - freed + tokens <= tpm:
+                        wait = max(wait, e.at + WINDOW_SECONDS - now)
+                        break
+            if wait > 0:
+                which = "requests" if rpm is not None and len(w.entries) + 1 > rpm else "tokens"
+                raise RateLimitedError(
+                    f"client-side {which}/min limit of {target} reached; retry in {wait:.1f}s",
+                    retry_after=round(max(wait, 0.1), 3),
+                    target=target,
+                    limit=rpm if which == "requests" else tpm,
+                )
+            entry = _Entry(now, tokens)
+            w.entries.append(entry)
+            w.tokens += tokens
+            return Reservation(self, w, entry)
