@@ -1,21 +1,18 @@
 """The pipeline format users write, and the result a pipeline returns.
 
-:func:`check_pipeline` checks a whole spec before anything runs (unknown
-worker, duplicate id, cycle, dangling or forward reference, bad JSON Schema)
-and returns every problem as a message naming the step and field.
+Checking a spec as a whole (unknown worker, cycle, dangling reference) lives
+in :mod:`aiworker.schemas.pipeline_check`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from pydantic import ConfigDict, Field
 
 from aiworker.schemas.base import Model
 from aiworker.schemas.protocol import Usage
-from aiworker.schemas.refs import ReferenceError_, find_refs
+from aiworker.schemas.refs import find_refs
 
 TerminalStatus = Literal[
     "succeeded",
@@ -241,167 +238,6 @@ class PipelineResult(Model):
 
 ResumeFrom.model_rebuild()
 PipelineSpec.model_rebuild()
-
-
-def _schema_problem(schema: Any) -> str | None:
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as e:
-        return str(e.message)
-    return None
-
-
-def check_pipeline(spec: PipelineSpec, known_workers: set[str]) -> list[str]:
-    """Every problem of a pipeline, each naming the step and field; empty when fine."""
-    problems: list[str] = []
-    ids = [s.id for s in spec.steps]
-    index = {s.id: i for i, s in enumerate(spec.steps)}
-    seen: set[str] = set()
-    for sid in ids:
-        if sid in seen:
-            problems.append(f"step {sid!r}: duplicate id")
-        seen.add(sid)
-
-    deps: dict[str, set[str]] = {}
-    for step in spec.steps:
-        where = f"step {step.id!r}"
-        if step.worker not in known_workers:
-            problems.append(
-                f"{where}: field 'worker': unknown worker {step.worker!r} "
-                f"(known: {', '.join(sorted(known_workers))})"
-            )
-        if step.fallback is not None and step.fallback not in known_workers:
-            problems.append(f"{where}: field 'fallback': unknown worker {step.fallback!r}")
-        d = set(step.depends_on)
-        for dep in step.depends_on:
-            if dep not in index:
-                problems.append(f"{where}: field 'depends_on': unknown step {dep!r}")
-            elif dep == step.id:
-                problems.append(f"{where}: field 'depends_on': a step cannot depend on itself")
-        if step.gate is not None:
-            if step.gate not in index:
-                problems.append(f"{where}: field 'gate': unknown step {step.gate!r}")
-            else:
-                gate_worker = spec.steps[index[step.gate]].worker
-                if gate_worker != "validator":
-                    problems.append(
-                        f"{where}: field 'gate': step {step.gate!r} is a {gate_worker!r} step, "
-                        "a gate must be a validator step"
-                    )
-                d.add(step.gate)
-        fields: list[tuple[str, Any]] = [("input", step.input)]
-        if step.fallback_input is not None:
-            fields.append(("fallback_input", step.fallback_input))
-        if step.when is not None:
-            fields.append(("when", step.when))
-            if set(step.when) != {"value", "schema"}:
-                problems.append(f"{where}: field 'when': needs exactly 'value' and 'schema'")
-            elif (p := _schema_problem(step.when["schema"])) is not None:
-                problems.append(f"{where}: field 'when.schema': invalid JSON Schema: {p}")
-        if isinstance(step.for_each, str):
-            fields.append(("for_each", step.for_each))
-        if step.validate_ is not None and (p := _schema_problem(step.validate_.schema_)):
-            problems.append(f"{where}: field 'validate.schema': invalid JSON Schema: {p}")
-        if step.concurrency is not None:
-            fields.append(("concurrency.key", step.concurrency.key))
-        if step.for_each is not None and step.on_failure == "escalate":
-            problems.append(
-                f"{where}: field 'on_failure': 'escalate' needs a single step, not a for_each"
-            )
-        if step.for_each is not None and step.validate_ is not None:
-            problems.append(
-                f"{where}: field 'validate': the validation loop needs a single step, "
-                "not a for_each (validate the items in a later step)"
-            )
-        if step.fallback_input is not None and step.fallback is None:
-            problems.append(f"{where}: field 'fallback_input': set without 'fallback'")
-        for field, value in fields:
-            try:
-                refs = find_refs(value)
-            except ReferenceError_ as e:
-                problems.append(f"{where}: field {field!r}: {e}")
-                continue
-            for ref in refs:
-                if ref.root in ("item", "item_index") and step.for_each is None:
-                    problems.append(
-                        f"{where}: field {field!r}: {ref.text} is only available in for_each"
-                    )
-                if ref.root in ("item", "item_index") and field == "for_each":
-                    problems.append(f"{where}: field 'for_each': cannot refer to item")
-                target = ref.step_id
-                if target is None:
-                    continue
-                if target not in index:
-                    problems.append(
-                        f"{where}: field {field!r}: reference {ref.text} names unknown step "
-                        f"{target!r}"
-                    )
-                elif target == step.id:
-                    problems.append(f"{where}: field {field!r}: reference {ref.text} is to itself")
-                else:
-                    d.add(target)
-        deps[step.id] = d
-    if step_refs_problems := _output_problems(spec, index):
-        problems.extend(step_refs_problems)
-    if spec.concurrency is not None:
-        problems.extend(_pipeline_concurrency_problems(spec.concurrency))
-    if not problems:
-        cycle = _find_cycle(deps)
-        if cycle:
-            problems.append(f"step {cycle[0]!r}: field 'depends_on': cycle {' -> '.join(cycle)}")
-    return problems
-
-
-def _output_problems(spec: PipelineSpec, index: dict[str, int]) -> list[str]:
-    problems: list[str] = []
-    try:
-        refs = find_refs(spec.output)
-    except ReferenceError_ as e:
-        return [f"pipeline: field 'output': {e}"]
-    for ref in refs:
-        if ref.root in ("item", "item_index"):
-            problems.append(f"pipeline: field 'output': {ref.text} is only available in for_each")
-        elif ref.step_id is not None and ref.step_id not in index:
-            problems.append(
-                f"pipeline: field 'output': reference {ref.text} names unknown step {ref.step_id!r}"
-            )
-    return problems
-
-
-def _pipeline_concurrency_problems(c: Concurrency) -> list[str]:
-    """A pipeline's key is known before any step runs: it may refer to inputs only."""
-    try:
-        refs = find_refs(c.key)
-    except ReferenceError_ as e:
-        return [f"pipeline: field 'concurrency.key': {e}"]
-    return [
-        f"pipeline: field 'concurrency.key': {ref.text} is not available before the steps run "
-        "(use inputs)"
-        for ref in refs
-        if ref.root != "inputs"
-    ]
-
-
-def _find_cycle(deps: dict[str, set[str]]) -> list[str] | None:
-    color: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(n: str) -> list[str] | None:
-        color[n] = 1
-        stack.append(n)
-        for m in sorted(deps.get(n, ())):
-            if color.get(m) == 1:
-                return [*stack[stack.index(m) :], m]
-            if color.get(m, 0) == 0 and (found := visit(m)):
-                return found
-        stack.pop()
-        color[n] = 2
-        return None
-
-    for n in deps:
-        if color.get(n, 0) == 0 and (found := visit(n)):
-            return found
-    return None
 
 
 def step_dependencies(spec: PipelineSpec) -> dict[str, set[str]]:

@@ -51,7 +51,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
 
 def read_pipeline(path: str) -> dict[str, Any]:
     """Read and check a pipeline file (``-`` for stdin); exit 2 with the reason."""
-    from aiworker.workflows.pipeline import parse_spec
+    from aiworker.schemas.pipeline_check import PipelineSpecError, parse_pipeline
 
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text("utf-8")
@@ -63,14 +63,11 @@ def read_pipeline(path: str) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         _err(f"{path}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}")
         raise SystemExit(EXIT_USAGE) from None
-    from temporalio.exceptions import ApplicationError
-
     try:
-        parse_spec(raw, set(process_catalog().specs))
-    except ApplicationError as e:
-        problems = (e.details[0] or {}).get("problems", [e.message]) if e.details else [e.message]
+        parse_pipeline(raw, set(process_catalog().specs))
+    except PipelineSpecError as e:
         _err(f"{path}: invalid pipeline (invalid_input):")
-        for p in problems:
+        for p in e.problems:
             print(f"  - {p}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
     if not isinstance(raw, dict):

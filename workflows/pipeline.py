@@ -55,9 +55,9 @@ with workflow.unsafe.imports_passed_through():
         Step,
         StepResult,
         TerminalStatus,
-        check_pipeline,
         step_dependencies,
     )
+    from aiworker.schemas.pipeline_check import PipelineSpecError, parse_pipeline
     from aiworker.schemas.protocol import TraceContext, Usage
     from aiworker.schemas.refs import ReferenceError_, find_refs, resolve
     from aiworker.schemas.spec import WorkerSpec
@@ -108,30 +108,9 @@ def invalid_input(message: str, problems: list[str] | None = None) -> Applicatio
 def parse_spec(raw: Any, known_workers: set[str]) -> PipelineSpec:
     """Parse and check a pipeline spec; raise ``invalid_input`` naming step and field."""
     try:
-        spec = PipelineSpec.model_validate(raw)
-    except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            loc = list(err["loc"])
-            where = "pipeline"
-            if len(loc) >= 2 and loc[0] == "steps" and isinstance(loc[1], int):
-                steps = raw.get("steps") if isinstance(raw, dict) else None
-                sid = None
-                if (
-                    isinstance(steps, list)
-                    and loc[1] < len(steps)
-                    and isinstance(steps[loc[1]], dict)
-                ):
-                    sid = steps[loc[1]].get("id")
-                where = f"step {sid!r}" if sid else f"step #{loc[1]}"
-                loc = loc[2:]
-            field = ".".join(str(p) for p in loc) or "(root)"
-            problems.append(f"{where}: field {field!r}: {err['msg']}")
-        raise invalid_input("invalid pipeline: " + "; ".join(problems), problems) from None
-    problems = check_pipeline(spec, known_workers)
-    if problems:
-        raise invalid_input("invalid pipeline: " + "; ".join(problems), problems)
-    return spec
+        return parse_pipeline(raw, known_workers)
+    except PipelineSpecError as e:
+        raise invalid_input(str(e), e.problems) from None
 
 
 def _now() -> float:
