@@ -38,6 +38,7 @@ from aiworker.activities.errors import (
     NotFoundError,
     RateLimitedError,
 )
+from aiworker.activities.retry_after import parse_retry_after
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.activities.tools.egress import EgressPolicy
@@ -260,12 +261,11 @@ def _raise_for_status(resp: httpx.Response, url: str) -> None:
     if code < 300:
         return
     if code == 429:
-        retry_after = resp.headers.get("retry-after", "")
         raise RateLimitedError(
             f"webhook {url} said 429",
             url=url,
             status_code=code,
-            retry_after=float(retry_after) if retry_after.isdigit() else None,
+            retry_after=parse_retry_after(resp.headers.get("retry-after")),
         )
     if code in (401, 403):
         raise AccessDeniedError(f"webhook {url} said {code}", url=url, status_code=code)

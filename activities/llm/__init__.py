@@ -9,7 +9,6 @@ the model registry (:func:`load_registry`, :class:`ModelRegistry`,
 
 from aiworker.activities.limits import RateLimiter
 from aiworker.activities.llm._client import LanguageModel, LlmMetrics, estimate_tokens
-from aiworker.activities.llm._http import parse_duration, retry_after
 from aiworker.activities.llm._providers import PROVIDERS, AnthropicProvider, OpenAIProvider
 from aiworker.activities.llm._registry import (
     ModelConfig,
@@ -21,6 +20,7 @@ from aiworker.activities.llm._registry import (
     parse_models_file,
 )
 from aiworker.activities.llm._types import ChatReply, ChatRequest, Message, Usage
+from aiworker.activities.retry_after import parse_duration, retry_after
 
 __all__ = [
     "PROVIDERS",

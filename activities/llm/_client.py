@@ -49,11 +49,11 @@ from aiworker.activities.errors import (
     WorkerTimeoutError,
 )
 from aiworker.activities.limits import RateLimiter
-from aiworker.activities.llm._http import retry_after
 from aiworker.activities.llm._providers import PROVIDERS, Provider, schema_instruction
 from aiworker.activities.llm._registry import ModelConfig, ModelRegistry
 from aiworker.activities.llm._types import ChatReply, ChatRequest
 from aiworker.activities.metrics import DURATION_BUCKETS
+from aiworker.activities.retry_after import retry_after
 
 _tracer = trace.get_tracer("aiworker.llm")
 

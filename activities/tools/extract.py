@@ -20,13 +20,17 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import date, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urljoin
 
-import soupsieve
 from bs4 import BeautifulSoup, Tag
+
+from aiworker.activities.tools.convert import convert, parse_boolean
+from aiworker.activities.tools.extraction_spec import (
+    CompiledSpec,
+    FieldSpec,
+    compile_spec,
+)
 
 try:  # lxml is the fastest parser bs4 supports; html.parser is the fallback.
     import lxml  # type: ignore[import-untyped]  # noqa: F401
@@ -34,78 +38,6 @@ try:  # lxml is the fastest parser bs4 supports; html.parser is the fallback.
     PARSER = "lxml"
 except ImportError:  # pragma: no cover
     PARSER = "html.parser"
-
-TYPES = frozenset({"string", "integer", "number", "boolean", "date", "datetime", "url"})
-_FIELD_KEYS = frozenset(
-    {"selector", "attr", "html", "type", "many", "required", "default", "regex", "locale", "fields"}
-)
-_LOCALE = re.compile(r"^[A-Za-z_-]+$")
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
-# Locales (language part) that write 1.299,00: decimal comma.
-_DECIMAL_COMMA = frozenset(
-    "de fr es it nl pt ru pl sv da fi nb nn no cs sk sl hr sr bg ro hu tr uk el id vi lt lv et "
-    "ca eu gl is be kk az".split()
-)
-_TRUE = frozenset("true yes y 1 on ja oui si sí да in stock available".split())
-_FALSE = frozenset("false no n 0 off nein non нет out of stock unavailable".split())
-_NUMBER = re.compile(r"[-\u2212]?\d[\d.,'\s\u00a0\u202f\u2009]*")
-_DAYFIRST = frozenset({"de", "fr", "es", "it", "nl", "pt", "ru", "pl", "en-gb", "en-au", "tr"})
-_MONTHS = {
-    m: i + 1
-    for i, names in enumerate(
-        [
-            "jan january janvier januar enero gennaio",
-            "feb february février fevrier februar febrero febbraio",
-            "mar march mars märz maerz marzo",
-            "apr april avril abril aprile",
-            "may mai mayo maggio",
-            "jun june juin juni junio giugno",
-            "jul july juillet juli julio luglio",
-            "aug august août aout agosto",
-            "sep sept september septembre septiembre settembre",
-            "oct october octobre oktober octubre ottobre",
-            "nov november novembre noviembre",
-            "dec december décembre decembre dezember diciembre dicembre",
-        ]
-    )
-    for m in names.split()
-}
-
-
-class SpecError(ValueError):
-    """An extraction spec that cannot be applied; ``path`` names the field."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
-        self.path = path
-        self.message = message
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """One compiled field."""
-
-    name: str
-    selector: str | None
-    compiled: Any
-    attr: str | None
-    html: bool
-    type: str
-    many: bool
-    required: bool
-    has_default: bool
-    default: Any
-    regex: re.Pattern[str] | None
-    locale: str | None
-    fields: tuple[FieldSpec, ...] | None
-
-
-@dataclass(frozen=True)
-class CompiledSpec:
-    """A checked extraction spec, reusable across pages."""
-
-    fields: tuple[FieldSpec, ...]
-    metadata: bool
 
 
 @dataclass
@@ -117,198 +49,9 @@ class Extraction:
     missing_required: list[str] = field(default_factory=list)
 
 
-def compile_spec(spec: Any, path: str = "extraction_spec") -> CompiledSpec:
-    """Check and compile an extraction spec; ``SpecError`` names the bad field."""
-    if not isinstance(spec, dict):
-        raise SpecError(path, "must be an object")
-    unknown = set(spec) - {"fields", "metadata"}
-    if unknown:
-        raise SpecError(path, f"unknown keys {sorted(unknown)}")
-    fields = spec.get("fields", {})
-    metadata = spec.get("metadata", False)
-    if not isinstance(metadata, bool):
-        raise SpecError(f"{path}.metadata", "must be a boolean")
-    if not fields and not metadata:
-        raise SpecError(path, "needs at least one field or metadata: true")
-    if metadata and isinstance(fields, dict) and "metadata" in fields:
-        raise SpecError(f"{path}.fields.metadata", "is reserved for metadata: true")
-    return CompiledSpec(fields=_compile_fields(fields, f"{path}.fields"), metadata=metadata)
-
-
-def _compile_fields(fields: Any, path: str) -> tuple[FieldSpec, ...]:
-    if not isinstance(fields, dict):
-        raise SpecError(path, "must be an object of fields")
-    return tuple(_compile_field(name, f, f"{path}.{name}") for name, f in fields.items())
-
-
-def _compile_field(name: str, f: Any, path: str) -> FieldSpec:
-    if not _NAME.match(name):
-        raise SpecError(path, "field names are letters, digits, '_' and '-'")
-    if isinstance(f, str):
-        f = {"selector": f}
-    if not isinstance(f, dict):
-        raise SpecError(path, "must be an object or a selector string")
-    unknown = set(f) - _FIELD_KEYS
-    if unknown:
-        raise SpecError(path, f"unknown keys {sorted(unknown)}")
-    selector = f.get("selector")
-    compiled = None
-    if selector is not None:
-        if not isinstance(selector, str) or not selector.strip():
-            raise SpecError(f"{path}.selector", "must be a non-empty CSS selector")
-        try:
-            compiled = soupsieve.compile(selector)
-        except Exception as e:  # soupsieve raises SelectorSyntaxError and others
-            raise SpecError(f"{path}.selector", f"invalid CSS selector {selector!r}: {e}") from None
-    ftype = f.get("type", "string")
-    if ftype not in TYPES:
-        raise SpecError(f"{path}.type", f"{ftype!r} is not one of {sorted(TYPES)}")
-    attr = f.get("attr")
-    if attr is not None and (not isinstance(attr, str) or not attr):
-        raise SpecError(f"{path}.attr", "must be an attribute name")
-    html = f.get("html", False)
-    if attr is not None and html:
-        raise SpecError(path, "attr and html exclude each other")
-    regex = None
-    if f.get("regex") is not None:
-        try:
-            regex = re.compile(f["regex"])
-        except (re.error, TypeError) as e:
-            raise SpecError(f"{path}.regex", f"invalid regular expression: {e}") from None
-    locale = f.get("locale")
-    if locale is not None and not (isinstance(locale, str) and _LOCALE.match(locale)):
-        raise SpecError(f"{path}.locale", "must be a locale tag such as 'de-DE'")
-    sub = None
-    if "fields" in f:
-        if attr is not None or html or regex is not None or ftype != "string":
-            raise SpecError(path, "a record (fields) takes no attr, html, regex or type")
-        sub = _compile_fields(f["fields"], f"{path}.fields")
-    for key in ("many", "required"):
-        if not isinstance(f.get(key, False), bool):
-            raise SpecError(f"{path}.{key}", "must be a boolean")
-    return FieldSpec(
-        name=name,
-        selector=selector,
-        compiled=compiled,
-        attr=attr,
-        html=bool(html),
-        type=ftype,
-        many=bool(f.get("many", False)),
-        required=bool(f.get("required", False)),
-        has_default="default" in f,
-        default=f.get("default"),
-        regex=regex,
-        locale=locale.lower().replace("_", "-") if locale else None,
-        fields=sub,
-    )
-
-
 def normalize_text(el: Tag) -> str:
     """Visible text with runs of whitespace collapsed."""
     return " ".join(el.get_text(" ").split())
-
-
-# --- conversions: each returns a value or raises ValueError ---------------
-
-
-def parse_number(text: str, locale: str | None = None) -> float:
-    """A number from text like ``"1,299.00"``, ``"1.299,00 €"``, ``"CHF 1'299.50"``."""
-    m = _NUMBER.search(text)
-    if not m:
-        raise ValueError(f"no number in {text!r}")
-    raw = m.group(0).strip()
-    negative = raw[0] in "-\u2212"
-    digits = re.sub(r"[\s\u00a0\u202f\u2009']", "", raw.lstrip("-\u2212"))
-    lang = (locale or "").split("-")[0]
-    if lang in _DECIMAL_COMMA:
-        decimal = ","
-    elif lang:
-        decimal = "."
-    elif "," in digits and "." in digits:
-        decimal = "," if digits.rfind(",") > digits.rfind(".") else "."
-    elif digits.count(",") == 1 and len(digits.split(",")[1]) != 3:
-        decimal = ","
-    else:
-        decimal = "."
-    thousands = "." if decimal == "," else ","
-    digits = digits.replace(thousands, "").replace(decimal, ".").rstrip(".")
-    if digits.count(".") > 1:
-        raise ValueError(f"ambiguous number {raw!r}")
-    value = float(digits)
-    return -value if negative else value
-
-
-def parse_integer(text: str, locale: str | None = None) -> int:
-    value = parse_number(text, locale)
-    if not value.is_integer():
-        raise ValueError(f"{text!r} is not a whole number")
-    return int(value)
-
-
-def parse_boolean(text: str) -> bool:
-    t = text.strip().lower()
-    if t in _TRUE:
-        return True
-    if t in _FALSE:
-        return False
-    raise ValueError(f"{text!r} is not a boolean")
-
-
-def parse_datetime(text: str, locale: str | None = None) -> datetime:
-    """A datetime from ISO 8601, RFC 2822, numeric or month-name dates."""
-    t = text.strip()
-    iso = t.replace("Z", "+00:00") if t.endswith("Z") else t
-    try:
-        return datetime.fromisoformat(iso)
-    except ValueError:
-        pass
-    try:
-        return parsedate_to_datetime(t)
-    except (TypeError, ValueError, IndexError):
-        pass
-    m = re.search(r"(\d{4})[/.-](\d{1,2})[/.-](\d{1,2})", t)
-    if m:
-        return datetime(int(m.group(1)), int(m.group(2)), int(m.group(3)))
-    m = re.search(r"(\d{1,2})[/.-](\d{1,2})[/.-](\d{4})", t)
-    if m:
-        a, b, y = int(m.group(1)), int(m.group(2)), int(m.group(3))
-        dayfirst = (locale or "") in _DAYFIRST or (locale or "").split("-")[0] in _DAYFIRST
-        if "." in t[m.start() : m.end()] or a > 12:
-            dayfirst = True
-        elif b > 12:
-            dayfirst = False
-        day, month = (a, b) if dayfirst else (b, a)
-        return datetime(y, month, day)
-    words = re.findall(r"[^\W\d_]+\.?|\d+", t.lower())
-    month_name = next((_MONTHS[w.rstrip(".")] for w in words if w.rstrip(".") in _MONTHS), None)
-    nums = [int(w) for w in words if w.isdigit()]
-    year_num = next((n for n in nums if n > 31), None)
-    day_num = next((n for n in nums if 1 <= n <= 31), None)
-    if month_name and year_num and day_num:
-        return datetime(year_num, month_name, day_num)
-    raise ValueError(f"no date in {text!r}")
-
-
-def convert(value: str, fs: FieldSpec, base_url: str) -> Any:
-    """Convert extracted text to the field's type; ``ValueError`` if it does not fit."""
-    t = fs.type
-    if t == "string":
-        return value
-    if t == "url":
-        v = value.strip()
-        if not v or v.startswith(("javascript:", "data:")):
-            raise ValueError(f"not a URL: {value!r}")
-        return urljoin(base_url, v)
-    if t == "number":
-        return parse_number(value, fs.locale)
-    if t == "integer":
-        return parse_integer(value, fs.locale)
-    if t == "boolean":
-        return parse_boolean(value)
-    dt = parse_datetime(value, fs.locale)
-    if t == "date":
-        return date(dt.year, dt.month, dt.day).isoformat()
-    return dt.isoformat()
 
 
 class HtmlParser:

@@ -17,11 +17,8 @@ errors -> ``fetch_failed``, timeouts -> ``fetch_timeout``, body over the cap
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
-import email.utils
 import hashlib
-import re
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -43,6 +40,8 @@ from aiworker.activities.errors import (
     PayloadTooLargeError,
     RateLimitedError,
 )
+from aiworker.activities.retry_after import parse_retry_after
+from aiworker.activities.tools.charset import decode_body
 from aiworker.activities.tools.egress import EgressPolicy, GuardedBackend
 from aiworker.activities.tools.robots import Politeness, RobotsCache
 
@@ -51,24 +50,6 @@ HTML_TYPES = frozenset(
     {"text/html", "application/xhtml+xml", "text/plain", "text/xml", "application/xml"}
 )
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_META_CHARSET = re.compile(rb"""<meta[^>]+?charset\s*=\s*["']?\s*([A-Za-z0-9_.:\-]+)""", re.I)
-# WHATWG: these labels mean their Windows supersets in every browser.
-_SUPERSETS = {
-    "ascii": "cp1252",
-    "latin_1": "cp1252",
-    "iso8859_1": "cp1252",
-    "shift_jis": "cp932",
-    "euc_kr": "cp949",
-    "gb2312": "gb18030",
-    "gbk": "gb18030",
-}
-_LABELS = {
-    "cp1252": "windows-1252",
-    "cp932": "shift_jis",
-    "cp949": "euc-kr",
-    "utf-8": "utf-8",
-    "utf-8-sig": "utf-8",
-}
 
 
 @dataclass(frozen=True)
@@ -112,57 +93,6 @@ class FetchResult:
             "sha256": self.sha256,
             "elapsed_ms": self.elapsed_ms,
         }
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta seconds or HTTP date)."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    current = time.time() if now is None else now
-    return max(0.0, round(when.timestamp() - current, 3))
-
-
-def _codec(label: str | bytes | None) -> str | None:
-    if not label:
-        return None
-    if isinstance(label, bytes):
-        label = label.decode("ascii", "ignore")
-    try:
-        name = codecs.lookup(label.strip().strip("\"'")).name
-    except LookupError:
-        return None
-    return _SUPERSETS.get(name.replace("-", "_"), name)
-
-
-def decode_body(body: bytes, header_charset: str | None) -> tuple[str, str]:
-    """Text and encoding label: BOM, HTTP header, ``<meta charset>``, UTF-8, detection."""
-    for bom, bom_enc in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
-                         (codecs.BOM_UTF16_BE, "utf-16")):  # fmt: skip
-        if body.startswith(bom):
-            return body.decode(bom_enc, errors="replace"), _LABELS.get(bom_enc, bom_enc)
-    enc = _codec(header_charset)
-    if enc is None:
-        m = _META_CHARSET.search(body[:4096])
-        enc = _codec(m.group(1)) if m else None
-    if enc is None:
-        try:
-            return body.decode("utf-8"), "utf-8"
-        except UnicodeDecodeError:
-            from charset_normalizer import from_bytes
-
-            best = from_bytes(body[:65536]).best()
-            enc = _codec(best.encoding) if best is not None else None
-            enc = enc or "cp1252"
-    return body.decode(enc, errors="replace"), _LABELS.get(enc, enc)
 
 
 def _origin(url: str) -> tuple[str, str]:

@@ -7,8 +7,10 @@ import pytest
 from fixtures.scrape_site import CP1252_HTML, SJIS_HTML
 
 from aiworker.activities.errors import AccessDeniedError, InvalidInputError, PayloadTooLargeError
+from aiworker.activities.retry_after import parse_retry_after
+from aiworker.activities.tools.charset import decode_body
 from aiworker.activities.tools.egress import EgressPolicy
-from aiworker.activities.tools.fetch import FetchLimits, FetchTool, decode_body, parse_retry_after
+from aiworker.activities.tools.fetch import FetchLimits, FetchTool
 
 
 def test_charsets_header_meta_detection() -> None:

@@ -1,4 +1,10 @@
-"""Reading a provider's rate-limit headers into one retry delay."""
+"""Reading a server's wait hints into one retry delay.
+
+One reader for every HTTP client in the workers: the scrape fetch and the
+publish webhook read ``Retry-After`` (:func:`parse_retry_after`); model
+providers add their own headers (``retry-after-ms``, OpenAI and Anthropic
+reset headers), read by :func:`retry_after`.
+"""
 
 from __future__ import annotations
 
@@ -52,6 +58,27 @@ def _reset(value: str, now: float) -> float | None:
     return _seconds_until(value, now)
 
 
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value (delta seconds or an HTTP date).
+
+    Args:
+        value: the header's value, or None when it is absent.
+        now: the current epoch time (for tests); the clock when None.
+
+    Returns:
+        The wait in seconds, capped at ``MAX_RETRY_AFTER_SECONDS``, or None when
+        the value names no wait.
+    """
+    if not value:
+        return None
+    v = value.strip()
+    try:
+        wait: float | None = max(0.0, float(v))
+    except ValueError:
+        wait = _seconds_until(v, time.time() if now is None else now)
+    return None if wait is None else round(min(wait, MAX_RETRY_AFTER_SECONDS), 3)
+
+
 def retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
     """The wait a 429 (or 503) asks for, in seconds, or None if it names none.
 
@@ -69,11 +96,7 @@ def retry_after(headers: Mapping[str, str], now: float | None = None) -> float |
         except ValueError:
             wait = None
     if wait is None and "retry-after" in h:
-        v = h["retry-after"].strip()
-        try:
-            wait = max(0.0, float(v))
-        except ValueError:
-            wait = _seconds_until(v, now)
+        wait = parse_retry_after(h["retry-after"], now)
     if wait is None:
         exhausted: list[float] = []
         others: list[float] = []

@@ -1,0 +1,144 @@
+"""Extraction specs: the checked, compiled form of ``extraction_spec``.
+
+A spec is compiled once (:func:`compile_spec`: selectors, regexes, types and
+locales checked), so a bad spec is ``invalid_input`` before any fetch, and
+reused across pages by :class:`~aiworker.activities.tools.extract.HtmlParser`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import soupsieve
+
+TYPES = frozenset({"string", "integer", "number", "boolean", "date", "datetime", "url"})
+_FIELD_KEYS = frozenset(
+    {"selector", "attr", "html", "type", "many", "required", "default", "regex", "locale", "fields"}
+)
+_LOCALE = re.compile(r"^[A-Za-z_-]+$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+# Locales (language part) that write 1.299,00: decimal comma.
+
+
+class SpecError(ValueError):
+    """An extraction spec that cannot be applied; ``path`` names the field."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One compiled field."""
+
+    name: str
+    selector: str | None
+    compiled: Any
+    attr: str | None
+    html: bool
+    type: str
+    many: bool
+    required: bool
+    has_default: bool
+    default: Any
+    regex: re.Pattern[str] | None
+    locale: str | None
+    fields: tuple[FieldSpec, ...] | None
+
+
+@dataclass(frozen=True)
+class CompiledSpec:
+    """A checked extraction spec, reusable across pages."""
+
+    fields: tuple[FieldSpec, ...]
+    metadata: bool
+
+
+def compile_spec(spec: Any, path: str = "extraction_spec") -> CompiledSpec:
+    """Check and compile an extraction spec; ``SpecError`` names the bad field."""
+    if not isinstance(spec, dict):
+        raise SpecError(path, "must be an object")
+    unknown = set(spec) - {"fields", "metadata"}
+    if unknown:
+        raise SpecError(path, f"unknown keys {sorted(unknown)}")
+    fields = spec.get("fields", {})
+    metadata = spec.get("metadata", False)
+    if not isinstance(metadata, bool):
+        raise SpecError(f"{path}.metadata", "must be a boolean")
+    if not fields and not metadata:
+        raise SpecError(path, "needs at least one field or metadata: true")
+    if metadata and isinstance(fields, dict) and "metadata" in fields:
+        raise SpecError(f"{path}.fields.metadata", "is reserved for metadata: true")
+    return CompiledSpec(fields=_compile_fields(fields, f"{path}.fields"), metadata=metadata)
+
+
+def _compile_fields(fields: Any, path: str) -> tuple[FieldSpec, ...]:
+    if not isinstance(fields, dict):
+        raise SpecError(path, "must be an object of fields")
+    return tuple(_compile_field(name, f, f"{path}.{name}") for name, f in fields.items())
+
+
+def _compile_field(name: str, f: Any, path: str) -> FieldSpec:
+    if not _NAME.match(name):
+        raise SpecError(path, "field names are letters, digits, '_' and '-'")
+    if isinstance(f, str):
+        f = {"selector": f}
+    if not isinstance(f, dict):
+        raise SpecError(path, "must be an object or a selector string")
+    unknown = set(f) - _FIELD_KEYS
+    if unknown:
+        raise SpecError(path, f"unknown keys {sorted(unknown)}")
+    selector = f.get("selector")
+    compiled = None
+    if selector is not None:
+        if not isinstance(selector, str) or not selector.strip():
+            raise SpecError(f"{path}.selector", "must be a non-empty CSS selector")
+        try:
+            compiled = soupsieve.compile(selector)
+        except Exception as e:  # soupsieve raises SelectorSyntaxError and others
+            raise SpecError(f"{path}.selector", f"invalid CSS selector {selector!r}: {e}") from None
+    ftype = f.get("type", "string")
+    if ftype not in TYPES:
+        raise SpecError(f"{path}.type", f"{ftype!r} is not one of {sorted(TYPES)}")
+    attr = f.get("attr")
+    if attr is not None and (not isinstance(attr, str) or not attr):
+        raise SpecError(f"{path}.attr", "must be an attribute name")
+    html = f.get("html", False)
+    if attr is not None and html:
+        raise SpecError(path, "attr and html exclude each other")
+    regex = None
+    if f.get("regex") is not None:
+        try:
+            regex = re.compile(f["regex"])
+        except (re.error, TypeError) as e:
+            raise SpecError(f"{path}.regex", f"invalid regular expression: {e}") from None
+    locale = f.get("locale")
+    if locale is not None and not (isinstance(locale, str) and _LOCALE.match(locale)):
+        raise SpecError(f"{path}.locale", "must be a locale tag such as 'de-DE'")
+    sub = None
+    if "fields" in f:
+        if attr is not None or html or regex is not None or ftype != "string":
+            raise SpecError(path, "a record (fields) takes no attr, html, regex or type")
+        sub = _compile_fields(f["fields"], f"{path}.fields")
+    for key in ("many", "required"):
+        if not isinstance(f.get(key, False), bool):
+            raise SpecError(f"{path}.{key}", "must be a boolean")
+    return FieldSpec(
+        name=name,
+        selector=selector,
+        compiled=compiled,
+        attr=attr,
+        html=bool(html),
+        type=ftype,
+        many=bool(f.get("many", False)),
+        required=bool(f.get("required", False)),
+        has_default="default" in f,
+        default=f.get("default"),
+        regex=regex,
+        locale=locale.lower().replace("_", "-") if locale else None,
+        fields=sub,
+    )
