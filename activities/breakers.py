@@ -1,8 +1,11 @@
 """Circuit breakers per upstream target (a host, a model provider), in one
 process and across processes.
 
+Long on purpose: one capability, the in-process breaker and its shared view,
+whose open/half-open/closed rules must be read together; its workflow is
+``workflows/breakers.py``, its model ``schemas/breakers.py``.
+
 1. :class:`BreakerRegistry`, the breakers of one process.
-   Circuit breakers per upstream target (a host, a model provider).
 
    Closed: calls pass; failures are counted in a sliding window. When
    ``failure_threshold`` failures fall within ``window_seconds`` the breaker
@@ -17,7 +20,6 @@ process and across processes.
    brings this process's view of the shared state up to date (briefly bounded).
 
 2. :class:`SharedBreakers`, the process side of breakers shared across processes.
-   The process side of breakers shared across worker processes.
 
    A :class:`BreakerRegistry` with a :class:`SharedBreakers` publishes each
    opening to the target's ``SharedBreakerWorkflow`` and, before letting a call

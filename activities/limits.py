@@ -1,19 +1,18 @@
 """Limits on the activity side: the cross-process limiter's activity and each
-provider endpoint's own request and token rates.
+provider endpoint's own request and token rates. The limiter's workflow is
+``workflows/limits.py``, its models ``schemas/limits.py``.
 
 1. The ``limiter-acquire``/``limiter-plan`` activities (:class:`LimiterActivities`).
-   The ``limiter-acquire`` activity: hand a permit request to the key's limiter.
-
-   Runs in a worker process, where the settings live: it works out which limit
+   They hand a permit request to the key's limiter. They run in a worker
+   process, where the settings live: they work out which limit
    applies (the worker spec's ``rate_limit`` per tenant, overridden by
    ``AIWORKER_RATE_LIMITS`` rules ``worker:tenant`` then ``worker:*``), and
-   signal-with-starts the ``LimiterWorkflow`` for that key on the process's own
+   signal-with-start the ``LimiterWorkflow`` for that key on the process's own
    task queue. The pipeline then waits for the ``permit`` signal; nothing is
    dropped and nothing is held in a process.
 
 2. :class:`RateLimiter`, a client-side limit per model endpoint.
-   A client-side limit per provider endpoint: requests and tokens per minute.
-
+   Requests and tokens per minute, per provider endpoint.
    Every call in the process reserves one request and its estimated tokens
    (prompt estimate + ``max_tokens``) in a sliding 60-second window before it
    goes out; when the provider reports the real usage the reservation is
