@@ -40,6 +40,7 @@ from aiworker.workers.cli_common import (
     dev_settings,
     err,
     load_settings,
+    outcome_code,
     print_outcome,
     process_catalog,
     read_pipeline,
@@ -210,7 +211,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     )
     if outcome is None:  # stopped before the pipeline ended
         return EXIT_FAILED
-    return EXIT_OK if outcome.get("status") == "succeeded" else EXIT_FAILED
+    return outcome_code(outcome)
 
 
 async def cmd_workers(args: argparse.Namespace) -> int:

@@ -127,7 +127,12 @@ def read_pipeline(path: str) -> dict[str, Any]:
     return raw
 
 
-def print_outcome(doc: Mapping[str, Any]) -> int:
-    """Print a pipeline's outcome JSON; 0 when it succeeded, else 1."""
-    print(json.dumps(doc, indent=2, ensure_ascii=False), flush=True)
+def outcome_code(doc: Mapping[str, Any]) -> int:
+    """The exit code of a pipeline's outcome: 0 when it succeeded, else 1."""
     return EXIT_OK if doc.get("status") == "succeeded" else EXIT_FAILED
+
+
+def print_outcome(doc: Mapping[str, Any]) -> int:
+    """Print a pipeline's outcome JSON; returns its :func:`outcome_code`."""
+    print(json.dumps(doc, indent=2, ensure_ascii=False), flush=True)
+    return outcome_code(doc)

@@ -80,6 +80,11 @@ class PipelineClient:
             the workers this process knows (the built-ins, or the catalog a
             worker process installed); pass the ids when the workers are
             served elsewhere.
+
+    Attributes:
+        temporal: the underlying Temporal client, for anything this class
+            does not wrap (schedules, batch operations, raw handles).
+        settings: the settings the client runs with.
     """
 
     def __init__(

@@ -194,14 +194,7 @@ async def run_dev_stack(
         )
         # A worker that ended before it polled failed to start, or was stopped starting.
         if not worker.done():
-            server_line = f"Temporal server: {server.address}   (data: {settings.data_dir})"
-            print(server_line, flush=True)
-            if server.ui_url:
-                print(f"Temporal UI:     {server.ui_url}", flush=True)
-            print(
-                f"Worker polling:  all task queues; logs in {settings.data_dir / 'worker.log'}",
-                flush=True,
-            )
+            _announce(server.address, server.ui_url, settings.data_dir)
             if pipeline is not None and bundled_demo:
                 site = DemoSite().start()
                 stack.callback(site.stop)
@@ -249,6 +242,14 @@ async def _background_worker(
         elif not task.cancelled():
             # Leaving on another error: that one is reported, not the worker's.
             task.exception()
+
+
+def _announce(address: str, ui_url: str | None, data_dir: Path) -> None:
+    """Where the stack runs: what a person opens or reads next."""
+    print(f"Temporal server: {address}   (data: {data_dir})", flush=True)
+    if ui_url:
+        print(f"Temporal UI:     {ui_url}", flush=True)
+    print(f"Worker polling:  all task queues; logs in {data_dir / 'worker.log'}", flush=True)
 
 
 def _point_at_demo_site(
