@@ -22,6 +22,14 @@ process serves it on the task queue its spec names, with the same contract
 checks, limits, retries, error codes and telemetry as the built-ins.
 :mod:`aiworker.testing` runs a worker without a server; ``aiworker
 conformance WORKER_ID`` checks a live one through Temporal.
+
+Pipelines are started and watched from Python with :class:`PipelineClient`
+(the client ``aiworker run`` uses); its handles are typed, so
+``await handle.result()`` is a :class:`PipelineResult`::
+
+    pipelines = await aiworker.PipelineClient.connect()  # envconfig, or target_host=...
+    handle = await pipelines.start(json.loads(Path("pipeline.json").read_text()))
+    result = await handle.result()
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ if TYPE_CHECKING:
     from aiworker.activities.runtime import WorkerContext, WorkerResult
     from aiworker.activities.sdk import Worker
     from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.pipeline import PipelineResult
+    from aiworker.schemas.pipeline_check import PipelineSpecError
     from aiworker.schemas.protocol import (
         ArtifactRef,
         ErrorInfo,
@@ -62,6 +72,12 @@ if TYPE_CHECKING:
         WorkerResponse,
     )
     from aiworker.schemas.spec import WorkerSpec
+    from aiworker.workers.client import (
+        PipelineClient,
+        PipelineHandle,
+        RedriveError,
+        TemporalUnreachableError,
+    )
 
     Context = WorkerContext
     Result = WorkerResult
@@ -84,9 +100,15 @@ _LAZY: dict[str, str] = {
     "InvalidInputError": "aiworker.activities.errors:InvalidInputError",
     "InvalidOutputError": "aiworker.activities.errors:InvalidOutputError",
     "NotFoundError": "aiworker.activities.errors:NotFoundError",
+    "PipelineClient": "aiworker.workers.client:PipelineClient",
+    "PipelineHandle": "aiworker.workers.client:PipelineHandle",
+    "PipelineResult": "aiworker.schemas.pipeline:PipelineResult",
+    "PipelineSpecError": "aiworker.schemas.pipeline_check:PipelineSpecError",
     "PromptWorker": "aiworker.activities.prompt:PromptWorker",
     "PayloadTooLargeError": "aiworker.activities.errors:PayloadTooLargeError",
     "RateLimitedError": "aiworker.activities.errors:RateLimitedError",
+    "RedriveError": "aiworker.workers.client:RedriveError",
+    "TemporalUnreachableError": "aiworker.workers.temporal_client:TemporalUnreachableError",
     "Result": "aiworker.activities.runtime:WorkerResult",
     "ToolNotAllowedError": "aiworker.activities.errors:ToolNotAllowedError",
     "UpstreamError": "aiworker.activities.errors:UpstreamError",
@@ -134,9 +156,15 @@ __all__ = [
     "InvalidOutputError",
     "NotFoundError",
     "PayloadTooLargeError",
+    "PipelineClient",
+    "PipelineHandle",
+    "PipelineResult",
+    "PipelineSpecError",
     "PromptWorker",
     "RateLimitedError",
+    "RedriveError",
     "Result",
+    "TemporalUnreachableError",
     "ToolNotAllowedError",
     "UpstreamError",
     "Usage",

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from aiworker.schemas.catalog import current_specs
 from aiworker.schemas.protocol import (
@@ -239,7 +239,7 @@ def _plan(
     return calls, skipped
 
 
-async def _attempts(handle: Any) -> dict[str, int]:
+async def _attempts(handle: WorkflowHandle[ConformanceWorkflow, dict[str, Any]]) -> dict[str, int]:
     """How many attempts each call took, from the history (by activity id)."""
     scheduled: dict[int, str] = {}
     out: dict[str, int] = {}

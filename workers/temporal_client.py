@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from aiworker.workers.telemetry import Telemetry
 
 
+class TemporalUnreachableError(ConnectionError):
+    """The Temporal frontend did not answer the connection (address, TLS or server down)."""
+
+
 def data_converter(settings: Settings | None) -> DataConverter:
     """The pydantic converter, with external storage for large payloads from ``settings``.
 
@@ -66,15 +70,23 @@ async def connect(
     Pass ``settings`` so that payloads over the threshold go to (and come
     from) the configured store; every process that touches the same
     workflows must be able to read them.
+
+    Raises:
+        TemporalUnreachableError: the connection failed.
     """
     cfg = connect_config(profile, **overrides)
     target = cfg.pop("target_host")
     all_interceptors = [*(telemetry.interceptors if telemetry else []), *(interceptors or [])]
     if telemetry is not None:
         cfg.setdefault("runtime", telemetry.runtime)
-    return await Client.connect(
-        target,
-        data_converter=data_converter(settings),
-        interceptors=all_interceptors,
-        **cfg,
-    )
+    try:
+        return await Client.connect(
+            target,
+            data_converter=data_converter(settings),
+            interceptors=all_interceptors,
+            **cfg,
+        )
+    except RuntimeError as e:
+        # The SDK's core reports a failed connect as a bare RuntimeError
+        # ("Failed client connect: ..."); give callers a type to catch.
+        raise TemporalUnreachableError(str(e)) from e

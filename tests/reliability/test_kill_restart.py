@@ -27,7 +27,7 @@ from temporalio.client import Client
 
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import Settings
-from aiworker.workers.cli import start_pipeline
+from aiworker.workers.client import start_pipeline
 
 SCRIPT = Path(__file__).with_name("standin_worker.py")
 HOLD_SECONDS = 3.0

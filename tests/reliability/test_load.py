@@ -29,7 +29,7 @@ from temporalio.testing import WorkflowEnvironment
 from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import Settings
-from aiworker.workers.cli import start_pipeline
+from aiworker.workers.client import start_pipeline
 from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path
 from aiworker.workers.temporal_client import data_converter
 

@@ -20,7 +20,7 @@ from support.standins import SlowPublish, publish_step, read_jsonl, registered
 
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import Settings
-from aiworker.workers.cli import start_pipeline
+from aiworker.workers.client import start_pipeline
 from aiworker.workers.devserver import DevServer, free_port
 from aiworker.workers.temporal_client import connect
 

@@ -41,7 +41,7 @@ from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.protocol import WorkerResponse
 from aiworker.schemas.settings import Settings
-from aiworker.workers.cli import start_pipeline
+from aiworker.workers.client import start_pipeline
 from aiworker.workers.resources import artifact_store, close_connections
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")

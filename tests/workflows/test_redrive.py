@@ -12,7 +12,7 @@ from pipeline_standins import fail, scheduled_activities, standin, wait_for
 from temporalio.client import Client
 
 from aiworker.schemas.settings import Settings
-from aiworker.workers.cli import list_pipelines, list_query, redrive
+from aiworker.workers.client import list_pipelines, list_query, redrive
 
 
 async def test_redrive_reuses_succeeded_steps_and_keeps_idempotency_keys(

@@ -13,7 +13,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from aiworker.schemas import names
 from aiworker.schemas.settings import Settings
-from aiworker.workers.cli import send_review
+from aiworker.workers.client import send_review
 
 STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
 GOOD = {"policy": "all", "result": {"title": "fixed by a human"}, "used": [], "failed": []}

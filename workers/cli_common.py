@@ -1,0 +1,138 @@
+"""What the ``aiworker`` commands share: exit codes, the one-line error, settings,
+logs, a command's root span and reading a pipeline file.
+
+Exit codes are part of the command line's contract (DESIGN): 0 done (a
+pipeline that succeeded), 1 failed (a pipeline that did not succeed, Temporal
+unreachable), 2 bad usage (a bad file, flag, setting or plugin), 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from aiworker.schemas.catalog import Catalog
+from aiworker.schemas.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from aiworker.workers.telemetry import Telemetry
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # stopped with Ctrl-C: 128 + SIGINT, as shells report it
+
+
+def err(msg: str) -> None:
+    """Print ``aiworker: msg`` on stderr: one line a person reads."""
+    print(f"aiworker: {msg}", file=sys.stderr)
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from the environment; exits 2 naming the variable on error."""
+    try:
+        return Settings.from_env(os.environ if env is None else env)
+    except SettingsError as e:
+        err(f"invalid settings: {e}")
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def dev_settings(command: str, data_dir: str | None) -> Settings:
+    """Settings for ``aiworker dev`` / ``demo``: the environment's, with local defaults."""
+    env = dict(os.environ)
+    env.setdefault("AIWORKER_ALLOW_PRIVATE_NETWORKS", "true")
+    if command == "demo":
+        # the seed's 10/min per tenant would make a second demo run within a
+        # minute wait; the demo tenant may scrape the bundled site faster
+        env.setdefault("AIWORKER_RATE_LIMITS", "web-scrape:demo=120/min")
+    if data_dir:
+        env["AIWORKER_DATA_DIR"] = data_dir
+    return load_settings(env)
+
+
+def configure_logs(settings: Settings, stream: IO[str] | None = None) -> None:
+    """JSON logs at the configured level, with every known secret redacted."""
+    from aiworker.workers.logs import configure_logging
+    from aiworker.workers.telemetry import otlp_header_secrets
+
+    configure_logging(
+        settings.log_level,
+        [*settings.secret_values(), *otlp_header_secrets(os.environ)],
+        stream=stream,
+    )
+
+
+@contextlib.asynccontextmanager
+async def cli_span(name: str, **attributes: str) -> AsyncIterator[Telemetry]:
+    """Telemetry for one CLI command: the root span of what it starts or changes
+    (the SDK's tracing interceptor carries it into the workflow), ended and
+    exported, with the process's S3 connections closed, when the command ends."""
+    from opentelemetry import trace
+
+    from aiworker.workers.resources import close_connections
+    from aiworker.workers.telemetry import Telemetry
+
+    telemetry = Telemetry(sdk_metrics=False, service_name="aiworker-cli")
+    tracer = trace.get_tracer("aiworker.cli")
+    try:
+        with tracer.start_as_current_span(
+            name, attributes={f"aiworker.{k}": v for k, v in attributes.items()}
+        ):
+            yield telemetry
+    finally:
+        telemetry.shutdown()
+        await close_connections()  # the S3 client that large payloads may have used
+
+
+def process_catalog() -> Catalog:
+    """Every worker this process would know as a worker process (built-ins, plugins,
+    spec files), installed; exits 2 naming a broken plugin or spec file."""
+    from aiworker.workers.worker import StartupError, load_process_workers
+
+    try:
+        return load_process_workers(load_settings()).catalog
+    except StartupError as e:
+        err(str(e))
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def read_pipeline(path: str) -> dict[str, Any]:
+    """Read and check a pipeline file (``-`` for stdin); exit 2 with the reason."""
+    from aiworker.schemas.pipeline_check import PipelineSpecError, parse_pipeline
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text("utf-8")
+    except OSError as e:
+        err(f"cannot read {path}: {e.strerror}")
+        raise SystemExit(EXIT_USAGE) from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        err(f"{path}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}")
+        raise SystemExit(EXIT_USAGE) from None
+    try:
+        parse_pipeline(raw, set(process_catalog().specs))
+    except PipelineSpecError as e:
+        err(f"{path}: invalid pipeline (invalid_input):")
+        for p in e.problems:
+            print(f"  - {p}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    if not isinstance(raw, dict):
+        raise SystemExit(EXIT_USAGE)
+    return raw
+
+
+def outcome_code(doc: Mapping[str, Any]) -> int:
+    """The exit code of a pipeline's outcome: 0 when it succeeded, else 1."""
+    return EXIT_OK if doc.get("status") == "succeeded" else EXIT_FAILED
+
+
+def print_outcome(doc: Mapping[str, Any]) -> int:
+    """Print a pipeline's outcome JSON; returns its :func:`outcome_code`."""
+    print(json.dumps(doc, indent=2, ensure_ascii=False), flush=True)
+    return outcome_code(doc)

@@ -1,0 +1,118 @@
+"""The ``aiworker`` command line's grammar: commands, arguments and flags.
+
+Names, flags and defaults are a user-facing contract (DESIGN); the commands
+themselves live in :mod:`aiworker.workers.cli`, one function each.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive_seconds(value: str) -> float:
+    """A number of seconds in (0, 3600], for ``argparse``."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 < seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 3600 seconds")
+    return seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``aiworker`` command line: its commands and flags (fixed by DESIGN)."""
+    p = argparse.ArgumentParser(prog="aiworker", description="Durable AI workers on Temporal.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def conn(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--address", help="Temporal frontend host:port (default: envconfig)")
+        sp.add_argument("--profile", help="envconfig profile name")
+
+    w = sub.add_parser("worker", help="run a worker process")
+    w.add_argument(
+        "-q",
+        "--task-queue",
+        action="append",
+        help="base task queue to poll (repeatable; default AIWORKER_TASK_QUEUES or all)",
+    )
+    conn(w)
+
+    r = sub.add_parser("run", help="start a pipeline and print its result")
+    r.add_argument("file", help="pipeline JSON file, or - for stdin")
+    r.add_argument("--no-wait", action="store_true", help="print the workflow id and return")
+    r.add_argument("--id", help="workflow id (default: <name>-<random>)")
+    conn(r)
+
+    for name, helptext in (
+        ("dev", "embedded Temporal server, UI and worker"),
+        ("demo", "dev stack plus the sample pipeline"),
+    ):
+        d = sub.add_parser(name, help=helptext)
+        d.add_argument("--port", type=int, default=7233)
+        d.add_argument("--ui-port", type=int, default=8233)
+        d.add_argument("--headless", action="store_true", help="no Web UI")
+        d.add_argument("--data-dir", help="default AIWORKER_DATA_DIR or ./.aiworker")
+        d.add_argument(
+            "--fast-poll",
+            action="store_true",
+            help="lower idle latency at some cost of peak throughput",
+        )
+        if name == "demo":
+            d.add_argument("--pipeline", help="pipeline file (default: the bundled sample)")
+            d.add_argument("--exit", action="store_true", help="stop after the pipeline ends")
+
+    rv = sub.add_parser("review", help="decide on a step awaiting review (Workflow Update)")
+    rv.add_argument("workflow_id")
+    rv.add_argument("decision", choices=["approve", "reject", "retry"])
+    rv.add_argument("--outputs", help="corrected outputs as JSON (approve)")
+    rv.add_argument("--reviewer", help="who decides (default $USER)")
+    rv.add_argument("--note", help="a note kept in the step's result")
+    rv.add_argument("--step", help="the step, when several await review")
+    conn(rv)
+
+    ls = sub.add_parser("list", help="list pipelines through visibility queries")
+    ls.add_argument("--status", help="e.g. running, awaiting_review, failed")
+    ls.add_argument("--tenant")
+    ls.add_argument("--pipeline", help="pipeline name")
+    ls.add_argument("--limit", type=int, default=100)
+    ls.add_argument("--json", action="store_true")
+    conn(ls)
+
+    rd = sub.add_parser("redrive", help="run a failed pipeline again, reusing succeeded steps")
+    rd.add_argument("workflow_id")
+    rd.add_argument("--no-wait", action="store_true", help="print the new workflow id and return")
+    conn(rd)
+
+    ws = sub.add_parser("workers", help="list worker specs")
+    ws.add_argument("--json", action="store_true")
+
+    ar = sub.add_parser("artifacts", help="list the artifacts a workflow wrote (lineage)")
+    ar.add_argument("workflow_id")
+    ar.add_argument("--json", action="store_true", help="one JSON array with every field")
+
+    sc = sub.add_parser("schemas", help="export or check the JSON Schemas in schemas/json")
+    sc.add_argument("action", choices=["export", "check"])
+
+    cf = sub.add_parser("conformance", help="check a live worker against its spec through Temporal")
+    cf.add_argument("worker_id")
+    cf.add_argument(
+        "--network", action="store_true", help="also run examples that reach a site or a model"
+    )
+    cf.add_argument(
+        "--side-effects",
+        action="store_true",
+        help="also run the examples of a worker with side effects (publish)",
+    )
+    cf.add_argument("--all", action="store_true", help="--network and --side-effects")
+    cf.add_argument("--examples", help="a JSON file of examples to run instead of the spec's")
+    cf.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=60.0,
+        help="seconds each call may take, retries included (default 60)",
+    )
+    cf.add_argument("--tenant", default="default", help="the tenant of the requests")
+    cf.add_argument("--json", action="store_true", help="print the report as JSON")
+    conn(cf)
+    return p

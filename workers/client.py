@@ -1,0 +1,375 @@
+"""The pipeline client: start, watch, review, list and redrive pipelines from Python.
+
+One typed layer over ``temporalio.client.Client`` that the ``aiworker`` CLI,
+the dev stack and users' code share::
+
+    import aiworker
+
+    pipelines = await aiworker.PipelineClient.connect()  # envconfig, default localhost:7233
+    handle = await pipelines.start({"name": "hello", "steps": [...]})
+    result = await handle.result()  # a PipelineResult
+    print(result.status, result.output)
+
+Handles are the SDK's own, typed ``WorkflowHandle[PipelineWorkflow,
+PipelineResult]`` (:data:`PipelineHandle`), as ``client.start_workflow(
+PipelineWorkflow.run, ...)`` gives them: ``await handle.result()`` is a
+:class:`~aiworker.schemas.pipeline.PipelineResult`, and ``handle.describe()``,
+``handle.cancel()`` and the rest work as the SDK documents. The workflow
+module is imported for its types only; importing it starts nothing and loads
+no activity code.
+
+A pipeline is checked with :func:`~aiworker.schemas.pipeline_check.parse_pipeline`
+before it starts, so a bad spec raises
+:class:`~aiworker.schemas.pipeline_check.PipelineSpecError` here instead of
+failing a workflow. Every client uses the pydantic data converter of
+:mod:`aiworker.workers.temporal_client` (with external payload storage when
+given settings).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Mapping
+from typing import Any, TypeAlias
+
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+)
+
+from aiworker.schemas import catalog, names
+from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
+from aiworker.schemas.pipeline_check import parse_pipeline
+from aiworker.schemas.settings import Settings
+from aiworker.workers.temporal_client import TemporalUnreachableError, connect
+from aiworker.workers.visibility import PipelineSummary, list_query
+from aiworker.workflows.pipeline import PipelineWorkflow
+
+__all__ = [
+    "PipelineClient",
+    "PipelineHandle",
+    "PipelineSummary",
+    "RedriveError",
+    "TemporalUnreachableError",
+    "list_pipelines",
+    "list_query",
+    "redrive",
+    "send_review",
+    "start_pipeline",
+]
+
+PipelineHandle: TypeAlias = WorkflowHandle[PipelineWorkflow, PipelineResult]
+"""The handle of one pipeline run; ``await handle.result()`` is a ``PipelineResult``."""
+
+
+class RedriveError(RuntimeError):
+    """The pipeline cannot be redriven (still running, or it succeeded); the message says why."""
+
+
+class PipelineClient:
+    """Pipelines on one Temporal namespace: the public client of aiworker.
+
+    Args:
+        client: a connected Temporal client; it should use aiworker's data
+            converter (:meth:`connect` makes one that does).
+        settings: the deployment's settings; only the task queue suffix and
+            the external payload storage matter here. Defaults to ``Settings()``.
+        known_workers: the worker ids a pipeline's steps may name. Defaults to
+            the workers this process knows (the built-ins, or the catalog a
+            worker process installed); pass the ids when the workers are
+            served elsewhere.
+
+    Attributes:
+        temporal: the underlying Temporal client, for anything this class
+            does not wrap (schedules, batch operations, raw handles).
+        settings: the settings the client runs with.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        settings: Settings | None = None,
+        *,
+        known_workers: Collection[str] | None = None,
+    ) -> None:
+        self.temporal = client
+        self.settings = settings if settings is not None else Settings()
+        self._known = set(known_workers) if known_workers is not None else None
+
+    @classmethod
+    async def connect(
+        cls,
+        profile: str | None = None,
+        *,
+        settings: Settings | None = None,
+        known_workers: Collection[str] | None = None,
+        **overrides: Any,
+    ) -> PipelineClient:
+        """Connect as ``temporalio.envconfig`` says (default ``localhost:7233``).
+
+        Args:
+            profile: the envconfig profile; the default profile when omitted.
+            settings: see the class; with settings the client also reads and
+                writes large payloads in the configured external storage.
+            known_workers: see the class.
+            **overrides: connection options that win over envconfig
+                (``target_host``, ``namespace``, ``api_key``, ``telemetry``, ...).
+
+        Returns:
+            A client of the pipelines on that namespace.
+
+        Raises:
+            TemporalUnreachableError: the frontend did not answer.
+        """
+        client = await connect(profile, settings=settings, **overrides)
+        return cls(client, settings, known_workers=known_workers)
+
+    def check(self, pipeline: Mapping[str, Any]) -> PipelineSpec:
+        """Check a pipeline spec without starting it.
+
+        Raises:
+            PipelineSpecError: every problem found, each naming the step and field.
+        """
+        known = self._known if self._known is not None else set(catalog.current_specs())
+        return parse_pipeline(dict(pipeline), known)
+
+    async def start(
+        self,
+        pipeline: Mapping[str, Any],
+        *,
+        workflow_id: str | None = None,
+        check: bool = True,
+    ) -> PipelineHandle:
+        """Check a pipeline and start it; returns at once with its handle.
+
+        Args:
+            pipeline: the pipeline spec as JSON (the ``aiworker run`` file's content).
+            workflow_id: the workflow id; ``<name>-<random>`` when omitted.
+            check: check the spec here first. ``False`` leaves the check to the
+                workflow, which fails the run with a non-retryable
+                ``invalid_input`` (for a client that cannot know the workers).
+
+        Returns:
+            The run's typed handle.
+
+        Raises:
+            PipelineSpecError: the spec is invalid; nothing was started.
+        """
+        if check:
+            self.check(pipeline)
+        name = str(pipeline.get("name") or "pipeline")
+        tenant = str(pipeline.get("tenant") or "default")
+        return await self.temporal.start_workflow(
+            PipelineWorkflow.run,
+            dict(pipeline),
+            id=workflow_id or f"{name}-{uuid.uuid4().hex[:12]}",
+            task_queue=self.settings.queue(names.PIPELINES_QUEUE),
+            search_attributes=names.pipeline_search_attributes("queued", tenant, name),
+            static_summary=f"pipeline {name} (tenant {tenant})",
+        )
+
+    def get_handle(self, workflow_id: str, run_id: str | None = None) -> PipelineHandle:
+        """The typed handle of a pipeline started earlier (the latest run unless ``run_id``)."""
+        return self.temporal.get_workflow_handle_for(
+            PipelineWorkflow.run, workflow_id, run_id=run_id
+        )
+
+    async def result(self, workflow_id: str, run_id: str | None = None) -> PipelineResult:
+        """Wait for a pipeline to end and return its result.
+
+        A pipeline that ran ends with a result, whatever its ``status``.
+
+        Raises:
+            temporalio.client.WorkflowFailureError: the workflow itself failed
+                (an invalid spec, a cancel, a terminate); see :meth:`outcome`.
+        """
+        return await self.get_handle(workflow_id, run_id).result()
+
+    async def outcome(self, workflow_id: str, run_id: str | None = None) -> dict[str, Any]:
+        """Wait for a pipeline and describe how it ended as one JSON document.
+
+        The result with its ``workflow_id``, or, when the workflow itself
+        failed, ``{"workflow_id", "status": "failed", "error_code", "error"}``
+        (and ``problems`` for an invalid spec). ``aiworker run`` prints this.
+        """
+        try:
+            result = await self.result(workflow_id, run_id)
+        except WorkflowFailureError as e:
+            cause = e.cause
+            doc: dict[str, Any] = {
+                "workflow_id": workflow_id,
+                "status": "failed",
+                "error_code": getattr(cause, "type", None) or type(cause).__name__,
+                "error": str(cause),
+            }
+            details = getattr(cause, "details", None)
+            if details and isinstance(details[0], dict) and "problems" in details[0]:
+                doc["problems"] = details[0]["problems"]
+            return doc
+        return {"workflow_id": workflow_id, **result.model_dump(mode="json")}
+
+    async def progress(self, workflow_id: str, *, include_outputs: bool = False) -> dict[str, Any]:
+        """The ``progress`` query: each step's status, attempts, error code and usage."""
+        return await self.get_handle(workflow_id).query(PipelineWorkflow.progress, include_outputs)
+
+    async def send_review(
+        self,
+        workflow_id: str,
+        decision: str,
+        *,
+        outputs: dict[str, Any] | None = None,
+        reviewer: str | None = None,
+        note: str | None = None,
+        step: str | None = None,
+    ) -> dict[str, Any]:
+        """Decide on a step awaiting review (the ``review`` Workflow Update).
+
+        Args:
+            workflow_id: the pipeline.
+            decision: ``approve``, ``reject`` or ``retry``.
+            outputs: corrected outputs (approve); checked against the step's schema.
+            reviewer: who decides (``unknown`` when omitted).
+            note: a note kept in the step's result.
+            step: the step, when several await review.
+
+        Returns:
+            The workflow's answer: ``{"step", "decision", "reviewer"}``.
+
+        Raises:
+            temporalio.client.WorkflowUpdateFailedError: the workflow refused
+                the decision (no step awaits review, outputs off schema, ...).
+        """
+        arg: dict[str, Any] = {"decision": decision, "reviewer": reviewer or "unknown"}
+        if outputs is not None:
+            arg["outputs"] = outputs
+        if note:
+            arg["note"] = note
+        if step:
+            arg["step"] = step
+        # By name: the SDK's `@workflow.update(name=...)` overload types an async
+        # handler's result as its coroutine, so the method would not type-check.
+        answer: dict[str, Any] = await self.get_handle(workflow_id).execute_update(
+            names.REVIEW_UPDATE, arg, result_type=dict
+        )
+        return answer
+
+    async def list_pipelines(
+        self,
+        *,
+        status: str | None = None,
+        tenant: str | None = None,
+        pipeline: str | None = None,
+        limit: int = 100,
+    ) -> list[PipelineSummary]:
+        """Pipelines matching every filter given, newest first (at most ``limit``).
+
+        Visibility is eventually consistent: a status change shows up here
+        shortly after it happens.
+        """
+        out: list[PipelineSummary] = []
+        query = list_query(status, tenant, pipeline)
+        async for wf in self.temporal.list_workflows(query, limit=limit):
+            sa = wf.typed_search_attributes
+            out.append(
+                PipelineSummary(
+                    workflow_id=wf.id,
+                    run_id=wf.run_id,
+                    status=sa.get(names.STATUS_KEY),
+                    tenant=sa.get(names.TENANT_KEY),
+                    pipeline=sa.get(names.PIPELINE_KEY),
+                    execution_status=wf.status.name if wf.status else None,
+                    start_time=wf.start_time,
+                )
+            )
+        return out
+
+    async def redrive_input(self, workflow_id: str) -> dict[str, Any]:
+        """The input of a new run that reuses the steps a failed run finished.
+
+        The original pipeline comes from the first event of the failed run's
+        history; the finished steps from its result, or (when the run failed,
+        was cancelled or terminated) from its ``progress`` query.
+        ``resume_from`` names the first run, so the new run keeps its
+        idempotency keys.
+
+        Raises:
+            RedriveError: the pipeline is still running, or it succeeded.
+        """
+        handle = self.get_handle(workflow_id)
+        desc = await handle.describe()
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            raise RedriveError(f"{workflow_id} is still running; cancel it or wait")
+        history = await handle.fetch_history()
+        first = history.events[0].workflow_execution_started_event_attributes
+        decoded = await self.temporal.data_converter.decode(first.input.payloads)
+        pipeline = dict(decoded[0])
+        steps: dict[str, Any] = {}
+        try:
+            result = await self.result(workflow_id, desc.run_id)
+            if result.status == "succeeded":
+                raise RedriveError(f"{workflow_id} succeeded; nothing to redrive")
+            steps = {k: v.model_dump(mode="json") for k, v in result.steps.items()}
+        except WorkflowFailureError:
+            progress = await handle.query(PipelineWorkflow.progress, True)
+            steps = dict(progress.get("steps") or {})
+        reuse = {
+            sid: r
+            for sid, r in steps.items()
+            if isinstance(r, dict) and r.get("status") in names.OK_STATUSES
+        }
+        previous = pipeline.get("resume_from") or {}
+        root = previous.get("workflow_id") or workflow_id
+        pipeline["resume_from"] = {"workflow_id": root, "run_id": desc.run_id, "steps": reuse}
+        return pipeline
+
+    async def redrive(self, workflow_id: str) -> PipelineHandle:
+        """Start the failed pipeline ``workflow_id`` again, reusing its succeeded steps.
+
+        Returns:
+            The new run's handle (workflow id ``<first id>-redrive-<random>``).
+
+        Raises:
+            RedriveError: the pipeline is still running, or it succeeded.
+        """
+        pipeline = await self.redrive_input(workflow_id)
+        root = pipeline["resume_from"]["workflow_id"]
+        # The spec is the one the first run started with; the new run checks it
+        # against the workers that serve it (this process may not know them all).
+        return await self.start(
+            pipeline, workflow_id=f"{root}-redrive-{uuid.uuid4().hex[:8]}", check=False
+        )
+
+
+# The same operations for code that holds a plain ``temporalio.client.Client``.
+
+
+async def start_pipeline(
+    client: Client,
+    settings: Settings,
+    pipeline: Mapping[str, Any],
+    workflow_id: str | None = None,
+) -> PipelineHandle:
+    """:meth:`PipelineClient.start` on ``client``, leaving the spec check to the workflow."""
+    return await PipelineClient(client, settings).start(
+        pipeline, workflow_id=workflow_id, check=False
+    )
+
+
+async def send_review(
+    client: Client, workflow_id: str, decision: str, **options: Any
+) -> dict[str, Any]:
+    """:meth:`PipelineClient.send_review` on ``client``."""
+    return await PipelineClient(client).send_review(workflow_id, decision, **options)
+
+
+async def list_pipelines(client: Client, **filters: Any) -> list[dict[str, Any]]:
+    """:meth:`PipelineClient.list_pipelines` on ``client``, as JSON rows."""
+    rows = await PipelineClient(client).list_pipelines(**filters)
+    return [row.to_json() for row in rows]
+
+
+async def redrive(client: Client, settings: Settings, workflow_id: str) -> PipelineHandle:
+    """:meth:`PipelineClient.redrive` on ``client``."""
+    return await PipelineClient(client, settings).redrive(workflow_id)

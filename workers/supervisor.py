@@ -1,0 +1,299 @@
+"""The processes the command line supervises: a worker process and the dev stack.
+
+``aiworker worker`` is :func:`run_worker_process`: load the process's
+workers, connect, register search attributes, serve ``/metrics`` and the
+probes, poll until SIGTERM or SIGINT, drain, exit.
+
+``aiworker dev`` and ``aiworker demo`` are :func:`run_dev_stack`, which
+owns everything it starts and stops it in reverse order on every path out:
+
+    embedded Temporal server (child process, stopped by PID)
+      -> this process as a worker of every task queue (drained within its grace)
+        -> the bundled sample site (demo)
+          -> one pipeline, its outcome printed (demo)
+
+Ctrl-C (or the pipeline's end, with ``--exit``) sets the one stop event; the
+worker drains, then the server stops. Start-up problems raise
+:class:`~aiworker.workers.errors.StartupError` or
+:class:`~aiworker.workers.devserver.DevServerError` with a message for a person.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from temporalio.client import Client
+
+from aiworker.schemas.settings import Settings
+from aiworker.workers.cli_common import print_outcome
+from aiworker.workers.errors import StartupError
+
+if TYPE_CHECKING:
+    from aiworker.workers.telemetry import Telemetry
+
+# The worker's own drain is bounded by the grace period; this covers the rest.
+_DRAIN_MARGIN_SECONDS = 10
+
+
+async def run_worker_process(
+    settings: Settings,
+    queues: list[str],
+    *,
+    client: Client | None = None,
+    address: str | None = None,
+    profile: str | None = None,
+    stop: asyncio.Event | None = None,
+    on_ready: Callable[[], None] | None = None,
+    telemetry: Telemetry | None = None,
+) -> None:
+    """Connect, register search attributes, serve metrics, poll until stopped.
+
+    Args:
+        settings: the process's settings.
+        queues: the base task queues to poll; ``AIWORKER_TASK_QUEUES`` or every
+            queue of the process's workers when empty.
+        client: a connected client to use; one is made from envconfig otherwise.
+        address: the frontend (``host:port``) over envconfig's, when connecting here.
+        profile: the envconfig profile, when connecting here.
+        stop: set to stop polling and drain; SIGTERM and SIGINT set it.
+        on_ready: called once the workers poll.
+        telemetry: the process's telemetry; the SDK's own metrics join
+            aiworker's on the same ``/metrics``, and a client made here gets
+            its runtime and tracing interceptors.
+
+    Raises:
+        StartupError: a broken plugin, the metrics port taken, a search
+            attribute that cannot be registered, an unknown task queue.
+        TemporalUnreachableError: the frontend did not answer.
+    """
+    from prometheus_client import REGISTRY
+
+    from aiworker.activities.metrics import WorkerMetrics
+    from aiworker.workers.http_server import Health, MetricsServer
+    from aiworker.workers.registry import all_queues
+    from aiworker.workers.resources import close_connections
+    from aiworker.workers.temporal_client import connect
+    from aiworker.workers.worker import (
+        build_runtime,
+        build_workers,
+        ensure_search_attributes,
+        install_signal_handlers,
+        load_process_workers,
+        run_until_stopped,
+    )
+
+    health = Health()
+    server = None
+    if telemetry is not None:
+        telemetry.register(REGISTRY)
+        telemetry.start()
+    try:
+        if settings.metrics_port:
+            try:
+                server = MetricsServer(settings.metrics_host, settings.metrics_port, health).start()
+            except OSError as e:
+                raise StartupError(
+                    f"cannot serve metrics on port {settings.metrics_port}: {e.strerror} "
+                    "(set AIWORKER_METRICS_PORT, 0 disables)"
+                ) from None
+        # A broken plugin is reported even when Temporal is unreachable.
+        served = load_process_workers(settings)
+        if client is None:
+            client = await connect(
+                profile, target_host=address, telemetry=telemetry, settings=settings
+            )
+        await ensure_search_attributes(client)
+        runtime = build_runtime(settings, WorkerMetrics(), workers=served)
+        queues = queues or list(settings.task_queues) or all_queues(runtime.specs, served)
+        workers = build_workers(client, settings, runtime, queues, workers=served)
+        stop = stop or asyncio.Event()
+        install_signal_handlers(stop)
+        if on_ready:
+            on_ready()
+        await run_until_stopped(workers, stop, health)
+    finally:
+        if server:
+            server.stop()
+        if telemetry is not None:
+            telemetry.shutdown()
+        await close_connections()
+
+
+@dataclass(frozen=True)
+class DevOptions:
+    """How ``aiworker dev`` / ``demo`` runs its stack.
+
+    Attributes:
+        port: the Temporal frontend port.
+        ui_port: the Web UI port; ``None`` for no UI.
+        fast_poll: lower idle latency at some cost of peak throughput.
+        exit_after_pipeline: stop the stack once the pipeline ended (``demo --exit``).
+    """
+
+    port: int = 7233
+    ui_port: int | None = 8233
+    fast_poll: bool = False
+    exit_after_pipeline: bool = False
+
+
+def dev_log_file(data_dir: Path) -> IO[str]:
+    """The dev stack's worker log (the terminal shows only what a person needs)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return open(data_dir / "worker.log", "a")
+
+
+async def run_dev_stack(
+    settings: Settings,
+    options: DevOptions,
+    pipeline: dict[str, Any] | None = None,
+    *,
+    bundled_demo: bool = False,
+) -> dict[str, Any] | None:
+    """Run the dev stack until Ctrl-C (or, with ``exit_after_pipeline``, the pipeline's end).
+
+    Args:
+        settings: the stack's settings (``settings.data_dir`` holds the server's database).
+        options: ports and modes.
+        pipeline: a checked pipeline to start once the worker polls.
+        bundled_demo: serve the bundled sample site and point the pipeline at it.
+
+    Returns:
+        The pipeline's outcome document (printed as it arrived), or ``None``
+        when no pipeline ran to its end.
+
+    Raises:
+        DevServerError: the server cannot start (data directory in use, port taken).
+        StartupError: the worker cannot start.
+    """
+    from aiworker.workers.demo_site import DemoSite
+    from aiworker.workers.devserver import DevServer
+    from aiworker.workers.telemetry import Telemetry
+    from aiworker.workers.temporal_client import connect
+
+    telemetry = Telemetry()
+    server = DevServer(
+        settings.data_dir,
+        port=options.port,
+        ui_port=options.ui_port,
+        fast_poll=options.fast_poll,
+    )
+    stop = asyncio.Event()
+    outcome = None
+    async with contextlib.AsyncExitStack() as stack:
+        stack.enter_context(server)
+        client = await connect(
+            target_host=server.address, namespace="default", telemetry=telemetry, settings=settings
+        )
+        worker = await stack.enter_async_context(
+            _background_worker(settings, client, stop, telemetry)
+        )
+        # A worker that ended before it polled failed to start, or was stopped starting.
+        if not worker.done():
+            _announce(server.address, server.ui_url, settings.data_dir)
+            if pipeline is not None and bundled_demo:
+                site = DemoSite().start()
+                stack.callback(site.stop)
+                pipeline = _point_at_demo_site(pipeline, site.url, settings)
+            if pipeline is not None:
+                outcome = await _run_pipeline(
+                    client, settings, server.ui_url, pipeline, stop, worker
+                )
+                if options.exit_after_pipeline:
+                    stop.set()
+            if not stop.is_set() and not worker.done():
+                print("Press Ctrl-C to stop.", flush=True)
+        await worker
+    return outcome
+
+
+@contextlib.asynccontextmanager
+async def _background_worker(
+    settings: Settings, client: Client, stop: asyncio.Event, telemetry: Telemetry
+) -> AsyncIterator[asyncio.Task[None]]:
+    """This process as a worker of every queue, running beside the caller's code.
+
+    Yields the worker's task once it polls (or has already ended); on the way
+    out, sets ``stop`` and waits for the drain, bounded by the grace period.
+    """
+    ready = asyncio.Event()
+    task = asyncio.create_task(
+        run_worker_process(
+            settings, [], client=client, stop=stop, on_ready=ready.set, telemetry=telemetry
+        )
+    )
+    try:
+        ready_wait = asyncio.create_task(ready.wait())
+        await asyncio.wait([task, ready_wait], return_when=asyncio.FIRST_COMPLETED)
+        ready_wait.cancel()
+        yield task
+    finally:
+        stop.set()
+        done, _ = await asyncio.wait(
+            [task], timeout=settings.shutdown_grace_seconds + _DRAIN_MARGIN_SECONDS
+        )
+        if not done:
+            task.cancel()
+            await asyncio.wait([task])
+        elif not task.cancelled():
+            # Leaving on another error: that one is reported, not the worker's.
+            task.exception()
+
+
+def _announce(address: str, ui_url: str | None, data_dir: Path) -> None:
+    """Where the stack runs: what a person opens or reads next."""
+    print(f"Temporal server: {address}   (data: {data_dir})", flush=True)
+    if ui_url:
+        print(f"Temporal UI:     {ui_url}", flush=True)
+    print(f"Worker polling:  all task queues; logs in {data_dir / 'worker.log'}", flush=True)
+
+
+def _point_at_demo_site(
+    pipeline: dict[str, Any], site_url: str, settings: Settings
+) -> dict[str, Any]:
+    """The bundled demo pipeline, pointed at the sample site on loopback."""
+    print(f"Sample site:     {site_url} (bundled, served on loopback)", flush=True)
+    if not settings.llm_base_url:
+        print(
+            "LLM summary:     skipped (no model configured; set AIWORKER_LLM_BASE_URL "
+            "and AIWORKER_LLM_MODEL to include it)",
+            flush=True,
+        )
+    inputs = {
+        **pipeline.get("inputs", {}),
+        "site_url": site_url,
+        "llm_enabled": bool(settings.llm_base_url),
+    }
+    return {**pipeline, "inputs": inputs}
+
+
+async def _run_pipeline(
+    client: Client,
+    settings: Settings,
+    ui_url: str | None,
+    pipeline: dict[str, Any],
+    stop: asyncio.Event,
+    worker: asyncio.Task[None],
+) -> dict[str, Any] | None:
+    """Start ``pipeline`` and print its outcome, unless the stack stops first."""
+    from aiworker.workers.client import PipelineClient
+
+    pipelines = PipelineClient(client, settings)
+    handle = await pipelines.start(pipeline)
+    print(f"Started pipeline {pipeline['name']}: workflow id {handle.id}", flush=True)
+    if ui_url:
+        print(f"  {ui_url}/namespaces/default/workflows/{handle.id}", flush=True)
+    outcome = asyncio.create_task(pipelines.outcome(handle.id, handle.result_run_id))
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait([outcome, stopped, worker], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not outcome.done():
+        outcome.cancel()
+        return None
+    doc = outcome.result()
+    print_outcome(doc)
+    return doc

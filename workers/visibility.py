@@ -1,0 +1,69 @@
+"""Pipelines in Temporal's visibility store: the list query and the listed row.
+
+Every pipeline carries the search attributes of
+:func:`aiworker.schemas.names.pipeline_search_attributes` (status, tenant,
+name); ``aiworker list`` and :meth:`PipelineClient.list_pipelines
+<aiworker.workers.client.PipelineClient.list_pipelines>` filter on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from aiworker.schemas import names
+
+
+@dataclass(frozen=True)
+class PipelineSummary:
+    """One pipeline as the visibility store lists it.
+
+    Attributes:
+        workflow_id: the pipeline's workflow id.
+        run_id: the run listed (the latest of that id).
+        status: the pipeline status (``AiworkerStatus``: ``running``, ``failed``, ...).
+        tenant: the tenant the pipeline ran for.
+        pipeline: the pipeline's name.
+        execution_status: Temporal's status of the run (``RUNNING``, ``COMPLETED``, ...).
+        start_time: when the run started.
+    """
+
+    workflow_id: str
+    run_id: str
+    status: str | None
+    tenant: str | None
+    pipeline: str | None
+    execution_status: str | None
+    start_time: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as ``aiworker list --json`` prints it."""
+        return {
+            "workflow_id": self.workflow_id,
+            "run_id": self.run_id,
+            "status": self.status,
+            "tenant": self.tenant,
+            "pipeline": self.pipeline,
+            "execution_status": self.execution_status,
+            "start_time": self.start_time.isoformat() if self.start_time else None,
+        }
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def list_query(
+    status: str | None = None, tenant: str | None = None, pipeline: str | None = None
+) -> str:
+    """The visibility query for pipelines with these search attribute values."""
+    parts = [f"WorkflowType = {_quote(names.PIPELINE_WORKFLOW)}"]
+    for key, value in (
+        (names.SA_STATUS, status),
+        (names.SA_TENANT, tenant),
+        (names.SA_PIPELINE, pipeline),
+    ):
+        if value:
+            parts.append(f"{key} = {_quote(value)}")
+    return " AND ".join(parts)
