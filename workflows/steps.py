@@ -221,16 +221,25 @@ class StepRunner:
         if result.ok and step.validate_ is not None:
             rejected = "the fallback's output failed validation too"
             key = f"{base}#fallback#validate"
-            rejection = await self.validate(step.validate_, result, key, tally, rejected)
+            rejection = await self.validate(
+                step.validate_, result, key, tally, rejected, broken=rejected
+            )
             if rejection is not None:
                 return rejection
         return result
 
     async def validate(
-        self, v: Validation, call: StepResult, key: str, tally: Tally, rejected: str
+        self,
+        v: Validation,
+        call: StepResult,
+        key: str,
+        tally: Tally,
+        rejected: str,
+        broken: str | None = None,
     ) -> StepResult | None:
         """Run the validator on a call's outputs: None if they pass, else the failure
-        with the validator's reasons (``rejected`` as its message)."""
+        with the validator's reasons, ``rejected`` as its message (``broken`` when the
+        validator itself failed; by default its own error)."""
         tally.validations += 1
         verdict = await call_worker(
             self.run.workers[names.VALIDATOR],
@@ -249,7 +258,9 @@ class StepRunner:
             status="failed",
             outputs=call.outputs,
             error_code=ErrorCode.VALIDATION_FAILED.value,
-            error_message=rejected if verdict.ok else f"validator failed: {verdict.error_message}",
+            error_message=(
+                rejected if verdict.ok else (broken or f"validator failed: {verdict.error_message}")
+            ),
             reasons=list(found.get("errors") or verdict.reasons),
         )
 
