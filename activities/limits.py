@@ -39,6 +39,7 @@ from aiworker.schemas.limits import (
     AcquireCall,
     AcquireRequest,
     AcquireResult,
+    ConcurrencyCall,
     LimiterState,
     Plan,
     PlanCall,
@@ -84,7 +85,7 @@ class LimiterActivities:
     @activity.defn(name=names.LIMITER_ACQUIRE)
     async def acquire(self, call: AcquireCall) -> AcquireResult:
         """Queue a permit request at the key's limiter (created on first use)."""
-        if call.key is not None and call.limit is not None:
+        if isinstance(call, ConcurrencyCall):
             key = f"concurrency:{call.key}"
             request = AcquireRequest(
                 requester=call.requester,
@@ -94,14 +95,12 @@ class LimiterActivities:
                 lease_seconds=call.lease_seconds,
             )
             result = AcquireResult(limited=True, key=key, limit=call.limit)
-        elif call.worker_id is not None:
-            rate = rate_limit_for(
-                self._settings, self._specs, call.worker_id, call.tenant or "default"
-            )
+        else:
+            rate = rate_limit_for(self._settings, self._specs, call.worker_id, call.tenant)
             if rate is None:
                 return AcquireResult(limited=False)
             limit, period = rate
-            key = f"rate:{call.worker_id}:{call.tenant or 'default'}"
+            key = f"rate:{call.worker_id}:{call.tenant}"
             request = AcquireRequest(
                 requester=call.requester,
                 ticket=call.ticket,
@@ -110,8 +109,6 @@ class LimiterActivities:
                 period_seconds=period,
             )
             result = AcquireResult(limited=True, key=key, limit=limit, period_seconds=period)
-        else:
-            return AcquireResult(limited=False)
         queue = activity.info().task_queue
         limiter_id = names.limiter_workflow_id(key, names.queue_suffix_of(queue))
         client = activity.client()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
+from typing_extensions import TypeAliasType
 
 from aiworker.schemas.base import Model
 
@@ -55,16 +56,34 @@ class LeaseCheck(Model):
     limiter_id: str
 
 
-class AcquireCall(Model):
-    """Input of the ``limiter-acquire`` activity."""
+class RateCall(Model):
+    """Ask for a rate-limit permit: the worker's limit for the tenant (settings decide
+    which limit applies, if any)."""
 
-    worker_id: str | None = Field(default=None, description="rate limit: worker of the step")
-    tenant: str | None = None
-    key: str | None = Field(default=None, description="concurrency: the resolved key")
-    limit: int | None = Field(default=None, ge=1, description="concurrency limit")
-    requester: str
+    kind: Literal["rate"] = "rate"
+    worker_id: str = Field(description="the worker the call goes to")
+    tenant: str = "default"
+    requester: str = Field(description="workflow id that receives the permit signal")
+    ticket: str
+
+
+class ConcurrencyCall(Model):
+    """Ask for a concurrency lease: at most ``limit`` holders of ``key`` at once."""
+
+    kind: Literal["concurrency"] = "concurrency"
+    key: str = Field(description="the resolved concurrency key")
+    limit: int = Field(ge=1)
+    requester: str = Field(description="workflow id that receives the permit signal")
     ticket: str
     lease_seconds: float = 3600.0
+
+
+# The input of the ``limiter-acquire`` activity. A type alias object, not a bare
+# ``Annotated``: the SDK reads activity parameter types with ``get_type_hints``,
+# which strips ``Annotated`` (and the discriminator with it), but keeps an alias.
+AcquireCall = TypeAliasType(
+    "AcquireCall", Annotated[RateCall | ConcurrencyCall, Field(discriminator="kind")]
+)
 
 
 class AcquireResult(Model):

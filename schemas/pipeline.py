@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from aiworker.schemas.base import Model
+from aiworker.schemas.names import OK_STATUSES
 from aiworker.schemas.protocol import Usage
 from aiworker.schemas.refs import find_refs
 
@@ -156,6 +157,11 @@ class StepResult(Model):
     items: dict[str, int] | None = Field(
         default=None, description="for_each counts: total, succeeded, failed, skipped"
     )
+
+    @property
+    def ok(self) -> bool:
+        """The step produced outputs (``succeeded`` or ``partial``)."""
+        return self.status in OK_STATUSES
 
 
 class ChunkItem(Model):

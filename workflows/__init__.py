@@ -1,8 +1,12 @@
 """Deterministic workflow code; calls workers by activity name only.
 
-Modules: ``pipeline`` (``PipelineWorkflow``), ``foreach``
-(``PipelineForEachWorkflow``), ``limiter`` (``LimiterWorkflow``) and their
-pure helpers ``budget``, ``calls``, ``permits``. Nothing is imported here, so
-that the sandbox, which re-imports a workflow's modules for every run, loads
-only what that workflow needs.
+Workflows: ``pipeline`` (``PipelineWorkflow``: definition, handlers, the
+top-level run), ``foreach`` (``PipelineForEachWorkflow``), ``limits``
+(``LimiterWorkflow`` and the permit protocol), ``breakers``
+(``SharedBreakerWorkflow``), ``conformance``. What a pipeline run is made of:
+``state`` (the run's state), ``dag`` (the scheduler), ``steps`` (the step
+runner), ``fanout`` (for_each), ``review`` (the review desk),
+``pipeline_limits``, ``budget`` (ledger and deadline), ``calls`` (one worker
+call). Nothing is imported here, so that the sandbox, which re-imports a
+workflow's modules for every run, loads only what that workflow needs.
 """

@@ -9,11 +9,18 @@ steps together never overspend, and the worker itself stops at its share.
 When the step ends, the reservation is released and the real usage
 booked. Usage comes from activity results recorded in history, so a replay
 rebuilds the same ledger and never counts twice. Pure and deterministic.
+
+The pipeline's deadline is one :class:`Deadline` (the only place its arithmetic
+lives): the ledger refuses steps past it and caps their timeouts by it, an
+admission carries the time left, which bounds how long a call of an external
+worker may wait for a poller (``schedule_to_start``), permit waits end at it,
+and a for_each chunk inherits it as it is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from temporalio import workflow
 
@@ -31,6 +38,27 @@ class BudgetRefused(Exception):
         super().__init__(message)
         self.resource = resource
         self.message = message
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A point in workflow time (POSIX seconds) after which nothing new starts;
+    ``at`` None: no deadline."""
+
+    at: float | None = None
+
+    @classmethod
+    def after(cls, started_at: float, seconds: float | None) -> Deadline:
+        return cls(None if seconds is None else started_at + seconds)
+
+    def left(self, now: float) -> float | None:
+        """Seconds left at ``now`` (zero or less: passed); None without a deadline."""
+        return None if self.at is None else self.at - now
+
+    def wait(self) -> timedelta | None:
+        """How long a workflow may still wait (``workflow.wait_condition``'s timeout)."""
+        left = self.left(workflow.now().timestamp())
+        return None if left is None else timedelta(seconds=max(0.0, left))
 
 
 @dataclass(frozen=True)
@@ -58,12 +86,16 @@ class Ledger:
     used: Usage = field(default_factory=Usage)
     reserved_tokens: int = 0
     reserved_calls: int = 0
+    # From the budget's deadline_seconds, or inherited whole (a for_each chunk).
+    ends: Deadline = field(default_factory=Deadline)
+
+    def __post_init__(self) -> None:
+        if self.ends.at is None:
+            self.ends = Deadline.after(self.started_at, self.budget.deadline_seconds)
 
     @property
     def deadline(self) -> float | None:
-        if self.budget.deadline_seconds is None:
-            return None
-        return self.started_at + self.budget.deadline_seconds
+        return self.ends.at
 
     def tokens_left(self) -> int | None:
         if self.budget.max_tokens is None:
@@ -86,15 +118,11 @@ class Ledger:
         ``calls`` is how many worker calls the step makes (a ``for_each`` step
         makes one per item), so its share is the spec's cap for each of them.
         """
-        deadline = self.deadline
-        remaining_time: float | None = None
-        if deadline is not None:
-            remaining_time = deadline - now
-            if remaining_time <= 0:
-                raise BudgetRefused(
-                    "deadline",
-                    f"pipeline deadline of {self.budget.deadline_seconds:g}s has passed",
-                )
+        remaining_time = self.ends.left(now)
+        if remaining_time is not None and remaining_time <= 0:
+            seconds = self.budget.deadline_seconds
+            of = "" if seconds is None else f" of {seconds:g}s"
+            raise BudgetRefused("deadline", f"pipeline deadline{of} has passed")
         c = worker.constraints
         tokens: int | None = None
         left = self.tokens_left()

@@ -1,9 +1,11 @@
 """One worker call from a workflow, and the bounded validation loop around it.
 
 Shared by ``PipelineWorkflow`` and its for_each chunks. A call goes by
-activity name with options derived from the worker spec; a failure comes back
-as an :class:`Outcome` carrying the stable error code of the activity's cause,
-never as an exception, so callers route on codes. Deterministic code only.
+activity name with options derived from the worker spec and ends as a
+``StepResult`` (the shape a step's result has, so the step runner adds to it
+rather than converting it): a failure carries the stable error code of the
+activity's cause, never an exception, so callers route on codes.
+Deterministic code only.
 
 A built-in or plugin worker validates its own envelope and outputs in the
 worker runtime, so its result is decoded straight into ``WorkerResponse``.
@@ -21,7 +23,6 @@ until the pipeline's deadline (``schedule_to_start``), then fails as
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio import workflow
@@ -40,9 +41,9 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
     from referencing import Registry
 
-    from aiworker.schemas import names
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.options import activity_options
+    from aiworker.schemas.pipeline import StepResult
     from aiworker.schemas.protocol import (
         ErrorInfo,
         RequestConstraints,
@@ -56,25 +57,6 @@ with workflow.unsafe.imports_passed_through():
 from aiworker.workflows.budget import Admission
 
 _CODES = frozenset(c.value for c in ErrorCode)
-
-
-@dataclass
-class Outcome:
-    """How one worker call (all its Temporal attempts) ended."""
-
-    status: str
-    outputs: Any = None
-    attempts: int = 0
-    error_code: str | None = None
-    error_message: str | None = None
-    reasons: list[dict[str, Any]] = field(default_factory=list)
-    warnings: list[dict[str, Any]] = field(default_factory=list)
-    artifacts: list[dict[str, Any]] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
-
-    @property
-    def ok(self) -> bool:
-        return self.status in names.OK_STATUSES
 
 
 def error_code_of(err: BaseException) -> str:
@@ -112,8 +94,12 @@ async def call_worker(
     max_attempts: int | None = None,
     queue_suffix: str = "",
     summary: str | None = None,
-) -> Outcome:
-    """Call ``worker`` once (Temporal retries inside); never raises on worker failure."""
+) -> StepResult:
+    """Call ``worker`` once (Temporal retries inside); never raises on worker failure.
+
+    Returns how the call ended: ``succeeded``/``partial`` with outputs, warnings,
+    artifacts and usage, or ``failed`` with the error code, message and reasons.
+    """
     timeout = timeout_seconds
     if admission is not None and admission.timeout_seconds is not None:
         timeout = admission.timeout_seconds
@@ -165,7 +151,7 @@ async def call_worker(
                 f"{worker.worker_id!r} within {waited:g}s (the pipeline deadline); "
                 "is its process running?"
             )
-            return Outcome(
+            return StepResult(
                 status="failed",
                 attempts=0,  # no attempt started
                 error_code=ErrorCode.TIMEOUT.value,
@@ -176,7 +162,7 @@ async def call_worker(
             # all attempts if the policy ran out, else at least the one that failed.
             ran_out = e.retry_state == RetryState.MAXIMUM_ATTEMPTS_REACHED
             attempts = (options["retry_policy"].maximum_attempts or 1) if ran_out else 1
-        return Outcome(
+        return StepResult(
             status="failed",
             attempts=attempts,
             error_code=code,
@@ -186,12 +172,12 @@ async def call_worker(
         )
     if isinstance(result, RawValue):
         checked = check_external_response(worker, result)
-        if isinstance(checked, Outcome):
+        if isinstance(checked, StepResult):
             return checked
         response = checked
     else:
         response = result
-    return Outcome(
+    return StepResult(
         status=response.status,
         outputs=response.outputs,
         attempts=response.observability.attempt,
@@ -272,7 +258,7 @@ def foreign_failure(
     return code, info.model_dump(mode="json"), message
 
 
-def check_external_response(worker: WorkerSpec, raw: RawValue) -> WorkerResponse | Outcome:
+def check_external_response(worker: WorkerSpec, raw: RawValue) -> WorkerResponse | StepResult:
     """An external worker's reply as a ``WorkerResponse``, or an ``invalid_output``
     outcome saying what is wrong with it (paths and messages)."""
     try:
@@ -317,16 +303,15 @@ def check_external_response(worker: WorkerSpec, raw: RawValue) -> WorkerResponse
         out = _malformed(
             worker, response.observability.attempt, "the outputs fail the output schema", reasons
         )
-        out.usage = response.usage
-        return out
+        return out.model_copy(update={"usage": response.usage})
     return response
 
 
 def _malformed(
     worker: WorkerSpec, attempt: int, what: str, reasons: list[dict[str, Any]]
-) -> Outcome:
+) -> StepResult:
     first = f": {reasons[0]['path']}: {reasons[0]['message']}" if reasons else ""
-    return Outcome(
+    return StepResult(
         status="failed",
         attempts=attempt,
         error_code=ErrorCode.INVALID_OUTPUT.value,

@@ -11,7 +11,6 @@ the parent as an allowance, spent item by item through the same ledger.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -19,32 +18,21 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import catalog, names
     from aiworker.schemas.errors import ErrorCode
-    from aiworker.schemas.limits import AcquireCall, LeaseCheck, Permit
     from aiworker.schemas.pipeline import Budget, ChunkInput, ChunkItem, ChunkResult, ItemResult
     from aiworker.schemas.protocol import Usage
 
-from aiworker.workflows.budget import BudgetRefused, Ledger
+from aiworker.workflows.budget import BudgetRefused, Deadline, Ledger
 from aiworker.workflows.calls import call_worker
-from aiworker.workflows.limits import PermitBook, PermitWaitExpired
+from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals, WaitExpired
 
 
 @workflow.defn(name=names.FOREACH_WORKFLOW)
-class PipelineForEachWorkflow:
+class PipelineForEachWorkflow(PermitSignals):
     """Runs one chunk of a for_each step with bounded concurrency."""
 
     def __init__(self) -> None:
         self._done = 0
         self._permits = PermitBook()
-
-    @workflow.signal(name=names.PERMIT_SIGNAL)
-    def permit(self, permit: Permit) -> None:
-        """A limiter granted a permit an item asked for."""
-        self._permits.on_permit(permit)
-
-    @workflow.signal(name=names.LEASE_CHECK_SIGNAL)
-    async def lease_check(self, check: LeaseCheck) -> None:
-        """A limiter asks about an item's lease past its time."""
-        await self._permits.on_lease_check(check)
 
     @workflow.query(name=names.PROGRESS_QUERY)
     def progress(self) -> dict[str, Any]:
@@ -58,25 +46,14 @@ class PipelineForEachWorkflow:
         with workflow.unsafe.sandbox_unrestricted():
             worker = catalog.current_specs()[chunk.worker]
         a = chunk.allowance
-        started = workflow.now().timestamp()
-        expired = a.deadline is not None and a.deadline <= started
+        # The pipeline's own deadline, as it is: a chunk started after it refuses every item.
         ledger = Ledger(
-            Budget(
-                max_tokens=a.max_tokens,
-                max_external_calls=a.max_external_calls,
-                deadline_seconds=(
-                    a.deadline - started if a.deadline is not None and not expired else None
-                ),
-            ),
-            started_at=started,
+            Budget(max_tokens=a.max_tokens, max_external_calls=a.max_external_calls),
+            started_at=workflow.now().timestamp(),
+            ends=Deadline(a.deadline),
         )
         slots = asyncio.Semaphore(chunk.max_parallel)
         me = workflow.info().workflow_id
-
-        def remaining() -> timedelta | None:
-            if ledger.deadline is None:
-                return None
-            return timedelta(seconds=max(0.0, ledger.deadline - workflow.now().timestamp()))
 
         def refused(item: ChunkItem, code: str, message: str) -> ItemResult:
             self._done += 1
@@ -87,8 +64,6 @@ class PipelineForEachWorkflow:
         async def one(item: ChunkItem) -> ItemResult:
             async with slots:
                 try:
-                    if expired:
-                        raise BudgetRefused("deadline", "pipeline deadline has passed")
                     admission = ledger.admit(
                         worker, workflow.now().timestamp(), chunk.timeout_seconds
                     )
@@ -96,44 +71,27 @@ class PipelineForEachWorkflow:
                     return refused(item, ErrorCode.BUDGET_EXCEEDED.value, e.message)
                 # The worker's per-tenant rate limit holds for every item, and the
                 # step's concurrency key (resolved per item) across every chunk.
-                keyed = chunk.concurrency_limit is not None and item.concurrency_key is not None
-                ticket = (
-                    f"{me}/{item.index}/{workflow.uuid4().hex[:8]}"
-                    if chunk.rate_limited or keyed
-                    else ""
+                limits = CallLimits(
+                    requester=me,
+                    worker_id=worker.worker_id,
+                    tenant=chunk.tenant,
+                    rate_limited=chunk.rate_limited,
+                    concurrency_key=(
+                        item.concurrency_key if chunk.concurrency_limit is not None else None
+                    ),
+                    concurrency_limit=chunk.concurrency_limit or 1,
+                    lease_seconds=chunk.lease_seconds,
                 )
-                calls: list[AcquireCall] = []
-                if chunk.rate_limited:
-                    calls.append(
-                        AcquireCall(
-                            worker_id=worker.worker_id,
-                            tenant=chunk.tenant,
-                            requester=me,
-                            ticket=ticket,
-                        )
-                    )
-                if keyed:
-                    assert item.concurrency_key is not None and chunk.concurrency_limit
-                    calls.append(
-                        AcquireCall(
-                            key=item.concurrency_key,
-                            limit=chunk.concurrency_limit,
-                            requester=me,
-                            ticket=f"{ticket}/concurrency",
-                            lease_seconds=chunk.lease_seconds,
-                        )
-                    )
-                try:
-                    leases = await self._permits.acquire_all(calls, remaining, who=str(item.index))
-                except PermitWaitExpired as e:
+                # drawn only when asking: the ids drawn after it must not shift on replay
+                ticket = f"{me}/{item.index}/{workflow.uuid4().hex[:8]}" if limits.any else ""
+                leases = await self._permits.acquire_all(
+                    limits.calls(ticket), ledger.ends.wait, who=str(item.index)
+                )
+                if isinstance(leases, WaitExpired):
                     ledger.settle(admission, Usage())
-                    return refused(
-                        item,
-                        ErrorCode.RATE_LIMITED.value,
-                        f"the pipeline deadline passed while waiting for {e.what}",
-                    )
+                    return refused(item, ErrorCode.RATE_LIMITED.value, leases.message)
                 try:
-                    outcome = await call_worker(
+                    result = await call_worker(
                         worker,
                         key=f"{chunk.key_prefix}/{item.index}",
                         step_id=chunk.step_id,
@@ -147,16 +105,15 @@ class PipelineForEachWorkflow:
                     )
                 finally:
                     await self._permits.release_all(leases)
-                ledger.settle(admission, outcome.usage)
+                ledger.settle(admission, result.usage)
                 self._done += 1
-                status = outcome.status if outcome.status in names.OK_STATUSES else "failed"
                 return ItemResult(
                     index=item.index,
-                    status=status,  # type: ignore[arg-type]
-                    outputs=outcome.outputs if outcome.ok else None,
-                    attempts=outcome.attempts,
-                    error_code=outcome.error_code,
-                    error_message=outcome.error_message,
+                    status="failed" if not result.ok else result.status,  # type: ignore[arg-type]
+                    outputs=result.outputs if result.ok else None,
+                    attempts=result.attempts,
+                    error_code=result.error_code,
+                    error_message=result.error_message,
                 )
 
         results = await asyncio.gather(*(one(i) for i in chunk.items))

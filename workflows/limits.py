@@ -1,8 +1,11 @@
 """Limits on the workflow side: the limiter workflow that owns a limit key, and
 the pipeline's way of asking it for permits.
 
-1. :class:`LimiterWorkflow`, one limit key shared by every worker process.
-   ``LimiterWorkflow``: one limit key, shared by every worker process.
+Long on purpose (a little over 400 lines): both ends of one signal protocol
+(acquire, permit, release, lease-check) live here, so that a change to one end
+is made beside the other.
+
+1. :class:`LimiterWorkflow`: one limit key, shared by every worker process.
 
    Rate limits (N per period) and concurrency limits (N leases at once) must
    hold however many worker pods run, survive restarts and never drop a
@@ -20,8 +23,10 @@ the pipeline's way of asking it for permits.
    History stays bounded with continue-as-new; an idle limiter completes and the
    next request starts a fresh one.
 
-2. :class:`PermitBook`, the pipeline side: ask, wait for the permit, release.
-   The pipeline side of cross-process limits: ask, wait for the permit, release.
+2. :class:`PermitBook`, the requesting side (a pipeline or a for_each chunk): ask,
+   wait for the permit, release. :class:`CallLimits` builds the rate and
+   concurrency requests of one worker call, :class:`PermitSignals` answers the
+   limiter's signals; both serve every workflow that asks for permits.
 
    Deterministic: asking is a local activity (``limiter-acquire``), waiting is
    ``workflow.wait_condition`` on the ``permit`` signal, releasing a concurrency
@@ -33,6 +38,7 @@ the pipeline's way of asking it for permits.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio import workflow
@@ -45,11 +51,13 @@ with workflow.unsafe.imports_passed_through():
         AcquireCall,
         AcquireRequest,
         AcquireResult,
+        ConcurrencyCall,
         LeaseCheck,
         LimiterState,
         Permit,
         Plan,
         PlanCall,
+        RateCall,
     )
 
 # Continue-as-new well before histories get large.
@@ -244,16 +252,61 @@ class LimiterWorkflow:
                 self._leases.pop(request.ticket, None)
 
 
-class PermitWaitExpired(Exception):
-    """The deadline passed before the limiter granted ``call``."""
+@dataclass(frozen=True)
+class WaitExpired:
+    """The deadline passed before the limiter granted ``call``; nothing is held."""
 
-    def __init__(self, call: AcquireCall) -> None:
-        super().__init__(call.ticket)
-        self.call = call
+    call: AcquireCall
 
     @property
-    def what(self) -> str:
-        return "a concurrency slot" if self.call.key is not None else "the rate limit"
+    def message(self) -> str:
+        what = "a concurrency slot" if self.call.kind == "concurrency" else "the rate limit"
+        return f"the pipeline deadline passed while waiting for {what}"
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    """What one worker call waits for: its worker's per-tenant rate limit and, with
+    a resolved concurrency key, a lease on that key."""
+
+    requester: str  # the workflow that receives the permits
+    worker_id: str = ""
+    tenant: str = "default"
+    rate_limited: bool = False
+    concurrency_key: str | None = None
+    concurrency_limit: int = 1
+    lease_seconds: float = 3600.0
+
+    @property
+    def any(self) -> bool:
+        return self.rate_limited or self.concurrency_key is not None
+
+    def calls(self, ticket: str, rate_suffix: str = "") -> list[AcquireCall]:
+        """The acquire calls, rate first; tickets ``{ticket}{rate_suffix}`` and
+        ``{ticket}/concurrency``. The two callers spell their rate ticket differently
+        (a pipeline step adds ``/rate``); a ticket must not change under a running
+        workflow, whose permit is addressed to it."""
+        calls: list[AcquireCall] = []
+        if self.rate_limited:
+            calls.append(
+                RateCall(
+                    worker_id=self.worker_id,
+                    tenant=self.tenant,
+                    requester=self.requester,
+                    ticket=f"{ticket}{rate_suffix}",
+                )
+            )
+        if self.concurrency_key is not None:
+            calls.append(
+                ConcurrencyCall(
+                    key=self.concurrency_key,
+                    limit=self.concurrency_limit,
+                    requester=self.requester,
+                    ticket=f"{ticket}/concurrency",
+                    lease_seconds=self.lease_seconds,
+                )
+            )
+        return calls
 
 
 class PermitBook:
@@ -301,7 +354,7 @@ class PermitBook:
         )
         if not result.limited:
             return result
-        self.waiting[call.ticket] = (who, "concurrency" if call.key is not None else "rate")
+        self.waiting[call.ticket] = (who, call.kind)
         try:
             await workflow.wait_condition(lambda: call.ticket in self.received, timeout=wait)
         except TimeoutError:
@@ -310,7 +363,7 @@ class PermitBook:
             return None
         finally:
             self.waiting.pop(call.ticket, None)
-        if call.key is not None and result.limiter_id is not None:
+        if call.kind == "concurrency" and result.limiter_id is not None:
             self.held[call.ticket] = result.limiter_id
         return result
 
@@ -319,18 +372,16 @@ class PermitBook:
         calls: Sequence[AcquireCall],
         wait: Callable[[], timedelta | None],
         who: str = "",
-    ) -> list[Lease]:
-        """Every permit in order; the concurrency leases to give back after the call.
-
-        Raises:
-            PermitWaitExpired: ``wait()`` passed first; leases taken so far are released.
-        """
+    ) -> list[Lease] | WaitExpired:
+        """Every permit in order: the concurrency leases to give back after the call,
+        or, when ``wait()`` passed first, which call expired (leases taken so far are
+        released)."""
         leases: list[Lease] = []
         for call in calls:
             result = await self.acquire(call, wait(), who)
             if result is None:
                 await self.release_all(leases)
-                raise PermitWaitExpired(call)
+                return WaitExpired(call)
             if call.ticket in self.held:
                 leases.append((self.held[call.ticket], call.ticket))
         return leases
@@ -350,3 +401,20 @@ class PermitBook:
             await handle.signal(names.LIMITER_RELEASE_SIGNAL, ticket)
         except Exception as e:
             workflow.logger.warning("cannot release %s at %s: %s", ticket, limiter_id, e)
+
+
+class PermitSignals:
+    """The limiter's two signals, for every workflow that asks for permits (a mixin:
+    the SDK registers handlers a workflow class inherits)."""
+
+    _permits: PermitBook
+
+    @workflow.signal(name=names.PERMIT_SIGNAL)
+    def permit(self, permit: Permit) -> None:
+        """A limiter granted a permit this workflow asked for."""
+        self._permits.on_permit(permit)
+
+    @workflow.signal(name=names.LEASE_CHECK_SIGNAL)
+    async def lease_check(self, check: LeaseCheck) -> None:
+        """A limiter asks about a lease past its time (see ``LimiterWorkflow``)."""
+        await self._permits.on_lease_check(check)

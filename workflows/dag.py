@@ -1,0 +1,145 @@
+"""The DAG scheduler: start every step whose dependencies are done, as they finish.
+
+A step's dependencies are its ``depends_on``, its gate and the steps its
+references name (:func:`step_dependencies`). Each round starts what is ready
+and waits for at least one running step, so the loop is counted. A step that
+fails with ``on_failure`` other than ``continue``, or one that ends the run
+(``PipelineRun.terminal``), stops new starts; running steps finish. With
+``resume_from`` (a redrive), a step that succeeded before is reused instead of
+run. The run's status follows from the steps; the pipeline's ``output`` is
+resolved last. Deterministic code only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from aiworker.schemas import names
+    from aiworker.schemas.pipeline import (
+        PipelineResult,
+        Step,
+        StepResult,
+        TerminalStatus,
+        step_dependencies,
+    )
+    from aiworker.schemas.refs import ReferenceError_, resolve
+
+from aiworker.workflows.state import PipelineRun
+from aiworker.workflows.steps import run_step
+
+
+@dataclass
+class Schedule:
+    """Where the DAG stands: finished steps, running ones, whether new starts stop."""
+
+    deps: dict[str, set[str]]
+    done: set[str] = field(default_factory=set)
+    running: dict[str, asyncio.Task[StepResult]] = field(default_factory=dict)
+    failed_hard: bool = False
+
+    def ready(self, step: Step) -> bool:
+        return (
+            step.id not in self.done
+            and step.id not in self.running
+            and self.deps[step.id] <= self.done
+        )
+
+
+async def run_dag(run: PipelineRun) -> PipelineResult:
+    """Run every step of the pipeline; the pipeline's result."""
+    spec = run.spec
+    by_id = {s.id: s for s in spec.steps}
+    sched = Schedule(deps=step_dependencies(spec))
+    try:
+        # Each round finishes at least one step, so this loop is bounded.
+        for _ in range(2 * len(spec.steps) + 2):
+            if not sched.failed_hard and run.terminal is None:
+                reused = _start_ready(run, sched)
+                if reused:
+                    # Makes the reuse visible in this run's history and in the UI.
+                    workflow.upsert_memo({"reused_steps": sorted(reused)})
+                    if not sched.running:
+                        continue
+            if not sched.running:
+                if all(s.id in sched.done for s in spec.steps) or sched.failed_hard or run.terminal:
+                    break
+                continue
+            finished, _ = await workflow.wait(
+                list(sched.running.values()), return_when=asyncio.FIRST_COMPLETED
+            )
+            for sid in [sid for sid, t in sched.running.items() if t in finished]:
+                result = sched.running.pop(sid).result()
+                run.steps[sid] = result
+                sched.done.add(sid)
+                if result.status == "failed" and by_id[sid].on_failure != "continue":
+                    sched.failed_hard = True
+    except asyncio.CancelledError:
+        for sid, task in sched.running.items():
+            task.cancel()
+            run.steps[sid] = run.steps[sid].model_copy(update={"status": "cancelled"})
+        await asyncio.gather(*sched.running.values(), return_exceptions=True)
+        for s in spec.steps:
+            if run.steps[s.id].status == "pending":
+                run.steps[s.id] = StepResult(status="cancelled")
+        raise
+    status = _status(run, sched)
+    for step in spec.steps:
+        if run.steps[step.id].status == "pending":
+            run.steps[step.id] = StepResult(
+                status="skipped", error_message=f"not run: the pipeline ended {status}"
+            )
+    output, output_error = _output(run)
+    return PipelineResult(
+        status=status,
+        output=output,
+        steps=dict(run.steps),
+        usage=run.ledger.used,
+        trace_id=run.trace_id,
+        error=output_error,
+    )
+
+
+def _start_ready(run: PipelineRun, sched: Schedule) -> list[str]:
+    """Start (or, when redriven, reuse) every ready step; the ids reused."""
+    resume = run.spec.resume_from
+    reused: list[str] = []
+    for step in run.spec.steps:
+        if not sched.ready(step):
+            continue
+        old = resume.steps.get(step.id) if resume else None
+        if old is not None and old.status in names.OK_STATUSES and resume:
+            run.steps[step.id] = old.model_copy(update={"reused_from": resume.workflow_id})
+            reused.append(step.id)
+            sched.done.add(step.id)
+            continue
+        run.steps[step.id] = StepResult(status="running")
+        sched.running[step.id] = asyncio.create_task(run_step(run, step))
+    return reused
+
+
+def _status(run: PipelineRun, sched: Schedule) -> TerminalStatus:
+    if run.terminal is not None:
+        return run.terminal
+    if sched.failed_hard:
+        return "failed"
+    if any(r.status in ("failed", "partial", "blocked", "rejected") for r in run.steps.values()):
+        return "partial"
+    return "succeeded"
+
+
+def _output(run: PipelineRun) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The pipeline's ``output`` resolved, and what could not be."""
+    out: dict[str, Any] = {}
+    missing: list[str] = []
+    scope = run.scope()
+    for key, value in run.spec.output.items():
+        try:
+            out[key] = resolve(value, scope)
+        except ReferenceError_ as e:
+            missing.append(f"output {key!r}: {e}")
+    return out, ({"code": "output_incomplete", "problems": missing} if missing else None)

@@ -1,0 +1,211 @@
+"""The for_each fan-out: a step's items in child workflows of ``chunk_size`` items.
+
+Each item's input (and concurrency key) is resolved here, against the
+pipeline's scope plus ``item`` and ``item_index``; an item that cannot be
+resolved fails alone with ``invalid_input``. The budget admits the whole step
+once, for one call per item, and shares the reservation out to the chunks by
+item count (:class:`ChunkAllowance`, with the pipeline's deadline). At most
+``ceil(max_parallel / chunk_size)`` chunks run at once, each with at most
+``min(max_parallel, chunk_size)`` items in flight
+(``PipelineForEachWorkflow``), so no history grows with the list.
+:class:`FanOut` tallies the items as chunks finish. Deterministic code only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from aiworker.schemas import names
+    from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.pipeline import (
+        ChunkAllowance,
+        ChunkInput,
+        ChunkItem,
+        ChunkResult,
+        Step,
+        StepResult,
+    )
+    from aiworker.schemas.protocol import Usage
+    from aiworker.schemas.refs import ReferenceError_, resolve
+
+from aiworker.workflows.budget import Admission
+from aiworker.workflows.foreach import PipelineForEachWorkflow
+from aiworker.workflows.pipeline_limits import step_max_attempts
+from aiworker.workflows.state import Ended, PipelineRun
+
+# Failed items listed in a for_each step's outputs (the counts cover all).
+MAX_ITEM_ERRORS = 20
+
+
+@dataclass
+class FanOut:
+    """A for_each step's items as they finish: outputs by index, failures, usage."""
+
+    total: int
+    results: list[Any] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    failed: int = 0
+    done: int = 0
+    usage: Usage = field(default_factory=Usage)
+    budget_hit: bool = False
+
+    def __post_init__(self) -> None:
+        self.results = [None] * self.total
+
+    def item_failed(self, index: int, code: str | None, message: str | None) -> None:
+        self.failed += 1
+        if len(self.errors) < MAX_ITEM_ERRORS:
+            self.errors.append({"index": index, "error_code": code, "message": message})
+
+    def add(self, chunk: ChunkResult) -> None:
+        """Book a finished chunk's items and usage."""
+        self.usage = self.usage + chunk.usage
+        for it in chunk.items:
+            self.done += 1
+            if it.status in names.OK_STATUSES:
+                self.results[it.index] = it.outputs
+                continue
+            self.budget_hit = self.budget_hit or it.error_code == ErrorCode.BUDGET_EXCEEDED.value
+            self.item_failed(it.index, it.error_code, it.error_message)
+
+    def result(self, chunks: int) -> StepResult:
+        """The step's result: ``partial`` when some items failed, ``failed`` when all did."""
+        ok = self.total - self.failed
+        errors = sorted(self.errors, key=lambda e: int(e["index"]))
+        code: str | None
+        if self.budget_hit:
+            code = ErrorCode.BUDGET_EXCEEDED.value
+        else:
+            code = errors[0]["error_code"] if errors else None
+        return StepResult(
+            status="succeeded" if not self.failed else ("failed" if not ok else "partial"),
+            attempts=chunks,
+            error_code=code,
+            error_message=f"{self.failed} of {self.total} items failed" if self.failed else None,
+            outputs={
+                "items": self.results,
+                "count": self.total,
+                "succeeded": ok,
+                "failed": self.failed,
+                "errors": errors,
+            },
+            usage=self.usage,
+            items={"total": self.total, "succeeded": ok, "failed": self.failed},
+        )
+
+
+async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
+    """Run a for_each step's items in chunks; item failures are counted, not raised."""
+    worker = run.workers[step.worker]
+    items = run.resolve(step, step.for_each, "for_each")
+    if isinstance(items, Ended):
+        return items.result
+    if not isinstance(items, list):
+        return StepResult(
+            status="failed",
+            error_code=ErrorCode.INVALID_INPUT.value,
+            error_message=(
+                f"step {step.id!r}: field 'for_each': expected a list, got {type(items).__name__}"
+            ),
+        )
+    fan = FanOut(total=len(items))
+    resolved = _resolve_items(run, step, items, fan)
+    if not fan.total:
+        return StepResult(
+            status="succeeded",
+            outputs={"items": [], "count": 0, "succeeded": 0, "failed": 0, "errors": []},
+            items={"total": 0, "succeeded": 0, "failed": 0},
+        )
+    # One reservation for the whole step, shared out to chunks by item count.
+    admission = run.admit(worker, step.timeout_seconds, calls=len(resolved))
+    if isinstance(admission, Ended):
+        return admission.result
+    limits = run.limits.for_worker(worker, step)
+    # What every chunk of the step shares; each chunk adds its items and budget share.
+    template = ChunkInput(
+        step_id=step.id,
+        worker=worker.worker_id,
+        key_prefix=f"{run.key_base}/{step.id}",
+        tenant=run.tenant,
+        trace_id=run.trace_id,
+        queue_suffix=run.queue_suffix,
+        items=[],
+        max_parallel=min(step.max_parallel, step.chunk_size),
+        timeout_seconds=step.timeout_seconds,
+        max_attempts=step_max_attempts(step),
+        rate_limited=limits.rate_limited,
+        concurrency_limit=step.concurrency.limit if step.concurrency else None,
+        lease_seconds=limits.lease_seconds,
+    )
+    chunks = [resolved[i : i + step.chunk_size] for i in range(0, len(resolved), step.chunk_size)]
+    slots = asyncio.Semaphore(max(1, math.ceil(step.max_parallel / step.chunk_size)))
+    info = workflow.info()
+
+    async def run_chunk(k: int, chunk: list[ChunkItem]) -> ChunkResult:
+        share = _allowance(admission, len(chunk), len(resolved), run.ledger.deadline)
+        async with slots:
+            return await workflow.execute_child_workflow(
+                PipelineForEachWorkflow.run,
+                template.model_copy(update={"items": chunk, "allowance": share}),
+                id=f"{info.workflow_id}/{step.id}/{k}",
+                task_queue=info.task_queue,
+                static_summary=f"{step.id} items {chunk[0].index}..{chunk[-1].index}",
+            )
+
+    tasks = [asyncio.create_task(run_chunk(k, c)) for k, c in enumerate(chunks)]
+    try:
+        for _ in range(len(tasks)):
+            finished, _pending = await workflow.wait(
+                [t for t in tasks if not t.done()], return_when=asyncio.FIRST_COMPLETED
+            )
+            for t in finished:
+                fan.add(t.result())
+            run.steps[step.id] = run.steps[step.id].model_copy(
+                update={"items": {"total": fan.total, "done": fan.done, "failed": fan.failed}}
+            )
+            if all(t.done() for t in tasks):
+                break
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        run.ledger.settle(admission, fan.usage)
+    if fan.budget_hit:
+        run.terminal = "budget_exhausted"
+    return fan.result(chunks=len(chunks))
+
+
+def _resolve_items(run: PipelineRun, step: Step, items: list[Any], fan: FanOut) -> list[ChunkItem]:
+    """Each item's input and concurrency key; an item that cannot be resolved fails."""
+    resolved: list[ChunkItem] = []
+    scope = run.scope()
+    for i, item in enumerate(items):
+        item_scope = scope | {"item": item, "item_index": i}
+        try:
+            item_input = resolve(step.input, item_scope)
+            key = None
+            if step.concurrency is not None:
+                key = str(resolve(step.concurrency.key, item_scope))
+            resolved.append(ChunkItem(index=i, input=item_input, concurrency_key=key))
+        except ReferenceError_ as e:
+            fan.item_failed(i, ErrorCode.INVALID_INPUT.value, str(e))
+    return resolved
+
+
+def _allowance(admission: Admission, items: int, of: int, deadline: float | None) -> ChunkAllowance:
+    """A chunk's share of the step's reservation: ``items`` of the step's ``of`` items."""
+
+    def share(cap: int | None) -> int | None:
+        return None if cap is None else (cap * items) // max(1, of)
+
+    return ChunkAllowance(
+        max_tokens=share(admission.max_tokens),
+        max_external_calls=share(admission.max_external_calls),
+        deadline=deadline,
+    )

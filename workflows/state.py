@@ -1,0 +1,164 @@
+"""The state of one pipeline run, shared by the modules that run it.
+
+:class:`Board` is what the workflow's handlers read and write (step results,
+status, permits, review desk, external calls in flight); it exists from the
+workflow's first moment, before the spec is checked. :class:`PipelineRun` is
+built once the spec is checked: the spec, the worker specs, the ledger, the
+ids every call carries and the run's terminal status once a step decided it.
+The scheduler (``dag``), the step runner (``steps``), the fan-out
+(``fanout``) and the limits (``pipeline_limits``) all work on one
+``PipelineRun``. A step that ends before its worker runs (skipped, blocked,
+refused) is a value, :class:`Ended`, not an exception. Deterministic code only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from aiworker.schemas import names
+    from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.pipeline import PipelineSpec, Step, StepResult, TerminalStatus
+    from aiworker.schemas.refs import ReferenceError_, find_refs, resolve
+    from aiworker.schemas.spec import WorkerSpec
+
+from aiworker.workflows.budget import Admission, BudgetRefused, Ledger
+from aiworker.workflows.limits import PermitBook
+from aiworker.workflows.pipeline_limits import PipelineLimits
+from aiworker.workflows.review import ReviewDesk
+
+MEMO_SEARCH_ATTRIBUTES = "search_attributes"
+
+
+def now() -> float:
+    """Workflow time as POSIX seconds."""
+    return workflow.now().timestamp()
+
+
+def ms_since(start: Any) -> float:
+    """Milliseconds of workflow time since ``start`` (a ``workflow.now()``)."""
+    delta: timedelta = workflow.now() - start
+    return round(delta.total_seconds() * 1000, 3)
+
+
+def search_attributes_on() -> bool:
+    """False when the run's memo says its server has none of aiworker's search attributes.
+
+    A server without them (the time-skipping test server cannot register any)
+    would fail every upsert; such a run says so in its memo:
+    ``{"search_attributes": false}``.
+    """
+    return bool(workflow.memo_value(MEMO_SEARCH_ATTRIBUTES, True, type_hint=bool))
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A step that ends without (or before) its worker's result: skipped, blocked,
+    refused by the budget or a limit, or an input that cannot be resolved."""
+
+    result: StepResult
+
+
+@dataclass
+class Board:
+    """What the handlers see: step results, the run's status, and who waits for what."""
+
+    steps: dict[str, StepResult] = field(default_factory=dict)
+    status: str = "running"
+    permits: PermitBook = field(default_factory=PermitBook)
+    desk: ReviewDesk = field(default_factory=ReviewDesk)
+    # Steps calling an external worker now: step id -> its queue and wait bound.
+    external: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def set_status(self, status: str) -> None:
+        """The run's status, upserted as the ``AiworkerStatus`` search attribute."""
+        if status != self.status or status == "running":
+            self.status = status
+            if search_attributes_on():
+                workflow.upsert_search_attributes([names.STATUS_KEY.value_set(status)])
+
+
+@dataclass
+class PipelineRun:
+    """One checked pipeline on its way: what every step needs to run."""
+
+    spec: PipelineSpec
+    workers: Mapping[str, WorkerSpec]
+    board: Board
+    ledger: Ledger
+    key_base: str  # idempotency keys: this run's id, or the redriven run's
+    queue_suffix: str
+    trace_id: str
+    limits: PipelineLimits
+    # Set by a step that ends the whole run (budget spent, review timed out, rejected).
+    terminal: TerminalStatus | None = None
+
+    @property
+    def tenant(self) -> str:
+        return self.spec.tenant
+
+    @property
+    def steps(self) -> dict[str, StepResult]:
+        return self.board.steps
+
+    def scope(self) -> dict[str, Any]:
+        """What ``${{ }}`` references see: the inputs and every step's results so far."""
+        return {
+            "inputs": self.spec.inputs,
+            "steps": {
+                sid: {
+                    "status": r.status,
+                    "outputs": r.outputs,
+                    "warnings": r.warnings,
+                    "artifacts": r.artifacts,
+                }
+                for sid, r in self.steps.items()
+            },
+        }
+
+    def resolve(self, step: Step, value: Any, field_name: str) -> Any | Ended:
+        """``value`` with its references resolved, or how the step ends: skipped when
+        an upstream step has no outputs, else failed with ``invalid_input``."""
+        try:
+            return resolve(value, self.scope())
+        except ReferenceError_ as e:
+            upstream = [
+                r.step_id
+                for r in find_refs(value)
+                if r.step_id is not None and not self.steps[r.step_id].ok
+            ]
+            if upstream:
+                return Ended(
+                    StepResult(
+                        status="skipped",
+                        error_message=f"field {field_name!r}: step {upstream[0]!r} has no outputs",
+                    )
+                )
+            return Ended(
+                StepResult(
+                    status="failed",
+                    error_code=ErrorCode.INVALID_INPUT.value,
+                    error_message=f"step {step.id!r}: field {field_name!r}: {e}",
+                )
+            )
+
+    def admit(self, worker: WorkerSpec, timeout: float | None, calls: int = 1) -> Admission | Ended:
+        """The budget's admission for a step's call(s); a refusal ends the run
+        ``budget_exhausted``."""
+        try:
+            return self.ledger.admit(worker, now(), timeout, calls)
+        except BudgetRefused as e:
+            self.terminal = "budget_exhausted"
+            return Ended(
+                StepResult(
+                    status="failed",
+                    error_code=ErrorCode.BUDGET_EXCEEDED.value,
+                    error_message=f"refused before scheduling: {e.message}",
+                    reasons=[{"resource": e.resource, "message": e.message}],
+                )
+            )

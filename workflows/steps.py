@@ -1,0 +1,360 @@
+"""The step runner: one step of a pipeline, from its preflight to its result.
+
+    preflight (dependencies, gate, ``when``)  -> skipped | blocked
+    for_each                                  -> the fan-out (``fanout``)
+    else, per review round (counted):
+      attempt: call -> validate -> call again with the reasons as feedback,
+               up to ``validate.max_attempts`` -> the ``fallback`` worker
+      failed and ``on_failure: escalate``     -> review: approve | reject | retry
+
+Every call first waits for its limits (``pipeline_limits``) and is admitted
+by the budget ledger. A step that ends early (skipped, blocked, refused by
+the budget or a limit) comes back as an :class:`Ended` value, never an
+exception; a step that ends the whole run says so in ``PipelineRun.terminal``.
+Deterministic code only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from jsonschema import Draft202012Validator
+
+    from aiworker.schemas import names
+    from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.pipeline import Step, StepResult, Validation
+    from aiworker.schemas.protocol import Usage
+    from aiworker.schemas.refs import ReferenceError_, resolve
+    from aiworker.schemas.spec import WorkerSpec
+
+from aiworker.workflows.calls import call_worker, external_wait, with_feedback
+from aiworker.workflows.fanout import run_for_each
+from aiworker.workflows.limits import Lease, WaitExpired
+from aiworker.workflows.pipeline_limits import step_max_attempts
+from aiworker.workflows.state import Ended, PipelineRun, ms_since, now
+
+# A reviewer may send a step back this many times; then the step fails.
+MAX_REVIEW_ROUNDS = 3
+# A worker that rejects its own output (an LLM reply failing its schema) gets the
+# same second chance as a validator's verdict.
+_FEEDBACK_CODES = (ErrorCode.INVALID_OUTPUT.value, ErrorCode.VALIDATION_FAILED.value)
+
+
+async def run_step(run: PipelineRun, step: Step) -> StepResult:
+    """Run ``step`` to its result, with its duration."""
+    start = workflow.now()
+    ended = preflight(run, step)
+    if ended is not None:
+        result = ended.result
+    elif step.for_each is not None:
+        result = await run_for_each(run, step)
+    else:
+        worker = run.workers[step.worker]
+        step_input = run.resolve(step, step.input, "input")
+        if isinstance(step_input, Ended):
+            result = step_input.result
+        else:
+            result = await StepRunner(run, step, worker, step_input).execute()
+    return result.model_copy(update={"duration_ms": ms_since(start)})
+
+
+def preflight(run: PipelineRun, step: Step) -> Ended | None:
+    """Dependencies, gate and ``when``: how the step ends if it must not run."""
+    for dep in step.depends_on:
+        st = run.steps[dep].status
+        if st not in names.OK_STATUSES and step.worker != names.AGGREGATOR:
+            return Ended(
+                StepResult(status="skipped", error_message=f"dependency {dep!r} ended {st}")
+            )
+    if step.gate is not None:
+        gate = run.steps[step.gate]
+        outputs = gate.outputs if isinstance(gate.outputs, dict) else {}
+        if gate.status != "succeeded" or not outputs.get("valid", False):
+            return Ended(
+                StepResult(
+                    status="blocked",
+                    error_code=ErrorCode.VALIDATION_FAILED.value,
+                    error_message=f"gate {step.gate!r} did not pass ({gate.status})",
+                    reasons=list(outputs.get("errors") or gate.reasons),
+                )
+            )
+    if step.when is not None:
+        try:
+            value = resolve(step.when["value"], run.scope())
+        except ReferenceError_ as e:
+            return Ended(
+                StepResult(status="skipped", error_message=f"when: value unavailable: {e}")
+            )
+        if not Draft202012Validator(step.when["schema"]).is_valid(value):
+            return Ended(StepResult(status="skipped", error_message="when: value does not match"))
+    return None
+
+
+@dataclass
+class Tally:
+    """What a step's calls add up to: Temporal attempts, usage, validator runs."""
+
+    attempts: int = 0
+    usage: Usage = field(default_factory=Usage)
+    validations: int = 0
+
+    def add(self, result: StepResult) -> None:
+        self.attempts += result.attempts
+        self.usage = self.usage + result.usage
+
+    def succeeded(self, call: StepResult) -> StepResult:
+        """The step's result from the call that produced its outputs."""
+        return call.model_copy(
+            update={
+                "attempts": self.attempts,
+                "usage": self.usage,
+                "validation_attempts": self.validations,
+            }
+        )
+
+    def failed(self, last: StepResult | None, fallback_used: bool) -> StepResult:
+        """The step's result when no call produced acceptable outputs."""
+        final = last or StepResult(status="failed", error_code=ErrorCode.INTERNAL.value)
+        return StepResult(
+            status="failed",
+            attempts=self.attempts,
+            error_code=final.error_code,
+            error_message=final.error_message,
+            reasons=final.reasons,
+            usage=self.usage,
+            validation_attempts=self.validations,
+            fallback_used=fallback_used,
+        )
+
+
+@dataclass
+class StepRunner:
+    """One step with a single worker call (no for_each) and its resolved input."""
+
+    run: PipelineRun
+    step: Step
+    worker: WorkerSpec
+    step_input: dict[str, Any]
+
+    async def execute(self) -> StepResult:
+        """The bounded loop, once per review round."""
+        result = StepResult(status="failed")
+        for review_round in range(MAX_REVIEW_ROUNDS + 1):
+            attempt = await self.attempt(review_round)
+            if isinstance(attempt, Ended):
+                return attempt.result
+            result = attempt
+            if result.ok or self.run.terminal is not None:
+                return result
+            if self.step.on_failure != "escalate" or review_round == MAX_REVIEW_ROUNDS:
+                return result
+            reviewed = await self.review(result)
+            if reviewed is not None:
+                return reviewed
+            self.run.steps[self.step.id] = result.model_copy(update={"status": "running"})
+        return result
+
+    async def attempt(self, review_round: int) -> StepResult | Ended:
+        """run -> validate -> feed back reasons, up to max_attempts -> fallback."""
+        step, v = self.step, self.step.validate_
+        base = f"{self.run.key_base}/{step.id}"
+        if review_round:
+            base += f"#review-{review_round}"
+        loops = v.max_attempts if v is not None else 1
+        tally = Tally()
+        last: StepResult | None = None
+        current = self.step_input
+        for n in range(loops):
+            key = base if n == 0 else f"{base}#attempt-{n + 1}"
+            label = f"{step.id} ({self.worker.worker_id})"
+            result = await self.call(self.worker, key, current, label)
+            if isinstance(result, Ended):
+                return result
+            tally.add(result)
+            if not result.ok or self.run.terminal is not None:
+                last = result
+                if (
+                    v is not None
+                    and self.run.terminal is None
+                    and result.error_code in _FEEDBACK_CODES
+                    and result.reasons
+                ):
+                    current = with_feedback(self.step_input, v.feedback_field, result.reasons)
+                    continue
+                break
+            if v is None:
+                return tally.succeeded(result)
+            rejected = f"validation attempt {n + 1} of {loops} failed"
+            rejection = await self.validate(v, result, f"{key}#validate", tally, rejected)
+            if rejection is None:
+                return tally.succeeded(result)
+            last = rejection
+            current = with_feedback(self.step_input, v.feedback_field, rejection.reasons)
+        if step.fallback is not None and self.run.terminal is None:
+            result = await self.fallback(step.fallback, base, tally)
+            if isinstance(result, Ended):
+                return result
+            if result.ok:
+                return tally.succeeded(result).model_copy(update={"fallback_used": True})
+            last = result
+        fallback_used = step.fallback is not None and self.run.terminal is None
+        return tally.failed(last, fallback_used)
+
+    async def fallback(self, worker_id: str, base: str, tally: Tally) -> StepResult | Ended:
+        """The fallback worker's call (validated like the step's own), once."""
+        step = self.step
+        fb = self.run.workers[worker_id]
+        fb_input: Any = self.step_input
+        if step.fallback_input is not None:
+            fb_input = self.run.resolve(step, step.fallback_input, "fallback_input")
+            if isinstance(fb_input, Ended):
+                return fb_input
+        label = f"{step.id} fallback ({fb.worker_id})"
+        result = await self.call(fb, f"{base}#fallback", fb_input, label)
+        if isinstance(result, Ended):
+            return result
+        tally.add(result)
+        if result.ok and step.validate_ is not None:
+            rejected = "the fallback's output failed validation too"
+            key = f"{base}#fallback#validate"
+            rejection = await self.validate(
+                step.validate_, result, key, tally, rejected, broken=rejected
+            )
+            if rejection is not None:
+                return rejection
+        return result
+
+    async def validate(
+        self,
+        v: Validation,
+        call: StepResult,
+        key: str,
+        tally: Tally,
+        rejected: str,
+        broken: str | None = None,
+    ) -> StepResult | None:
+        """Run the validator on a call's outputs: None if they pass, else the failure
+        with the validator's reasons, ``rejected`` as its message (``broken`` when the
+        validator itself failed; by default its own error)."""
+        tally.validations += 1
+        verdict = await call_worker(
+            self.run.workers[names.VALIDATOR],
+            key=key,
+            step_id=self.step.id,
+            tenant=self.run.tenant,
+            trace_id=self.run.trace_id,
+            input={"data": call.outputs, "schema": v.schema_},
+            queue_suffix=self.run.queue_suffix,
+            summary=f"{self.step.id} validate",
+        )
+        found = verdict.outputs if isinstance(verdict.outputs, dict) else {}
+        if verdict.ok and found.get("valid"):
+            return None
+        return StepResult(
+            status="failed",
+            outputs=call.outputs,
+            error_code=ErrorCode.VALIDATION_FAILED.value,
+            error_message=(
+                rejected if verdict.ok else (broken or f"validator failed: {verdict.error_message}")
+            ),
+            reasons=list(found.get("errors") or verdict.reasons),
+        )
+
+    async def call(
+        self, worker: WorkerSpec, key: str, step_input: dict[str, Any], label: str
+    ) -> StepResult | Ended:
+        """One worker call: wait for its limits, be admitted by the budget, run, settle."""
+        run, step = self.run, self.step
+        leases = await self.limits(worker)
+        if isinstance(leases, Ended):
+            return leases
+        admission = run.admit(worker, step.timeout_seconds)
+        if isinstance(admission, Ended):
+            await run.limits.permits.release_all(leases)
+            return admission
+        wait = external_wait(worker, admission, run.queue_suffix, now())
+        if wait is not None:
+            run.board.external[step.id] = wait
+        try:
+            result = await call_worker(
+                worker,
+                key=key,
+                step_id=step.id,
+                tenant=run.tenant,
+                trace_id=run.trace_id,
+                input=step_input,
+                admission=admission,
+                max_attempts=step_max_attempts(step),
+                queue_suffix=run.queue_suffix,
+                summary=label,
+            )
+        finally:
+            run.board.external.pop(step.id, None)
+            await run.limits.permits.release_all(leases)
+        run.ledger.settle(admission, result.usage)
+        if result.error_code == ErrorCode.BUDGET_EXCEEDED.value:
+            run.terminal = "budget_exhausted"
+        return result
+
+    async def limits(self, worker: WorkerSpec) -> list[Lease] | Ended:
+        """Wait for the worker's per-tenant rate limit and the step's concurrency key;
+        the step ends ``rate_limited`` when the pipeline's deadline would pass first."""
+        run, step = self.run, self.step
+        ticket = run.limits.ticket(step.id)
+        key: str | None = None
+        if step.concurrency is not None:
+            resolved = run.resolve(step, step.concurrency.key, "concurrency.key")
+            if isinstance(resolved, Ended):
+                return resolved
+            key = str(resolved)
+        limits = run.limits.for_worker(worker, step, key)
+        leases = await run.limits.for_call(limits, ticket, step.id)
+        if isinstance(leases, WaitExpired):
+            return Ended(
+                StepResult(
+                    status="failed",
+                    error_code=ErrorCode.RATE_LIMITED.value,
+                    error_message=f"step {step.id!r}: {leases.message}",
+                )
+            )
+        return leases
+
+    async def review(self, result: StepResult) -> StepResult | None:
+        """Escalate a failed step to a human: the step's result after the decision,
+        or None to run it again (``retry``)."""
+        run, step, board = self.run, self.step, self.run.board
+        schema = step.validate_.schema_ if step.validate_ is not None else self.worker.output_schema
+        board.desk.open(step.id, schema)
+        run.steps[step.id] = result.model_copy(update={"status": "awaiting_review"})
+        board.set_status("awaiting_review")
+        try:
+            decision = await board.desk.wait(step.id, step.review_timeout_seconds)
+        finally:
+            # also on cancellation: the status upsert is part of the recorded history
+            if not board.desk.awaiting and board.status == "awaiting_review":
+                board.set_status("running")
+        if decision is None:
+            run.terminal = "escalation_timed_out"
+            return result.model_copy(
+                update={
+                    "status": "escalation_timed_out",
+                    "error_message": (
+                        f"no review within {step.review_timeout_seconds:g}s; "
+                        f"last error: {result.error_message}"
+                    ),
+                }
+            )
+        review = decision.model_dump(mode="json", exclude={"outputs"})
+        if decision.decision == "approve":
+            outputs = decision.outputs if decision.outputs is not None else result.outputs
+            return result.model_copy(
+                update={"status": "succeeded", "outputs": outputs, "review": review}
+            )
+        if decision.decision == "reject":
+            run.terminal = "rejected"
+            return result.model_copy(update={"status": "rejected", "review": review})
+        return None
