@@ -255,8 +255,12 @@ class WorkerRuntime:
     async def run(self, worker: Executes, raw: Any) -> WorkerResponse:
         """Run one attempt of ``worker`` on the request ``raw``; raise ``ApplicationError``.
 
-        Every failure leaves as an ``ApplicationError`` whose type is a stable
-        error code and whose ``ErrorInfo`` carries the call's usage so far.
+        The steps of DESIGN's diagram, in order: parse the request, validate
+        input, enforce constraints, execute, validate output, respond. Every
+        failure leaves as an ``ApplicationError`` whose type is a stable error
+        code and whose ``ErrorInfo`` carries the call's usage so far; what the
+        call tells its telemetry goes to the :class:`WorkerCall` the activity
+        interceptor opened.
         """
         call = current_call(worker.worker_id)
         usage = UsageBook.of(call.info)
@@ -272,12 +276,12 @@ class WorkerRuntime:
             request = self.parse_request(raw, spec)
             call.bind(request)
             conform(spec.input_schema, request.input, "input")
-            ctx = self._constrained(spec, request, call, usage)
+            ctx = self._enforce_constraints(spec, request, call, usage)
             result = await self._execute(worker, ctx, call)
             conform(spec.output_schema, result.outputs, "output")
-            return self._response(ctx, result, call)
+            return self._respond(ctx, result, call)
 
-    def _constrained(
+    def _enforce_constraints(
         self, spec: WorkerSpec, request: WorkerRequest, call: WorkerCall, usage: UsageBook
     ) -> WorkerContext:
         """Enforce constraints: the context of one attempt under the tightened limits."""
@@ -288,13 +292,6 @@ class WorkerRuntime:
             frozenset(limits.tools_allowed or ()),
             limits.max_external_calls,
             on_external_call=call.external_call,
-        )
-        call.note(
-            {
-                f"input.{k}": request.input[k]
-                for k in spec.observability.log_fields
-                if k in request.input
-            }
         )
         info = call.info
         return WorkerContext(
@@ -316,6 +313,13 @@ class WorkerRuntime:
     ) -> WorkerResult:
         """Execute: the worker's own code, under its deadline, its lineage and heartbeats."""
         spec, request = ctx.spec, ctx.request
+        call.note(
+            {
+                f"input.{k}": request.input[k]
+                for k in spec.observability.log_fields
+                if k in request.input
+            }
+        )
         deadline = asyncio.timeout(max(0.0, ctx.remaining()))
         lineage_of_call = lineage.CallLineage(
             tenant=request.tenant,
@@ -344,7 +348,7 @@ class WorkerRuntime:
         return result
 
     @staticmethod
-    def _response(ctx: WorkerContext, result: WorkerResult, call: WorkerCall) -> WorkerResponse:
+    def _respond(ctx: WorkerContext, result: WorkerResult, call: WorkerCall) -> WorkerResponse:
         """The response to a successful attempt, with what the whole call cost."""
         status: Literal["succeeded", "partial"] = (
             "partial" if result.status == "partial" else "succeeded"
