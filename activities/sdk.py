@@ -11,8 +11,10 @@ A worker is its spec (the published contract) and an ``execute`` method::
 From that one definition come the Temporal activity (name = ``worker_id``,
 :meth:`Worker.activity`), its activity options (:meth:`Worker.activity_options`,
 derived from the spec as for every call site), and the runtime wrapper that
-validates input and output, enforces constraints and tools, maps failures to
-stable codes and emits telemetry (:class:`~aiworker.activities.runtime.WorkerRuntime`).
+validates input and output, enforces constraints and tools and maps failures to
+stable codes (:class:`~aiworker.activities.runtime.WorkerRuntime`); the call's
+span, log line and metrics come from the activity interceptor every worker
+process registers (:mod:`~aiworker.activities.call_telemetry`).
 Built-ins, plugins and prompt workers are all instances of :class:`Worker`.
 """
 

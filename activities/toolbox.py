@@ -61,3 +61,16 @@ class Toolbox:
         self.external_calls += n
         if self._on_external_call is not None:
             self._on_external_call(name)
+
+
+def tool_secrets(tools: Mapping[str, Any]) -> list[str]:
+    """Secrets the process's tools hold (a models file's API keys, say), for redaction.
+
+    A tool that holds secrets says so with a ``secret_values()`` method.
+    """
+    out: list[str] = []
+    for tool in tools.values():
+        values = getattr(tool, "secret_values", None)
+        if callable(values):
+            out.extend(str(v) for v in values())
+    return out

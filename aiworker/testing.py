@@ -2,8 +2,9 @@
 
 :func:`run_worker` sends one request through the same runtime the worker
 process uses (envelope, input and output schemas, constraints, toolbox,
-deadline, error mapping), outside any activity. A success returns the
-:class:`~aiworker.WorkerResponse`; a failure raises the
+deadline, error mapping, the call's span and log line), outside any
+activity. A success returns the :class:`~aiworker.WorkerResponse`; a failure
+raises the
 ``temporalio.exceptions.ApplicationError`` the activity would fail with
 (``type`` is the stable error code, ``details[0]`` the ``ErrorInfo``)::
 
@@ -20,6 +21,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from aiworker.activities.call_telemetry import observe_call
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.sdk import Worker
 from aiworker.schemas.protocol import RequestConstraints, WorkerResponse
@@ -64,4 +66,7 @@ async def run_worker(
             else dict(constraints or {})
         ),
     }
-    return await runtime.run(worker, request)
+    # No Temporal worker, so no interceptor: open the call's telemetry (span,
+    # log line) here, with the same code the interceptor runs.
+    with observe_call(worker.worker_id):
+        return await runtime.run(worker, request)

@@ -24,6 +24,7 @@ import httpx
 from bs4 import BeautifulSoup
 from prometheus_client import CollectorRegistry
 
+from aiworker.activities.call_telemetry import observe_call
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.tools import scrape_tools
@@ -97,7 +98,9 @@ async def run(quick: bool = False) -> dict[str, Any]:
                 "tenant": "bench",
                 "input": {"url": url(), "extraction_spec": SPEC},
             }
-            resp = await runtime.run(worker, request)
+            # the call's telemetry, as the activity interceptor opens it in a worker process
+            with observe_call(worker.worker_id, runtime.metrics):
+                resp = await runtime.run(worker, request)
             assert len(resp.outputs["data"]["items"]) == ITEMS_PER_PAGE
 
         async def direct() -> None:

@@ -108,7 +108,8 @@ def make_handler(env: Mapping[str, str] | None = None) -> LambdaHandler:
         config.client_connect_config["data_converter"] = data_converter(None)
         config.worker_config["task_queue"] = settings.queue(queue)
         config.worker_config["activities"] = activities
-        config.worker_config["interceptors"] = [tracing]
+        # tracing first: each call's telemetry span sits in its RunActivity span
+        config.worker_config["interceptors"] = [tracing, runtime.interceptor()]
         config.shutdown_hooks.append(flush_spans)
         config.worker_config["graceful_shutdown_timeout"] = grace
         config.shutdown_deadline_buffer = grace + SHUTDOWN_HOOK_BUFFER

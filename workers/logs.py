@@ -23,8 +23,8 @@ from typing import Any
 
 from opentelemetry import trace
 
+from aiworker.activities.call_telemetry import attempt_log_fields
 from aiworker.activities.redaction import REDACTED, Redactor
-from aiworker.activities.runtime import attempt_log_fields
 
 __all__ = ["REDACTED", "JsonFormatter", "Redactor", "configure_logging"]
 

@@ -6,9 +6,10 @@ Traces
     client (and through the client on every worker built from it), so one
     trace runs from ``aiworker run`` (``StartWorkflow``) through the workflow
     (``RunWorkflow``, ``StartActivity``) to every activity attempt
-    (``RunActivity``), under which the worker runtime opens its own span per
-    attempt. We use the interceptor rather than the ``OpenTelemetryPlugin``:
-    the plugin is marked experimental and only shows workflow spans once the
+    (``RunActivity``), under which each worker call has its own span
+    (:mod:`aiworker.activities.call_telemetry`, an activity interceptor). We
+    use the SDK's interceptor rather than its ``OpenTelemetryPlugin``: the
+    plugin is marked experimental and only shows workflow spans once the
     workflow has completed, while operators want to see a long pipeline's
     activity spans while it runs; the interceptor's workflow spans have zero
     duration instead, which the activity spans make up for.
@@ -25,15 +26,10 @@ Traces
 
 SDK metrics
     Temporal's own worker and client metrics (and anything recorded through
-    ``workflow.metric_meter()`` / ``activity.metric_meter()``, such as
-    ``aiworker_pipelines``) are recorded into a
+    ``workflow.metric_meter()``) are recorded into a
     :class:`temporalio.runtime.MetricBuffer` and drained into the process's
-    ``prometheus_client`` registry by :class:`SdkMetricsCollector`, so one
-    ``/metrics`` port serves both aiworker's and the SDK's metrics. The
-    alternative, the SDK's ``PrometheusConfig``, needs a second port per pod
-    and a second scrape target; draining the buffer costs one small loop.
-    Counters become ``<name>_total``; duration histograms (recorded in
-    seconds) become ``<name>_seconds`` with aiworker's 5 ms .. 120 s buckets.
+    ``prometheus_client`` registry (:mod:`aiworker.workers.sdk_metrics`), so
+    one ``/metrics`` port serves both aiworker's and the SDK's metrics.
 
 Core logs
     Temporal Core (Rust) writes its warnings straight to stderr unless told
@@ -43,17 +39,14 @@ Core logs
 Pipelines by terminal status
     ``PipelineWorkflow`` counts itself (``aiworker_pipelines``, labels status,
     pipeline, tenant) through the replay-safe ``workflow.metric_meter()``; the
-    collector above is what brings that counter to ``/metrics``.
+    SDK metrics collector is what brings that counter to ``/metrics``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
-import threading
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -62,19 +55,8 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from prometheus_client import CollectorRegistry
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
 from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.runtime import (
-    BUFFERED_METRIC_KIND_COUNTER,
-    BUFFERED_METRIC_KIND_GAUGE,
-    BUFFERED_METRIC_KIND_HISTOGRAM,
-    BufferedMetricUpdate,
     LogForwardingConfig,
     LoggingConfig,
     MetricBuffer,
@@ -84,7 +66,7 @@ from temporalio.runtime import (
     TelemetryFilter,
 )
 
-from aiworker.activities.metrics import DURATION_BUCKETS
+from aiworker.workers.sdk_metrics import SdkMetricsCollector
 
 log = logging.getLogger("aiworker.telemetry")
 
@@ -187,159 +169,6 @@ def otlp_header_secrets(environ: Mapping[str, str]) -> list[str]:
                     if v:
                         out.append(v)
     return out
-
-
-# ------------------------------------------------------------ SDK metrics
-
-
-@dataclass
-class _Histogram:
-    buckets: list[float]
-    sum: float = 0.0
-    count: int = 0
-
-
-@dataclass
-class _Family:
-    name: str
-    kind: int
-    description: str
-    values: dict[tuple[tuple[str, str], ...], float] = field(default_factory=dict)
-    histograms: dict[tuple[tuple[str, str], ...], _Histogram] = field(default_factory=dict)
-
-
-def _prom_name(raw: str, unit: str | None, kind: int) -> str:
-    name = "".join(c if c.isalnum() or c == "_" else "_" for c in raw)
-    if kind == BUFFERED_METRIC_KIND_COUNTER and name.endswith("_total"):
-        name = name[: -len("_total")]
-    if kind == BUFFERED_METRIC_KIND_HISTOGRAM and unit == "s" and not name.endswith("_seconds"):
-        name += "_seconds"
-    return name
-
-
-class SdkMetricsCollector(Collector):
-    """Drains a :class:`MetricBuffer` and exposes its metrics to ``prometheus_client``.
-
-    The buffer is drained by a daemon thread (Core drops updates from a full
-    buffer, so it must be drained whether or not anyone scrapes) and again on
-    every scrape, so a scrape sees everything recorded before it.
-
-    Args:
-        buffer: the buffer set on the process's Temporal ``Runtime``.
-        interval: seconds between background drains.
-        buckets: histogram bucket bounds in seconds.
-    """
-
-    def __init__(
-        self,
-        buffer: MetricBuffer,
-        *,
-        interval: float = 1.0,
-        buckets: tuple[float, ...] = DURATION_BUCKETS,
-    ) -> None:
-        self.buffer = buffer
-        self.interval = interval
-        self.bounds = [*buckets, math.inf]
-        self._families: dict[str, _Family] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> SdkMetricsCollector:
-        """Start draining in the background."""
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._loop, name="aiworker-sdk-metrics", daemon=True
-            )
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop the background drain (after a last drain)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-        self.drain()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.drain()
-
-    def drain(self) -> None:
-        """Apply every buffered update to the collected state."""
-        with self._lock:
-            try:
-                updates = self.buffer.retrieve_updates()
-            except Exception:
-                log.exception(
-                    "cannot drain Temporal SDK metrics",
-                    extra={"aiworker": {"event": "sdk_metrics_drain_failed"}},
-                )
-                return
-            for u in updates:
-                self._apply(u)
-
-    def _apply(self, u: BufferedMetricUpdate) -> None:
-        m = u.metric
-        name = _prom_name(m.name, m.unit, m.kind)
-        fam = self._families.get(name)
-        if fam is None:
-            fam = self._families[name] = _Family(name, m.kind, m.description or m.name)
-        labels = tuple(
-            sorted(
-                (
-                    "".join(c if c.isalnum() or c == "_" else "_" for c in k),
-                    str(v).lower() if isinstance(v, bool) else str(v),
-                )
-                for k, v in u.attributes.items()
-            )
-        )
-        value = float(u.value)
-        if fam.kind == BUFFERED_METRIC_KIND_COUNTER:
-            fam.values[labels] = fam.values.get(labels, 0.0) + value
-        elif fam.kind == BUFFERED_METRIC_KIND_GAUGE:
-            fam.values[labels] = value
-        elif fam.kind == BUFFERED_METRIC_KIND_HISTOGRAM:
-            h = fam.histograms.get(labels)
-            if h is None:
-                h = fam.histograms[labels] = _Histogram([0.0] * len(self.bounds))
-            for i, bound in enumerate(self.bounds):
-                if value <= bound:
-                    h.buckets[i] += 1
-            h.sum += value
-            h.count += 1
-
-    def describe(self) -> Iterator[Metric]:
-        # Names appear as the SDK records them; nothing to pre-declare.
-        return iter(())
-
-    def collect(self) -> Iterator[Metric]:
-        self.drain()
-        with self._lock:
-            out: list[Metric] = []
-            for fam in self._families.values():
-                if fam.kind == BUFFERED_METRIC_KIND_COUNTER:
-                    c = CounterMetricFamily(fam.name, fam.description)
-                    for labels, v in fam.values.items():
-                        c.add_sample(fam.name + "_total", dict(labels), v)
-                    out.append(c)
-                elif fam.kind == BUFFERED_METRIC_KIND_GAUGE:
-                    g = GaugeMetricFamily(fam.name, fam.description)
-                    for labels, v in fam.values.items():
-                        g.add_sample(fam.name, dict(labels), v)
-                    out.append(g)
-                else:
-                    hf = HistogramMetricFamily(fam.name, fam.description)
-                    for labels, h in fam.histograms.items():
-                        base = dict(labels)
-                        for bound, n in zip(self.bounds, h.buckets, strict=True):
-                            le = "+Inf" if math.isinf(bound) else repr(bound)
-                            hf.add_sample(fam.name + "_bucket", {**base, "le": le}, n)
-                        hf.add_sample(fam.name + "_count", base, h.count)
-                        hf.add_sample(fam.name + "_sum", base, h.sum)
-                    out.append(hf)
-        return iter(out)
 
 
 # ----------------------------------------------------------------- bundle

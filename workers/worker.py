@@ -175,6 +175,8 @@ def build_workers(
                 workflows=workflows,
                 workflow_runner=workflow_runner(),
                 activities=acts,
+                # after the client's TracingInterceptor: each call's span sits in RunActivity
+                interceptors=[runtime.interceptor()],
                 max_concurrent_activities=settings.max_concurrent_activities,
                 max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
                 max_concurrent_activity_task_polls=settings.pollers,

@@ -4,7 +4,8 @@ The public surface: :class:`LanguageModel` (the ``language_model`` tool),
 the model registry (:func:`load_registry`, :class:`ModelRegistry`,
 :class:`ModelConfig`, :class:`ModelsFileError`), the per-endpoint
 :class:`RateLimiter`, and the provider-neutral :class:`ChatRequest` /
-:class:`ChatReply`.
+:class:`ChatReply` (whose usage is the protocol's ``Usage`` plus an
+``estimated`` flag, :class:`ReplyUsage`).
 """
 
 from aiworker.activities.limits import RateLimiter
@@ -19,7 +20,7 @@ from aiworker.activities.llm._registry import (
     load_registry,
     parse_models_file,
 )
-from aiworker.activities.llm._types import ChatReply, ChatRequest, Message, Usage
+from aiworker.activities.llm._types import ChatReply, ChatRequest, Message, ReplyUsage
 from aiworker.activities.retry_after import parse_duration, retry_after
 
 __all__ = [
@@ -37,7 +38,7 @@ __all__ = [
     "ModelsFileError",
     "OpenAIProvider",
     "RateLimiter",
-    "Usage",
+    "ReplyUsage",
     "estimate_tokens",
     "load_registry",
     "parse_duration",

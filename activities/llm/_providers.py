@@ -19,7 +19,7 @@ import re
 from typing import Any, Protocol
 
 from aiworker.activities.llm._registry import ModelConfig
-from aiworker.activities.llm._types import ChatReply, ChatRequest, Message, Usage
+from aiworker.activities.llm._types import ChatReply, ChatRequest, Message, ReplyUsage
 
 _TOOL_NAME = "respond"
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
@@ -45,6 +45,13 @@ def _is_object_schema(schema: dict[str, Any]) -> bool:
 
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _usage(inp: int | None, out: int | None) -> ReplyUsage:
+    """A reply's tokens as the provider reported them (0 and ``estimated`` where it did not)."""
+    return ReplyUsage(
+        input_tokens=inp or 0, output_tokens=out or 0, estimated=inp is None or out is None
+    )
 
 
 class Provider(Protocol):
@@ -144,7 +151,7 @@ class OpenAIProvider:
             text=content,
             finish_reason=str(finish) if finish else "stop",
             model=model if isinstance(model, str) and model else cfg.model,
-            usage=Usage(inp or 0, out or 0, estimated=inp is None or out is None),
+            usage=_usage(inp, out),
             max_tokens=max_tokens,
         )
 
@@ -232,7 +239,7 @@ class AnthropicProvider:
             text=text,
             finish_reason=finish,
             model=model if isinstance(model, str) and model else cfg.model,
-            usage=Usage(inp or 0, out or 0, estimated=inp is None or out is None),
+            usage=_usage(inp, out),
             structured=structured,
             has_structured=has_structured,
             max_tokens=max_tokens,

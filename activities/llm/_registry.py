@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from aiworker.activities.runtime import min_optional
+from aiworker.activities.constraints import min_optional
 from aiworker.schemas.settings import Settings
 
 DEFAULT_BASE_URLS = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from aiworker.schemas.protocol import Usage
+
 Role = Literal["system", "user", "assistant"]
 
 
@@ -33,12 +35,13 @@ class ChatRequest:
     response_schema: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True)
-class Usage:
-    """Tokens of one call; ``estimated`` when the provider did not report them."""
+class ReplyUsage(Usage):
+    """The protocol's :class:`~aiworker.schemas.protocol.Usage` of one model reply,
+    and whether its tokens are ``estimated`` (the provider did not report them).
 
-    input_tokens: int = 0
-    output_tokens: int = 0
+    ``external_calls`` stays 0: the toolbox counts the call itself.
+    """
+
     estimated: bool = False
 
 
@@ -55,7 +58,7 @@ class ChatReply:
     text: str
     finish_reason: str
     model: str
-    usage: Usage
+    usage: ReplyUsage
     structured: Any = None
     has_structured: bool = False
     max_tokens: int = 0

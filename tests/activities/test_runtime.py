@@ -112,6 +112,7 @@ async def queue(client: Client, settings: Settings) -> AsyncIterator[str]:
         task_queue=tq,
         workflows=[CallWorkerWorkflow],
         activities=[EchoActivities(runtime).echo],
+        interceptors=[runtime.interceptor()],
     ):
         yield tq
 

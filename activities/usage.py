@@ -1,0 +1,126 @@
+"""Usage booking: what one worker call consumed, across all its attempts.
+
+A pipeline's budget counts tokens and external calls even when an attempt
+fails and Temporal retries it, so each attempt's usage must reach the next:
+
+- a worker books tokens as soon as a provider bills them (``ctx.spend``),
+  before anything else can fail; the toolbox counts external calls;
+- a failure carries the call's usage so far (every attempt) in its
+  ``ErrorInfo``, and in the heartbeat details, which Temporal keeps for the
+  next attempt (:meth:`UsageBook.book`);
+- the next attempt starts from those details (:meth:`UsageBook.of`), and
+  heartbeats that a spec asks for carry them on, since a detail-less
+  heartbeat would erase them (:meth:`UsageBook.heartbeats`);
+- a success reports the earlier attempts' usage plus its own
+  (:meth:`UsageBook.total`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from aiworker.activities.errors import replaced
+from aiworker.activities.toolbox import Toolbox
+from aiworker.schemas.protocol import Usage
+
+
+class UsageBook:
+    """The usage of one activity: earlier attempts' (``prior``) and the running one's.
+
+    Args:
+        prior: what earlier attempts consumed (see :meth:`of`).
+    """
+
+    def __init__(self, prior: Usage | None = None) -> None:
+        self.prior = prior if prior is not None else Usage()
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.toolbox: Toolbox | None = None
+
+    @classmethod
+    def of(cls, info: activity.Info | None) -> UsageBook:
+        """A book that starts from the usage earlier attempts left in the heartbeat details."""
+        for d in info.heartbeat_details if info else ():
+            if isinstance(d, dict) and isinstance(d.get("usage"), dict):
+                try:
+                    return cls(Usage.model_validate(d["usage"]))
+                except ValidationError:
+                    break
+        return cls()
+
+    def spend(self, input_tokens: int = 0, output_tokens: int = 0) -> None:
+        """Book tokens a provider billed in this attempt."""
+        self.input_tokens += max(0, input_tokens)
+        self.output_tokens += max(0, output_tokens)
+
+    def this_attempt(self) -> Usage:
+        """What the running attempt has consumed so far."""
+        return Usage(
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            external_calls=self.toolbox.external_calls if self.toolbox else 0,
+        )
+
+    def total(self, input_tokens: int = 0, output_tokens: int = 0) -> Usage:
+        """What the call cost, earlier attempts included, for its response.
+
+        ``input_tokens`` and ``output_tokens`` are what the worker's result
+        reports; the larger of those and what it booked counts.
+        """
+        return self.prior + Usage(
+            input_tokens=max(input_tokens, self.input_tokens),
+            output_tokens=max(output_tokens, self.output_tokens),
+            external_calls=self.toolbox.external_calls if self.toolbox else 0,
+        )
+
+    def book(self, failure: ApplicationError) -> ApplicationError:
+        """``failure`` with what the call consumed so far, every attempt included.
+
+        The usage goes into the failure's ``ErrorInfo`` (the workflow books it
+        against the budget) and into the heartbeat details, which Temporal
+        keeps for the next attempt, so retries add up instead of starting at 0.
+        """
+        usage = self.prior + self.this_attempt()
+        if usage == Usage():
+            return failure
+        if activity.in_activity():
+            activity.heartbeat(*_details(usage))
+        if not failure.details or not isinstance(failure.details[0], dict):
+            return failure
+        info = {**failure.details[0], "usage": usage.model_dump(mode="json")}
+        return replaced(failure, failure.message, [info, *failure.details[1:]])
+
+    @contextlib.asynccontextmanager
+    async def heartbeats(self, heartbeat_seconds: float | None) -> AsyncIterator[None]:
+        """Heartbeat in the background every third of ``heartbeat_seconds`` (if set,
+        inside an activity), carrying the earlier attempts' usage."""
+        if not heartbeat_seconds or not activity.in_activity():
+            yield
+            return
+        interval = max(0.5, heartbeat_seconds / 3)
+        details = _details(self.prior)
+
+        async def beat() -> None:
+            while True:
+                activity.heartbeat(*details)
+                await asyncio.sleep(interval)
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _details(usage: Usage) -> list[dict[str, Any]]:
+    """Heartbeat details that hand ``usage`` to the next attempt."""
+    return [{"usage": usage.model_dump(mode="json")}] if usage != Usage() else []
