@@ -10,6 +10,14 @@ which Temporal retries forever: a pipeline stuck on a foreign worker's bad
 output. :class:`TolerantFailureConverter` converts such a failure again
 without its details and says so in the message, at every level of the cause
 chain, so the workflow receives an ordinary error and fails the step.
+
+It also keeps a failure small. Temporal keeps an activity's last failure in
+the workflow's mutable state, where anything over 4 KiB is replaced by
+"Failure exceeds size limit." (the type, the stable code a pipeline and the
+UI read, is lost from the pending activity). Python stack traces through the
+SDK's and aiworker's interceptors alone come near that, so each level of the
+chain keeps only the innermost frames of its stack trace, up to
+``MAX_STACK_TRACE_CHARS``; the worker's log line has the whole traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +26,12 @@ from typing import Any
 
 from temporalio.api.failure.v1 import Failure
 from temporalio.converter import DefaultFailureConverter, PayloadConverter
+
+# Per level of a failure's cause chain: a two-level chain (the stable error and
+# the exception it wraps) stays well under the server's 4 KiB for its messages,
+# details and stack traces together.
+MAX_STACK_TRACE_CHARS = 1000
+_FRAME = "  File "
 
 
 class TolerantFailureConverter(DefaultFailureConverter):
@@ -28,6 +42,16 @@ class TolerantFailureConverter(DefaultFailureConverter):
     Everything else, including a failure whose details decode, converts exactly
     as :class:`temporalio.converter.DefaultFailureConverter` converts it.
     """
+
+    def to_failure(
+        self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure
+    ) -> None:
+        """See :meth:`temporalio.converter.FailureConverter.to_failure`; stack traces trimmed."""
+        super().to_failure(exception, payload_converter, failure)
+        level: Failure | None = failure
+        while level is not None:
+            level.stack_trace = trimmed_stack_trace(level.stack_trace)
+            level = level.cause if level.HasField("cause") else None
 
     def from_failure(self, failure: Failure, payload_converter: PayloadConverter) -> BaseException:
         """See :meth:`temporalio.converter.FailureConverter.from_failure`."""
@@ -46,6 +70,20 @@ class TolerantFailureConverter(DefaultFailureConverter):
         note = f"(details dropped: cannot decode: {reason})"
         stripped.message = f"{failure.message} {note}" if failure.message else note
         return super().from_failure(stripped, payload_converter)
+
+
+def trimmed_stack_trace(stack: str, limit: int = MAX_STACK_TRACE_CHARS) -> str:
+    """The innermost frames of ``stack`` that fit in ``limit`` characters.
+
+    Cut at a frame's start, with a first line saying how much was left out;
+    a stack that fits is returned as it is.
+    """
+    if len(stack) <= limit:
+        return stack
+    tail = stack[len(stack) - limit :]
+    start = tail.find(_FRAME)
+    tail = tail[start:] if start >= 0 else tail
+    return f"  ... {len(stack) - len(tail)} characters of outer frames left out\n{tail}"
 
 
 def _details(failure: Failure) -> list[Any]:

@@ -12,6 +12,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.api.failure.v1 import Failure
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
+from aiworker.workers.failures import MAX_STACK_TRACE_CHARS
 from aiworker.workers.temporal_client import data_converter
 
 ODD = Payload(metadata={"encoding": b"binary/x-odd"}, data=b"?")
@@ -77,3 +78,53 @@ async def test_failures_that_decode_convert_as_before() -> None:
     err = await conv.decode_failure(failure)
     assert isinstance(err, ApplicationError)
     assert (err.message, err.type, err.details) == ("fine", "invalid_input", ({"a": 1},))
+
+
+def _ping(n: int) -> None:
+    # Two functions in turn: a traceback folds only repeats of the same frame.
+    if n == 0:
+        raise ConnectionError("upstream went away")
+    _pong(n - 1)
+
+
+def _pong(n: int) -> None:
+    _ping(n)
+
+
+async def test_a_deep_failure_keeps_its_innermost_frames_and_fits_the_servers_4_kib() -> None:
+    # Temporal replaces a pending activity's last failure over 4 KiB by
+    # "Failure exceeds size limit.", losing the stable code the UI and tests read.
+    try:
+        try:
+            _ping(40)
+        except ConnectionError as cause:
+            raise ApplicationError(
+                "circuit for host h is open", {"code": "circuit_open"}, type="circuit_open"
+            ) from cause
+    except ApplicationError as e:
+        error = e
+    conv = data_converter(None)
+    failure = Failure()
+    await conv.encode_failure(error, failure)
+    assert failure.ByteSize() < 4096
+    assert failure.application_failure_info.type == "circuit_open"
+    for level in (failure, failure.cause):
+        assert len(level.stack_trace) <= MAX_STACK_TRACE_CHARS + 80
+    inner = failure.cause.stack_trace
+    assert inner.startswith("  ... ") and "characters of outer frames left out" in inner
+    assert inner.rstrip().endswith('raise ConnectionError("upstream went away")')
+    err = await conv.decode_failure(failure)
+    assert isinstance(err, ApplicationError) and err.type == "circuit_open"
+    assert isinstance(err.__cause__, ApplicationError)
+    assert err.__cause__.message == "upstream went away"
+
+
+async def test_a_short_stack_trace_is_kept_whole() -> None:
+    try:
+        raise ApplicationError("bad", type="invalid_input")
+    except ApplicationError as e:
+        error = e
+    failure = Failure()
+    await data_converter(None).encode_failure(error, failure)
+    assert "raise ApplicationError" in failure.stack_trace
+    assert "left out" not in failure.stack_trace
