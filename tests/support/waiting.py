@@ -46,7 +46,7 @@ async def wait_until(
         if inspect.isawaitable(answer):
             answer = await answer
         if answer:
-            return answer  # type: ignore[return-value]
+            return answer
         if time.monotonic() >= deadline:
             awaited = what if isinstance(what, str) else what()
             raise AssertionError(
