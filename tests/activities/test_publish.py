@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.loopback import Exchange, serve
 from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.publish import Ledger, Publish, WebhookPoster
@@ -96,29 +95,15 @@ class _Hook:
 def hook() -> Iterator[tuple[str, _Hook]]:
     state = _Hook([])
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            state.requests.append((dict(self.headers), body))
-            code = state.statuses.pop(0) if state.statuses else 200
-            self.send_response(code)
-            if code == 429:
-                self.send_header("Retry-After", "7")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+    def handle(ex: Exchange) -> None:
+        state.requests.append((dict(ex.headers), ex.json()))
+        code = state.statuses.pop(0) if state.statuses else 200
+        ex.send(code, b"", None, {"Retry-After": "7"} if code == 429 else None)
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/hook", state
-    finally:
-        server.shutdown()
-        server.server_close()
-        t.join(5)
+    # One request per connection: the tests' posters are never closed, so a kept
+    # connection would be left open when they are collected.
+    with serve(handle, keep_alive=False) as server:
+        yield server.url("/hook"), state
 
 
 async def test_webhook_posts_with_idempotency_key_once(

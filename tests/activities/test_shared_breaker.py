@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import pytest
 from conftest import running_stack
-from support.procs import wait_until
+from support.waiting import wait_until
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -50,14 +50,16 @@ async def open_until_in_temporal(client: Client, settings: Settings, key: str) -
 async def eventually_open(
     registry: BreakerRegistry, target: str, timeout: float
 ) -> CircuitOpenError:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    async def fails_fast() -> CircuitOpenError | None:
         try:
             await registry.acheck(target)
         except CircuitOpenError as e:
             return e
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{target} never failed fast in the other process view")
+        return None
+
+    return await wait_until(
+        fails_fast, f"{target} to fail fast in the other process view", timeout=timeout
+    )
 
 
 async def test_breaker_opened_by_one_process_makes_the_other_fail_fast(
@@ -80,10 +82,7 @@ async def test_breaker_opened_by_one_process_makes_the_other_fail_fast(
                 return False
             return seen[-1] > time.time()
 
-        deadline = time.monotonic() + 15
-        while not await published():
-            assert time.monotonic() < deadline, "the opening never reached Temporal"
-            await asyncio.sleep(0.1)
+        await wait_until(published, "the opening to reach Temporal", timeout=15)
 
         # A process that never asked about the target fails fast on its very first call.
         fresh = process_view(client, settings)
@@ -133,10 +132,7 @@ async def test_the_state_is_read_without_a_worker_from_the_memo(
                 return False
             return bool(await desc.memo_value(names.BREAKER_MEMO_KEY, 0.0) == until)
 
-        deadline = time.monotonic() + 15
-        while not await in_memo():
-            assert time.monotonic() < deadline, "the opening never reached the memo"
-            await asyncio.sleep(0.1)
+        await wait_until(in_memo, "the opening to reach the memo", timeout=15)
     # no worker polls any more; a query would wait for one until its RPC deadline
     view = process_view(client, settings, wait_seconds=15)
     with caplog.at_level(logging.WARNING, logger="aiworker.breaker"):
@@ -198,7 +194,7 @@ async def test_concurrent_first_callers_share_one_refresh_and_all_fail_fast() ->
     temporal.gate.clear()
     view = stand_in_view(temporal)
     calls = [asyncio.ensure_future(view.acheck("t.example")) for _ in range(10)]
-    await wait_until(lambda: temporal.queries == 1, 5, "the refresh query")
+    await wait_until(lambda: temporal.queries == 1, "the refresh query", timeout=5)
     assert not any(c.done() for c in calls)  # every caller waits for the answer
     temporal.gate.set()
     results = await asyncio.gather(*calls, return_exceptions=True)
@@ -224,7 +220,9 @@ async def test_a_hung_temporal_never_fails_a_call_and_is_logged_once(
     # when the answer arrives, the next call honours it
     temporal.gate.set()
     assert view.shared is not None
-    await wait_until(lambda: view.shared is not None and not view.shared._in_flight, 5, "answer")
+    await wait_until(
+        lambda: view.shared is not None and not view.shared._in_flight, "answer", timeout=5
+    )
     with pytest.raises(CircuitOpenError):
         await view.acheck("t.example")
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from deploy_probe import DeployProbeWorkflow
 from deploy_tools import ROOT
+from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -85,14 +86,15 @@ WORKER_SCRIPT = textwrap.dedent(
 
 
 async def _wait_for(path: Path, proc: asyncio.subprocess.Process, seconds: float) -> None:
-    for _ in range(int(seconds * 10)):
+    async def appeared() -> bool:
         if await asyncio.to_thread(path.exists):
-            return
+            return True
         if proc.returncode is not None:
             output = (await proc.stdout.read()).decode() if proc.stdout else ""
             raise AssertionError(f"worker exited early with {proc.returncode}:\n{output}")
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{path.name} did not appear within {seconds}s")
+        return False
+
+    await wait_until(appeared, f"{path.name} to appear", timeout=seconds)
 
 
 async def test_sigterm_lets_the_running_activity_finish(client: Client, tmp_path: Path) -> None:

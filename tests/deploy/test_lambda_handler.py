@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from deploy_probe import DeployProbeWorkflow
+from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.workflowservice.v1 import SetWorkerDeploymentCurrentVersionRequest
 from temporalio.client import Client
@@ -43,7 +44,9 @@ class FakeLambdaContext:
 async def _make_current(client: Client, deployment: str, build_id: str) -> None:
     """Make the function's version current, as an operator does after a deploy."""
     last: Exception | None = None
-    for _ in range(50):
+
+    async def made_current() -> bool:
+        nonlocal last
         try:
             await client.workflow_service.set_worker_deployment_current_version(
                 SetWorkerDeploymentCurrentVersionRequest(
@@ -53,11 +56,17 @@ async def _make_current(client: Client, deployment: str, build_id: str) -> None:
                     ignore_missing_task_queues=True,
                 )
             )
-            return
+            return True
         except Exception as e:  # the version exists once the handler has polled
             last = e
-            await asyncio.sleep(0.2)
-    raise AssertionError(f"could not make {deployment}/{build_id} current: {last}")
+            return False
+
+    await wait_until(
+        made_current,
+        lambda: f"{deployment}/{build_id} to become current (last error: {last})",
+        timeout=10,
+        interval=0.2,
+    )
 
 
 async def test_lambda_handler_completes_an_activity_before_the_deadline(

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 from support import history
-from support.procs import WorkerProcess, wait_until, worker_env
-from support.standins import publish_step, read_jsonl
+from support.procs import WorkerProcess, worker_env
+from support.standins import publish_step, read_jsonl, slow_publish_worker
+from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client
 
@@ -29,20 +29,8 @@ from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import Settings
 from aiworker.workers.client import start_pipeline
 
-SCRIPT = Path(__file__).with_name("standin_worker.py")
 HOLD_SECONDS = 3.0
 STEP_TIMEOUT_SECONDS = 6  # start-to-close = 6 + 5 s grace: how long the lost attempt waits
-
-
-def worker_cmd(attempts: Path) -> list[str]:
-    return [
-        sys.executable,
-        str(SCRIPT),
-        "--attempts",
-        str(attempts),
-        "--hold",
-        str(HOLD_SECONDS),
-    ]
 
 
 @pytest.mark.timeout(180)
@@ -67,7 +55,7 @@ async def test_worker_sigkilled_mid_step_restarts_and_publishes_exactly_once(
         ],
         "output": {"published": "${{ steps.publish.status }}"},
     }
-    first = WorkerProcess(worker_cmd(attempts), env, tmp_path / "worker-1.log")
+    first = slow_publish_worker(attempts, HOLD_SECONDS, env, tmp_path / "worker-1.log")
     second: WorkerProcess | None = None
     try:
         started = await start_pipeline(client, settings, pipeline)
@@ -75,11 +63,11 @@ async def test_worker_sigkilled_mid_step_restarts_and_publishes_exactly_once(
         key = f"{handle.id}/publish"
         await wait_until(
             lambda: any(a["key"] == key and a["attempt"] == 1 for a in read_jsonl(attempts)),
-            90,
             "attempt 1 of the step to write and start holding",
+            timeout=90,
         )
         assert first.kill() == -signal.SIGKILL
-        second = WorkerProcess(worker_cmd(attempts), env, tmp_path / "worker-2.log")
+        second = slow_publish_worker(attempts, HOLD_SECONDS, env, tmp_path / "worker-2.log")
         try:
             result = await asyncio.wait_for(handle.result(), 120)
         except TimeoutError:

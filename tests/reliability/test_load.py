@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from conftest import running_stack
+from support.waiting import wait_until
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -107,10 +108,12 @@ async def thousand_at_once(client: Client, settings: Settings) -> None:
         running = await count(client, f"{sa} AND ExecutionStatus = 'Running'")
         return running == 0
 
-    deadline = asyncio.get_running_loop().time() + 240
-    while not await drained():
-        assert asyncio.get_running_loop().time() < deadline, f"{running} still running"
-        await asyncio.sleep(1)
+    await wait_until(
+        drained,
+        lambda: f"every pipeline to leave Running ({running} still running)",
+        timeout=240,
+        interval=1,
+    )
 
     expected = Counter(kind_of(i) for i in range(N))
     completed = expected["ok"] + expected["gate_fails"]
@@ -133,12 +136,15 @@ async def thousand_at_once(client: Client, settings: Settings) -> None:
             seen[q] = await count(client, q)
         return seen == queries
 
-    deadline = asyncio.get_running_loop().time() + 60
-    while not await agrees():
-        assert asyncio.get_running_loop().time() < deadline, {
-            q: (seen.get(q), want) for q, want in queries.items()
-        }
-        await asyncio.sleep(1)
+    await wait_until(
+        agrees,
+        lambda: (
+            f"visibility to agree (seen, wanted): "
+            f"{ {q: (seen.get(q), want) for q, want in queries.items()} }"
+        ),
+        timeout=60,
+        interval=1,
+    )
 
     listed = {wf.id async for wf in client.list_workflows(sa)}
     assert listed == {h.id for h in handles}

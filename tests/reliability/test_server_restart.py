@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import running_stack
 from support import history
-from support.procs import wait_until
 from support.standins import SlowPublish, publish_step, read_jsonl, registered
+from support.waiting import wait_until
 
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import Settings
@@ -64,8 +64,8 @@ async def test_dev_server_restart_mid_pipeline_completes(tmp_path: Path) -> None
                 handle = client.get_workflow_handle(started.id, result_type=PipelineResult)
                 await wait_until(
                     lambda: any(a["key"].endswith("/first") for a in read_jsonl(attempts)),
-                    90,
                     "the first step to start",
+                    timeout=90,
                 )
                 await asyncio.to_thread(server.stop)
                 assert (tmp_path / "dev" / "temporal.db").exists()

@@ -28,6 +28,7 @@ import pytest
 from support import history
 from support.loopback import upstream
 from support.procs import WorkerProcess, worker_env
+from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -82,17 +83,6 @@ async def polls_everything(client: Client, settings: Settings, pid: int) -> bool
         if not any(i.startswith(f"{pid}@") for i in ids):
             return False
     return True
-
-
-async def eventually(check: Any, timeout: float, what: str) -> Any:
-    """Await ``check()`` until it returns something truthy (bounded)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = await check()
-        if got:
-            return got
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def attempts_logged(log: Path, workflow_id: str) -> list[tuple[int, str | None, str]]:
@@ -164,14 +154,18 @@ async def test_breaker_opened_by_one_process_makes_the_other_fail_fast(
                     return 0.0
                 return until if until > time.time() else 0.0
 
-            until = await eventually(published, 15, "A's opening in the SharedBreakerWorkflow")
+            until = await wait_until(
+                published, "A's opening in the SharedBreakerWorkflow", timeout=15
+            )
             assert until <= time.time() + OPEN_SECONDS
 
             # 2. B starts; A drains and exits: B alone can take the next activity.
             b = WorkerProcess([AIWORKER, "worker"], env, tmp_path / "worker-b.log")
             procs.append(b)
-            await eventually(
-                lambda: polls_everything(client, settings, b.pid), 60, "B polling its queues"
+            await wait_until(
+                lambda: polls_everything(client, settings, b.pid),
+                "B polling its queues",
+                timeout=60,
             )
             await asyncio.to_thread(a.terminate)
             assert a.proc.poll() is not None
@@ -192,7 +186,7 @@ async def test_breaker_opened_by_one_process_makes_the_other_fail_fast(
                 return None
 
             # B's first attempt failed fast, and the upstream saw nothing new.
-            pending = await eventually(failed_fast, 30, "the first attempt's failure")
+            pending = await wait_until(failed_fast, "the first attempt's failure", timeout=30)
             assert pending.last_failure.application_failure_info.type == "circuit_open"
             assert "another worker process" in pending.last_failure.message
             assert pending.last_worker_identity.startswith(f"{b.pid}@")

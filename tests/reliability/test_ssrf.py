@@ -18,14 +18,11 @@ API assumed (``activities/tools/egress.py`` of the scrape worker)::
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import pytest
+from support.loopback import Exchange, serve
 
 from aiworker.activities.errors import EgressDeniedError, WorkerError
 from aiworker.schemas.errors import ErrorCode
@@ -127,50 +124,20 @@ async def test_public_addresses_pass(url: str) -> None:
 # --- redirects, through the fetch tool ----------------------------------------------------------
 
 
-@contextmanager
-def server(handler: type[BaseHTTPRequestHandler]) -> Iterator[ThreadingHTTPServer]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    srv.daemon_threads = True
-    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1})
-    t.start()
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        t.join(10)
-
-
-class Redirector(BaseHTTPRequestHandler):
+def redirector(ex: Exchange) -> None:
     """``/?to=<url>`` answers 302 to ``url``."""
-
-    def do_GET(self) -> None:
-        to = parse_qs(urlsplit(self.path).query).get("to", ["/"])[0]
-        self.send_response(302)
-        self.send_header("Location", to)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+    ex.redirect(ex.query.get("to", ["/"])[0])
 
 
-class Internal(BaseHTTPRequestHandler):
+class Internal:
     """A private service that must never be reached; it counts who tries."""
 
-    hits = 0
+    def __init__(self) -> None:
+        self.hits = 0
 
-    def do_GET(self) -> None:
-        type(self).hits += 1
-        body = b"<html><h1>secret</h1></html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+    def handle(self, ex: Exchange) -> None:
+        self.hits += 1
+        ex.send(200, b"<html><h1>secret</h1></html>", "text/html")
 
 
 @pytest.mark.parametrize(
@@ -185,12 +152,10 @@ class Internal(BaseHTTPRequestHandler):
 async def test_redirect_to_private_address_is_denied(target: str) -> None:
     fetch = pytest.importorskip("aiworker.activities.tools.fetch")
 
-    class Hits(Internal):
-        hits = 0
-
-    with server(Redirector) as front, server(Hits) as internal:
-        front_port = front.server_address[1]
-        to = target.format(port=internal.server_address[1])
+    internal = Internal()
+    with serve(redirector) as front, serve(internal.handle) as private:
+        front_port = front.port
+        to = target.format(port=private.port)
         # Only the redirecting server is reachable, by its exact address and port.
         p = egress.EgressPolicy(trusted_endpoints=[("127.0.0.1", front_port)])
         tool = fetch.FetchTool(p)
@@ -201,18 +166,16 @@ async def test_redirect_to_private_address_is_denied(target: str) -> None:
                 )
         finally:
             await tool.aclose()
-        assert Hits.hits == 0
+        assert internal.hits == 0
 
 
 async def test_redirect_control_trusted_target_is_reached() -> None:
     """The same redirect to a trusted endpoint goes through: the denial above is the policy."""
     fetch = pytest.importorskip("aiworker.activities.tools.fetch")
 
-    class Hits(Internal):
-        hits = 0
-
-    with server(Redirector) as front, server(Hits) as internal:
-        ports = front.server_address[1], internal.server_address[1]
+    internal = Internal()
+    with serve(redirector) as front, serve(internal.handle) as private:
+        ports = front.port, private.port
         p = egress.EgressPolicy(trusted_endpoints=[("127.0.0.1", port) for port in ports])
         tool = fetch.FetchTool(p)
         try:
@@ -223,7 +186,7 @@ async def test_redirect_control_trusted_target_is_reached() -> None:
         finally:
             await tool.aclose()
         assert result.status_code == 200
-        assert Hits.hits == 1
+        assert internal.hits == 1
 
 
 # httpx rejects the octal spelling as an invalid URL before the policy sees an
@@ -245,15 +208,13 @@ async def test_fetch_of_loopback_forms_never_reaches_the_server(host: str) -> No
     """Each spelling of loopback, fetched for real: denied, and the server saw nothing."""
     fetch = pytest.importorskip("aiworker.activities.tools.fetch")
 
-    class Hits(Internal):
-        hits = 0
-
-    with server(Hits) as internal:
+    internal = Internal()
+    with serve(internal.handle) as private:
         tool = fetch.FetchTool(egress.EgressPolicy())
         code = None
         try:
             await tool.fetch(
-                f"http://{host}:{internal.server_address[1]}/secret",
+                f"http://{host}:{private.port}/secret",
                 timeout=10,
                 respect_robots=False,
             )
@@ -261,6 +222,6 @@ async def test_fetch_of_loopback_forms_never_reaches_the_server(host: str) -> No
             code = e.code
         finally:
             await tool.aclose()
-        if Hits.hits:
-            pytest.fail(f"{host}: the loopback server was reached {Hits.hits} time(s)")
+        if internal.hits:
+            pytest.fail(f"{host}: the loopback server was reached {internal.hits} time(s)")
         assert code == ErrorCode.EGRESS_DENIED, f"{host}: failed with {code}"

@@ -38,3 +38,12 @@ async def last_activity_attempt(handle: WorkflowHandle[Any, Any]) -> int:
 
 async def workflow_task_failures(handle: WorkflowHandle[Any, Any]) -> int:
     return await count(handle, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED)
+
+
+async def scheduled_activities(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    """Activity types scheduled by this workflow, in history order."""
+    return [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in await events(handle)
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]

@@ -1,14 +1,11 @@
-"""Worker subprocesses and bounded waits for the reliability tests."""
+"""Worker subprocesses for the tests that run ``aiworker worker`` as its own process."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from temporalio.client import Client
@@ -76,15 +73,3 @@ class WorkerProcess:
 
     def output(self) -> str:
         return self.log.read_text("utf-8", errors="replace")[-4000:]
-
-
-async def wait_until(
-    predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05
-) -> None:
-    """Poll ``predicate`` until true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")

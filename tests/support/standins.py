@@ -1,43 +1,105 @@
-"""Same-name stand-ins that reliability tests register in place of a worker.
+"""Same-name stand-ins that tests register in place of a worker.
 
 STYLE.md lets workflow tests register a same-name activity in place of a
-worker. These stand-ins run through the real :class:`WorkerRuntime`
-(envelope, schemas, deadline, toolbox, error mapping) under the real spec of
-the worker they stand in for, so Temporal options (timeouts, retry policy)
-stay those of the real spec.
+worker. Two kinds live here:
 
-- :class:`SlowPublish`: the real ``publish`` worker followed by a hold, so
-  that a test can kill the process (or the server) after the side effect and
-  before the activity completes.
+- :func:`standin`: an activity that answers with whatever a test's handler
+  returns (:class:`Reply`) or raises (:func:`fail`), for workflow tests that
+  drive a pipeline through outcomes the real workers would need a network for;
+- :class:`SlowPublish`: the real ``publish`` worker, run through the real
+  :class:`WorkerRuntime` under its real spec, followed by a hold, so that a
+  test can kill the process (or the server) after the side effect and before
+  the activity completes. :func:`registered` serves it in place of the
+  built-in, in process; :func:`slow_publish_worker` runs ``aiworker worker``
+  with it as its own process (``python -m support.standins``, :func:`main`).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.publish import Publish
-from aiworker.activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
+from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.schemas import names
-from aiworker.schemas.protocol import WorkerResponse
+from support.procs import WorkerProcess
+
+# --- scripted stand-ins for workflow tests ---------------------------------------------------
 
 
-def standin_activity(runtime: WorkerRuntime, worker: Any) -> Callable[..., Any]:
-    """An activity named ``worker.worker_id`` that runs ``worker`` through ``runtime``."""
+@dataclass
+class Reply:
+    """What a stand-in returns: outputs plus optional status and usage."""
 
-    async def run(request: dict[str, Any]) -> WorkerResponse:
-        return await runtime.run(worker, request)
+    outputs: dict[str, Any]
+    status: str = "succeeded"
+    usage: dict[str, int] = field(default_factory=dict)
 
-    return activity.defn(name=worker.worker_id)(run)
+
+def fail(
+    code: str,
+    message: str = "stand-in failure",
+    retryable: bool = False,
+    reasons: list[dict[str, Any]] | None = None,
+) -> ApplicationError:
+    """A failure shaped like the runtime's (code as type, ErrorInfo in details)."""
+    return ApplicationError(
+        message,
+        {
+            "code": code,
+            "message": message,
+            "retryable": retryable,
+            "reasons": reasons or [],
+            "context": {"attempt": 1},
+        },
+        type=code,
+        non_retryable=not retryable,
+    )
+
+
+Handler = Callable[[dict[str, Any]], Awaitable[Reply | dict[str, Any]]]
+
+
+def standin(name: str, handler: Handler, calls: list[dict[str, Any]] | None = None) -> Any:
+    """An activity named ``name`` that answers every request with ``handler``.
+
+    Every request is appended to ``calls`` when given; a plain dict from the
+    handler is the outputs of a succeeded reply.
+    """
+
+    @activity.defn(name=name)
+    async def act(request: dict[str, Any]) -> dict[str, Any]:
+        if calls is not None:
+            calls.append(request)
+        reply = await handler(request)
+        if isinstance(reply, dict):
+            reply = Reply(reply)
+        return {
+            "worker_id": name,
+            "version": "1",
+            "status": reply.status,
+            "outputs": reply.outputs,
+            "usage": reply.usage,
+            "observability": {"worker_id": name, "attempt": activity.info().attempt},
+        }
+
+    return act
+
+
+# --- a real worker with a hold, in process or as its own process ---------------------------
 
 
 @contextlib.contextmanager
@@ -62,9 +124,6 @@ def registered(worker: Worker) -> Iterator[None]:
         plugins.builtin_workers = shipped  # type: ignore[assignment]
 
 
-# --- the side effect -------------------------------------------------------------------------
-
-
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,6 +136,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL file; none while it does not exist."""
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
@@ -117,3 +177,44 @@ def publish_step(step_id: str, record_ref: str, sink_file: str, **extra: Any) ->
         "input": {"sink": {"file": sink_file}, "record": record_ref},
         **extra,
     }
+
+
+def slow_publish_worker(
+    attempts: Path, hold_seconds: float, env: dict[str, str], log: Path
+) -> WorkerProcess:
+    """A worker process (:func:`main`) that serves :class:`SlowPublish`.
+
+    ``env`` is the worker's environment (``procs.worker_env``); the ``tests``
+    folder goes on its ``PYTHONPATH`` so that ``-m support.standins`` resolves.
+    """
+    tests = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (tests, env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "support.standins"]
+    cmd += ["--attempts", str(attempts), "--hold", str(hold_seconds)]
+    return WorkerProcess(cmd, {**env, "PYTHONPATH": path}, log)
+
+
+def main() -> None:
+    """``aiworker worker`` with a hold after each ``publish``.
+
+    It swaps one entry of the worker list and then runs the very code path
+    of the ``aiworker worker`` command (``workers.cli.run_main`` with
+    ``worker``: settings from the environment, search attributes,
+    ``build_workers``, ``run_until_stopped``), so the process under test is
+    the real worker process apart from that one activity.
+    """
+    from aiworker.workers.cli import run_main
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--attempts", required=True, type=Path)
+    p.add_argument("--hold", required=True, type=float)
+    args = p.parse_args()
+    worker = SlowPublish(args.attempts, args.hold)
+    # The console script's own entry, so the process exits as `aiworker worker` does.
+    sys.argv = [sys.argv[0], "worker"]
+    with registered(worker):
+        run_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import Stack
+from support.waiting import wait_until
 from temporalio.client import Client
 
 from aiworker.schemas import names
@@ -246,10 +247,9 @@ async def test_dev_runs_once_per_data_dir_and_stops_cleanly(tmp_path: Path) -> N
         dev.send_signal(signal.SIGINT)
         code = await asyncio.to_thread(dev.wait, 60)
         assert code == 0
-        for _ in range(50):
-            if not _pid_alive(server_pid):
-                break
-            await asyncio.sleep(0.1)
+        await wait_until(
+            lambda: not _pid_alive(server_pid), "the Temporal server to exit", timeout=5
+        )
         assert not _pid_alive(server_pid), "the Temporal server outlived `aiworker dev`"
     finally:
         if dev.poll() is None:

@@ -23,6 +23,7 @@ from conftest import running_stack
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from support.pipelines import one_step_pipeline
+from support.waiting import wait_until
 from telemetry_helpers import tclient, telemetry, workflow_id  # noqa: F401 - pytest fixtures
 from temporalio import workflow
 from temporalio.client import Client
@@ -97,26 +98,29 @@ async def test_prometheus_scrapes_worker_and_p95_is_a_number(
         try:
             # Prometheus up and scraping the worker before anything runs, so
             # the histogram's buckets increase between scrapes.
-            for _ in range(120):
+            async def scraping() -> bool:
                 try:
                     up = await _query(base, 'up{job="aiworker"}')
                     if up and up[0]["value"][1] == "1":
-                        break
+                        return True
                 except httpx.HTTPError:
                     pass
                 assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
-                await asyncio.sleep(0.25)
-            else:
-                pytest.fail("Prometheus never scraped the worker")
+                return False
 
-            p95: float | None = None
-            for _ in range(60):
+            await wait_until(scraping, "Prometheus to scrape the worker", timeout=30, interval=0.25)
+
+            async def finite_p95() -> dict[str, Any] | None:
                 await _run_pipeline(tclient, stack.pipelines_queue)
                 result = await _query(base, P95)
                 if result and math.isfinite(float(result[0]["value"][1])):
-                    p95 = float(result[0]["value"][1])
-                    break
-                await asyncio.sleep(0.25)
+                    return dict(result[0])
+                return None
+
+            sample = await wait_until(
+                finite_p95, "histogram_quantile to return a number", timeout=60, interval=0.25
+            )
+            p95: float | None = float(sample["value"][1])
             assert p95 is not None, "histogram_quantile never returned a number"
             assert 0 < p95 <= 120
 
@@ -124,14 +128,16 @@ async def test_prometheus_scrapes_worker_and_p95_is_a_number(
             # records through the SDK's meter, reach the same scrape.
             pipelines: list[dict[str, Any]] = []
             sdk: list[dict[str, Any]] = []
-            for _ in range(40):
+
+            async def counted() -> bool:
+                nonlocal pipelines, sdk
                 pipelines = await _query(
                     base, 'sum(aiworker_pipelines_total{status="succeeded",pipeline="scraped"})'
                 )
                 sdk = await _query(base, "sum(temporal_workflow_completed_total)")
-                if pipelines and sdk and float(pipelines[0]["value"][1]) >= 2:
-                    break
-                await asyncio.sleep(0.25)
+                return bool(pipelines and sdk and float(pipelines[0]["value"][1]) >= 2)
+
+            await wait_until(counted, "two pipelines counted", timeout=10, interval=0.25)
             assert pipelines and float(pipelines[0]["value"][1]) >= 2
             assert sdk and float(sdk[0]["value"][1]) >= 2
         finally:
@@ -163,24 +169,22 @@ async def test_healthz_and_readyz_follow_polling_and_connection(env: WorkflowEnv
         )
         stop = asyncio.Event()
         watch = asyncio.create_task(watch_connection(dead, health, stop, probe_timeout=2))
-        for _ in range(100):
-            if not health.ready:
-                break
-            await asyncio.sleep(0.1)
-        stop.set()
-        await watch
+        try:
+            await wait_until(lambda: not health.ready, "not ready", timeout=10)
+        finally:
+            stop.set()
+            await watch
         r = await _get(f"{base}/readyz")
         assert r.status_code == 503 and "cannot reach Temporal at 127.0.0.1" in r.text
 
         # The real server answers: ready again.
         stop = asyncio.Event()
         watch = asyncio.create_task(watch_connection(env.client, health, stop, interval=0.1))
-        for _ in range(100):
-            if health.ready:
-                break
-            await asyncio.sleep(0.1)
-        stop.set()
-        await watch
+        try:
+            await wait_until(lambda: health.ready, "ready again", timeout=10)
+        finally:
+            stop.set()
+            await watch
         assert (await _get(f"{base}/readyz")).status_code == 200
         assert (await _get(f"{base}/nope")).status_code == 404
     finally:
@@ -224,27 +228,27 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(240):
+
+        async def ready() -> bool:
             assert proc.poll() is None, (tmp_path / "worker.stderr").read_text()
             try:
-                if (await _get(f"{base}/readyz")).status_code == 200:
-                    break
+                return (await _get(f"{base}/readyz")).status_code == 200
             except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.25)
-        else:
-            pytest.fail("the worker never became ready")
+                return False
+
+        await wait_until(ready, "the worker to become ready", timeout=60, interval=0.25)
         assert (await _get(f"{base}/healthz")).status_code == 200
 
         result = await _run_pipeline(tclient, names.PIPELINES_QUEUE + suffix)
         assert result.status == "succeeded"
 
-        text = ""
-        for _ in range(40):
+        async def completed_counted() -> str:
             text = (await _get(f"{base}/metrics")).text
-            if "temporal_workflow_completed_total{" in text:
-                break
-            await asyncio.sleep(0.25)
+            return text if "temporal_workflow_completed_total{" in text else ""
+
+        text = await wait_until(
+            completed_counted, "temporal_workflow_completed_total", timeout=10, interval=0.25
+        )
         samples = {
             (sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(text)
@@ -318,10 +322,9 @@ async def test_workflow_metric_meter_reaches_metrics(tclient: Client, telemetry:
             and labels.items() <= s.labels.items()
         )
 
-    for _ in range(40):
-        if value("aiworker_test_probe_total") >= 3:
-            break
-        await asyncio.sleep(0.25)
+    await wait_until(
+        lambda: value("aiworker_test_probe_total") >= 3, "three probes", timeout=10, interval=0.25
+    )
     assert value("aiworker_test_probe_total", status="succeeded") == 2
     assert value("aiworker_test_probe_total", status="failed") == 1
     assert value("aiworker_test_probe_seconds_count") == 3

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+from support.loopback import Exchange, serve
 
 from aiworker.workers.telemetry import (
     otlp_header_secrets,
@@ -16,26 +15,23 @@ from aiworker.workers.telemetry import (
 )
 
 
-class _Collector(BaseHTTPRequestHandler):
-    received: list[tuple[str, str, bytes, str]] = []
+class _Collector:
+    """An OTLP/HTTP endpoint that keeps what it receives."""
 
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+    def __init__(self) -> None:
+        self.received: list[tuple[str, str, bytes, str]] = []
+
+    def handle(self, ex: Exchange) -> None:
+        body = ex.body()
         self.received.append(
             (
-                self.path,
-                self.headers.get("Content-Type", ""),
+                ex.target,
+                ex.headers.get("Content-Type", ""),
                 body,
-                self.headers.get("x-tenant-key", ""),
+                ex.headers.get("x-tenant-key", ""),
             )
         )
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
+        ex.send(200, b"", "application/x-protobuf")
 
 
 def test_nothing_is_exported_when_unconfigured() -> None:
@@ -65,13 +61,10 @@ def test_nothing_is_exported_when_unconfigured() -> None:
 
 
 def test_spans_reach_an_otlp_http_endpoint(monkeypatch: Any) -> None:
-    _Collector.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    collector = _Collector()
+    with serve(collector.handle) as server:
         env = {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": server.base_url,
             "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant-key=otlp-secret-123",
             "OTEL_SERVICE_NAME": "aiworker-test",
         }
@@ -84,11 +77,8 @@ def test_spans_reach_an_otlp_http_endpoint(monkeypatch: Any) -> None:
             pass
         assert provider.force_flush(10_000)
         provider.shutdown()
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert len(_Collector.received) >= 1
-    path, ctype, body, key = _Collector.received[0]
+    assert len(collector.received) >= 1
+    path, ctype, body, key = collector.received[0]
     assert path == "/v1/traces"
     assert ctype == "application/x-protobuf"
     assert b"exported-span" in body

@@ -46,6 +46,7 @@ import pytest
 from conftest import installed_workers, running_stack
 from support import history
 from support.procs import WorkerProcess, worker_env
+from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -283,11 +284,14 @@ async def test_installed_plugin_runs_in_a_pipeline_started_by_the_temporal_cli(
             (pipelines_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW),
             (settings.queue(PLUGIN_QUEUE), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY),
         ):
-            deadline = asyncio.get_running_loop().time() + 60
-            while not await _polls(client, queue, kind, worker.pid):
+
+            async def polled(queue: str = queue, kind: Any = kind) -> bool:
+                if await _polls(client, queue, kind, worker.pid):
+                    return True
                 assert worker.proc.poll() is None, worker.output()
-                assert asyncio.get_running_loop().time() < deadline, f"no poller on {queue}"
-                await asyncio.sleep(0.2)
+                return False
+
+            await wait_until(polled, f"a poller on {queue}", timeout=60, interval=0.2)
 
         # 1. The temporal CLI starts the pipeline and prints its result.
         workflow_id = f"redact-ticket-{uuid.uuid4().hex[:8]}"

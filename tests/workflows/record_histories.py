@@ -24,7 +24,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent.parent)]
 
 from conftest import running_stack  # noqa: E402
-from pipeline_standins import fail, standin, wait_for  # noqa: E402
+from support.standins import fail, standin  # noqa: E402
+from support.waiting import wait_until  # noqa: E402
 from temporalio.client import Client, WorkflowHandle  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
@@ -171,7 +172,7 @@ async def record(client: Client, data_dir: Path) -> None:
             p = await handle.query(names.PROGRESS_QUERY)
             return bool(p["awaiting_review"])
 
-        await wait_for(awaiting, "review")
+        await wait_until(awaiting, "review")
         await handle.execute_update(names.REVIEW_UPDATE, {"decision": "retry", "reviewer": "r"})
         await handle.result()
         await _save(handle, "review")

@@ -11,7 +11,8 @@ from datetime import timedelta
 from typing import Any
 
 from conftest import running_stack
-from pipeline_standins import fail, standin, wait_for
+from support.standins import fail, standin
+from support.waiting import wait_until
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
@@ -97,7 +98,7 @@ async def test_for_each_items_share_a_concurrency_key_across_chunks(
                     continue  # not started yet
             return seen.running.get("c1") == 2 and set(waiting.values()) == {"concurrency"}
 
-        await wait_for(c1_items_wait, "c1 items waiting for the key, visible in chunk progress")
+        await wait_until(c1_items_wait, "c1 items waiting for the key, visible in chunk progress")
         gate.set()
         result = await asyncio.wait_for(handle.result(), 90)
     each = result.steps["each"]
@@ -139,7 +140,7 @@ async def test_pipeline_concurrency_waits_visibly_and_other_keys_run(
         client, settings, replace_activities={"validator": seen.handler()}
     ) as stack:
         first = await stack.start(pipeline("c1"))
-        await wait_for(lambda: _running(seen, "c1"), "the first c1 pipeline's step")
+        await wait_until(lambda: _running(seen, "c1"), "the first c1 pipeline's step")
         second = await stack.start(pipeline("c1"))
         hurried = await stack.start(pipeline("c1", deadline=2))
         other = await stack.start(pipeline("c2"))
@@ -148,7 +149,7 @@ async def test_pipeline_concurrency_waits_visibly_and_other_keys_run(
             p = await second.query(names.PROGRESS_QUERY)
             return bool(p["waiting"] == {"": "concurrency"})
 
-        await wait_for(second_waits, "the second c1 pipeline to wait for its slot")
+        await wait_until(second_waits, "the second c1 pipeline to wait for its slot")
         progress = await second.query(names.PROGRESS_QUERY)
         assert progress["status"] == "waiting"
         assert {s["status"] for s in progress["steps"].values()} == {"pending"}
@@ -219,7 +220,7 @@ async def test_lease_checks_keep_a_live_holder_and_free_a_vanished_one(
             p = await holder.query(names.PROGRESS_QUERY)
             return bool(p["awaiting_review"] == ["draft"])
 
-        await wait_for(in_review, "the holder to await review")
+        await wait_until(in_review, "the holder to await review")
         waiter = await stack.start(waiter_spec, memo=no_sa)
         limiter = ts_env.client.get_workflow_handle(limiter_id(settings, key))
 
@@ -229,7 +230,7 @@ async def test_lease_checks_keep_a_live_holder_and_free_a_vanished_one(
             except Exception:
                 return False
 
-        await wait_for(queued, "the waiter to queue at the limiter")
+        await wait_until(queued, "the waiter to queue at the limiter")
         # three lease periods (an hour each): the live holder is asked, and keeps the slot
         await ts_env.sleep(timedelta(hours=3, minutes=30))
         state = await limiter.query("state")

@@ -20,7 +20,8 @@ from typing import Any
 
 from conftest import Stack, installed_workers, running_stack
 from support.history import workflow_task_failures
-from support.procs import WorkerProcess, wait_until, worker_env
+from support.procs import WorkerProcess, worker_env
+from support.waiting import wait_until
 from temporalio import activity
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHandle
@@ -84,8 +85,8 @@ async def external_worker(
     try:
         await wait_until(
             lambda: "polling" in proc.output() or proc.proc.poll() is not None,
-            60,
             "the external worker to poll",
+            timeout=60,
         )
         assert proc.proc.poll() is None, proc.output()
         yield proc
@@ -275,10 +276,8 @@ async def test_nobody_polls_the_queue_the_call_fails_at_the_pipeline_deadline(
             seen.update(progress["steps"].get("stats", {}).get("external_worker") or {})
             return bool(seen)
 
-        for _ in range(200):  # bounded: the call is scheduled within a workflow task
-            if await waiting():
-                break
-            await asyncio.sleep(0.02)
+        # the call is scheduled within a workflow task
+        await wait_until(waiting, "the external call's stats in progress", timeout=4, interval=0.02)
         result = await handle.result()
 
     queue = s.queue(QUEUE)

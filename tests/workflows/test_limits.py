@@ -7,12 +7,14 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import running_stack
+from support.loopback import Exchange, Loopback
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
@@ -187,53 +189,25 @@ class _ConcurrencyRecorder:
     """A loopback site that records how many requests per key are in flight."""
 
     def __init__(self) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
         self.lock = threading.Lock()
         self.running: dict[str, int] = {}
         self.peak: dict[str, int] = {}
         self.hits = 0
-        outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if not self.path.startswith("/slow"):
-                    self.send_response(404)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                key = self.path.split("k=", 1)[1].split("&", 1)[0]
-                with outer.lock:
-                    outer.hits += 1
-                    outer.running[key] = outer.running.get(key, 0) + 1
-                    outer.peak[key] = max(outer.peak.get(key, 0), outer.running[key])
-                try:
-                    import time as _time
-
-                    _time.sleep(0.6)
-                finally:
-                    with outer.lock:
-                        outer.running[key] -= 1
-                body = f"<html><body><h1>{key}</h1></body></html>".encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def handle(self, ex: Exchange) -> None:
+        if not ex.target.startswith("/slow"):
+            return ex.send(404, b"", None)
+        key = ex.target.split("k=", 1)[1].split("&", 1)[0]
+        with self.lock:
+            self.hits += 1
+            self.running[key] = self.running.get(key, 0) + 1
+            self.peak[key] = max(self.peak.get(key, 0), self.running[key])
+        try:
+            ex.stopping.wait(0.6)
+        finally:
+            with self.lock:
+                self.running[key] -= 1
+        ex.send(200, f"<html><body><h1>{key}</h1></body></html>".encode())
 
 
 @pytest.mark.timeout(180)
@@ -245,9 +219,8 @@ async def test_concurrency_key_holds_across_two_worker_processes_at_a_real_serve
     site = _ConcurrencyRecorder()
     env = worker_env(client, settings, tmp_path / "data")
     env["AIWORKER_RATE_LIMITS"] = "web-scrape:*=100000/min"
-    procs = [
-        WorkerProcess([AIWORKER, "worker"], env, tmp_path / f"worker{i}.log") for i in range(2)
-    ]
+    server = Loopback(site.handle).start()
+    procs: list[WorkerProcess] = []
 
     def pipeline(customer: str, n: int) -> dict[str, Any]:
         return {
@@ -260,7 +233,7 @@ async def test_concurrency_key_holds_across_two_worker_processes_at_a_real_serve
                     "worker": "web-scrape",
                     "concurrency": {"key": "${{ inputs.customer }}", "limit": 2},
                     "input": {
-                        "url": f"{site.url}/slow?k=${{{{ inputs.customer }}}}&i={i}",
+                        "url": server.url(f"/slow?k=${{{{ inputs.customer }}}}&i={i}"),
                         "extraction_spec": {"fields": {"t": {"selector": "h1"}}},
                     },
                 }
@@ -269,6 +242,8 @@ async def test_concurrency_key_holds_across_two_worker_processes_at_a_real_serve
         }
 
     try:
+        for i in range(2):
+            procs.append(WorkerProcess([AIWORKER, "worker"], env, tmp_path / f"worker{i}.log"))
         queue = settings.queue(names.PIPELINES_QUEUE)
         handles = []
         for customer, n in (("c1", 4), ("c1", 4), ("c2", 3)):
@@ -294,4 +269,4 @@ async def test_concurrency_key_holds_across_two_worker_processes_at_a_real_serve
         for p in procs:
             p.terminate()
             p.close()
-        site.stop()
+        server.stop()

@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 from conftest import running_stack
-from pipeline_standins import Reply, fail, scheduled_activities, standin, wait_for
+from support.history import scheduled_activities
+from support.standins import Reply, fail, standin
+from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import SearchAttributeKey
@@ -495,7 +497,7 @@ async def test_progress_query_while_waiting(client: Client, settings: Settings) 
             p = await handle.query(names.PROGRESS_QUERY)
             return bool(p["steps"]["fast"]["status"] == "succeeded")
 
-        await wait_for(fast_done, "the fast step")
+        await wait_until(fast_done, "the fast step")
         progress = await handle.query(names.PROGRESS_QUERY)
         gate.set()
         await handle.result()

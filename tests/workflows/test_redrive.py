@@ -8,7 +8,9 @@ import uuid
 from typing import Any
 
 from conftest import running_stack
-from pipeline_standins import fail, scheduled_activities, standin, wait_for
+from support.history import scheduled_activities
+from support.standins import fail, standin
+from support.waiting import wait_until
 from temporalio.client import Client
 
 from aiworker.schemas.settings import Settings
@@ -93,7 +95,7 @@ async def test_list_filters_by_status_and_tenant(client: Client, settings: Setti
         rows = await list_pipelines(client, tenant=tenant)
         return {r["status"] for r in rows} == {"succeeded", "partial"}
 
-    await wait_for(both_visible, "visibility to show both pipelines")
+    await wait_until(both_visible, "visibility to show both pipelines")
     rows = await list_pipelines(client, tenant=tenant, status="partial")
     assert [r["workflow_id"] for r in rows] == [h2.id]
     assert rows[0]["pipeline"] == "listed" and rows[0]["tenant"] == tenant

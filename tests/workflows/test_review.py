@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 from conftest import running_stack
-from pipeline_standins import fail, standin, wait_for
+from support.standins import fail, standin
+from support.waiting import wait_until
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
@@ -50,7 +51,7 @@ async def _awaiting(handle: WorkflowHandle[Any, Any]) -> None:
         p = await handle.query(names.PROGRESS_QUERY)
         return bool(p["awaiting_review"] == ["draft"])
 
-    await wait_for(check, "the step to await review")
+    await wait_until(check, "the step to await review")
 
 
 async def test_approve_with_corrected_outputs(client: Client, settings: Settings) -> None:
