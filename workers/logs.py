@@ -1,4 +1,4 @@
-"""One JSON object per log line, with the stable field names of DESIGN.md.
+"""One JSON object per log line, with stable field names that alerts and tests rely on.
 
 Fields: ``ts``, ``level``, ``event``, ``worker_id``, ``attempt``,
 ``duration_ms``, ``status``, ``error_code``, ``trace_id``, ``span_id``,

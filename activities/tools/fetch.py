@@ -7,7 +7,7 @@ hop is checked; Temporal owns retries. The body is streamed and abandoned as
 soon as it passes the cap, and decoded text honours the charset of the HTTP
 header, then ``<meta charset>``, then detection.
 
-Failures raise the worker-protocol errors, mapped as DESIGN.md fixes:
+Failures raise the worker-protocol errors, mapped to the stable codes of ``schemas/errors.py``:
 robots/401/403 -> ``access_denied``, 404/410 -> ``not_found``, 429 ->
 ``rate_limited`` (``Retry-After`` as the next retry delay), 5xx and network
 errors -> ``fetch_failed``, timeouts -> ``fetch_timeout``, body over the cap
