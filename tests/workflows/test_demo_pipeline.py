@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from conftest import running_stack
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from aiworker.schemas.settings import Settings
 from aiworker.workers.demo_site import DemoSite
@@ -16,9 +17,8 @@ from aiworker.workers.resources import build_tools
 DEMO = Path(__file__).parents[2] / "workers" / "samples" / "demo.json"
 
 
-async def test_demo_scrapes_validates_aggregates_and_publishes(
-    client: Client, settings: Settings
-) -> None:
+async def run_demo(client: Client, settings: Settings) -> tuple[WorkflowHandle[Any, Any], Any]:
+    """Run the bundled demo pipeline on the real workers against the sample site."""
     pipeline = json.loads(DEMO.read_text("utf-8"))
     site = DemoSite().start()
     pipeline["inputs"]["site_url"] = site.url
@@ -30,6 +30,13 @@ async def test_demo_scrapes_validates_aggregates_and_publishes(
     finally:
         site.stop()
         await tools["fetch_url"].aclose()
+    return handle, result
+
+
+async def test_demo_scrapes_validates_aggregates_and_publishes(
+    client: Client, settings: Settings
+) -> None:
+    handle, result = await run_demo(client, settings)
     assert result.status == "succeeded", result.model_dump_json(indent=1)
     assert [p["link"].rsplit("/", 1)[1] for p in result.output["catalog"]] == [
         "espresso.html",
