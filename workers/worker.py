@@ -127,13 +127,7 @@ def warn_unknown_aliases(workers: WorkerSet, language_model: Any) -> None:
 SHARED_WORKFLOW_MODULES = (
     "aiworker.workflows.budget",
     "aiworker.workflows.calls",
-    "aiworker.workflows.dag",
-    "aiworker.workflows.fanout",
     "aiworker.workflows.limits",
-    "aiworker.workflows.pipeline_limits",
-    "aiworker.workflows.review",
-    "aiworker.workflows.state",
-    "aiworker.workflows.steps",
 )
 
 
