@@ -68,7 +68,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
         pipelines = await PipelineClient.connect(
             args.profile, target_host=args.address, telemetry=telemetry, settings=settings
         )
-        handle = await pipelines.start(raw, workflow_id=args.id)
+        # read_pipeline checked it against this process's catalog already
+        handle = await pipelines.start(raw, workflow_id=args.id, check=False)
         return await _print_or_wait(pipelines, handle, args.no_wait)
 
 

@@ -283,7 +283,8 @@ async def _run_pipeline(
     from aiworker.workers.client import PipelineClient
 
     pipelines = PipelineClient(client, settings)
-    handle = await pipelines.start(pipeline)
+    # the command read it with read_pipeline, which checked it
+    handle = await pipelines.start(pipeline, check=False)
     print(f"Started pipeline {pipeline['name']}: workflow id {handle.id}", flush=True)
     if ui_url:
         print(f"  {ui_url}/namespaces/default/workflows/{handle.id}", flush=True)

@@ -59,6 +59,16 @@ from aiworker.workflows.budget import Admission
 _CODES = frozenset(c.value for c in ErrorCode)
 
 
+def invalid_input(message: str, problems: list[str] | None = None) -> ApplicationError:
+    """The non-retryable failure of a pipeline whose spec is wrong."""
+    return ApplicationError(
+        message,
+        {"code": ErrorCode.INVALID_INPUT.value, "problems": problems or [message]},
+        type=ErrorCode.INVALID_INPUT.value,
+        non_retryable=True,
+    )
+
+
 def error_code_of(err: BaseException) -> str:
     """The stable error code behind an activity failure."""
     cause = err.cause if isinstance(err, ActivityError) else err

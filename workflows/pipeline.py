@@ -56,7 +56,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.budget import Ledger
-from aiworker.workflows.calls import error_code_of
+from aiworker.workflows.calls import error_code_of, invalid_input
 from aiworker.workflows.dag import run_dag
 from aiworker.workflows.limits import PermitSignals
 from aiworker.workflows.pipeline_limits import PipelineLimits
@@ -71,16 +71,6 @@ def _specs() -> Mapping[str, WorkerSpec]:
     # and imports no plugin here.
     with workflow.unsafe.sandbox_unrestricted():
         return catalog.current_specs()
-
-
-def invalid_input(message: str, problems: list[str] | None = None) -> ApplicationError:
-    """The non-retryable failure of a pipeline whose spec is wrong."""
-    return ApplicationError(
-        message,
-        {"code": ErrorCode.INVALID_INPUT.value, "problems": problems or [message]},
-        type=ErrorCode.INVALID_INPUT.value,
-        non_retryable=True,
-    )
 
 
 def parse_spec(raw: Any, known_workers: set[str]) -> PipelineSpec:

@@ -13,10 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.limits import ConcurrencyCall
     from aiworker.schemas.options import lease_seconds
     from aiworker.schemas.pipeline import PipelineSpec, Step
@@ -24,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.budget import Deadline
+from aiworker.workflows.calls import invalid_input
 from aiworker.workflows.limits import CallLimits, Lease, PermitBook, WaitExpired
 
 # A pipeline's own concurrency lease: checked with the pipeline when it runs out,
@@ -67,11 +66,7 @@ class PipelineLimits:
         try:
             key = str(resolve(spec.concurrency.key, {"inputs": spec.inputs}))
         except ReferenceError_ as e:
-            raise ApplicationError(
-                f"pipeline: field 'concurrency.key': {e}",
-                type=ErrorCode.INVALID_INPUT.value,
-                non_retryable=True,
-            ) from None
+            raise invalid_input(f"pipeline: field 'concurrency.key': {e}") from None
         seconds = spec.budget.deadline_seconds
         call = ConcurrencyCall(
             key=key,
