@@ -318,8 +318,10 @@ class PermitBook:
         self.waiting: dict[str, tuple[str, str]] = {}
         self.held: dict[str, str] = {}  # ticket -> limiter workflow id
 
-    async def plan(self, tenant: str, workers: list[str]) -> set[str]:
-        """The workers whose calls must wait for a rate-limit permit (one local activity)."""
+    async def plan(self, tenant: str, workers: list[str]) -> Plan:
+        """What the process's settings say about this pipeline (one local activity):
+        the workers whose calls must wait for a rate-limit permit, and more as
+        :class:`Plan` grows."""
         plan: Plan = await workflow.execute_local_activity(
             names.LIMITER_PLAN,
             PlanCall(tenant=tenant, workers=sorted(set(workers))),
@@ -327,7 +329,7 @@ class PermitBook:
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
         )
-        return set(plan.rate_limited)
+        return plan
 
     def on_permit(self, permit: Permit) -> None:
         self.received[permit.ticket] = permit

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from aiworker.schemas.limits import ConcurrencyCall
+    from aiworker.schemas.limits import ConcurrencyCall, Plan
     from aiworker.schemas.options import lease_seconds
     from aiworker.schemas.pipeline import PipelineSpec, Step
     from aiworker.schemas.refs import ReferenceError_, resolve
@@ -46,11 +46,15 @@ class PipelineLimits:
     deadline: Deadline
     # The workers whose calls wait for a rate-limit permit; None until planned: all.
     rate_limited: set[str] | None = None
+    # What the limiter-plan activity answered; None until planned.
+    planned: Plan | None = None
 
-    async def plan(self, spec: PipelineSpec) -> None:
+    async def plan(self, spec: PipelineSpec) -> Plan:
         """Ask once which of the pipeline's workers are rate limited, not per step."""
         workers = [s.worker for s in spec.steps] + [s.fallback for s in spec.steps if s.fallback]
-        self.rate_limited = await self.permits.plan(spec.tenant, workers)
+        self.planned = await self.permits.plan(spec.tenant, workers)
+        self.rate_limited = set(self.planned.rate_limited)
+        return self.planned
 
     def is_rate_limited(self, worker_id: str) -> bool:
         return self.rate_limited is None or worker_id in self.rate_limited
