@@ -15,22 +15,16 @@ the generated JSON, ready to paste into a regression test.
 from __future__ import annotations
 
 import asyncio
-import json
-import uuid
 from typing import Any, get_args
 
 import pytest
 from conftest import Stack
-from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from support import history
-from temporalio.client import WorkflowFailureError
-from temporalio.exceptions import ApplicationError
+from support.fuzzing import MAX_EXAMPLES, generate, outcome, show
 
 from aiworker.schemas import names
-from aiworker.schemas.pipeline import PipelineResult, TerminalStatus
+from aiworker.schemas.pipeline import TerminalStatus
 
-MAX_EXAMPLES = 40
 TERMINAL = set(get_args(TerminalStatus))
 
 scalars = (
@@ -197,51 +191,6 @@ def plausible_pipelines(draw: st.DrawFn) -> dict[str, Any]:
 pipeline_inputs = st.one_of(
     plausible_pipelines(), plausible_pipelines(), plausible_pipelines(), pipelines, json_values
 )
-
-
-def generate(strategy: st.SearchStrategy[Any], n: int = MAX_EXAMPLES) -> list[Any]:
-    """``n`` derandomized examples of ``strategy`` (generated, not shrunk)."""
-    out: list[Any] = []
-
-    @settings(
-        max_examples=n,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=[Phase.explicit, Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(strategy)
-    def collect(value: Any) -> None:
-        out.append(value)
-
-    collect()
-    return out
-
-
-async def outcome(stack: Stack, raw: Any) -> tuple[str, PipelineResult | None, int]:
-    """(terminal status or ``invalid_input``, result, failed workflow tasks) of one case."""
-    handle = await stack.client.start_workflow(
-        names.PIPELINE_WORKFLOW,
-        raw,
-        id=f"fuzz-{uuid.uuid4().hex[:12]}",
-        task_queue=stack.pipelines_queue,
-        result_type=PipelineResult,
-    )
-    try:
-        result = await asyncio.wait_for(handle.result(), 90)
-        status, out = result.status, result
-    except WorkflowFailureError as e:
-        cause = e.cause
-        status = cause.type or "" if isinstance(cause, ApplicationError) else type(cause).__name__
-        out = None
-    except TimeoutError:
-        status, out = "did not finish", None
-    return status, out, await history.workflow_task_failures(handle)
-
-
-def show(raw: Any) -> str:
-    return json.dumps(raw, sort_keys=True)[:2000]
 
 
 @pytest.mark.timeout(240)
