@@ -73,13 +73,15 @@ class LimiterActivities:
 
     @activity.defn(name=names.LIMITER_PLAN)
     async def plan(self, call: PlanCall) -> Plan:
-        """Which of a pipeline's workers have a rate limit for its tenant (asked once)."""
+        """Which of a pipeline's workers have a rate limit for its tenant, and the
+        process's caps (asked once)."""
         return Plan(
             rate_limited=sorted(
                 w
                 for w in set(call.workers)
                 if rate_limit_for(self._settings, self._specs, w, call.tenant) is not None
-            )
+            ),
+            caps=self._settings.caps,
         )
 
     @activity.defn(name=names.LIMITER_ACQUIRE)

@@ -37,7 +37,7 @@ from aiworker.activities.sdk import Worker
 
 # The one reference syntax of aiworker (pipelines and templates), so that the
 # load-time check (find_refs) and rendering agree on what is a reference.
-from aiworker.schemas.refs import _TOKEN, TEMPLATE_ROOTS, parse_ref
+from aiworker.schemas.refs import TEMPLATE_ROOTS, parse_template
 from aiworker.schemas.spec import FEEDBACK_FIELD, PromptImplementation, WorkerSpec
 
 # llm-call shows at most this many reasons (and 4000 characters of them).
@@ -80,13 +80,10 @@ def render(template: str, input: dict[str, Any]) -> str:
     prompt worker never meets one).
     """
 
-    def one(m: Any) -> str:
-        token: str = m.group(0)
-        if token.startswith("$$"):
-            return token[1:]
-        return _text(_lookup(input, parse_ref(m.group(1), TEMPLATE_ROOTS).path))
-
-    return _TOKEN.sub(one, template)
+    parts = parse_template(template, TEMPLATE_ROOTS)
+    if not parts:
+        return template
+    return "".join(p if isinstance(p, str) else _text(_lookup(input, p.path)) for p in parts)
 
 
 class PromptWorker(Worker):

@@ -65,6 +65,7 @@ from aiworker.schemas.protocol import (
     WorkerRequest,
     WorkerResponse,
 )
+from aiworker.schemas.refs import ReferenceLimitError, json_depth
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
 
@@ -165,19 +166,26 @@ _CONTRACTS: dict[str, tuple[type[InvalidInputError | InvalidOutputError], str]] 
 }
 
 
-def conform(schema: dict[str, Any], value: Any, what: Literal["input", "output"]) -> None:
+def conform(
+    schema: dict[str, Any], value: Any, what: Literal["input", "output"], max_depth: int
+) -> None:
     """Check ``value`` against a spec's ``input_schema`` or ``output_schema``.
 
     ``invalid_input`` or ``invalid_output`` names the first failing field and
-    rule, with every problem in ``reasons``.
+    rule, with every problem in ``reasons``. Nesting deeper than ``max_depth``
+    is refused first: validation recurses per level.
     """
+    error, root = _CONTRACTS[what]
+    try:
+        json_depth(value, max_depth)
+    except ReferenceLimitError as e:
+        raise error(f"{what}: {e} (AIWORKER_MAX_JSON_DEPTH)", field=root) from None
     with tracer.start_as_current_span(f"validate {what}") as span:
         errors = list(validator_for(schema).iter_errors(value))
         span.set_attribute("aiworker.schema_errors", len(errors))
     if errors:
         problems = describe(errors)
         first = problems[0]
-        error, root = _CONTRACTS[what]
         raise error(
             f"{what} {first['path']}: {first['message']} (rule {first['validator']})",
             field=root + first["path"][1:],
@@ -275,10 +283,11 @@ class WorkerRuntime:
             spec = self.spec_of(worker)
             request = self.parse_request(raw, spec)
             call.bind(request)
-            conform(spec.input_schema, request.input, "input")
+            depth = self.settings.caps.max_json_depth
+            conform(spec.input_schema, request.input, "input", depth)
             ctx = self._enforce_constraints(spec, request, call, usage)
             result = await self._execute(worker, ctx, call)
-            conform(spec.output_schema, result.outputs, "output")
+            conform(spec.output_schema, result.outputs, "output", depth)
             return self._respond(ctx, result, call)
 
     def _enforce_constraints(

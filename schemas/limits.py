@@ -8,6 +8,7 @@ from pydantic import Field
 from typing_extensions import TypeAliasType
 
 from aiworker.schemas.base import Model
+from aiworker.schemas.caps import Caps
 
 
 class AcquireRequest(Model):
@@ -104,6 +105,9 @@ class PlanCall(Model):
 
 
 class Plan(Model):
-    """The workers of a pipeline whose calls go through a rate limiter."""
+    """What the process's settings say about one pipeline, before any step runs."""
 
-    rate_limited: list[str] = Field(default_factory=list)
+    rate_limited: list[str] = Field(
+        default_factory=list, description="the workers whose calls go through a rate limiter"
+    )
+    caps: Caps = Field(default_factory=Caps, description="caps on fan-out, nesting and refs")

@@ -16,8 +16,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError
 
-from aiworker.schemas.pipeline import Concurrency, PipelineSpec
-from aiworker.schemas.refs import ReferenceError_, find_refs
+from aiworker.schemas.caps import SETTING_OF, Caps
+from aiworker.schemas.pipeline import Concurrency, PipelineSpec, Step
+from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, find_refs, json_depth
 
 
 class PipelineSpecError(ValueError):
@@ -28,12 +29,14 @@ class PipelineSpecError(ValueError):
         self.problems = problems
 
 
-def parse_pipeline(raw: Any, known_workers: set[str]) -> PipelineSpec:
+def parse_pipeline(raw: Any, known_workers: set[str], caps: Caps | None = None) -> PipelineSpec:
     """Parse and check a pipeline spec.
 
     Args:
         raw: the spec as decoded JSON.
         known_workers: the worker ids that steps may name.
+        caps: the caps to check against; the hard ceilings when omitted (the
+            check at workflow start, which cannot read settings).
 
     Returns:
         The parsed spec.
@@ -45,7 +48,7 @@ def parse_pipeline(raw: Any, known_workers: set[str]) -> PipelineSpec:
         spec = PipelineSpec.model_validate(raw)
     except ValidationError as e:
         raise PipelineSpecError(_field_problems(raw, e)) from None
-    problems = check_pipeline(spec, known_workers)
+    problems = check_pipeline(spec, known_workers, caps)
     if problems:
         raise PipelineSpecError(problems)
     return spec
@@ -76,9 +79,79 @@ def _schema_problem(schema: Any) -> str | None:
     return None
 
 
-def check_pipeline(spec: PipelineSpec, known_workers: set[str]) -> list[str]:
-    """Every problem of a pipeline, each naming the step and field; empty when fine."""
+# Fields that are never resolved: only their nesting is capped.
+_DEPTH_ONLY = ("inputs", "validate.schema")
+
+
+def _fields(step: Step) -> list[tuple[str, Any]]:
+    """A step's fields that hold user JSON, by name."""
+    fields: list[tuple[str, Any]] = [("input", step.input)]
+    if step.fallback_input is not None:
+        fields.append(("fallback_input", step.fallback_input))
+    if step.when is not None:
+        fields.append(("when", step.when))
+    if step.for_each is not None:
+        fields.append(("for_each", step.for_each))
+    if step.validate_ is not None:
+        fields.append(("validate.schema", step.validate_.schema_))
+    if step.concurrency is not None:
+        fields.append(("concurrency.key", step.concurrency.key))
+    return fields
+
+
+def _over(caps: Caps, name: str) -> str:
+    return f"the cap is {getattr(caps, name)} ({SETTING_OF[name]})"
+
+
+def cap_problems(spec: PipelineSpec, caps: Caps) -> list[str]:
+    """What of ``spec`` passes ``caps``: steps, ``for_each`` items, nesting, the
+    length of reference strings and the count of references; each problem names
+    the step and field. Walks without recursion, before anything else walks."""
     problems: list[str] = []
+    if len(spec.steps) > caps.max_steps:
+        problems.append(
+            f"pipeline: field 'steps': {len(spec.steps)} steps; {_over(caps, 'max_steps')}"
+        )
+    where_fields: list[tuple[str, str, Any]] = [("pipeline", "inputs", spec.inputs)]
+    where_fields += [("pipeline", "output", spec.output)]
+    if spec.concurrency is not None:
+        where_fields.append(("pipeline", "concurrency.key", spec.concurrency.key))
+    for step in spec.steps:
+        where_fields += [(f"step {step.id!r}", f, v) for f, v in _fields(step)]
+        if isinstance(step.for_each, list) and len(step.for_each) > caps.max_foreach_items:
+            problems.append(
+                f"step {step.id!r}: field 'for_each': {len(step.for_each)} items; "
+                f"{_over(caps, 'max_foreach_items')}"
+            )
+    count = 0
+    for where, field, value in where_fields:
+        try:
+            if field in _DEPTH_ONLY:
+                json_depth(value, caps.max_json_depth)
+            else:
+                count += len(find_refs(value, caps=caps))
+        except ReferenceLimitError as e:
+            problems.append(f"{where}: field {field!r}: {e}")
+        except ReferenceError_:
+            pass  # a malformed reference: the check proper names it
+    if count > caps.max_references:
+        problems.append(
+            f"pipeline: {count} references in the pipeline; {_over(caps, 'max_references')}"
+        )
+    return problems
+
+
+def check_pipeline(
+    spec: PipelineSpec, known_workers: set[str], caps: Caps | None = None
+) -> list[str]:
+    """Every problem of a pipeline, each naming the step and field; empty when fine.
+
+    ``caps`` first (the hard ceilings when omitted): a spec over a cap is not
+    walked any further.
+    """
+    problems = cap_problems(spec, caps or Caps.ceilings())
+    if problems:
+        return problems
     ids = [s.id for s in spec.steps]
     index = {s.id: i for i, s in enumerate(spec.steps)}
     seen: set[str] = set()
@@ -114,21 +187,16 @@ def check_pipeline(spec: PipelineSpec, known_workers: set[str]) -> list[str]:
                         "a gate must be a validator step"
                     )
                 d.add(step.gate)
-        fields: list[tuple[str, Any]] = [("input", step.input)]
-        if step.fallback_input is not None:
-            fields.append(("fallback_input", step.fallback_input))
+        fields = [(f, v) for f, v in _fields(step) if f not in _DEPTH_ONLY]
+        if isinstance(step.for_each, list):
+            fields = [(f, v) for f, v in fields if f != "for_each"]
         if step.when is not None:
-            fields.append(("when", step.when))
             if set(step.when) != {"value", "schema"}:
                 problems.append(f"{where}: field 'when': needs exactly 'value' and 'schema'")
             elif (p := _schema_problem(step.when["schema"])) is not None:
                 problems.append(f"{where}: field 'when.schema': invalid JSON Schema: {p}")
-        if isinstance(step.for_each, str):
-            fields.append(("for_each", step.for_each))
         if step.validate_ is not None and (p := _schema_problem(step.validate_.schema_)):
             problems.append(f"{where}: field 'validate.schema': invalid JSON Schema: {p}")
-        if step.concurrency is not None:
-            fields.append(("concurrency.key", step.concurrency.key))
         if step.for_each is not None and step.on_failure == "escalate":
             problems.append(
                 f"{where}: field 'on_failure': 'escalate' needs a single step, not a for_each"

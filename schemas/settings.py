@@ -10,12 +10,13 @@ The Temporal connection itself comes from ``temporalio.envconfig``.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from aiworker.schemas.caps import SETTING_OF, Caps
 from aiworker.schemas.spec import parse_rate
 
 ENV_PREFIX = "AIWORKER_"
@@ -89,6 +90,8 @@ class Settings(BaseModel):
     # (prompt and external workers).
     worker_modules: tuple[str, ...] = ()
     worker_specs: tuple[Path, ...] = ()
+    # Caps on fan-out, nesting and references (schemas/caps.py), AIWORKER_MAX_*.
+    caps: Caps = Caps()
 
     @field_validator("task_queue_suffix")
     @classmethod
@@ -161,6 +164,7 @@ class Settings(BaseModel):
             "BREAKER_OPEN_SECONDS",
             "WORKER_MODULES",
             "WORKER_SPECS",
+            *(name.removeprefix(ENV_PREFIX) for name in SETTING_OF.values()),
         }
         # Variables consumed by other parts (tests, dev server) are not settings.
         ignored_prefixes = ("TEST_", "DEV_")
@@ -218,6 +222,7 @@ class Settings(BaseModel):
         raw["worker_modules"] = tuple(_csv(get("WORKER_MODULES")))
         raw["worker_specs"] = tuple(Path(p) for p in _csv(get("WORKER_SPECS")))
         raw["rate_limits"] = tuple(parse_rate_limits(get("RATE_LIMITS") or ""))
+        raw["caps"] = parse_caps(get)
         try:
             return cls.model_validate(raw)
         except ValidationError as e:
@@ -226,6 +231,20 @@ class Settings(BaseModel):
                 field = str(err["loc"][0]) if err["loc"] else "?"
                 lines.append(f"{ENV_PREFIX}{field.upper()}: {err['msg']}")
             raise SettingsError("; ".join(lines)) from None
+
+
+def parse_caps(get: Callable[[str], str | None]) -> Caps:
+    """The ``AIWORKER_MAX_*`` caps; ``SettingsError`` names the variable and its bounds."""
+    raw = {
+        field: v
+        for field, var in SETTING_OF.items()
+        if (v := get(var.removeprefix(ENV_PREFIX))) is not None
+    }
+    try:
+        return Caps.model_validate(raw)
+    except ValidationError as e:
+        lines = [f"{SETTING_OF[str(err['loc'][0])]}: {err['msg']}" for err in e.errors()]
+        raise SettingsError("; ".join(lines)) from None
 
 
 def parse_rate_limits(text: str) -> list[RateLimitRule]:

@@ -115,8 +115,11 @@ def read_pipeline(path: str) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         err(f"{path}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}")
         raise SystemExit(EXIT_USAGE) from None
+    except RecursionError:  # the decoder recurses per level of nesting
+        err(f"{path}: invalid pipeline (invalid_input): JSON nested too deep to read")
+        raise SystemExit(EXIT_USAGE) from None
     try:
-        parse_pipeline(raw, set(process_catalog().specs))
+        parse_pipeline(raw, set(process_catalog().specs), load_settings().caps)
     except PipelineSpecError as e:
         err(f"{path}: invalid pipeline (invalid_input):")
         for p in e.problems:

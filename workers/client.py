@@ -74,8 +74,9 @@ class PipelineClient:
     Args:
         client: a connected Temporal client; it should use aiworker's data
             converter (:meth:`connect` makes one that does).
-        settings: the deployment's settings; only the task queue suffix and
-            the external payload storage matter here. Defaults to ``Settings()``.
+        settings: the deployment's settings; the task queue suffix, the
+            external payload storage and the caps (``AIWORKER_MAX_*``, checked
+            before a pipeline starts) matter here. Defaults to ``Settings()``.
         known_workers: the worker ids a pipeline's steps may name. Defaults to
             the workers this process knows (the built-ins, or the catalog a
             worker process installed); pass the ids when the workers are
@@ -133,7 +134,7 @@ class PipelineClient:
             PipelineSpecError: every problem found, each naming the step and field.
         """
         known = self._known if self._known is not None else set(catalog.current_specs())
-        return parse_pipeline(dict(pipeline), known)
+        return parse_pipeline(dict(pipeline), known, self.settings.caps)
 
     async def start(
         self,

@@ -16,16 +16,62 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.contrib.pydantic import (
+    PydanticJSONPlainPayloadConverter,
+    PydanticPayloadConverter,
+    pydantic_data_converter,
+)
 from temporalio.converter import DataConverter
 from temporalio.envconfig import ClientConfig
+from temporalio.exceptions import ApplicationError
 
+from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.settings import Settings
 from aiworker.workers.failures import TolerantFailureConverter
 
 if TYPE_CHECKING:
     from aiworker.workers.telemetry import Telemetry
+
+
+class _CheckedJSONConverter(PydanticJSONPlainPayloadConverter):
+    """pydantic's JSON payload converter, whose refusals of the JSON itself are
+    ``invalid_input`` failures.
+
+    Its parser refuses JSON nested deeper than about 200 levels (and malformed
+    JSON from a client outside the SDK) with a ``ValidationError``, which the
+    SDK turns into a failed workflow task, retried forever. Raised as a
+    non-retryable ``ApplicationError``, the same refusal fails the workflow
+    (or the activity) at once with a stable code.
+    """
+
+    def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
+        try:
+            return super().from_payload(payload, type_hint)
+        except ValidationError as e:
+            errors = e.errors()
+            if not errors or errors[0]["type"] != "json_invalid":
+                raise
+            raise ApplicationError(
+                f"payload is not JSON that can be decoded: {errors[0]['msg'][:200]}",
+                type=ErrorCode.INVALID_INPUT.value,
+                non_retryable=True,
+            ) from None
+
+
+class CheckedPayloadConverter(PydanticPayloadConverter):
+    """The pydantic payload converter with :class:`_CheckedJSONConverter` for JSON."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._set_converters(
+            *(
+                _CheckedJSONConverter() if c.encoding == "json/plain" else c
+                for c in self.converters.values()
+            )
+        )
 
 
 class TemporalUnreachableError(ConnectionError):
@@ -37,10 +83,14 @@ def data_converter(settings: Settings | None) -> DataConverter:
 
     Failures convert with :class:`workers.failures.TolerantFailureConverter`:
     an external worker's undecodable failure details must fail its step, not
-    every workflow task of the pipeline.
+    every workflow task of the pipeline. JSON the parser refuses (too deep,
+    malformed) is ``invalid_input`` (:class:`CheckedPayloadConverter`), for
+    the same reason.
     """
     converter = dataclasses.replace(
-        pydantic_data_converter, failure_converter_class=TolerantFailureConverter
+        pydantic_data_converter,
+        payload_converter_class=CheckedPayloadConverter,
+        failure_converter_class=TolerantFailureConverter,
     )
     if settings is None:
         return converter

@@ -139,7 +139,7 @@ def _output(run: PipelineRun) -> tuple[dict[str, Any], dict[str, Any] | None]:
     scope = run.scope()
     for key, value in run.spec.output.items():
         try:
-            out[key] = resolve(value, scope)
+            out[key] = resolve(value, scope, budget=run.size_budget())
         except ReferenceError_ as e:
             missing.append(f"output {key!r}: {e}")
     return out, ({"code": "output_incomplete", "problems": missing} if missing else None)

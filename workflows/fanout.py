@@ -22,6 +22,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
+    from aiworker.schemas.caps import SETTING_OF
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import (
         ChunkAllowance,
@@ -32,7 +33,13 @@ with workflow.unsafe.imports_passed_through():
         StepResult,
     )
     from aiworker.schemas.protocol import Usage
-    from aiworker.schemas.refs import ReferenceError_, resolve
+    from aiworker.schemas.refs import (
+        ReferenceError_,
+        ReferenceLimitError,
+        ResolvedSizeError,
+        SizeBudget,
+        resolve,
+    )
 
 from aiworker.workflows.budget import Admission
 from aiworker.workflows.foreach import PipelineForEachWorkflow
@@ -103,7 +110,9 @@ class FanOut:
 async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
     """Run a for_each step's items in chunks; item failures are counted, not raised."""
     worker = run.workers[step.worker]
-    items = run.resolve(step, step.for_each, "for_each")
+    # The list and every item's input share one budget: the step's whole input.
+    total = run.size_budget("max_foreach_bytes")
+    items = run.resolve(step, step.for_each, "for_each", budget=total)
     if isinstance(items, Ended):
         return items.result
     if not isinstance(items, list):
@@ -114,8 +123,22 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
                 f"step {step.id!r}: field 'for_each': expected a list, got {type(items).__name__}"
             ),
         )
+    cap = run.caps.max_foreach_items
+    if len(items) > cap:
+        # Refused before any item is resolved or any child starts.
+        return StepResult(
+            status="failed",
+            error_code=ErrorCode.INVALID_INPUT.value,
+            error_message=(
+                f"step {step.id!r}: field 'for_each': {len(items)} items; the cap is {cap} "
+                f"({SETTING_OF['max_foreach_items']})"
+            ),
+        )
     fan = FanOut(total=len(items))
-    resolved = _resolve_items(run, step, items, fan)
+    try:
+        resolved = _resolve_items(run, step, items, fan, total)
+    except ResolvedSizeError as e:
+        return run.over_cap(step, "input", e).result
     if not fan.total:
         return StepResult(
             status="succeeded",
@@ -181,18 +204,33 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
     return fan.result(chunks=len(chunks))
 
 
-def _resolve_items(run: PipelineRun, step: Step, items: list[Any], fan: FanOut) -> list[ChunkItem]:
-    """Each item's input and concurrency key; an item that cannot be resolved fails."""
+def _resolve_items(
+    run: PipelineRun, step: Step, items: list[Any], fan: FanOut, total: SizeBudget
+) -> list[ChunkItem]:
+    """Each item's input and concurrency key; an item that cannot be resolved, or
+    resolves over a cap, fails alone.
+
+    Raises:
+        ResolvedSizeError: the items together passed ``total``: the step fails.
+    """
     resolved: list[ChunkItem] = []
     scope = run.scope()
+    one = run.caps.max_resolved_bytes
     for i, item in enumerate(items):
         item_scope = scope | {"item": item, "item_index": i}
+        budget = total.part(one)
         try:
-            item_input = resolve(step.input, item_scope)
+            item_input = resolve(step.input, item_scope, budget=budget)
             key = None
             if step.concurrency is not None:
-                key = str(resolve(step.concurrency.key, item_scope))
+                key = str(resolve(step.concurrency.key, item_scope, budget=budget))
             resolved.append(ChunkItem(index=i, input=item_input, concurrency_key=key))
+        except ResolvedSizeError as e:
+            if total.used > total.max_bytes:
+                raise
+            fan.item_failed(i, e.code, str(e))
+        except ReferenceLimitError as e:
+            fan.item_failed(i, e.code, str(e))
         except ReferenceError_ as e:
             fan.item_failed(i, ErrorCode.INVALID_INPUT.value, str(e))
     return resolved

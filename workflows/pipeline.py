@@ -51,7 +51,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import catalog, names
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import PipelineResult, PipelineSpec, StepResult
-    from aiworker.schemas.pipeline_check import PipelineSpecError, parse_pipeline
+    from aiworker.schemas.pipeline_check import PipelineSpecError, cap_problems, parse_pipeline
     from aiworker.schemas.protocol import TraceContext, Usage
     from aiworker.schemas.spec import WorkerSpec
 
@@ -143,7 +143,10 @@ class PipelineWorkflow(PermitSignals):
             raise
         run = self._run = self._start(spec, specs)
         try:
-            await run.limits.plan(spec)
+            planned = await run.limits.plan(spec)
+            # The spec passed the hard ceilings at the start; now the process's caps.
+            if problems := cap_problems(spec, planned.caps):
+                raise invalid_input("invalid pipeline: " + "; ".join(problems), problems)
             slot = await run.limits.pipeline_slot(spec)
             if isinstance(slot, str):
                 result = self._not_run(run, slot)

@@ -22,9 +22,16 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
+    from aiworker.schemas.caps import Caps
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import PipelineSpec, Step, StepResult, TerminalStatus
-    from aiworker.schemas.refs import ReferenceError_, find_refs, resolve
+    from aiworker.schemas.refs import (
+        ReferenceError_,
+        ReferenceLimitError,
+        SizeBudget,
+        find_refs,
+        resolve,
+    )
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.budget import Admission, BudgetRefused, Ledger
@@ -121,11 +128,41 @@ class PipelineRun:
             },
         }
 
-    def resolve(self, step: Step, value: Any, field_name: str) -> Any | Ended:
-        """``value`` with its references resolved, or how the step ends: skipped when
-        an upstream step has no outputs, else failed with ``invalid_input``."""
+    @property
+    def caps(self) -> Caps:
+        """The process's caps, as the plan (recorded in history) said; the
+        defaults until then."""
+        planned = self.limits.planned
+        return planned.caps if planned is not None else Caps()
+
+    def size_budget(self, cap: str = "max_resolved_bytes") -> SizeBudget:
+        """A size budget for one resolved value: the caps' ``cap`` bytes (one
+        value's unless told) and the caps' nesting."""
+        caps = self.caps
+        return SizeBudget(getattr(caps, cap), caps.max_json_depth, cap=cap)
+
+    @staticmethod
+    def over_cap(step: Step, field_name: str, e: ReferenceLimitError) -> Ended:
+        """How a step ends whose field resolves over a cap: failed with the cap's code
+        (``invalid_input`` or ``payload_too_large``), naming the step and field."""
+        return Ended(
+            StepResult(
+                status="failed",
+                error_code=e.code,
+                error_message=f"step {step.id!r}: field {field_name!r}: {e}",
+            )
+        )
+
+    def resolve(
+        self, step: Step, value: Any, field_name: str, budget: SizeBudget | None = None
+    ) -> Any | Ended:
+        """``value`` with its references resolved (within ``budget``, by default one
+        value's caps), or how the step ends: failed over a cap; skipped when an
+        upstream step has no outputs, else failed with ``invalid_input``."""
         try:
-            return resolve(value, self.scope())
+            return resolve(value, self.scope(), budget=budget or self.size_budget())
+        except ReferenceLimitError as e:
+            return self.over_cap(step, field_name, e)
         except ReferenceError_ as e:
             upstream = [
                 r.step_id

@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import Step, StepResult, Validation
     from aiworker.schemas.protocol import Usage
-    from aiworker.schemas.refs import ReferenceError_, resolve
+    from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, resolve
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.calls import call_worker, external_wait, with_feedback
@@ -84,7 +84,9 @@ def preflight(run: PipelineRun, step: Step) -> Ended | None:
             )
     if step.when is not None:
         try:
-            value = resolve(step.when["value"], run.scope())
+            value = resolve(step.when["value"], run.scope(), budget=run.size_budget())
+        except ReferenceLimitError as e:
+            return run.over_cap(step, "when", e)
         except ReferenceError_ as e:
             return Ended(
                 StepResult(status="skipped", error_message=f"when: value unavailable: {e}")

@@ -47,7 +47,7 @@ def scrape_tools(
                 else BreakerRegistry.from_settings("host", settings, metrics=metrics)
             ),
         ),
-        "parse_html": HtmlParser(),
+        "parse_html": HtmlParser(max_json_depth=settings.caps.max_json_depth),
         "artifact_store": FileArtifactStore(settings.data_dir),
     }
 

@@ -31,6 +31,8 @@ from aiworker.activities.tools.extraction_spec import (
     FieldSpec,
     compile_spec,
 )
+from aiworker.schemas.caps import DEFAULT_MAX_JSON_DEPTH
+from aiworker.schemas.refs import ReferenceLimitError, json_depth
 
 try:  # lxml is the fastest parser bs4 supports; html.parser is the fallback.
     import lxml  # type: ignore[import-untyped]  # noqa: F401
@@ -55,9 +57,17 @@ def normalize_text(el: Tag) -> str:
 
 
 class HtmlParser:
-    """Parses pages and applies compiled extraction specs (stateless, shareable)."""
+    """Parses pages and applies compiled extraction specs (stateless, shareable).
+
+    Args:
+        max_json_depth: JSON-LD blocks nested deeper are skipped with a warning
+            (``AIWORKER_MAX_JSON_DEPTH``).
+    """
 
     parser = PARSER
+
+    def __init__(self, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH) -> None:
+        self.max_json_depth = max_json_depth
 
     def compile(self, spec: Any) -> CompiledSpec:
         """Check an ``extraction_spec``; ``SpecError`` names the bad field."""
@@ -75,7 +85,7 @@ class HtmlParser:
         out = Extraction(data={})
         out.data = _record(soup, spec.fields, base_url, "", out)
         if spec.metadata:
-            out.data["metadata"] = metadata(soup, base_url, out)
+            out.data["metadata"] = metadata(soup, base_url, out, self.max_json_depth)
         return out
 
 
@@ -216,7 +226,9 @@ def _collapse(out: Extraction, start: int, count: int) -> None:
     out.missing_required[:] = kept
 
 
-def metadata(soup: BeautifulSoup, base_url: str, out: Extraction) -> dict[str, Any]:
+def metadata(
+    soup: BeautifulSoup, base_url: str, out: Extraction, max_json_depth: int
+) -> dict[str, Any]:
     """Title, description, canonical URL, language, OpenGraph and JSON-LD of a page."""
 
     def meta(key: str, pattern: str) -> str | None:
@@ -259,6 +271,18 @@ def metadata(soup: BeautifulSoup, base_url: str, out: Extraction) -> dict[str, A
         raw = script.string or script.get_text()
         try:
             parsed = json.loads(raw)
+            # json.loads recurses per level too: a RecursionError is the same refusal
+            json_depth(parsed, max_json_depth)
+        except (RecursionError, ReferenceLimitError):
+            out.warnings.append(
+                {
+                    "code": "json_ld_too_deep",
+                    "field": f"metadata.json_ld[{i}]",
+                    "message": f"JSON-LD block {i} nests deeper than {max_json_depth} "
+                    "levels; skipped",
+                }
+            )
+            continue
         except (ValueError, TypeError) as e:
             out.warnings.append(
                 {
