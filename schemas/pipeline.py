@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from aiworker.schemas.base import Model
+from aiworker.schemas.caps import HARD_MAX_STEPS
 from aiworker.schemas.names import OK_STATUSES
 from aiworker.schemas.protocol import Usage
 from aiworker.schemas.refs import find_refs
@@ -124,7 +125,7 @@ class PipelineSpec(Model):
     tenant: str = Field(default="default", min_length=1, max_length=128)
     inputs: dict[str, Any] = Field(default_factory=dict)
     budget: Budget = Field(default_factory=Budget)
-    steps: list[Step] = Field(min_length=1, max_length=200)
+    steps: list[Step] = Field(min_length=1, max_length=HARD_MAX_STEPS)
     output: dict[str, Any] = Field(default_factory=dict)
     resume_from: ResumeFrom | None = Field(
         default=None, description="set by `aiworker redrive`: results reused from a failed run"
