@@ -36,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="base task queue to poll (repeatable; default AIWORKER_TASK_QUEUES or all)",
     )
+    w.add_argument(
+        "--wait",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to wait for the Temporal frontend to be healthy (default 60)",
+    )
     conn(w)
 
     r = sub.add_parser("run", help="start a pipeline and print its result")
