@@ -46,7 +46,7 @@ async def test_file_sink_appends_once_per_key(settings: Settings) -> None:
     assert first.outputs["published"] is True and first.outputs["duplicate"] is False
     assert again.outputs == {**first.outputs, "published": False, "duplicate": True}
     assert other.outputs["published"] is True
-    lines = _lines(settings.data_dir / "sinks" / "out" / "products.jsonl")
+    lines = _lines(settings.data_dir / "sinks" / "acme" / "out" / "products.jsonl")
     assert [(x["idempotency_key"], x["record"]) for x in lines] == [
         ("wf/notify", {"title": "Mug"}),
         ("wf/notify/1", {"title": "Cup"}),
@@ -70,11 +70,13 @@ async def test_crash_after_append_before_ledger_done_does_not_append_twice(
     real_mark = Ledger.mark
     calls = {"n": 0}
 
-    def dying_mark(conn: Any, key: str, sink: str, state: str, status_code: Any = None) -> None:
+    def dying_mark(
+        conn: Any, tenant: str, key: str, sink: str, state: str, status_code: Any = None
+    ) -> None:
         if state == "done" and calls["n"] == 0:
             calls["n"] += 1
             raise RuntimeError("process killed")
-        real_mark(conn, key, sink, state, status_code)
+        real_mark(conn, tenant, key, sink, state, status_code)
 
     monkeypatch.setattr(Ledger, "mark", staticmethod(dying_mark))
     with pytest.raises(ApplicationError) as e:
@@ -82,7 +84,7 @@ async def test_crash_after_append_before_ledger_done_does_not_append_twice(
     assert e.value.type == "internal"
     retry = await _publish(settings, "wf/p", {"file": "s.jsonl"}, {"n": 1})
     assert retry.outputs["duplicate"] is True
-    assert len(_lines(settings.data_dir / "sinks" / "s.jsonl")) == 1
+    assert len(_lines(settings.data_dir / "sinks" / "acme" / "s.jsonl")) == 1
 
 
 class _Hook:
