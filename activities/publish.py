@@ -189,8 +189,9 @@ def sink_path(settings: Settings, tenant: str, relative: str) -> Path:
     return target
 
 
-# What opening a checked sink can still meet that is the name's fault, not the host's.
-_NAME_ERRNOS = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG})
+# What opening a checked sink can still meet that is the name's fault, not the host's
+# (EEXIST: mkdir of a folder that is a file).
+_NAME_ERRNOS = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG, errno.EEXIST})
 
 
 def _line_has_key(path: Path, key: str) -> bool:
