@@ -27,8 +27,9 @@ Errors (plain exceptions: each caller maps them to its own stable codes)::
 
 from __future__ import annotations
 
+import contextlib
 import zlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -238,25 +239,37 @@ async def read_body(
     if declared.isdigit() and int(declared) > cap and not truncate:
         raise BodyTooLargeError(f"declares {declared} bytes, over the {cap}-byte limit", limit=cap)
     decoder: _Decoder = decoder_for(resp.headers) if decode else _Identity()
+    if resp.is_stream_consumed:
+        # Built from bytes (``MockTransport`` in tests): httpx read and decoded it already.
+        decoder = _Identity()
     chunks: list[bytes] = []
     raw = size = 0
     try:
-        async for data in resp.aiter_raw():
-            raw += len(data)
-            # The decoder is a lazy generator: leaving this loop stops it producing.
-            for piece in decoder.feed(data):
-                size += len(piece)
-                if size > cap:
-                    if not truncate:
-                        raise BodyTooLargeError(
-                            f"body passed the {cap}-byte limit", limit=cap
-                        ) from None
-                    chunks.append(piece[: cap - (size - len(piece))])
-                    return b"".join(chunks)
-                chunks.append(piece)
+        async with contextlib.aclosing(_raw(resp)) as stream:
+            async for data in stream:
+                raw += len(data)
+                # The decoder is a lazy generator: leaving this loop stops it producing.
+                for piece in decoder.feed(data):
+                    size += len(piece)
+                    if size > cap:
+                        if not truncate:
+                            raise BodyTooLargeError(
+                                f"body passed the {cap}-byte limit", limit=cap
+                            ) from None
+                        chunks.append(piece[: cap - (size - len(piece))])
+                        return b"".join(chunks)
+                    chunks.append(piece)
         if raw:
             decoder.finish()
         return b"".join(chunks)
     finally:
         if meter is not None:
             meter._read(cap, raw, size)
+
+
+async def _raw(resp: httpx.Response) -> AsyncIterator[bytes]:
+    if resp.is_stream_consumed:
+        yield resp.content
+        return
+    async for data in resp.aiter_raw():
+        yield data
