@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -267,7 +267,7 @@ async def read_body(
             meter._read(cap, raw, size)
 
 
-async def _raw(resp: httpx.Response) -> AsyncIterator[bytes]:
+async def _raw(resp: httpx.Response) -> AsyncGenerator[bytes, None]:
     if resp.is_stream_consumed:
         yield resp.content
         return

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from aiworker.activities.bodies import read_body
+from aiworker.activities.bodies import BodyMeter, read_body
 from aiworker.activities.errors import (
     AccessDeniedError,
     FetchFailedError,
@@ -135,11 +135,17 @@ class WebhookPoster:
 
     Egress follows the shared policy (``activities.tools.egress``): the URL is
     checked first, every connection address after DNS resolution; redirects
-    are not followed.
+    are not followed. ``meter`` counts the bytes of the replies read.
     """
 
-    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        meter: BodyMeter | None = None,
+    ):
         self._policy = EgressPolicy.from_settings(settings)
+        self.meter = meter
         self._client = httpx.AsyncClient(
             transport=transport or guarded_transport(self._policy),
             follow_redirects=False,
@@ -161,7 +167,9 @@ class WebhookPoster:
                     "POST", url, json=body, headers=headers, timeout=timeout_s
                 ) as resp,
             ):
-                await read_body(resp, REPLY_MAX_BYTES, truncate=True, decode=False)
+                await read_body(
+                    resp, REPLY_MAX_BYTES, truncate=True, decode=False, meter=self.meter
+                )
                 return resp
         except (TimeoutError, httpx.TimeoutException) as e:
             raise FetchTimeoutError(f"webhook {url} timed out: {e!r}", url=url) from None

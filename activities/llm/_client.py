@@ -38,7 +38,13 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from aiworker.activities.bodies import ACCEPT_ENCODING, BodyError, BodyTooLargeError, read_body
+from aiworker.activities.bodies import (
+    ACCEPT_ENCODING,
+    BodyError,
+    BodyMeter,
+    BodyTooLargeError,
+    read_body,
+)
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.errors import (
     AccessDeniedError,
@@ -114,7 +120,9 @@ class LanguageModel:
         breakers: the ``provider`` circuit breakers.
         limiter: the client-side per-endpoint limits (from the registry if omitted).
         metrics: per-call metrics, or None.
+        max_reply_bytes: the most bytes of a reply, decoded (``upstream_error`` past it).
         tracer: where the span of each call goes (the global provider's by default).
+        meter: counts the bytes of every reply read.
     """
 
     def __init__(
@@ -127,6 +135,7 @@ class LanguageModel:
         metrics: LlmMetrics | None = None,
         max_reply_bytes: int = MAX_REPLY_BYTES,
         tracer: trace.Tracer | None = None,
+        meter: BodyMeter | None = None,
     ) -> None:
         self.registry = registry
         self._own_http = http is None
@@ -139,6 +148,7 @@ class LanguageModel:
         self.limiter = limiter or RateLimiter(registry.limits)
         self.metrics = metrics
         self.max_reply_bytes = max_reply_bytes
+        self.meter = meter
         self.tracer = tracer or _tracer
         self._secrets = sorted(set(registry.secret_values()), key=len, reverse=True)
         # Learned characters per token by alias, from reported usage.
@@ -318,7 +328,7 @@ class LanguageModel:
             "POST", url, headers=headers, json=body, params=dict(query) or None, timeout=limits
         ) as resp:
             try:
-                raw = await read_body(resp, self.max_reply_bytes)
+                raw = await read_body(resp, self.max_reply_bytes, meter=self.meter)
             except BodyTooLargeError:
                 raise UpstreamError(
                     f"the provider's reply is over {self.max_reply_bytes} bytes",
