@@ -38,13 +38,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from aiworker.activities.bodies import (
-    ACCEPT_ENCODING,
-    BodyError,
-    BodyMeter,
-    BodyTooLargeError,
-    read_body,
-)
+from aiworker.activities import bodies
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.errors import (
     AccessDeniedError,
@@ -135,7 +129,7 @@ class LanguageModel:
         metrics: LlmMetrics | None = None,
         max_reply_bytes: int = MAX_REPLY_BYTES,
         tracer: trace.Tracer | None = None,
-        meter: BodyMeter | None = None,
+        meter: bodies.BodyMeter | None = None,
     ) -> None:
         self.registry = registry
         self._own_http = http is None
@@ -323,18 +317,18 @@ class LanguageModel:
         limits: httpx.Timeout,
     ) -> tuple[int, httpx.Headers, bytes]:
         # Only what the bounded reader decodes is asked for, whatever httpx could decode.
-        headers = {"accept-encoding": ACCEPT_ENCODING, **headers}
+        headers = {"accept-encoding": bodies.ACCEPT_ENCODING, **headers}
         async with self.http.stream(
             "POST", url, headers=headers, json=body, params=dict(query) or None, timeout=limits
         ) as resp:
             try:
-                raw = await read_body(resp, self.max_reply_bytes, meter=self.meter)
-            except BodyTooLargeError:
+                raw = await bodies.read_body(resp, self.max_reply_bytes, meter=self.meter)
+            except bodies.BodyTooLargeError:
                 raise UpstreamError(
                     f"the provider's reply is over {self.max_reply_bytes} bytes",
                     status_code=resp.status_code,
                 ) from None
-            except BodyError as e:
+            except bodies.BodyError as e:
                 raise UpstreamError(
                     f"the provider's reply cannot be read: {e}", status_code=resp.status_code
                 ) from None

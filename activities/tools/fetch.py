@@ -1,5 +1,9 @@
 """The ``fetch_url`` tool: one polite, bounded, policy-checked page fetch.
 
+Long on purpose: one hop-by-hop fetch whose checks (header values, egress,
+robots.txt, breaker, politeness, status, bounded body) are read in the order
+they run, and each maps its failure to a stable code here.
+
 Every hop (redirects included) passes the egress policy, robots.txt (for the
 user agent actually sent), the host's circuit breaker and its politeness slot.
 httpx runs with its own retries off and redirects handled here, so that each
@@ -34,14 +38,7 @@ from urllib.parse import urljoin, urlsplit
 import httpcore
 import httpx
 
-from aiworker.activities.bodies import (
-    ACCEPT_ENCODING,
-    BodyMeter,
-    BodyTooLargeError,
-    CorruptBodyError,
-    UnsupportedEncodingError,
-    read_body,
-)
+from aiworker.activities import bodies
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.errors import (
     AccessDeniedError,
@@ -158,7 +155,7 @@ class FetchTool:
         breakers: BreakerRegistry | None = None,
         user_agent: str = DEFAULT_USER_AGENT,
         transport: httpx.AsyncBaseTransport | None = None,
-        meter: BodyMeter | None = None,
+        meter: bodies.BodyMeter | None = None,
     ) -> None:
         self.egress = egress
         self.limits = limits or FetchLimits()
@@ -173,7 +170,7 @@ class FetchTool:
             trust_env=False,
             headers={
                 "Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
-                "Accept-Encoding": ACCEPT_ENCODING,
+                "Accept-Encoding": bodies.ACCEPT_ENCODING,
             },
         )
 
@@ -335,10 +332,10 @@ class FetchTool:
     ) -> bytes:
         """The decoded body, streamed raw and decoded with bounded output (``bodies``)."""
         try:
-            return await read_body(resp, cap, truncate=truncate, meter=self.meter)
-        except BodyTooLargeError as e:
+            return await bodies.read_body(resp, cap, truncate=truncate, meter=self.meter)
+        except bodies.BodyTooLargeError as e:
             raise PayloadTooLargeError(f"{url} {e}", url=url, limit_bytes=cap) from None
-        except UnsupportedEncodingError as e:
+        except bodies.UnsupportedEncodingError as e:
             # Not retried: the same server sends the same coding again, and a body
             # this worker will not decode is one it will not read, like one over the cap.
             raise PayloadTooLargeError(
@@ -348,7 +345,7 @@ class FetchTool:
                 reason=e.reason,
                 content_encoding=e.encoding,
             ) from None
-        except CorruptBodyError as e:
+        except bodies.CorruptBodyError as e:
             raise FetchFailedError(f"cannot decode the body of {url}: {e}", url=url) from None
         except httpx.TimeoutException:
             raise FetchTimeoutError(f"timed out reading {url}", url=url) from None

@@ -23,8 +23,8 @@ import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
 from prometheus_client import CollectorRegistry
+from support.bodies import metered_scrape, send_encoded
 from support.loopback import HTML, Exchange, serve
-from support.payloads import stack_settings
 from temporalio.client import Client
 
 from aiworker.activities.bodies import (
@@ -35,14 +35,13 @@ from aiworker.activities.bodies import (
     UnsupportedEncodingError,
     read_body,
 )
-from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.llm import LanguageModel, LlmMetrics, load_registry
 from aiworker.activities.publish import REPLY_MAX_BYTES, Publish, WebhookPoster
 from aiworker.activities.runtime import WorkerRuntime
-from aiworker.activities.tools import FetchLimits, scrape_tools
+from aiworker.activities.tools import FetchLimits
 from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings, parse_rate_limits
+from aiworker.schemas.settings import Settings
 
 GIB = 1 << 30
 PAGE = b"<html><body><h1>fine</h1></body></html>"
@@ -104,14 +103,7 @@ def handle(ex: Exchange) -> None:
         ex.send(404, b"", "text/plain")
         return
     body, codings = routes()[ex.path]
-    # Written by hand: ``Exchange.send`` takes one value per header name.
-    ex.raw.send_response(200)
-    ex.raw.send_header("Content-Type", HTML)
-    ex.raw.send_header("Content-Length", str(len(body)))
-    for coding in codings:
-        ex.raw.send_header("Content-Encoding", coding)
-    ex.raw.end_headers()
-    ex.raw.wfile.write(body)
+    send_encoded(ex, body, HTML, codings)
 
 
 @pytest.fixture(scope="module")
@@ -128,13 +120,7 @@ def step(sid: str, url: str, **extra: Any) -> dict[str, Any]:
 
 @pytest_asyncio.fixture
 async def scrape(client: Client, tmp_path: Path) -> AsyncIterator[tuple[Stack, BodyMeter]]:
-    settings = stack_settings(
-        tmp_path, rate_limits=tuple(parse_rate_limits("web-scrape:*=100000/min"))
-    )
-    meter = BodyMeter()
-    tools = scrape_tools(
-        settings, breakers=BreakerRegistry("host", failure_threshold=10_000), meter=meter
-    )
+    settings, tools, meter = metered_scrape(tmp_path)
     try:
         async with running_stack(client, settings, tools=tools) as stack:
             yield stack, meter

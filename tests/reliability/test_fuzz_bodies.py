@@ -16,7 +16,6 @@ one piece (``CHUNK``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import gzip
 import zlib
@@ -29,20 +28,18 @@ import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
 from hypothesis import strategies as st
+from support.bodies import metered_scrape, send_encoded
 from support.fuzzing import generate, outcome, show
 from support.loopback import HTML, Exchange, Loopback
-from support.payloads import stack_settings
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.bodies import CHUNK, BodyMeter
-from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.runtime import WorkerRuntime
-from aiworker.activities.tools import FetchLimits, scrape_tools
+from aiworker.activities.tools import FetchLimits
 from aiworker.activities.web_scrape import WebScrape
 from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.errors import ErrorCode
-from aiworker.schemas.settings import parse_rate_limits
 
 # Small caps so that a bomb passes them cheaply; the bound is the same at any cap.
 LIMITS = FetchLimits(max_bytes=256 * 1024, robots_max_bytes=64 * 1024)
@@ -130,30 +127,14 @@ def serve_case(case: dict[str, Any]) -> Loopback:
         if robots != case["as_robots"]:
             ex.send(404 if robots else 200, PAGE.format("fine").encode(), "text/plain")
             return
-        ex.raw.send_response(200)
-        ex.raw.send_header("Content-Type", "text/plain" if robots else HTML)
-        ex.raw.send_header("Content-Length", str(len(body)))
-        for line in codings:
-            ex.raw.send_header("Content-Encoding", line)
-        ex.raw.end_headers()
-        with contextlib.suppress(OSError):
-            ex.raw.wfile.write(body)
+        send_encoded(ex, body, "text/plain" if robots else HTML, codings)
 
     return Loopback(handle).start()
 
 
 @pytest_asyncio.fixture
 async def scrape(client: Client, tmp_path: Path) -> AsyncIterator[tuple[Stack, BodyMeter]]:
-    settings = stack_settings(
-        tmp_path, rate_limits=tuple(parse_rate_limits("web-scrape:*=100000/min"))
-    )
-    meter = BodyMeter()
-    tools = scrape_tools(
-        settings,
-        limits=LIMITS,
-        breakers=BreakerRegistry("host", failure_threshold=10_000),
-        meter=meter,
-    )
+    settings, tools, meter = metered_scrape(tmp_path, LIMITS)
     try:
         async with running_stack(client, settings, tools=tools) as stack:
             yield stack, meter
@@ -206,14 +187,7 @@ async def test_fuzzed_bodies_through_pipelines(scrape: tuple[Stack, BodyMeter]) 
 
 @pytest.mark.timeout(240)
 async def test_fuzzed_bodies_through_the_worker_runtime(tmp_path: Path) -> None:
-    settings = stack_settings(tmp_path)
-    meter = BodyMeter()
-    tools = scrape_tools(
-        settings,
-        limits=LIMITS,
-        breakers=BreakerRegistry("host", failure_threshold=10_000),
-        meter=meter,
-    )
+    settings, tools, meter = metered_scrape(tmp_path, LIMITS)
     runtime = WorkerRuntime(settings, load_specs(), tools=tools)
     cases = generate(bodies, 150)
     problems, codes = [], set()
