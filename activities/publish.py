@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
+from aiworker.activities.bodies import BodyMeter, read_body
 from aiworker.activities.errors import (
     AccessDeniedError,
     FetchFailedError,
@@ -55,6 +56,9 @@ from aiworker.activities.tools.egress import EgressPolicy
 from aiworker.activities.tools.fetch import guarded_transport
 from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.settings import Settings
+
+# A webhook's reply is never used: read this much of it at most.
+REPLY_MAX_BYTES = 64 * 1024
 
 # Keyed by tenant and key. The key-only table of earlier versions
 # (``publications``) is left as it was and not read.
@@ -211,11 +215,17 @@ class WebhookPoster:
 
     Egress follows the shared policy (``activities.tools.egress``): the URL is
     checked first, every connection address after DNS resolution; redirects
-    are not followed.
+    are not followed. ``meter`` counts the bytes of the replies read.
     """
 
-    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        meter: BodyMeter | None = None,
+    ):
         self._policy = EgressPolicy.from_settings(settings)
+        self.meter = meter
         self._client = httpx.AsyncClient(
             transport=transport or guarded_transport(self._policy),
             follow_redirects=False,
@@ -224,11 +234,30 @@ class WebhookPoster:
     async def post(
         self, url: str, body: Any, headers: dict[str, str], timeout_s: float
     ) -> httpx.Response:
+        """POST ``body`` as JSON; the response's status and headers (its body is not kept).
+
+        The reply body is drained raw up to :data:`REPLY_MAX_BYTES`, only so that
+        the connection can be reused; a longer one is cut off with its connection.
+        """
         self._policy.check_url(url)
         try:
-            return await self._client.post(url, json=body, headers=headers, timeout=timeout_s)
-        except httpx.TimeoutException as e:
+            async with (
+                asyncio.timeout(timeout_s),
+                self._client.stream(
+                    "POST", url, json=body, headers=headers, timeout=timeout_s
+                ) as resp,
+            ):
+                await read_body(
+                    resp, REPLY_MAX_BYTES, truncate=True, decode=False, meter=self.meter
+                )
+                return resp
+        except (TimeoutError, httpx.TimeoutException) as e:
             raise FetchTimeoutError(f"webhook {url} timed out: {e!r}", url=url) from None
+        except httpx.LocalProtocolError as e:
+            # Refused here before anything was sent: a header the caller gave is not HTTP.
+            raise InvalidInputError(
+                f"the request to webhook {url} is not valid HTTP: {e}", field="input.sink"
+            ) from None
         except httpx.HTTPError as e:
             raise FetchFailedError(f"webhook {url} failed: {e!r}", url=url) from None
 
