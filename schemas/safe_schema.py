@@ -211,7 +211,7 @@ def where(path: tuple[Any, ...] | Any) -> str:
     return "/" + "/".join(parts) if parts else "(root)"
 
 
-class SchemaRefused(SchemaError):
+class SchemaRefused(SchemaError, ValueError):
     """A schema that may be valid JSON Schema but that aiworker does not apply: a
     remote reference, a pattern RE2 refuses, a reference to nothing, too deep."""
 
@@ -325,11 +325,16 @@ def errors(v: Validator, value: Any) -> list[ValidationError]:
         return list(v.iter_errors(value))
 
 
+def first_error(v: Validator, value: Any) -> ValidationError | None:
+    """The first error of ``value`` under ``v``, None when it is valid; ``SchemaRefused``
+    (a ``ValueError`` too) as :func:`errors`."""
+    with _applying():
+        return next(iter(v.iter_errors(value)), None)
+
+
 def is_valid(schema: Any, value: Any) -> bool:
     """Whether ``value`` matches ``schema`` (checked first); ``SchemaError`` as :func:`check`."""
-    v = validator(schema)
-    with _applying():
-        return next(iter(v.iter_errors(value)), None) is None
+    return first_error(validator(schema), value) is None
 
 
 __all__ = [
@@ -342,6 +347,7 @@ __all__ = [
     "ValidationError",
     "check",
     "errors",
+    "first_error",
     "is_valid",
     "problem",
     "validator",

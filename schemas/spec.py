@@ -233,7 +233,7 @@ class WorkerSpec(Model):
     def _examples_and_prompt(self) -> WorkerSpec:
         inputs = safe_schema.validator(self.input_schema)
         for i, ex in enumerate(self.examples):
-            err = _first_error(inputs, ex.input)
+            err = safe_schema.first_error(inputs, ex.input)
             if err is not None:
                 raise ValueError(f"examples[{i}].input{_path(err)}: {err.message}")
         impl = self.implementation
@@ -273,14 +273,6 @@ def json_path(parts: Any) -> str:
     for p in parts:
         out += f"[{p}]" if isinstance(p, int) else f".{p}"
     return out
-
-
-def _first_error(validator: Any, value: Any) -> Any:
-    try:
-        errors = safe_schema.errors(validator, value)
-    except SchemaError as e:
-        return e
-    return errors[0] if errors else None
 
 
 def _path(err: Any) -> str:
@@ -357,7 +349,7 @@ def _check_prompt(spec: WorkerSpec, impl: PromptImplementation) -> None:
             ("input", inputs, shot.input),
             ("output", outputs, shot.output),
         ):
-            err = _first_error(validator, value)
+            err = safe_schema.first_error(validator, value)
             if err is not None:
                 raise ValueError(f"implementation.few_shot[{i}].{what}{_path(err)}: {err.message}")
     for i, ex in enumerate(spec.examples):

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from typing import Any, get_args
 
 import pytest
 from conftest import Stack
 from hypothesis import strategies as st
 from support.fuzzing import MAX_EXAMPLES, generate, outcome, show
-from support.loopback import Exchange, serve
+from support.loopback import upstream
 
 from aiworker.schemas import names
 from aiworker.schemas.pipeline import TerminalStatus
@@ -112,17 +111,6 @@ data = st.recursive(
 cases = st.tuples(schemas, data)
 
 
-class Counting:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.requests = 0
-
-    def __call__(self, ex: Exchange) -> None:
-        with self.lock:
-            self.requests += 1
-        ex.send_json(200, {"type": "integer"})
-
-
 def _aimed(value: Any, base: str) -> Any:
     return json.loads(json.dumps(value).replace(REMOTE, base))
 
@@ -162,15 +150,16 @@ def _referenced(schema: Any, value: Any) -> dict[str, Any]:
 async def test_fuzzed_schemas_fetch_nothing_and_never_stall(stack: Stack) -> None:
     generated = generate(cases)
     assert len(generated) == MAX_EXAMPLES
-    counter = Counting()
-    with serve(counter) as server:
+    with upstream() as server:
         aimed = [_aimed(c, server.base_url) for c in generated]
         literal = await asyncio.gather(*(outcome(stack, _literal(s, v)) for s, v in aimed))
         referenced = await asyncio.gather(*(outcome(stack, _referenced(s, v)) for s, v in aimed))
     problems = []
     for (schema, value), (status, _r, failures) in zip(aimed, literal, strict=True):
         if status not in TERMINAL | {"invalid_input"} or failures:
-            problems.append(f"literal: {status}, {failures} failed task(s): {show([schema, value])}")
+            problems.append(
+                f"literal: {status}, {failures} failed task(s): {show([schema, value])}"
+            )
     codes: set[str | None] = set()
     for (schema, value), (status, result, failures) in zip(aimed, referenced, strict=True):
         step = result.steps.get("v") if result is not None else None
@@ -187,7 +176,7 @@ async def test_fuzzed_schemas_fetch_nothing_and_never_stall(stack: Stack) -> Non
         if not ok:
             problems.append(f"referenced: {status} / {code}: {show([schema, value])}")
     assert not problems, "\n".join(problems)
-    assert counter.requests == 0
+    assert server.total == 0
     # the generator reaches both sides: refused schemas and applied ones
     assert {"invalid_input"} <= {s for s, _r, _f in literal} and TERMINAL & {
         s for s, _r, _f in literal

@@ -5,31 +5,22 @@ and refuses, and where it says the problem is."""
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.loopback import Exchange, serve
+from support.loopback import upstream
 
-from aiworker.schemas import safe_schema
+from aiworker.schemas import names, safe_schema
+from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.settings import Settings
 from aiworker.workers.plugins import PluginError, load_workers
 
 
 def _external(worker_id: str, **schemas: Any) -> dict[str, Any]:
-    return {
-        "worker_id": worker_id,
-        "version": "1.0.0",
-        "purpose": "a test worker",
-        "task_queue": "aiworker-pipelines",
-        "input_schema": {"type": "object"},
-        "output_schema": {"type": "object"},
-        "constraints": {"timeout_seconds": 5},
-        "retries": {"max_attempts": 1},
-        "implementation": {"kind": "external"},
-        **schemas,
-    }
+    """The validator's spec as an external worker's, with ``schemas`` replaced."""
+    spec = builtin_spec(names.VALIDATOR).model_dump(mode="json", by_alias=True)
+    return {**spec, "worker_id": worker_id, "implementation": {"kind": "external"}, **schemas}
 
 
 def _load(tmp_path: Path, spec: dict[str, Any]) -> str:
@@ -42,15 +33,8 @@ def _load(tmp_path: Path, spec: dict[str, Any]) -> str:
 
 
 def test_a_worker_spec_with_a_remote_ref_fails_to_load(tmp_path: Path) -> None:
-    lock, seen = threading.Lock(), []
-
-    def count(ex: Exchange) -> None:
-        with lock:
-            seen.append(ex.path)
-        ex.send_json(200, {"type": "object"})
-
-    with serve(count) as server:
-        url = server.url("/out.json")
+    with upstream() as server:
+        url = server.base_url + "/out.json"
         message = _load(tmp_path, _external("remote", output_schema={"$ref": url}))
         refs = _load(
             tmp_path,
@@ -59,7 +43,7 @@ def test_a_worker_spec_with_a_remote_ref_fails_to_load(tmp_path: Path) -> None:
                 input_schema={"type": "object", "properties": {"a": {"$ref": "a.json#/x"}}},
             ),
         )
-    assert seen == []
+    assert server.total == 0
     assert f"remote.json: output_schema: $ref '{url}' is not local" in message
     assert "aiworker never fetches schemas" in message
     assert "remote.json" in message

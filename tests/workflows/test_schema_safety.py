@@ -12,7 +12,6 @@ failed workflow task.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import Stack
 from support import history
-from support.loopback import Exchange, Loopback, serve
+from support.loopback import Upstream, upstream
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
@@ -31,24 +30,11 @@ EVIL = "a" * 29 + "b"
 CATASTROPHIC = "^(a+)+$"
 
 
-class Counting:
-    """A loopback server that answers every request with a schema and counts them."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.requests = 0
-
-    def __call__(self, ex: Exchange) -> None:
-        with self.lock:
-            self.requests += 1
-        ex.send_json(200, {"type": "integer"})
-
-
 @pytest.fixture
-def counting() -> Iterator[tuple[Counting, Loopback]]:
-    counter = Counting()
-    with serve(counter) as server:
-        yield counter, server
+def counting() -> Iterator[Upstream]:
+    """A loopback server that counts every request a schema could make."""
+    with upstream() as server:
+        yield server
 
 
 def _validator_step(schema: Any, data: Any = "x", **extra: Any) -> dict[str, Any]:
@@ -79,10 +65,9 @@ async def _finished(stack: Stack, pipeline: dict[str, Any]) -> PipelineResult:
 
 
 async def test_remote_refs_in_literal_schemas_are_refused_before_the_run(
-    stack: Stack, counting: tuple[Counting, Loopback], tmp_path: Path
+    stack: Stack, counting: Upstream, tmp_path: Path
 ) -> None:
-    counter, server = counting
-    url = server.url("/x")
+    url = counting.base_url + "/x"
     schema_file = tmp_path / "s.json"
     schema_file.write_text(json.dumps({"type": "integer"}))
     cases = [
@@ -105,18 +90,17 @@ async def test_remote_refs_in_literal_schemas_are_refused_before_the_run(
         message = await _refused(stack, {"name": "refs", **pipeline})
         assert f"step 'v': {field}" in message, message
         assert "is not local; aiworker never fetches schemas" in message
-    assert counter.requests == 0
+    assert counting.total == 0
 
 
 async def test_a_remote_ref_reaching_the_validator_worker_is_invalid_input(
-    stack: Stack, counting: tuple[Counting, Loopback], tmp_path: Path
+    stack: Stack, counting: Upstream, tmp_path: Path
 ) -> None:
     """A schema that arrives through a reference expression passes the spec check;
     the worker refuses it, once, without a request."""
-    counter, server = counting
     schema_file = tmp_path / "s.json"
     schema_file.write_text(json.dumps({"type": "integer"}))
-    for ref in (server.url("/x"), schema_file.as_uri()):
+    for ref in (counting.base_url + "/x", schema_file.as_uri()):
         result = await _finished(
             stack,
             {
@@ -129,7 +113,7 @@ async def test_a_remote_ref_reaching_the_validator_worker_is_invalid_input(
         assert (v.status, v.error_code, v.attempts) == ("failed", "invalid_input", 1)
         assert "input.schema" in (v.error_message or "")
         assert "is not local; aiworker never fetches schemas" in (v.error_message or "")
-    assert counter.requests == 0
+    assert counting.total == 0
 
 
 async def test_catastrophic_patterns_finish_and_refused_ones_are_invalid_input(
