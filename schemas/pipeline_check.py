@@ -3,10 +3,11 @@
 :func:`parse_pipeline` validates the fields and then :func:`check_pipeline`
 checks the spec as a whole (unknown worker, duplicate id, cycle, dangling or
 forward reference, bad JSON Schema); every problem is a message naming the
-step and field. Schemas (``when``, ``validate``, and a validator or llm-call
-step's literal ``input.schema``/``input.response_schema``) are checked as
-:mod:`~aiworker.schemas.safe_schema` applies them: a remote ``$ref`` or a
-pattern RE2 refuses stops the run before any step. The pipeline workflow
+step and field. ``when`` and ``validate`` schemas are checked as
+:mod:`~aiworker.schemas.safe_schema` applies them (a pattern RE2 refuses, a
+remote ``$ref``: invalid); a validator or llm-call step's literal
+``input.schema``/``input.response_schema`` is checked for remote references
+(the worker checks the rest when it runs): no schema is ever fetched. The pipeline workflow
 turns a :class:`PipelineSpecError` into a non-retryable ``invalid_input``;
 ``aiworker run`` and the client check a file the same way without importing
 any workflow code.
@@ -85,8 +86,8 @@ def _schema_problem(schema: Any) -> str | None:
 
 
 def _input_schema_problems(step: Step, where: str) -> list[str]:
-    """A literal schema in the step's input (or fallback input), checked now; one
-    that holds a reference expression is the worker's to check when it runs."""
+    """Remote references in a literal schema of the step's input (or fallback
+    input); one that holds a reference expression is the worker's to check."""
     problems = []
     for field, worker, value in (
         ("input", step.worker, step.input),
@@ -100,8 +101,10 @@ def _input_schema_problems(step: Step, where: str) -> list[str]:
                 continue
         except ReferenceError_:
             continue  # reported on the field by check_pipeline
-        if (p := _schema_problem(value[key])) is not None:
-            problems.append(f"{where}: field '{field}.{key}': {p}")
+        try:
+            safe_schema.check_references(value[key])
+        except SchemaError as e:
+            problems.append(f"{where}: field '{field}.{key}': {safe_schema.problem(e)}")
     return problems
 
 

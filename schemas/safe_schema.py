@@ -229,9 +229,10 @@ def problem(e: SchemaError) -> str:
     return f"invalid JSON Schema{at}: {e.message}"
 
 
-def _walk(schema: Any) -> list[tuple[str, tuple[Any, ...]]]:
-    """Refuse remote references and patterns RE2 will not run; the local references
-    with their places. Iterative, so that depth is counted before anything recurses."""
+def _walk(schema: Any, patterns: bool = True) -> list[tuple[str, tuple[Any, ...]]]:
+    """Refuse remote references and (with ``patterns``) patterns RE2 will not run;
+    the local references with their places. Iterative, so that depth is counted
+    before anything recurses."""
     local: list[tuple[str, tuple[Any, ...]]] = []
     stack: list[tuple[Any, tuple[Any, ...]]] = [(schema, ())]
     while stack:
@@ -250,14 +251,14 @@ def _walk(schema: Any) -> list[tuple[str, tuple[Any, ...]]]:
                     raise _refuse(f"{keyword} {value[:200]!r} {NOT_FETCHED}", path)
                 if keyword != "$id":
                     local.append((value, path))
-        if isinstance(node.get("pattern"), str):
+        if patterns and isinstance(node.get("pattern"), str):
             _compile(node["pattern"], "pattern", (*path, "pattern"))
         for key, value in node.items():
             if key in _DATA:
                 continue
             if key in _SCHEMA_MAPS and isinstance(value, dict):
                 for name, sub in value.items():
-                    if key == "patternProperties":
+                    if patterns and key == "patternProperties":
                         _compile(name, "patternProperties name", (*path, key))
                     stack.append((sub, (*path, key, name)))
             elif isinstance(value, dict | list):
@@ -270,6 +271,16 @@ def _compile(pattern: str, what: str, path: tuple[Any, ...]) -> None:
         compile_pattern(pattern)
     except PatternError as e:
         raise _refuse(f"{what} {e}", path) from None
+
+
+def check_references(schema: Any) -> None:
+    """Only the part of :func:`check` that keeps schemas in the process: ``SchemaRefused``
+    for a remote ``$ref``/``$dynamicRef``/``$id`` (or a schema too deep to walk).
+
+    For a schema a worker checks in full when it runs (a validator step's
+    ``input.schema``), so that the run is refused before anything starts.
+    """
+    _walk(schema, patterns=False)
 
 
 def check(schema: Any) -> None:
@@ -346,6 +357,7 @@ __all__ = [
     "SchemaRefused",
     "ValidationError",
     "check",
+    "check_references",
     "errors",
     "first_error",
     "is_valid",

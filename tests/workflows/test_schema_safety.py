@@ -179,13 +179,25 @@ async def test_catastrophic_patterns_finish_and_refused_ones_are_invalid_input(
     # a backreference is data here: not a regex RE2 runs
     assert result.steps["f"].outputs is not None and result.steps["f"].outputs["valid"] is False
 
-    for schema, where in (
-        ({"pattern": "(a)\\1"}, "input.schema"),
-        ({"patternProperties": {"(?=a)": {}}}, "input.schema"),
-    ):
-        message = await _refused(stack, {"name": "re2", "steps": [_validator_step(schema)]})
-        assert f"step 'v': field '{where}'" in message
-        assert "RE2 (linear time, no backreferences or lookaround)" in message
+    # patterns RE2 refuses: the validator worker says so, once
+    refused = await _finished(
+        stack,
+        {
+            "name": "re2",
+            "steps": [
+                {**_validator_step(schema), "id": sid, "on_failure": "continue"}
+                for sid, schema in (
+                    ("backref", {"pattern": "(a)\\1"}),
+                    ("lookahead", {"patternProperties": {"(?=a)": {}}}),
+                )
+            ],
+        },
+    )
+    for step in refused.steps.values():
+        assert (step.status, step.error_code, step.attempts) == ("failed", "invalid_input", 1)
+        assert "input.schema" in (step.error_message or "")
+        assert "RE2 (linear time, no backreferences or lookaround)" in (step.error_message or "")
+    # in a `when`, evaluated inside the workflow task: refused before the run
     message = await _refused(
         stack,
         {
