@@ -39,7 +39,9 @@ def _options() -> re2.Options:
 _OPTIONS = _options()
 
 
-@functools.lru_cache(maxsize=1024)
+# RE2 bounds each compiled pattern's memory (8 MiB by default, mostly its DFA
+# cache, filled only as texts need it); the cache bounds how many are kept.
+@functools.lru_cache(maxsize=256)
 def compile_pattern(pattern: str) -> Any:
     """``pattern`` compiled by RE2 (cached); :class:`PatternError` if RE2 refuses it."""
     if not isinstance(pattern, str):
