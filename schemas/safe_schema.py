@@ -20,7 +20,8 @@ conformance kit. What it adds to jsonschema's Draft 2020-12 validator:
   naming its place. jsonschema has no hook for the regex engine, hence the
   keyword functions here (after jsonschema 4.26's own).
 - **Formats** as the validator worker checks them: jsonschema's 2020-12
-  format checker with ``regex`` on RE2.
+  format checker with ``regex`` on RE2 and ``iri`` in linear time
+  (:mod:`.formats`).
 - **Bounded nesting**: a schema deeper than :data:`MAX_DEPTH` is refused
   before jsonschema recurses through it.
 
@@ -34,13 +35,14 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from jsonschema import Draft202012Validator, FormatChecker, validators
+from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from jsonschema.protocols import Validator
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
+from aiworker.schemas.formats import formats
 from aiworker.schemas.patterns import PatternError, compile_pattern, search
 
 # Nesting of a schema (objects and arrays) beyond which it is refused: jsonschema
@@ -175,20 +177,7 @@ def _unevaluated_properties(
             )
 
 
-def _is_regex(instance: object) -> bool:
-    if isinstance(instance, str):
-        compile_pattern(instance)
-    return True
-
-
-def _formats() -> FormatChecker:
-    checker = FormatChecker(formats=())
-    checker.checkers = dict(Draft202012Validator.FORMAT_CHECKER.checkers)
-    checker.checks("regex", raises=PatternError)(_is_regex)
-    return checker
-
-
-FORMATS = _formats()
+FORMATS = formats()
 _Safe: Any = validators.extend(  # type: ignore[no-untyped-call]
     Draft202012Validator,
     validators={

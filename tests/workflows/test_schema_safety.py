@@ -28,6 +28,7 @@ from aiworker.schemas.pipeline import PipelineResult
 
 EVIL = "a" * 29 + "b"
 CATASTROPHIC = "^(a+)+$"
+LONG_IRI = "http://例え.jp/" + "ü" * 20_000
 
 
 @pytest.fixture
@@ -120,8 +121,9 @@ async def test_catastrophic_patterns_finish_and_refused_ones_are_invalid_input(
     stack: Stack,
 ) -> None:
     """``^(a+)+$`` as a validator ``pattern``, ``patternProperties`` name (with
-    ``additionalProperties`` and ``unevaluatedProperties``) and ``when`` pattern:
-    the pipeline ends well inside its deadline, with no failed workflow task."""
+    ``additionalProperties`` and ``unevaluatedProperties``) and ``when`` pattern,
+    and a long ``format: iri`` string in both: the pipeline ends well inside its
+    deadline, with no failed workflow task."""
     schema = {
         "type": "object",
         "properties": {"s": {"type": "string", "pattern": CATASTROPHIC}},
@@ -134,7 +136,7 @@ async def test_catastrophic_patterns_finish_and_refused_ones_are_invalid_input(
         {
             "name": "redos",
             "budget": {"deadline_seconds": 3},
-            "inputs": {"s": EVIL},
+            "inputs": {"s": EVIL, "iri": LONG_IRI},
             "steps": [
                 _validator_step(schema, {"s": EVIL, EVIL: "x", "aaa": "not an integer"}),
                 {
@@ -152,6 +154,13 @@ async def test_catastrophic_patterns_finish_and_refused_ones_are_invalid_input(
                     "id": "f",
                     "worker": names.VALIDATOR,
                     "input": {"data": "(a)\\1", "schema": {"format": "regex"}},
+                },
+                # format iri took 7 s for 16,000 characters (a general parser)
+                {
+                    "id": "iri",
+                    "worker": names.VALIDATOR,
+                    "input": {"data": LONG_IRI, "schema": {"format": "iri"}},
+                    "when": {"value": "${{ inputs.iri }}", "schema": {"format": "iri"}},
                 },
             ],
         },
@@ -178,6 +187,7 @@ async def test_catastrophic_patterns_finish_and_refused_ones_are_invalid_input(
     assert result.steps["w"].status == "skipped"
     # a backreference is data here: not a regex RE2 runs
     assert result.steps["f"].outputs is not None and result.steps["f"].outputs["valid"] is False
+    assert result.steps["iri"].outputs == {"valid": True, "errors": []}
 
     # patterns RE2 refuses: the validator worker says so, once
     refused = await _finished(
