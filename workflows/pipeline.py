@@ -144,6 +144,7 @@ class PipelineWorkflow(PermitSignals):
         run = self._run = self._start(spec, specs)
         try:
             await run.limits.plan(spec)
+            run.limits.hold_to_tenant(spec, run.ledger)
             slot = await run.limits.pipeline_slot(spec)
             if isinstance(slot, str):
                 result = self._not_run(run, slot)
