@@ -55,7 +55,7 @@ from aiworker.activities.errors import (
     WorkerTimeoutError,
     map_failures,
 )
-from aiworker.activities.jsonschema_cache import describe, validator_for
+from aiworker.activities.jsonschema_cache import SchemaError, describe, errors_of
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.redaction import Redactor
 from aiworker.activities.tenancy import admit
@@ -176,13 +176,16 @@ def conform(schema: dict[str, Any], value: Any, what: Literal["input", "output"]
     ``invalid_input`` or ``invalid_output`` names the first failing field and
     rule, with every problem in ``reasons``.
     """
+    error, root = _CONTRACTS[what]
     with tracer.start_as_current_span(f"validate {what}") as span:
-        errors = list(validator_for(schema).iter_errors(value))
+        try:
+            errors = errors_of(schema, value)
+        except SchemaError as e:
+            raise error(f"{what}: {e.message}", field=root) from None
         span.set_attribute("aiworker.schema_errors", len(errors))
     if errors:
         problems = describe(errors)
         first = problems[0]
-        error, root = _CONTRACTS[what]
         raise error(
             f"{what} {first['path']}: {first['message']} (rule {first['validator']})",
             field=root + first["path"][1:],

@@ -236,7 +236,8 @@ class PipelineClient:
             step: the step, when several await review.
 
         Returns:
-            The workflow's answer: ``{"step", "decision", "reviewer"}``.
+            The workflow's answer: ``{"step", "decision", "reviewer", "update_id"}``
+            (the Update's id, also kept in the step's ``review``).
 
         Raises:
             temporalio.client.WorkflowUpdateFailedError: the workflow refused
