@@ -28,15 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import errno
-import fcntl
 import json
 import os
-import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import httpx
 
@@ -49,6 +45,7 @@ from aiworker.activities.errors import (
     NotFoundError,
     RateLimitedError,
 )
+from aiworker.activities.publish_ledger import Entry, Ledger, now_iso
 from aiworker.activities.retry_after import parse_retry_after
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
@@ -60,97 +57,11 @@ from aiworker.schemas.settings import Settings
 # A webhook's reply is never used: read this much of it at most.
 REPLY_MAX_BYTES = 64 * 1024
 
-# Keyed by tenant and key. The key-only table of earlier versions
-# (``publications``) is left as it was and not read.
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tenant_publications (
-    tenant TEXT NOT NULL,
-    key TEXT NOT NULL,
-    sink TEXT NOT NULL,
-    state TEXT NOT NULL,
-    status_code INTEGER,
-    updated_at TEXT NOT NULL,
-    PRIMARY KEY (tenant, key)
-)
-"""
-
 # Bounds of a file sink's name, in UTF-8 bytes: the common file system limits
 # (NAME_MAX, and a total well under PATH_MAX once the data directory is added).
 MAX_SINK_BYTES = 1024
 MAX_SINK_COMPONENT_BYTES = 255
 _SINK_FIELD = "input.sink.file"
-
-
-class Entry(NamedTuple):
-    """What the ledger knows of one key."""
-
-    state: str
-    status_code: int | None
-    sink: str
-
-
-class Ledger:
-    """Which idempotency keys each tenant published, and where; shared by every
-    process on a host."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.db_path = folder / "ledger.sqlite3"
-        self.lock_path = folder / "ledger.lock"
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[sqlite3.Connection]:
-        """An exclusive lock over the ledger (and the file sinks) with a connection."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.lock_path, "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            conn = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
-            try:
-                conn.execute(_SCHEMA)
-                yield conn
-            finally:
-                conn.close()
-                fcntl.flock(lock, fcntl.LOCK_UN)
-
-    @staticmethod
-    def state(conn: sqlite3.Connection, tenant: str, key: str, sink: str) -> Entry | None:
-        """The entry of ``(tenant, key)``; ``invalid_input`` if it names another sink."""
-        row = conn.execute(
-            "SELECT state, status_code, sink FROM tenant_publications WHERE tenant = ? AND key = ?",
-            (tenant, key),
-        ).fetchone()
-        if row is None:
-            return None
-        entry = Entry(str(row[0]), row[1], str(row[2]))
-        if entry.sink != sink:
-            raise InvalidInputError(
-                f"idempotency key {key!r} was published to {entry.sink} ({entry.state}); "
-                f"this call names {sink}: a key publishes to one sink only",
-                field="input.sink",
-            )
-        return entry
-
-    @staticmethod
-    def mark(
-        conn: sqlite3.Connection,
-        tenant: str,
-        key: str,
-        sink: str,
-        state: str,
-        status_code: int | None = None,
-    ) -> None:
-        conn.execute(
-            "INSERT INTO tenant_publications "
-            "(tenant, key, sink, state, status_code, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(tenant, key) DO UPDATE SET "
-            "state = excluded.state, status_code = excluded.status_code, "
-            "updated_at = excluded.updated_at",
-            (tenant, key, sink, state, status_code, _now()),
-        )
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 def sinks_root(settings: Settings, tenant: str) -> Path:
@@ -280,7 +191,7 @@ class Publish(Worker):
                 {
                     "idempotency_key": key,
                     "tenant": ctx.request.tenant,
-                    "published_at": _now(),
+                    "published_at": now_iso(),
                     "record": input["record"],
                 },
                 ensure_ascii=False,

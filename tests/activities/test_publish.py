@@ -11,7 +11,8 @@ import pytest
 from support.loopback import Exchange, serve
 from temporalio.exceptions import ApplicationError
 
-from aiworker.activities.publish import Ledger, Publish, WebhookPoster
+from aiworker.activities.publish import Publish, WebhookPoster
+from aiworker.activities.publish_ledger import Ledger
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.protocol import WorkerResponse
