@@ -2,7 +2,9 @@
 
 Compiling a validator costs far more than running it; pipelines validate the
 same schemas over and over, so validators are cached by the canonical JSON
-of their schema (bounded LRU).
+of their schema (bounded LRU). Every validator is built by
+:mod:`aiworker.schemas.safe_schema`: no ``$ref`` retrieval, user patterns on
+RE2, the 2020-12 format checks.
 """
 
 from __future__ import annotations
@@ -11,24 +13,27 @@ import functools
 import json
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
+from jsonschema.protocols import Validator
 
+from aiworker.schemas import safe_schema
 from aiworker.schemas.spec import json_path
-
-_FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
 
 
 @functools.lru_cache(maxsize=512)
-def _compiled(canonical: str) -> Draft202012Validator:
-    schema = json.loads(canonical)
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema, format_checker=_FORMAT_CHECKER)
+def _compiled(canonical: str) -> Validator:
+    return safe_schema.validator(json.loads(canonical))
 
 
-def validator_for(schema: Any) -> Draft202012Validator:
-    """A compiled 2020-12 validator with format checks; ``SchemaError`` if invalid."""
+def validator_for(schema: Any) -> Validator:
+    """A compiled, checked validator (see ``safe_schema``); ``SchemaError`` if refused."""
     return _compiled(json.dumps(schema, sort_keys=True, separators=(",", ":")))
+
+
+def errors_of(schema: Any, value: Any) -> list[ValidationError]:
+    """Every error of ``value`` under ``schema``; ``SchemaError`` if the schema is
+    refused or cannot be applied to this value."""
+    return safe_schema.errors(validator_for(schema), value)
 
 
 def describe(errors: list[ValidationError], limit: int = 100) -> list[dict[str, str]]:
@@ -46,4 +51,7 @@ def describe(errors: list[ValidationError], limit: int = 100) -> list[dict[str, 
     return reasons
 
 
-__all__ = ["SchemaError", "describe", "json_path", "validator_for"]
+schema_problem = safe_schema.problem
+
+
+__all__ = ["SchemaError", "describe", "errors_of", "json_path", "schema_problem", "validator_for"]

@@ -6,7 +6,8 @@ provider endpoint's own request and token rates. The limiter's workflow is
    They hand a permit request to the key's limiter. They run in a worker
    process, where the settings live: they work out which limit
    applies (the worker spec's ``rate_limit`` per tenant, overridden by
-   ``AIWORKER_RATE_LIMITS`` rules ``worker:tenant`` then ``worker:*``), and
+   ``AIWORKER_RATE_LIMITS`` rules ``worker:tenant`` then ``worker:*``; a
+   tenant registry's rate ceiling holds on top: the tighter wins), and
    signal-with-start the ``LimiterWorkflow`` for that key on the process's own
    task queue. The pipeline then waits for the ``permit`` signal; nothing is
    dropped and nothing is held in a process.
@@ -33,7 +34,8 @@ from dataclasses import dataclass, field
 
 from temporalio import activity
 
-from aiworker.activities.errors import BudgetExceededError, RateLimitedError
+from aiworker.activities.errors import BudgetExceededError, InvalidInputError, RateLimitedError
+from aiworker.activities.tenancy import check_redrive_tenant
 from aiworker.schemas import names
 from aiworker.schemas.limits import (
     AcquireCall,
@@ -46,6 +48,7 @@ from aiworker.schemas.limits import (
 )
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec, parse_rate
+from aiworker.schemas.tenants import tighter_rate
 
 WINDOW_SECONDS = 60.0
 
@@ -53,7 +56,19 @@ WINDOW_SECONDS = 60.0
 def rate_limit_for(
     settings: Settings, specs: Mapping[str, WorkerSpec], worker_id: str, tenant: str
 ) -> tuple[int, float] | None:
-    """(limit, period seconds) for ``worker_id`` and ``tenant``, or None for no limit."""
+    """(limit, period seconds) for ``worker_id`` and ``tenant``, or None for no limit.
+
+    The operator's rule (``AIWORKER_RATE_LIMITS``, else the worker spec's
+    ``rate_limit``), held under the tenant registry's ceiling: the tighter wins.
+    """
+    policy = settings.tenants.policy(tenant) if settings.tenants is not None else None
+    ceiling = policy.rate(worker_id) if policy is not None else None
+    return tighter_rate(_configured_rate(settings, specs, worker_id, tenant), ceiling)
+
+
+def _configured_rate(
+    settings: Settings, specs: Mapping[str, WorkerSpec], worker_id: str, tenant: str
+) -> tuple[int, float] | None:
     for rule_tenant in (tenant, "*"):
         for rule in settings.rate_limits:
             if rule.worker_id == worker_id and rule.tenant == rule_tenant:
@@ -73,14 +88,32 @@ class LimiterActivities:
 
     @activity.defn(name=names.LIMITER_PLAN)
     async def plan(self, call: PlanCall) -> Plan:
-        """Which of a pipeline's workers have a rate limit for its tenant, and the
-        process's caps (asked once)."""
+        """Which of a pipeline's workers have a rate limit for its tenant, the
+        tenant's registry entry and the process's caps (asked once, before any step).
+
+        Raises ``invalid_input`` (not retried) when a registry is configured and
+        does not know the tenant, or when the run redrives another tenant's run.
+        """
+        registry = self._settings.tenants
+        policy = registry.policy(call.tenant) if registry is not None else None
+        try:
+            if registry is not None and policy is None:
+                raise InvalidInputError(
+                    f"tenant {call.tenant!r} is not configured "
+                    f"(AIWORKER_TENANTS_FILE lists {len(registry.tenants)} tenants)",
+                    field="tenant",
+                )
+            if call.resume_from is not None:
+                await check_redrive_tenant(activity.client(), call.resume_from, call.tenant)
+        except InvalidInputError as e:
+            raise e.to_application_error(names.LIMITER_PLAN) from None
         return Plan(
             rate_limited=sorted(
                 w
                 for w in set(call.workers)
                 if rate_limit_for(self._settings, self._specs, w, call.tenant) is not None
             ),
+            tenant=policy,
             caps=self._settings.caps,
         )
 
@@ -88,7 +121,8 @@ class LimiterActivities:
     async def acquire(self, call: AcquireCall) -> AcquireResult:
         """Queue a permit request at the key's limiter (created on first use)."""
         if isinstance(call, ConcurrencyCall):
-            key = f"concurrency:{call.key}"
+            # A tenant's own lease has a key no spec can spell.
+            key = f"tenant:{call.key}" if call.scope == "tenant" else f"concurrency:{call.key}"
             request = AcquireRequest(
                 requester=call.requester,
                 ticket=call.ticket,

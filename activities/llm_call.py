@@ -26,7 +26,13 @@ import re
 from typing import Any
 
 from aiworker.activities.errors import InvalidInputError, InvalidOutputError
-from aiworker.activities.jsonschema_cache import SchemaError, describe, validator_for
+from aiworker.activities.jsonschema_cache import (
+    SchemaError,
+    describe,
+    errors_of,
+    schema_problem,
+    validator_for,
+)
 from aiworker.activities.llm import ChatRequest, LanguageModel, Message
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
@@ -98,7 +104,7 @@ class LlmCall(Worker):
                 validator_for(schema)
             except SchemaError as e:
                 raise InvalidInputError(
-                    f"input.response_schema is not a valid JSON Schema: {e.message}",
+                    f"input.response_schema: {schema_problem(e)}",
                     field="input.response_schema",
                 ) from None
         caps = [c for c in (ctx.max_tokens, input.get("max_tokens")) if c is not None]
@@ -189,7 +195,15 @@ class LlmCall(Worker):
                     reasons=[_reason(f"the reply is not valid JSON ({e})", "json")],
                     **context,
                 ) from None
-        errors = list(validator_for(schema).iter_errors(value))
+        try:
+            errors = errors_of(schema, value)
+        except SchemaError as e:
+            raise InvalidOutputError(
+                f"the reply cannot be checked against response_schema: {e.message}",
+                field="outputs.json",
+                reasons=[_reason(e.message, "schema")],
+                **context,
+            ) from None
         if errors:
             reasons = describe(errors)
             raise InvalidOutputError(

@@ -1,35 +1,42 @@
 """The ``publish`` worker: the pipeline's side effect, exactly once per key.
 
-Sinks: ``{"file": <path under <data dir>/sinks>}`` appends one JSON line
-``{"idempotency_key", "tenant", "published_at", "record"}``;
+Sinks: ``{"file": <path under <data dir>/sinks/<tenant>>}`` appends one JSON
+line ``{"idempotency_key", "tenant", "published_at", "record"}``;
 ``{"webhook": <url>}`` POSTs the record with an ``Idempotency-Key`` header.
+A file sink names a file: a name that holds NUL, is longer than
+:data:`MAX_SINK_BYTES` (or one component longer than
+:data:`MAX_SINK_COMPONENT_BYTES`), leaves the tenant's directory, or is a
+directory is ``invalid_input``.
 
 Exactly once rests on a ledger (SQLite under ``<data dir>/publish``) keyed by
-the request's idempotency key, guarded by an exclusive file lock so that
-processes on one host agree. A key is claimed (``pending``) before the write
-and marked ``done`` after it. A retry, replay or redrive that finds ``done``
-returns ``duplicate: true`` without writing. A crash between the write and
-``done`` leaves ``pending``: for a file sink the sink itself is then searched
-for the key, so the line is never appended twice; for a webhook the POST is
-repeated with the same ``Idempotency-Key``, which is the receiver's cue to
-drop it (the contract every idempotent HTTP API documents).
+the request's tenant and idempotency key, guarded by an exclusive file lock so
+that processes on one host agree. A key is claimed (``pending``) before the
+write and marked ``done`` after it. A retry, replay or redrive that finds
+``done`` returns ``duplicate: true`` without writing. A crash between the
+write and ``done`` leaves ``pending``: for a file sink the sink itself is then
+searched for the key, so the line is never appended twice; for a webhook the
+POST is repeated with the same ``Idempotency-Key``, which is the receiver's
+cue to drop it (the contract every idempotent HTTP API documents).
+
+The ledger stores each key's sink: one key is one side effect, so a publish
+that names another sink for a key already claimed (``pending`` or ``done``)
+is ``invalid_input`` naming both sinks, never a second write. A redrive that
+must publish somewhere else needs a new key (a renamed step).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
-import fcntl
+import errno
 import json
 import os
-import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from aiworker.activities.bodies import BodyMeter, read_body
 from aiworker.activities.errors import (
     AccessDeniedError,
     FetchFailedError,
@@ -38,6 +45,7 @@ from aiworker.activities.errors import (
     NotFoundError,
     RateLimitedError,
 )
+from aiworker.activities.publish_ledger import Entry, Ledger, now_iso
 from aiworker.activities.retry_after import parse_retry_after
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
@@ -46,72 +54,59 @@ from aiworker.activities.tools.fetch import guarded_transport
 from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.settings import Settings
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS publications (
-    key TEXT PRIMARY KEY,
-    sink TEXT NOT NULL,
-    state TEXT NOT NULL,
-    status_code INTEGER,
-    updated_at TEXT NOT NULL
-)
-"""
+# A webhook's reply is never used: read this much of it at most.
+REPLY_MAX_BYTES = 64 * 1024
+
+# Bounds of a file sink's name, in UTF-8 bytes: the common file system limits
+# (NAME_MAX, and a total well under PATH_MAX once the data directory is added).
+MAX_SINK_BYTES = 1024
+MAX_SINK_COMPONENT_BYTES = 255
+_SINK_FIELD = "input.sink.file"
 
 
-class Ledger:
-    """Which idempotency keys were published, shared by every process on a host."""
+def sinks_root(settings: Settings, tenant: str) -> Path:
+    """The directory of ``tenant``'s file sinks: ``<data dir>/sinks/<tenant>``."""
+    return (settings.data_dir / "sinks" / tenant).resolve()
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.db_path = folder / "ledger.sqlite3"
-        self.lock_path = folder / "ledger.lock"
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[sqlite3.Connection]:
-        """An exclusive lock over the ledger (and the file sinks) with a connection."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.lock_path, "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            conn = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
-            try:
-                conn.execute(_SCHEMA)
-                yield conn
-            finally:
-                conn.close()
-                fcntl.flock(lock, fcntl.LOCK_UN)
+def sink_path(settings: Settings, tenant: str, relative: str) -> Path:
+    """The file sink ``relative`` under ``<data dir>/sinks/<tenant>``.
 
-    @staticmethod
-    def state(conn: sqlite3.Connection, key: str) -> tuple[str, int | None] | None:
-        row = conn.execute(
-            "SELECT state, status_code FROM publications WHERE key = ?", (key,)
-        ).fetchone()
-        return (str(row[0]), row[1]) if row else None
-
-    @staticmethod
-    def mark(
-        conn: sqlite3.Connection, key: str, sink: str, state: str, status_code: int | None = None
-    ) -> None:
-        conn.execute(
-            "INSERT INTO publications (key, sink, state, status_code, updated_at) "
-            "VALUES (?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
-            "state = excluded.state, status_code = excluded.status_code, "
-            "updated_at = excluded.updated_at",
-            (key, sink, state, status_code, _now()),
+    Raises:
+        InvalidInputError: the name holds NUL, is too long, leaves the
+            tenant's sinks directory, or is a directory.
+    """
+    if "\x00" in relative:
+        raise InvalidInputError("sink file name holds a NUL byte", field=_SINK_FIELD)
+    try:
+        size = len(relative.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidInputError("sink file name is not valid Unicode", field=_SINK_FIELD) from None
+    if size > MAX_SINK_BYTES:
+        raise InvalidInputError(
+            f"sink file name is {size} bytes; at most {MAX_SINK_BYTES}", field=_SINK_FIELD
         )
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
-
-
-def sink_path(settings: Settings, relative: str) -> Path:
-    """The file sink ``relative`` under ``<data dir>/sinks``; ``invalid_input`` outside it."""
-    root = (settings.data_dir / "sinks").resolve()
+    longest = max(len(p.encode("utf-8")) for p in relative.split("/"))
+    if longest > MAX_SINK_COMPONENT_BYTES:
+        raise InvalidInputError(
+            f"sink file name has a {longest}-byte component; at most "
+            f"{MAX_SINK_COMPONENT_BYTES} bytes each",
+            field=_SINK_FIELD,
+        )
+    root = sinks_root(settings, tenant)
     target = (root / relative).resolve()
     if target == root or not target.is_relative_to(root):
         raise InvalidInputError(
-            f"sink file {relative!r} is outside the sinks directory", field="input.sink.file"
+            f"sink file {relative!r} is outside the tenant's sinks directory", field=_SINK_FIELD
         )
+    if relative.endswith("/") or target.is_dir():
+        raise InvalidInputError(f"sink file {relative!r} is a directory", field=_SINK_FIELD)
     return target
+
+
+# What opening a checked sink can still meet that is the name's fault, not the host's
+# (EEXIST: mkdir of a folder that is a file).
+_NAME_ERRNOS = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG, errno.EEXIST})
 
 
 def _line_has_key(path: Path, key: str) -> bool:
@@ -131,11 +126,17 @@ class WebhookPoster:
 
     Egress follows the shared policy (``activities.tools.egress``): the URL is
     checked first, every connection address after DNS resolution; redirects
-    are not followed.
+    are not followed. ``meter`` counts the bytes of the replies read.
     """
 
-    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        meter: BodyMeter | None = None,
+    ):
         self._policy = EgressPolicy.from_settings(settings)
+        self.meter = meter
         self._client = httpx.AsyncClient(
             transport=transport or guarded_transport(self._policy),
             follow_redirects=False,
@@ -144,11 +145,30 @@ class WebhookPoster:
     async def post(
         self, url: str, body: Any, headers: dict[str, str], timeout_s: float
     ) -> httpx.Response:
+        """POST ``body`` as JSON; the response's status and headers (its body is not kept).
+
+        The reply body is drained raw up to :data:`REPLY_MAX_BYTES`, only so that
+        the connection can be reused; a longer one is cut off with its connection.
+        """
         self._policy.check_url(url)
         try:
-            return await self._client.post(url, json=body, headers=headers, timeout=timeout_s)
-        except httpx.TimeoutException as e:
+            async with (
+                asyncio.timeout(timeout_s),
+                self._client.stream(
+                    "POST", url, json=body, headers=headers, timeout=timeout_s
+                ) as resp,
+            ):
+                await read_body(
+                    resp, REPLY_MAX_BYTES, truncate=True, decode=False, meter=self.meter
+                )
+                return resp
+        except (TimeoutError, httpx.TimeoutException) as e:
             raise FetchTimeoutError(f"webhook {url} timed out: {e!r}", url=url) from None
+        except httpx.LocalProtocolError as e:
+            # Refused here before anything was sent: a header the caller gave is not HTTP.
+            raise InvalidInputError(
+                f"the request to webhook {url} is not valid HTTP: {e}", field="input.sink"
+            ) from None
         except httpx.HTTPError as e:
             raise FetchFailedError(f"webhook {url} failed: {e!r}", url=url) from None
 
@@ -166,18 +186,22 @@ class Publish(Worker):
         ledger = Ledger(ctx.settings.data_dir / "publish")
         sink = input["sink"]
         if "file" in sink:
-            path = sink_path(ctx.settings, sink["file"])
+            path = sink_path(ctx.settings, ctx.tenant, sink["file"])
             line = json.dumps(
                 {
                     "idempotency_key": key,
                     "tenant": ctx.request.tenant,
-                    "published_at": _now(),
+                    "published_at": now_iso(),
                     "record": input["record"],
                 },
                 ensure_ascii=False,
                 separators=(",", ":"),
             )
-            wrote = await asyncio.to_thread(self._append_once, ledger, key, path, line)
+            # the ledger's name of the sink: one spelling per file
+            name = f"file:{path.relative_to(sinks_root(ctx.settings, ctx.tenant))}"
+            wrote = await asyncio.to_thread(
+                self._append_once, ledger, ctx.tenant, key, name, path, line
+            )
             return WorkerResult(
                 outputs={
                     "published": wrote,
@@ -190,43 +214,55 @@ class Publish(Worker):
         return await self._webhook(ctx, ledger, key, sink["webhook"], input["record"])
 
     @staticmethod
-    def _append_once(ledger: Ledger, key: str, path: Path, line: str) -> bool:
+    def _append_once(
+        ledger: Ledger, tenant: str, key: str, sink: str, path: Path, line: str
+    ) -> bool:
         with ledger.locked() as conn:
-            state = Ledger.state(conn, key)
-            if state is not None and state[0] == "done":
+            state = Ledger.state(conn, tenant, key, sink)
+            if state is not None and state.state == "done":
                 return False
             if state is not None and _line_has_key(path, key):
                 # The last attempt appended and died before it could say so.
-                Ledger.mark(conn, key, f"file:{path}", "done")
+                Ledger.mark(conn, tenant, key, sink, "done")
                 return False
-            Ledger.mark(conn, key, f"file:{path}", "pending")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as f:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                f = open(path, "a", encoding="utf-8")  # closed by the with below
+            except OSError as e:
+                if e.errno not in _NAME_ERRNOS:
+                    raise
+                raise InvalidInputError(
+                    f"sink {sink} cannot be a file: {e.strerror}", field=_SINK_FIELD
+                ) from None
+            with f:
+                Ledger.mark(conn, tenant, key, sink, "pending")
                 f.write(line + "\n")
                 f.flush()
                 os.fsync(f.fileno())
-            Ledger.mark(conn, key, f"file:{path}", "done")
+            Ledger.mark(conn, tenant, key, sink, "done")
             return True
 
     async def _webhook(
         self, ctx: WorkerContext, ledger: Ledger, key: str, url: str, record: Any
     ) -> WorkerResult:
-        def claim() -> tuple[str, int | None] | None:
+        tenant = ctx.tenant
+
+        def claim() -> Entry | None:
             with ledger.locked() as conn:
-                state = Ledger.state(conn, key)
-                if state is None or state[0] != "done":
-                    Ledger.mark(conn, key, url, "pending")
+                state = Ledger.state(conn, tenant, key, url)
+                if state is None or state.state != "done":
+                    Ledger.mark(conn, tenant, key, url, "pending")
                 return state
 
         state = await asyncio.to_thread(claim)
-        if state is not None and state[0] == "done":
+        if state is not None and state.state == "done":
             return WorkerResult(
                 outputs={
                     "published": False,
                     "duplicate": True,
                     "idempotency_key": key,
                     "sink": url,
-                    **({"status_code": state[1]} if state[1] is not None else {}),
+                    **({"status_code": state.status_code} if state.status_code is not None else {}),
                 },
                 log_fields={"sink": "webhook", "duplicate": True},
             )
@@ -241,7 +277,7 @@ class Publish(Worker):
 
         def done() -> None:
             with ledger.locked() as conn:
-                Ledger.mark(conn, key, url, "done", resp.status_code)
+                Ledger.mark(conn, tenant, key, url, "done", resp.status_code)
 
         await asyncio.to_thread(done)
         return WorkerResult(

@@ -1,9 +1,15 @@
 """Redaction of secrets from text that leaves the process (logs, failures).
 
 Configured secret values (``Settings.secret_values()``) are replaced wherever
-they appear, also in their JSON-escaped form, and credential-looking pairs
-(``Authorization: ...``, ``api_key=...``, ``Bearer ...``) lose their value
-even when the value is not a configured secret.
+they appear, also in their JSON-escaped form. Credential-looking pairs lose
+their value even when it is not a configured secret: ``Authorization``/
+``Proxy-Authorization`` (any scheme), ``X-Api-Key``, ``X-Auth-Token``,
+``api_key``/``apikey``, ``access_token`` and other ``*_token``s, ``token``,
+``password``/``passwd``/``pwd``, ``secret``/``client_secret``, a bare
+``Bearer`` token, and ``Cookie``/``Set-Cookie`` to the end of the header. URLs
+lose their userinfo and the values of their query and fragment
+(``https://user:pw@host/hook?token=abc`` -> ``https://host/hook?token=…``), so
+a webhook or page URL that carries a credential can be quoted in a message.
 """
 
 from __future__ import annotations
@@ -13,11 +19,24 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-_CREDENTIALS = re.compile(
-    r"(?i)(authorization|x-api-key|api[_-]?key|bearer)([\"']?\s*[:=]\s*[\"']?|\s+)"
-    r"((?:bearer\s+|basic\s+)?[A-Za-z0-9._~+/=-]{6,})"
+_KEYS = (
+    r"(?:proxy-)?authorization|x-api-key|x-auth-token|api[_-]?key|apikey"
+    r"|(?:access|refresh|id|auth|session)[_-]?token|\btoken"
+    r"|password|passwd|\bpwd|client[_-]?secret|\bsecret(?:[_-]?key)?"
 )
+# ``key: value``, ``key=value``, ``"key": "value"``: the value up to a separator; an
+# ``Authorization`` value keeps its scheme word inside the redaction.
+_CREDENTIALS = re.compile(
+    rf"(?i)({_KEYS})([\"']?\s*[:=]\s*[\"']?)"
+    r"((?:(?:bearer|basic|token|digest)\s+)?[^\s\"'&,;<>…]+)"
+)
+_BEARER = re.compile(r"(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/=-]{6,})")
+# A cookie header's value runs to the end of the line (or of a quoted string).
+_COOKIES = re.compile(r"(?i)\b(set-cookie|cookie)([\"']?\s*:\s*[\"']?)([^\r\n\"']+)")
+_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^\s\"'<>]+)")
+_QUERY_VALUE = re.compile(r"=[^&;#]*")
 REDACTED = "[REDACTED]"
+ELIDED = "…"
 
 # Shorter values would redact ordinary words; real keys are far longer.
 MIN_SECRET_LENGTH = 4
@@ -40,7 +59,10 @@ class Redactor:
         for s in self.secrets:
             if s in text:
                 text = text.replace(s, REDACTED)
-        return _CREDENTIALS.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+        text = _URL.sub(_clean_url, text)
+        for pattern in (_COOKIES, _CREDENTIALS, _BEARER):
+            text = pattern.sub(_blank_value, text)
+        return text
 
     def contains_secret(self, text: str) -> bool:
         """Whether ``text`` holds a configured secret value."""
@@ -55,3 +77,31 @@ class Redactor:
         if isinstance(v, (list, tuple)):
             return [self.value(x) for x in v]
         return v
+
+
+def _blank_value(m: re.Match[str]) -> str:
+    return f"{m.group(1)}{m.group(2)}{REDACTED}"
+
+
+def _clean_url(m: re.Match[str]) -> str:
+    """A URL without userinfo, with every query and fragment value elided."""
+    rest = m.group(2)
+    cut = len(rest)
+    for sep in "/?#":
+        i = rest.find(sep)
+        if i != -1:
+            cut = min(cut, i)
+    authority, tail = rest[:cut], rest[cut:]
+    if "@" in authority:
+        authority = authority.rsplit("@", 1)[1]
+    path, mark, query = tail.partition("?")
+    if not mark:
+        path, mark, query = tail.partition("#")
+    if mark:
+        parts = re.split(r"([&;#])", query)
+        # Even indexes are the parts, odd ones the separators kept between them.
+        query = "".join(
+            p if i % 2 or not p else _QUERY_VALUE.sub("=" + ELIDED, p) if "=" in p else ELIDED
+            for i, p in enumerate(parts)
+        )
+    return f"{m.group(1)}{authority}{path}{mark}{query}"

@@ -11,6 +11,9 @@ else happens here or beside it, the same way for every worker:
 
 - contracts: the envelope (:meth:`WorkerRuntime.parse_request`) and the
   input and output schemas (:func:`conform`);
+- the tenant registry, when there is one (:mod:`~aiworker.activities.tenancy`):
+  an unknown tenant or a worker it may not call is ``invalid_input``, and its
+  egress allow-list holds for the whole call;
 - constraints: the spec's, tightened by the request
   (:mod:`~aiworker.activities.constraints`), a deadline, the toolbox's
   allow-list and quota (:mod:`~aiworker.activities.toolbox`);
@@ -52,10 +55,12 @@ from aiworker.activities.errors import (
     WorkerTimeoutError,
     map_failures,
 )
-from aiworker.activities.jsonschema_cache import describe, validator_for
+from aiworker.activities.jsonschema_cache import SchemaError, describe, errors_of
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.redaction import Redactor
+from aiworker.activities.tenancy import admit
 from aiworker.activities.toolbox import Toolbox, tool_secrets
+from aiworker.activities.tools.egress import tenant_egress
 from aiworker.activities.usage import UsageBook
 from aiworker.schemas import names
 from aiworker.schemas.protocol import (
@@ -181,7 +186,10 @@ def conform(
     except ReferenceLimitError as e:
         raise error(f"{what}: {e} (AIWORKER_MAX_JSON_DEPTH)", field=root) from None
     with tracer.start_as_current_span(f"validate {what}") as span:
-        errors = list(validator_for(schema).iter_errors(value))
+        try:
+            errors = errors_of(schema, value)
+        except SchemaError as e:
+            raise error(f"{what}: {e.message}", field=root) from None
         span.set_attribute("aiworker.schema_errors", len(errors))
     if errors:
         problems = describe(errors)
@@ -283,10 +291,12 @@ class WorkerRuntime:
             spec = self.spec_of(worker)
             request = self.parse_request(raw, spec)
             call.bind(request)
+            policy = admit(self.settings, request)
             depth = self.settings.caps.max_json_depth
             conform(spec.input_schema, request.input, "input", depth)
             ctx = self._enforce_constraints(spec, request, call, usage)
-            result = await self._execute(worker, ctx, call)
+            with tenant_egress(policy.egress_allow if policy is not None else None):
+                result = await self._execute(worker, ctx, call)
             conform(spec.output_schema, result.outputs, "output", depth)
             return self._respond(ctx, result, call)
 

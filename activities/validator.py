@@ -11,7 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from aiworker.activities.errors import InvalidInputError, ValidationFailedError
-from aiworker.activities.jsonschema_cache import SchemaError, describe, validator_for
+from aiworker.activities.jsonschema_cache import (
+    SchemaError,
+    describe,
+    errors_of,
+    schema_problem,
+)
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.schemas.catalog import builtin_spec
@@ -24,16 +29,13 @@ class Validator(Worker):
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
         schema = input["schema"]
-        try:
-            validator = validator_for(schema)
-        except SchemaError as e:
-            path = "/".join(str(p) for p in e.absolute_path) or "(root)"
-            raise InvalidInputError(
-                f"input.schema is not a valid JSON Schema at {path}: {e.message}",
-                field="input.schema",
-            ) from None
         limit = int(input.get("max_errors", 100))
-        errors = list(validator.iter_errors(input["data"]))
+        try:
+            errors = errors_of(schema, input["data"])
+        except SchemaError as e:
+            raise InvalidInputError(
+                f"input.schema: {schema_problem(e)}", field="input.schema"
+            ) from None
         reasons = describe(errors, limit)
         if errors and input.get("gate", False):
             raise ValidationFailedError(

@@ -9,6 +9,8 @@ from typing_extensions import TypeAliasType
 
 from aiworker.schemas.base import Model
 from aiworker.schemas.caps import Caps
+from aiworker.schemas.names import TENANT_PATTERN
+from aiworker.schemas.tenants import TenantPolicy
 
 
 class AcquireRequest(Model):
@@ -63,7 +65,7 @@ class RateCall(Model):
 
     kind: Literal["rate"] = "rate"
     worker_id: str = Field(description="the worker the call goes to")
-    tenant: str = "default"
+    tenant: str = Field(default="default", pattern=TENANT_PATTERN)
     requester: str = Field(description="workflow id that receives the permit signal")
     ticket: str
 
@@ -77,6 +79,11 @@ class ConcurrencyCall(Model):
     requester: str = Field(description="workflow id that receives the permit signal")
     ticket: str
     lease_seconds: float = 3600.0
+    scope: Literal["key", "tenant"] = Field(
+        default="key",
+        description="tenant: `key` is a tenant name and the lease counts its pipelines "
+        "(the registry's concurrency ceiling), apart from every spec's keys",
+    )
 
 
 # The input of the ``limiter-acquire`` activity. A type alias object, not a bare
@@ -100,14 +107,17 @@ class AcquireResult(Model):
 class PlanCall(Model):
     """Input of the ``limiter-plan`` activity: which of these workers are rate limited."""
 
-    tenant: str
+    tenant: str = Field(pattern=TENANT_PATTERN)
     workers: list[str]
+    resume_from: str | None = Field(
+        default=None, description="the redriven run's workflow id: it must be the same tenant's"
+    )
 
 
 class Plan(Model):
-    """What the process's settings say about one pipeline, before any step runs."""
+    """The workers of a pipeline whose calls go through a rate limiter, the
+    tenant's registry entry (None: no registry) and the process's caps."""
 
-    rate_limited: list[str] = Field(
-        default_factory=list, description="the workers whose calls go through a rate limiter"
-    )
+    rate_limited: list[str] = Field(default_factory=list)
+    tenant: TenantPolicy | None = None
     caps: Caps = Field(default_factory=Caps, description="caps on fan-out, nesting and refs")

@@ -39,6 +39,12 @@ STATUS_KEY: Final = SearchAttributeKey.for_keyword(SA_STATUS)
 TENANT_KEY: Final = SearchAttributeKey.for_keyword(SA_TENANT)
 PIPELINE_KEY: Final = SearchAttributeKey.for_keyword(SA_PIPELINE)
 
+# What a tenant may be called, everywhere a tenant arrives (pipeline specs, worker
+# requests, CLI flags): safe as a path component (file sinks live under
+# ``sinks/<tenant>/``), as a limiter key and inside a visibility query.
+TENANT_PATTERN: Final = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+DEFAULT_TENANT: Final = "default"
+
 
 def pipeline_search_attributes(status: str, tenant: str, pipeline: str) -> TypedSearchAttributes:
     """The search attributes a pipeline workflow carries: status, tenant, pipeline name."""

@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field
 
 from aiworker.schemas.base import Model
 from aiworker.schemas.caps import HARD_MAX_STEPS
-from aiworker.schemas.names import OK_STATUSES
+from aiworker.schemas.names import DEFAULT_TENANT, OK_STATUSES, TENANT_PATTERN
 from aiworker.schemas.protocol import Usage
 from aiworker.schemas.refs import find_refs
 
@@ -122,7 +122,7 @@ class PipelineSpec(Model):
     """A pipeline: the input of ``PipelineWorkflow``."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
-    tenant: str = Field(default="default", min_length=1, max_length=128)
+    tenant: str = Field(default=DEFAULT_TENANT, pattern=TENANT_PATTERN)
     inputs: dict[str, Any] = Field(default_factory=dict)
     budget: Budget = Field(default_factory=Budget)
     steps: list[Step] = Field(min_length=1, max_length=HARD_MAX_STEPS)
@@ -187,7 +187,7 @@ class ChunkInput(Model):
     step_id: str
     worker: str
     key_prefix: str
-    tenant: str
+    tenant: str = Field(pattern=TENANT_PATTERN)
     trace_id: str
     queue_suffix: str = ""
     items: list[ChunkItem]

@@ -3,19 +3,24 @@
 :func:`parse_pipeline` validates the fields and then :func:`check_pipeline`
 checks the spec as a whole (unknown worker, duplicate id, cycle, dangling or
 forward reference, bad JSON Schema); every problem is a message naming the
-step and field. The pipeline workflow turns a :class:`PipelineSpecError` into
-a non-retryable ``invalid_input``; ``aiworker run`` and the client check a file
-the same way without importing any workflow code.
+step and field. ``when`` and ``validate`` schemas are checked as
+:mod:`~aiworker.schemas.safe_schema` applies them (a pattern RE2 refuses, a
+remote ``$ref``: invalid); a validator or llm-call step's literal
+``input.schema``/``input.response_schema`` is checked for remote references
+(the worker checks the rest when it runs): no schema is ever fetched. The pipeline workflow
+turns a :class:`PipelineSpecError` into a non-retryable ``invalid_input``;
+``aiworker run`` and the client check a file the same way without importing
+any workflow code.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError
 
+from aiworker.schemas import names, safe_schema
 from aiworker.schemas.caps import SETTING_OF, Caps
 from aiworker.schemas.pipeline import Concurrency, PipelineSpec, Step
 from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, find_refs, json_depth
@@ -71,12 +76,39 @@ def _field_problems(raw: Any, e: ValidationError) -> list[str]:
     return problems
 
 
+# The input field in which a built-in worker takes a JSON Schema to apply.
+SCHEMA_INPUTS = {names.VALIDATOR: "schema", names.LLM_CALL: "response_schema"}
+
+
 def _schema_problem(schema: Any) -> str | None:
     try:
-        Draft202012Validator.check_schema(schema)
+        safe_schema.check(schema)
     except SchemaError as e:
-        return str(e.message)
+        return safe_schema.problem(e)
     return None
+
+
+def _input_schema_problems(step: Step, where: str) -> list[str]:
+    """Remote references in a literal schema of the step's input (or fallback
+    input); one that holds a reference expression is the worker's to check."""
+    problems = []
+    for field, worker, value in (
+        ("input", step.worker, step.input),
+        ("fallback_input", step.fallback, step.fallback_input),
+    ):
+        key = SCHEMA_INPUTS.get(worker or "")
+        if key is None or not isinstance(value, dict) or key not in value:
+            continue
+        try:
+            if find_refs(value[key]):
+                continue
+        except ReferenceError_:
+            continue  # reported on the field by check_pipeline
+        try:
+            safe_schema.check_references(value[key])
+        except SchemaError as e:
+            problems.append(f"{where}: field '{field}.{key}': {safe_schema.problem(e)}")
+    return problems
 
 
 # Fields that are never resolved: only their nesting is capped.
@@ -194,9 +226,10 @@ def check_pipeline(
             if set(step.when) != {"value", "schema"}:
                 problems.append(f"{where}: field 'when': needs exactly 'value' and 'schema'")
             elif (p := _schema_problem(step.when["schema"])) is not None:
-                problems.append(f"{where}: field 'when.schema': invalid JSON Schema: {p}")
+                problems.append(f"{where}: field 'when.schema': {p}")
         if step.validate_ is not None and (p := _schema_problem(step.validate_.schema_)):
-            problems.append(f"{where}: field 'validate.schema': invalid JSON Schema: {p}")
+            problems.append(f"{where}: field 'validate.schema': {p}")
+        problems.extend(_input_schema_problems(step, where))
         if step.for_each is not None and step.on_failure == "escalate":
             problems.append(
                 f"{where}: field 'on_failure': 'escalate' needs a single step, not a for_each"

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 
 from aiworker.schemas.base import Model
 from aiworker.schemas.errors import ErrorCode
+from aiworker.schemas.names import DEFAULT_TENANT, TENANT_PATTERN
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
@@ -78,7 +79,7 @@ class WorkerRequest(Model):
     step_id: str | None = Field(
         default=None, max_length=256, description="the pipeline step this call runs (lineage, logs)"
     )
-    tenant: str = Field(default="default", min_length=1, max_length=128)
+    tenant: str = Field(default=DEFAULT_TENANT, pattern=TENANT_PATTERN)
     trace: TraceContext | None = None
     input: dict[str, Any] = Field(default_factory=dict)
     constraints: RequestConstraints = Field(default_factory=RequestConstraints)

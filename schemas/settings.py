@@ -9,7 +9,6 @@ The Temporal connection itself comes from ``temporalio.envconfig``.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from aiworker.schemas.caps import SETTING_OF, Caps
 from aiworker.schemas.spec import parse_rate
+from aiworker.schemas.tenants import TenantRegistry, TenantsFileError, domain_list, load_tenants
 
 ENV_PREFIX = "AIWORKER_"
 
@@ -90,6 +90,9 @@ class Settings(BaseModel):
     # (prompt and external workers).
     worker_modules: tuple[str, ...] = ()
     worker_specs: tuple[Path, ...] = ()
+    # The tenant registry (schemas/tenants.py): None, any tenant name is taken as given.
+    tenants_file: Path | None = None
+    tenants: TenantRegistry | None = None
     # Caps on fan-out, nesting and references (schemas/caps.py), AIWORKER_MAX_*.
     caps: Caps = Caps()
 
@@ -113,17 +116,7 @@ class Settings(BaseModel):
     @field_validator("egress_allow")
     @classmethod
     def _domains(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        out = []
-        for d in v:
-            d = d.lower().lstrip(".")
-            try:
-                ipaddress.ip_address(d)
-                raise ValueError(f"{d!r}: the egress allow-list takes domains, not addresses")
-            except ValueError as e:
-                if "takes domains" in str(e):
-                    raise
-            out.append(d)
-        return tuple(out)
+        return domain_list(v)
 
     def secret_values(self) -> list[str]:
         """Configured secrets, for redaction in logs."""
@@ -164,6 +157,7 @@ class Settings(BaseModel):
             "BREAKER_OPEN_SECONDS",
             "WORKER_MODULES",
             "WORKER_SPECS",
+            "TENANTS_FILE",
             *(name.removeprefix(ENV_PREFIX) for name in SETTING_OF.values()),
         }
         # Variables consumed by other parts (tests, dev server) are not settings.
@@ -222,6 +216,12 @@ class Settings(BaseModel):
         raw["worker_modules"] = tuple(_csv(get("WORKER_MODULES")))
         raw["worker_specs"] = tuple(Path(p) for p in _csv(get("WORKER_SPECS")))
         raw["rate_limits"] = tuple(parse_rate_limits(get("RATE_LIMITS") or ""))
+        if (v := get("TENANTS_FILE")) is not None:
+            raw["tenants_file"] = Path(v)
+            try:
+                raw["tenants"] = load_tenants(Path(v))
+            except TenantsFileError as e:
+                raise SettingsError(f"{ENV_PREFIX}TENANTS_FILE: {e}") from None
         raw["caps"] = parse_caps(get)
         try:
             return cls.model_validate(raw)

@@ -21,10 +21,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from aiworker.schemas import safe_schema
 from aiworker.schemas.base import Model
 from aiworker.schemas.refs import TEMPLATE_ROOTS, ReferenceError_, find_refs
 
@@ -202,9 +202,11 @@ class WorkerSpec(Model):
     @classmethod
     def _schema(cls, v: dict[str, Any]) -> dict[str, Any]:
         try:
-            Draft202012Validator.check_schema(v)
+            safe_schema.check(v)
+        except safe_schema.SchemaRefused as e:
+            raise ValueError(safe_schema.problem(e)) from None
         except SchemaError as e:
-            raise ValueError(f"not a valid JSON Schema 2020-12: {e.message}") from e
+            raise ValueError(f"not a valid JSON Schema 2020-12: {e.message}") from None
         return v
 
     @model_validator(mode="before")
@@ -229,9 +231,9 @@ class WorkerSpec(Model):
 
     @model_validator(mode="after")
     def _examples_and_prompt(self) -> WorkerSpec:
-        inputs = Draft202012Validator(self.input_schema)
+        inputs = safe_schema.validator(self.input_schema)
         for i, ex in enumerate(self.examples):
-            err = next(iter(inputs.iter_errors(ex.input)), None)
+            err = safe_schema.first_error(inputs, ex.input)
             if err is not None:
                 raise ValueError(f"examples[{i}].input{_path(err)}: {err.message}")
         impl = self.implementation
@@ -340,14 +342,14 @@ def _check_prompt(spec: WorkerSpec, impl: PromptImplementation) -> None:
             problem = _undeclared(spec.input_schema, ref.path)
             if problem:
                 raise ValueError(f"implementation.{name}: ${{{{ {ref.text} }}}} {problem}")
-    inputs = Draft202012Validator(spec.input_schema)
-    outputs = Draft202012Validator(spec.output_schema)
+    inputs = safe_schema.validator(spec.input_schema)
+    outputs = safe_schema.validator(spec.output_schema)
     for i, shot in enumerate(impl.few_shot):
         for what, validator, value in (
             ("input", inputs, shot.input),
             ("output", outputs, shot.output),
         ):
-            err = next(iter(validator.iter_errors(value)), None)
+            err = safe_schema.first_error(validator, value)
             if err is not None:
                 raise ValueError(f"implementation.few_shot[{i}].{what}{_path(err)}: {err.message}")
     for i, ex in enumerate(spec.examples):

@@ -174,6 +174,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         address=args.address,
         profile=args.profile,
         telemetry=Telemetry(service_name="aiworker-worker"),
+        connect_wait=max(0.0, args.wait),
     )
     return EXIT_OK
 

@@ -7,6 +7,9 @@ themselves live in :mod:`aiworker.workers.cli`, one function each.
 from __future__ import annotations
 
 import argparse
+import re
+
+from aiworker.schemas.names import TENANT_PATTERN
 
 
 def positive_seconds(value: str) -> float:
@@ -18,6 +21,16 @@ def positive_seconds(value: str) -> float:
     if not 0 < seconds <= 3600:
         raise argparse.ArgumentTypeError(f"{value} is not between 0 and 3600 seconds")
     return seconds
+
+
+def tenant_name(value: str) -> str:
+    """A tenant name (``TENANT_PATTERN``), for ``argparse``."""
+    if re.fullmatch(TENANT_PATTERN.strip("^$"), value) is None:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a tenant name: 1-63 of a-z, 0-9, '.', '_', '-', "
+            "starting with a letter or digit"
+        )
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--task-queue",
         action="append",
         help="base task queue to poll (repeatable; default AIWORKER_TASK_QUEUES or all)",
+    )
+    w.add_argument(
+        "--wait",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to wait for the Temporal frontend to be healthy (default 60)",
     )
     conn(w)
 
@@ -73,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="list pipelines through visibility queries")
     ls.add_argument("--status", help="e.g. running, awaiting_review, failed")
-    ls.add_argument("--tenant")
+    ls.add_argument("--tenant", type=tenant_name)
     ls.add_argument("--pipeline", help="pipeline name")
     ls.add_argument("--limit", type=int, default=100)
     ls.add_argument("--json", action="store_true")
@@ -112,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="seconds each call may take, retries included (default 60)",
     )
-    cf.add_argument("--tenant", default="default", help="the tenant of the requests")
+    cf.add_argument(
+        "--tenant", type=tenant_name, default="default", help="the tenant of the requests"
+    )
     cf.add_argument("--json", action="store_true", help="print the report as JSON")
     conn(cf)
     return p

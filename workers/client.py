@@ -65,7 +65,8 @@ PipelineHandle: TypeAlias = WorkflowHandle[PipelineWorkflow, PipelineResult]
 
 
 class RedriveError(RuntimeError):
-    """The pipeline cannot be redriven (still running, or it succeeded); the message says why."""
+    """The pipeline cannot be redriven (still running, it succeeded, or it is another
+    tenant's); the message says why."""
 
 
 class PipelineClient:
@@ -236,7 +237,8 @@ class PipelineClient:
             step: the step, when several await review.
 
         Returns:
-            The workflow's answer: ``{"step", "decision", "reviewer"}``.
+            The workflow's answer: ``{"step", "decision", "reviewer", "update_id"}``
+            (the Update's id, also kept in the step's ``review``).
 
         Raises:
             temporalio.client.WorkflowUpdateFailedError: the workflow refused
@@ -286,17 +288,20 @@ class PipelineClient:
             )
         return out
 
-    async def redrive_input(self, workflow_id: str) -> dict[str, Any]:
+    async def redrive_input(self, workflow_id: str, tenant: str | None = None) -> dict[str, Any]:
         """The input of a new run that reuses the steps a failed run finished.
 
         The original pipeline comes from the first event of the failed run's
         history; the finished steps from its result, or (when the run failed,
         was cancelled or terminated) from its ``progress`` query.
         ``resume_from`` names the first run, so the new run keeps its
-        idempotency keys.
+        idempotency keys. ``tenant``, when given (a front door acting for a
+        tenant), must be the failed run's: its outputs are read here. The new
+        run checks the same again at its start, however it was started.
 
         Raises:
-            RedriveError: the pipeline is still running, or it succeeded.
+            RedriveError: the pipeline is still running, it succeeded, or it
+                is not ``tenant``'s.
         """
         handle = self.get_handle(workflow_id)
         desc = await handle.describe()
@@ -306,6 +311,8 @@ class PipelineClient:
         first = history.events[0].workflow_execution_started_event_attributes
         decoded = await self.temporal.data_converter.decode(first.input.payloads)
         pipeline = dict(decoded[0])
+        if tenant is not None and pipeline.get("tenant", names.DEFAULT_TENANT) != tenant:
+            raise RedriveError(f"{workflow_id} is not a pipeline of tenant {tenant!r}")
         steps: dict[str, Any] = {}
         try:
             result = await self.result(workflow_id, desc.run_id)
@@ -325,16 +332,18 @@ class PipelineClient:
         pipeline["resume_from"] = {"workflow_id": root, "run_id": desc.run_id, "steps": reuse}
         return pipeline
 
-    async def redrive(self, workflow_id: str) -> PipelineHandle:
-        """Start the failed pipeline ``workflow_id`` again, reusing its succeeded steps.
+    async def redrive(self, workflow_id: str, tenant: str | None = None) -> PipelineHandle:
+        """Start the failed pipeline ``workflow_id`` again, reusing its succeeded steps
+        (``tenant``: see :meth:`redrive_input`).
 
         Returns:
             The new run's handle (workflow id ``<first id>-redrive-<random>``).
 
         Raises:
-            RedriveError: the pipeline is still running, or it succeeded.
+            RedriveError: the pipeline is still running, it succeeded, or it
+                is not ``tenant``'s.
         """
-        pipeline = await self.redrive_input(workflow_id)
+        pipeline = await self.redrive_input(workflow_id, tenant)
         root = pipeline["resume_from"]["workflow_id"]
         # The spec is the one the first run started with; the new run checks it
         # against the workers that serve it (this process may not know them all).

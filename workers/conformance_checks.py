@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
+from aiworker.schemas import safe_schema
 from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.protocol import (
     ErrorInfo,
@@ -123,7 +123,7 @@ def invalid_inputs(spec: WorkerSpec) -> list[tuple[dict[str, Any], str]]:
     schema really refuses are returned; empty when none can be derived.
     """
     schema = spec.input_schema
-    validator = Draft202012Validator(schema)
+    validator = safe_schema.validator(schema)
     base: dict[str, Any] = dict(spec.examples[0].input) if spec.examples else {}
     candidates: list[tuple[dict[str, Any], str]] = []
     required = [r for r in schema.get("required", []) if isinstance(r, str)]
@@ -145,7 +145,7 @@ def invalid_inputs(spec: WorkerSpec) -> list[tuple[dict[str, Any], str]]:
         candidates.append(
             ({**base, _UNEXPECTED: True}, f"with the undeclared property {_UNEXPECTED!r}")
         )
-    return [(inp, why) for inp, why in candidates if not validator.is_valid(inp)]
+    return [(inp, why) for inp, why in candidates if safe_schema.errors(validator, inp)]
 
 
 def other_major(version: str) -> str:
@@ -259,10 +259,11 @@ def _example(spec: WorkerSpec, name: str, o: dict[str, Any], queue: str, timeout
     resp, problems = _envelope(spec, o["response"])
     if resp is None:
         return Check(name, FAIL, "; ".join(problems))
-    errors = sorted(
-        Draft202012Validator(spec.output_schema).iter_errors(resp.outputs),
-        key=lambda e: [str(p) for p in e.absolute_path],
-    )
+    try:
+        found = safe_schema.errors(safe_schema.validator(spec.output_schema), resp.outputs)
+    except safe_schema.SchemaError as e:
+        return Check(name, FAIL, f"outputs: {safe_schema.problem(e)}")
+    errors = sorted(found, key=lambda e: [str(p) for p in e.absolute_path])
     for err in errors[:3]:
         path = json_path(err.absolute_path)[1:]
         problems.append(f"outputs{path}: {err.message} (output_schema rule {err.validator})")

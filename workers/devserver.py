@@ -7,12 +7,14 @@ of the process, may lose the last transactions), custom search attributes
 registered at launch. One per data directory: a lock file makes a second
 ``aiworker dev`` say so instead of crashing, and a busy port is reported
 before anything starts. The server runs as a child process and is stopped by
-its PID.
+its PID; on Linux it also dies with its parent (``PR_SET_PDEATHSIG``), so an
+``aiworker dev`` killed with SIGKILL leaves no server behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import shutil
@@ -20,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO
@@ -128,6 +131,29 @@ def local_server_extra_args(fast_poll: bool = True) -> list[str]:
     return keep
 
 
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_parent() -> None:
+    """In a child between fork and exec: ask Linux to SIGTERM it when its parent dies.
+
+    For ``subprocess.Popen(preexec_fn=...)``. The signal is tied to the thread
+    that forked, so start such children from the main thread (or a thread
+    that lives as long as they should). Elsewhere than Linux it does nothing.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 class DevServer:
     """One embedded Temporal dev server, owned by this process."""
 
@@ -208,6 +234,8 @@ class DevServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C reaches us; we stop the server ourselves
+                # A parent killed with SIGKILL cannot stop it: the kernel does.
+                preexec_fn=die_with_parent if _in_main_thread() else None,
             )
             assert self._lock is not None
             self._lock.write(f"server pid {self.process.pid}\n")

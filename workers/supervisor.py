@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,19 @@ if TYPE_CHECKING:
 
 # The worker's own drain is bounded by the grace period; this covers the rest.
 _DRAIN_MARGIN_SECONDS = 10
+# How long a worker or the dev stack waits for the Temporal frontend to be healthy.
+CONNECT_WAIT_SECONDS = 60.0
+
+
+def _say_waiting(seconds: float) -> Callable[[str], None]:
+    def say(target: str) -> None:
+        print(
+            f"aiworker: waiting for Temporal at {target} to be healthy (up to {seconds:g}s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return say
 
 
 async def run_worker_process(
@@ -50,6 +64,7 @@ async def run_worker_process(
     stop: asyncio.Event | None = None,
     on_ready: Callable[[], None] | None = None,
     telemetry: Telemetry | None = None,
+    connect_wait: float = CONNECT_WAIT_SECONDS,
 ) -> None:
     """Connect, register search attributes, serve metrics, poll until stopped.
 
@@ -65,11 +80,13 @@ async def run_worker_process(
         telemetry: the process's telemetry; the SDK's own metrics join
             aiworker's on the same ``/metrics``, and a client made here gets
             its runtime and tracing interceptors.
+        connect_wait: seconds to wait for the frontend to be healthy when
+            connecting here (a worker pod may start before its server).
 
     Raises:
         StartupError: a broken plugin, the metrics port taken, a search
             attribute that cannot be registered, an unknown task queue.
-        TemporalUnreachableError: the frontend did not answer.
+        TemporalUnreachableError: the frontend was not healthy in time.
     """
     from prometheus_client import REGISTRY
 
@@ -105,7 +122,12 @@ async def run_worker_process(
         served = load_process_workers(settings)
         if client is None:
             client = await connect(
-                profile, target_host=address, telemetry=telemetry, settings=settings
+                profile,
+                target_host=address,
+                telemetry=telemetry,
+                settings=settings,
+                wait_seconds=connect_wait,
+                on_wait=_say_waiting(connect_wait),
             )
         await ensure_search_attributes(client)
         runtime = build_runtime(settings, WorkerMetrics(), workers=served)
@@ -171,9 +193,9 @@ async def run_dev_stack(
         StartupError: the worker cannot start.
     """
     from aiworker.workers.demo_site import DemoSite
-    from aiworker.workers.devserver import DevServer
+    from aiworker.workers.devserver import DevServer, DevServerError
     from aiworker.workers.telemetry import Telemetry
-    from aiworker.workers.temporal_client import connect
+    from aiworker.workers.temporal_client import TemporalUnreachableError, connect
 
     telemetry = Telemetry()
     server = DevServer(
@@ -186,9 +208,17 @@ async def run_dev_stack(
     outcome = None
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(server)
-        client = await connect(
-            target_host=server.address, namespace="default", telemetry=telemetry, settings=settings
-        )
+        # The port accepts connections before the frontend can serve: wait for health.
+        try:
+            client = await connect(
+                target_host=server.address,
+                namespace="default",
+                telemetry=telemetry,
+                settings=settings,
+                wait_seconds=CONNECT_WAIT_SECONDS,
+            )
+        except TemporalUnreachableError as e:
+            raise DevServerError(f"{e}; the server's log is {server.log_path}") from None
         worker = await stack.enter_async_context(
             _background_worker(settings, client, stop, telemetry)
         )

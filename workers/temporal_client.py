@@ -9,11 +9,21 @@ settings, the converter also moves large payloads to external storage
 :class:`workers.telemetry.Telemetry` the client also gets the process's
 Temporal runtime (SDK metrics, Core logs) and the tracing interceptors. Workers
 built from a client inherit all of it.
+
+A frontend that has just started accepts connections before it can serve
+("Frontend is not healthy yet"); :func:`connect` with ``wait_seconds`` retries
+(bounded) until the connection succeeds and the gRPC health check says
+``SERVING``, which is how ``aiworker dev`` and ``aiworker worker`` start
+reliably on a busy machine or before their server is up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
+from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -27,6 +37,7 @@ from temporalio.contrib.pydantic import (
 from temporalio.converter import DataConverter
 from temporalio.envconfig import ClientConfig
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.settings import Settings
@@ -113,6 +124,8 @@ async def connect(
     interceptors: list[Any] | None = None,
     telemetry: Telemetry | None = None,
     settings: Settings | None = None,
+    wait_seconds: float = 0.0,
+    on_wait: Callable[[str], None] | None = None,
     **overrides: Any,
 ) -> Client:
     """Connect to Temporal as envconfig says (default ``localhost:7233``).
@@ -121,22 +134,65 @@ async def connect(
     from) the configured store; every process that touches the same
     workflows must be able to read them.
 
+    Args:
+        profile: the envconfig profile.
+        interceptors: client interceptors beside the telemetry's.
+        telemetry: the process's telemetry (runtime and tracing interceptors).
+        settings: the process's settings (external payload storage).
+        wait_seconds: how long to keep trying until the frontend is healthy;
+            0 tries once and does not ask for health.
+        on_wait: called once with the target when the first try failed and
+            the wait begins (to tell a person why nothing happens yet).
+        **overrides: connection arguments over envconfig's (``target_host``...).
+
     Raises:
-        TemporalUnreachableError: the connection failed.
+        TemporalUnreachableError: the connection failed, or the frontend was
+            not healthy within ``wait_seconds``.
     """
     cfg = connect_config(profile, **overrides)
     target = cfg.pop("target_host")
     all_interceptors = [*(telemetry.interceptors if telemetry else []), *(interceptors or [])]
     if telemetry is not None:
         cfg.setdefault("runtime", telemetry.runtime)
+    deadline = time.monotonic() + wait_seconds
+    pause = 0.2
+    while True:
+        try:
+            client = await Client.connect(
+                target,
+                data_converter=data_converter(settings),
+                interceptors=all_interceptors,
+                **cfg,
+            )
+        except RuntimeError as e:
+            # The SDK's core reports a failed connect as a bare RuntimeError
+            # ("Failed client connect: ..."); give callers a type to catch.
+            if wait_seconds <= 0:
+                raise TemporalUnreachableError(str(e)) from e
+            problem = str(e)
+        else:
+            if wait_seconds <= 0:
+                return client
+            unhealthy = await _health_problem(client)
+            if unhealthy is None:
+                return client
+            problem = unhealthy
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TemporalUnreachableError(
+                f"Temporal at {target} was not healthy within {wait_seconds:g}s ({problem})"
+            )
+        if on_wait is not None:
+            on_wait(target)
+            on_wait = None
+        await asyncio.sleep(min(pause, left))
+        pause = min(pause * 2, 2.0)
+
+
+async def _health_problem(client: Client) -> str | None:
+    """None when the frontend's gRPC health check answers SERVING; else why not."""
     try:
-        return await Client.connect(
-            target,
-            data_converter=data_converter(settings),
-            interceptors=all_interceptors,
-            **cfg,
-        )
-    except RuntimeError as e:
-        # The SDK's core reports a failed connect as a bare RuntimeError
-        # ("Failed client connect: ..."); give callers a type to catch.
-        raise TemporalUnreachableError(str(e)) from e
+        healthy = await client.service_client.check_health(timeout=timedelta(seconds=5))
+    except RPCError as e:
+        return f"health check: {e.message}"
+    return None if healthy else "health check: not serving"

@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.pipeline import Budget
     from aiworker.schemas.protocol import Usage
     from aiworker.schemas.spec import WorkerSpec
+    from aiworker.schemas.tenants import tighten_budget
 
 
 class BudgetRefused(Exception):
@@ -96,6 +97,12 @@ class Ledger:
     @property
     def deadline(self) -> float | None:
         return self.ends.at
+
+    def hold_to(self, ceiling: Budget) -> None:
+        """Hold the budget under ``ceiling`` (the tenant's), each limit the tighter;
+        before any step, while nothing is reserved."""
+        self.budget = tighten_budget(self.budget, ceiling)
+        self.ends = Deadline.after(self.started_at, self.budget.deadline_seconds)
 
     def tokens_left(self) -> int | None:
         if self.budget.max_tokens is None:

@@ -37,10 +37,9 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from jsonschema import Draft202012Validator
     from pydantic import ValidationError
-    from referencing import Registry
 
+    from aiworker.schemas import safe_schema
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.options import activity_options
     from aiworker.schemas.pipeline import StepResult
@@ -293,11 +292,12 @@ def check_external_response(worker: WorkerSpec, raw: RawValue) -> WorkerResponse
         ]
         return _malformed(worker, attempt, "the response names another worker", reasons)
     try:
-        # An empty registry: a remote `$ref` is never fetched (it fails instead), and
-        # no format checker runs, so this is pure computation on the spec's schema.
-        validator = Draft202012Validator(worker.output_schema, registry=Registry())
+        # The safe validator: nothing fetched, patterns on RE2, formats checked as
+        # the worker runtime checks a built-in's outputs; pure computation.
+        validator = safe_schema.validator(worker.output_schema)
         errors = sorted(
-            validator.iter_errors(response.outputs), key=lambda e: list(map(str, e.absolute_path))
+            safe_schema.errors(validator, response.outputs),
+            key=lambda e: list(map(str, e.absolute_path)),
         )
         reasons = [
             {

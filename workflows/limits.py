@@ -318,13 +318,13 @@ class PermitBook:
         self.waiting: dict[str, tuple[str, str]] = {}
         self.held: dict[str, str] = {}  # ticket -> limiter workflow id
 
-    async def plan(self, tenant: str, workers: list[str]) -> Plan:
+    async def plan(self, tenant: str, workers: list[str], resume_from: str | None = None) -> Plan:
         """What the process's settings say about this pipeline (one local activity):
-        the workers whose calls must wait for a rate-limit permit, and more as
-        :class:`Plan` grows."""
+        the workers whose calls must wait for a rate-limit permit, the tenant's
+        registry entry, and more as :class:`Plan` grows."""
         plan: Plan = await workflow.execute_local_activity(
             names.LIMITER_PLAN,
-            PlanCall(tenant=tenant, workers=sorted(set(workers))),
+            PlanCall(tenant=tenant, workers=sorted(set(workers)), resume_from=resume_from),
             result_type=Plan,
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),

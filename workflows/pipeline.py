@@ -147,6 +147,7 @@ class PipelineWorkflow(PermitSignals):
             # The spec passed the hard ceilings at the start; now the process's caps.
             if problems := cap_problems(spec, planned.caps):
                 raise invalid_input("invalid pipeline: " + "; ".join(problems), problems)
+            run.limits.hold_to_tenant(spec, run.ledger)
             slot = await run.limits.pipeline_slot(spec)
             if isinstance(slot, str):
                 result = self._not_run(run, slot)

@@ -1,5 +1,13 @@
-"""A pipeline's limits: which of its workers are rate limited, its own
-concurrency slot, and the permits each step's call waits for.
+"""A pipeline's limits: which of its workers are rate limited, what its
+tenant may do, its own concurrency slot, and the permits each step's call
+waits for.
+
+The tenant's registry entry comes in the ``limiter-plan`` answer (an unknown
+tenant, or a redrive of another tenant's run, is refused there, before any
+step); :meth:`PipelineLimits.hold_to_tenant` applies it: a step naming a
+worker the tenant may not call is ``invalid_input``, its budget ceiling
+tightens the spec's, and its concurrency ceiling is one more lease the
+pipeline holds while it runs (:meth:`PipelineLimits.pipeline_slot`).
 
 The permit protocol itself (asking, waiting for the ``permit`` signal,
 releasing, answering lease checks) is :mod:`aiworker.workflows.limits`, shared
@@ -13,16 +21,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from aiworker.schemas import names
+    from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.limits import ConcurrencyCall, Plan
     from aiworker.schemas.options import lease_seconds
     from aiworker.schemas.pipeline import PipelineSpec, Step
     from aiworker.schemas.refs import ReferenceError_, resolve
     from aiworker.schemas.spec import WorkerSpec
 
-from aiworker.workflows.budget import Deadline
-from aiworker.workflows.calls import invalid_input
+from aiworker.workflows.budget import Deadline, Ledger
+from aiworker.workflows.calls import error_code_of, invalid_input
 from aiworker.workflows.limits import CallLimits, Lease, PermitBook, WaitExpired
 
 # A pipeline's own concurrency lease: checked with the pipeline when it runs out,
@@ -50,41 +61,93 @@ class PipelineLimits:
     planned: Plan | None = None
 
     async def plan(self, spec: PipelineSpec) -> Plan:
-        """Ask once which of the pipeline's workers are rate limited, not per step."""
+        """Ask once which of the pipeline's workers are rate limited, not per step,
+        and what its tenant may do; ``invalid_input`` when the tenant is refused."""
         workers = [s.worker for s in spec.steps] + [s.fallback for s in spec.steps if s.fallback]
-        self.planned = await self.permits.plan(spec.tenant, workers)
+        resume = spec.resume_from.workflow_id if spec.resume_from else None
+        try:
+            self.planned = await self.permits.plan(spec.tenant, workers, resume)
+        except ActivityError as e:
+            if error_code_of(e) != ErrorCode.INVALID_INPUT.value:
+                raise
+            cause = e.cause
+            message = cause.message if isinstance(cause, ApplicationError) else str(e)
+            raise invalid_input(f"pipeline: {message}") from None
         self.rate_limited = set(self.planned.rate_limited)
         return self.planned
+
+    def hold_to_tenant(self, spec: PipelineSpec, ledger: Ledger) -> None:
+        """Apply the tenant's registry entry (if any) before any step runs."""
+        policy = self.planned.tenant if self.planned is not None else None
+        if policy is None:
+            return
+        problems = []
+        for step in spec.steps:
+            uses = [("worker", step.worker), ("fallback", step.fallback)]
+            if step.validate_ is not None:
+                uses.append(("validate", names.VALIDATOR))
+            for field, worker in uses:
+                if worker is not None and not policy.may_use(worker):
+                    problems.append(
+                        f"step {step.id!r}: field {field!r}: tenant {spec.tenant!r} "
+                        f"may not call worker {worker!r}"
+                    )
+        if problems:
+            raise invalid_input("; ".join(problems), problems)
+        ledger.hold_to(policy.budget)
+        self.deadline = ledger.ends
 
     def is_rate_limited(self, worker_id: str) -> bool:
         return self.rate_limited is None or worker_id in self.rate_limited
 
     async def pipeline_slot(self, spec: PipelineSpec) -> list[Lease] | str:
-        """Wait for the pipeline's own concurrency slot (``concurrency`` on the pipeline).
+        """Wait for the pipeline's own concurrency slots: its tenant's (the registry's
+        ``concurrency``), then its spec's (``concurrency`` on the pipeline).
 
-        Returns the lease to give back at the end, or, when the deadline passed
+        Returns the leases to give back at the end, or, when the deadline passed
         while it waited, why nothing ran.
         """
-        if spec.concurrency is None:
+        policy = self.planned.tenant if self.planned is not None else None
+        tenant_limit = policy.concurrency if policy is not None else None
+        if spec.concurrency is None and tenant_limit is None:
             return []
-        try:
-            key = str(resolve(spec.concurrency.key, {"inputs": spec.inputs}))
-        except ReferenceError_ as e:
-            raise invalid_input(f"pipeline: field 'concurrency.key': {e}") from None
+        key: str | None = None
+        if spec.concurrency is not None:
+            try:
+                key = str(resolve(spec.concurrency.key, {"inputs": spec.inputs}))
+            except ReferenceError_ as e:
+                raise invalid_input(f"pipeline: field 'concurrency.key': {e}") from None
         seconds = spec.budget.deadline_seconds
-        call = ConcurrencyCall(
-            key=key,
-            limit=spec.concurrency.limit,
-            requester=self.requester,
-            ticket=f"{self.requester}/{workflow.uuid4().hex[:8]}/pipeline",
-            # renewed by the limiter's lease checks for as long as this pipeline lives
-            lease_seconds=(
-                PIPELINE_LEASE_SECONDS if seconds is None else seconds + PIPELINE_LEASE_MARGIN
-            ),
-        )
-        leases = await self.permits.acquire_all([call], self.deadline.wait)
+        # renewed by the limiter's lease checks for as long as this pipeline lives
+        lease = PIPELINE_LEASE_SECONDS if seconds is None else seconds + PIPELINE_LEASE_MARGIN
+        ticket = f"{self.requester}/{workflow.uuid4().hex[:8]}"
+        calls = []
+        if tenant_limit is not None:
+            calls.append(
+                ConcurrencyCall(
+                    key=self.tenant,
+                    scope="tenant",
+                    limit=tenant_limit,
+                    requester=self.requester,
+                    ticket=f"{ticket}/tenant",
+                    lease_seconds=lease,
+                )
+            )
+        if spec.concurrency is not None and key is not None:
+            calls.append(
+                ConcurrencyCall(
+                    key=key,
+                    limit=spec.concurrency.limit,
+                    requester=self.requester,
+                    ticket=f"{ticket}/pipeline",
+                    lease_seconds=lease,
+                )
+            )
+        leases = await self.permits.acquire_all(calls, self.deadline.wait)
         if isinstance(leases, WaitExpired):
-            return f"{leases.message} ({key})"
+            tenant_wait = isinstance(leases.call, ConcurrencyCall) and leases.call.scope == "tenant"
+            which = f"tenant {self.tenant}" if tenant_wait else key
+            return f"{leases.message} ({which})"
         return leases
 
     def ticket(self, step_id: str) -> str:

@@ -3,9 +3,16 @@
 A step whose ``on_failure`` is ``escalate`` and that failed waits for a
 decision (approve, with optional corrected outputs; reject; retry) until its
 ``review_timeout_seconds``. :class:`ReviewDesk` keeps which steps wait, with
-the JSON Schema corrected outputs must match, and the decisions that arrived;
-the Update's validator (:meth:`ReviewDesk.check`) refuses a decision nobody
-waits for before it enters history. Deterministic code only.
+the contracts corrected outputs must meet (the worker's ``output_schema`` and
+the step's ``validate.schema`` when set, with format checks, through
+:mod:`~aiworker.schemas.safe_schema`), and the decisions that arrived. The
+Update's validator (:meth:`ReviewDesk.check`) refuses, before anything enters
+history, a decision nobody waits for, outputs off a contract, and an approval
+without outputs of a step that produced none. Each accepted decision is kept
+with the Update's id (``workflow.current_update_info()``), which is also how
+the Update's accepted event, with the caller's client identity, is found in
+the history: the free-text ``reviewer`` is only what the caller says.
+Deterministic code only.
 """
 
 from __future__ import annotations
@@ -17,19 +24,42 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from jsonschema import Draft202012Validator
     from pydantic import ValidationError
 
+    from aiworker.schemas import safe_schema
     from aiworker.schemas.pipeline import ReviewDecision
+
+
+@dataclass(frozen=True)
+class Awaiting:
+    """A step waiting for review: the contracts its outputs must meet, each with
+    the name a refusal gives it, and whether the step has outputs to approve."""
+
+    contracts: tuple[tuple[str, Any], ...]
+    has_outputs: bool
+
+
+@dataclass(frozen=True)
+class Decided:
+    """An accepted decision and the id of the Update that brought it."""
+
+    decision: ReviewDecision
+    update_id: str
+
+    def record(self) -> dict[str, Any]:
+        """What the step's result keeps of the review (not the outputs)."""
+        return {**self.decision.model_dump(mode="json", exclude={"outputs"}), **self.identity()}
+
+    def identity(self) -> dict[str, Any]:
+        return {"reviewer": self.decision.reviewer, "update_id": self.update_id}
 
 
 @dataclass
 class ReviewDesk:
-    """Steps waiting for a human (step id -> schema of corrected outputs) and the
-    decisions received for them."""
+    """Steps waiting for a human and the decisions received for them."""
 
-    awaiting: dict[str, Any] = field(default_factory=dict)
-    decisions: dict[str, ReviewDecision] = field(default_factory=dict)
+    awaiting: dict[str, Awaiting] = field(default_factory=dict)
+    decisions: dict[str, Decided] = field(default_factory=dict)
 
     def check(self, decision: dict[str, Any]) -> None:
         """The Update's validator: raise ``ValueError`` for a decision to refuse."""
@@ -49,28 +79,42 @@ class ReviewDesk:
         step = d.step or next(iter(self.awaiting))
         if step in self.decisions:
             raise ValueError(f"step {step!r} already has a decision")
-        if d.outputs is not None:
-            if d.decision != "approve":
-                raise ValueError("outputs come only with approve")
-            errors = list(Draft202012Validator(self.awaiting[step]).iter_errors(d.outputs))
+        waiting = self.awaiting[step]
+        if d.outputs is None:
+            if d.decision == "approve" and not waiting.has_outputs:
+                raise ValueError(
+                    f"step {step!r} produced no outputs: an approval must give them (outputs)"
+                )
+            return
+        if d.decision != "approve":
+            raise ValueError("outputs come only with approve")
+        for name, schema in waiting.contracts:
+            try:
+                errors = safe_schema.errors(safe_schema.validator(schema), d.outputs)
+            except safe_schema.SchemaError as e:
+                raise ValueError(f"outputs cannot be checked against {name}: {e.message}") from None
             if errors:
-                first = errors[0]
-                path = "$" + "".join(f"[{p!r}]" for p in first.absolute_path)
-                raise ValueError(f"outputs fail step {step!r}'s schema at {path}: {first.message}")
+                worst = min(errors, key=lambda e: list(map(str, e.absolute_path)))
+                path = "$" + "".join(f"[{p!r}]" for p in worst.absolute_path)
+                raise ValueError(
+                    f"outputs fail step {step!r}'s schema ({name}) at {path}: {worst.message}"
+                )
 
     def accept(self, decision: dict[str, Any]) -> dict[str, Any]:
         """Record a checked decision; the Update's reply."""
         d = ReviewDecision.model_validate(decision)
         step = d.step or next(iter(sorted(self.awaiting)))
-        self.decisions[step] = d
-        return {"step": step, "decision": d.decision, "reviewer": d.reviewer}
+        info = workflow.current_update_info()  # set in every update handler
+        decided = Decided(d, info.id if info is not None else "")
+        self.decisions[step] = decided
+        return {"step": step, "decision": d.decision, **decided.identity()}
 
-    def open(self, step_id: str, schema: Any) -> None:
+    def open(self, step_id: str, contracts: list[tuple[str, Any]], has_outputs: bool) -> None:
         """``step_id`` waits for a decision from now on (an old one is dropped)."""
         self.decisions.pop(step_id, None)
-        self.awaiting[step_id] = schema
+        self.awaiting[step_id] = Awaiting(tuple(contracts), has_outputs)
 
-    async def wait(self, step_id: str, timeout_seconds: float) -> ReviewDecision | None:
+    async def wait(self, step_id: str, timeout_seconds: float) -> Decided | None:
         """The decision on ``step_id``, or None if none came in time."""
         try:
             await workflow.wait_condition(

@@ -22,9 +22,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from jsonschema import Draft202012Validator
-
-    from aiworker.schemas import names
+    from aiworker.schemas import names, safe_schema
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import Step, StepResult, Validation
     from aiworker.schemas.protocol import Usage
@@ -91,7 +89,20 @@ def preflight(run: PipelineRun, step: Step) -> Ended | None:
             return Ended(
                 StepResult(status="skipped", error_message=f"when: value unavailable: {e}")
             )
-        if not Draft202012Validator(step.when["schema"]).is_valid(value):
+        try:
+            # RE2 patterns, no retrieval: safe inside a workflow task
+            matches = safe_schema.is_valid(step.when["schema"], value)
+        except safe_schema.SchemaError as e:
+            return Ended(
+                StepResult(
+                    status="failed",
+                    error_code=ErrorCode.INVALID_INPUT.value,
+                    error_message=(
+                        f"step {step.id!r}: field 'when.schema': {safe_schema.problem(e)}"
+                    ),
+                )
+            )
+        if not matches:
             return Ended(StepResult(status="skipped", error_message="when: value does not match"))
     return None
 
@@ -329,17 +340,22 @@ class StepRunner:
         """Escalate a failed step to a human: the step's result after the decision,
         or None to run it again (``retry``)."""
         run, step, board = self.run, self.step, self.run.board
-        schema = step.validate_.schema_ if step.validate_ is not None else self.worker.output_schema
-        board.desk.open(step.id, schema)
+        # corrected outputs must meet the worker's own contract and the step's
+        contracts: list[tuple[str, Any]] = [
+            (f"{self.worker.worker_id} output_schema", self.worker.output_schema)
+        ]
+        if step.validate_ is not None:
+            contracts.append(("validate.schema", step.validate_.schema_))
+        board.desk.open(step.id, contracts, has_outputs=result.outputs is not None)
         run.steps[step.id] = result.model_copy(update={"status": "awaiting_review"})
         board.set_status("awaiting_review")
         try:
-            decision = await board.desk.wait(step.id, step.review_timeout_seconds)
+            decided = await board.desk.wait(step.id, step.review_timeout_seconds)
         finally:
             # also on cancellation: the status upsert is part of the recorded history
             if not board.desk.awaiting and board.status == "awaiting_review":
                 board.set_status("running")
-        if decision is None:
+        if decided is None:
             run.terminal = "escalation_timed_out"
             return result.model_copy(
                 update={
@@ -350,7 +366,7 @@ class StepRunner:
                     ),
                 }
             )
-        review = decision.model_dump(mode="json", exclude={"outputs"})
+        decision, review = decided.decision, decided.record()
         if decision.decision == "approve":
             outputs = decision.outputs if decision.outputs is not None else result.outputs
             return result.model_copy(

@@ -11,8 +11,9 @@ Errors, by what the provider did:
 - 429 -> ``rate_limited`` with the wait from ``retry-after-ms``,
   ``Retry-After`` or the reset headers as the retry delay;
 - 5xx (529 included), a connection failure, or a body that is not the
-  provider's JSON -> ``upstream_error`` (retryable); these count against
-  the provider's breaker;
+  provider's JSON (over ``max_reply_bytes`` decoded, or in an encoding that
+  cannot be decoded within that bound: ``activities.bodies``) ->
+  ``upstream_error`` (retryable); these count against the provider's breaker;
 - no reply within the attempt's deadline -> ``timeout``: the read budget is
   the worker's own deadline, so this is the worker's timeout (retryable,
   and a breaker failure), while failing to connect is ``upstream_error``;
@@ -37,6 +38,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
+from aiworker.activities import bodies
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.errors import (
     AccessDeniedError,
@@ -112,7 +114,9 @@ class LanguageModel:
         breakers: the ``provider`` circuit breakers.
         limiter: the client-side per-endpoint limits (from the registry if omitted).
         metrics: per-call metrics, or None.
+        max_reply_bytes: the most bytes of a reply, decoded (``upstream_error`` past it).
         tracer: where the span of each call goes (the global provider's by default).
+        meter: counts the bytes of every reply read.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class LanguageModel:
         metrics: LlmMetrics | None = None,
         max_reply_bytes: int = MAX_REPLY_BYTES,
         tracer: trace.Tracer | None = None,
+        meter: bodies.BodyMeter | None = None,
     ) -> None:
         self.registry = registry
         self._own_http = http is None
@@ -137,6 +142,7 @@ class LanguageModel:
         self.limiter = limiter or RateLimiter(registry.limits)
         self.metrics = metrics
         self.max_reply_bytes = max_reply_bytes
+        self.meter = meter
         self.tracer = tracer or _tracer
         self._secrets = sorted(set(registry.secret_values()), key=len, reverse=True)
         # Learned characters per token by alias, from reported usage.
@@ -310,20 +316,23 @@ class LanguageModel:
         query: tuple[tuple[str, str], ...],
         limits: httpx.Timeout,
     ) -> tuple[int, httpx.Headers, bytes]:
+        # Only what the bounded reader decodes is asked for, whatever httpx could decode.
+        headers = {"accept-encoding": bodies.ACCEPT_ENCODING, **headers}
         async with self.http.stream(
             "POST", url, headers=headers, json=body, params=dict(query) or None, timeout=limits
         ) as resp:
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in resp.aiter_bytes():
-                size += len(chunk)
-                if size > self.max_reply_bytes:
-                    raise UpstreamError(
-                        f"the provider's reply is over {self.max_reply_bytes} bytes",
-                        status_code=resp.status_code,
-                    )
-                chunks.append(chunk)
-            return resp.status_code, resp.headers, b"".join(chunks)
+            try:
+                raw = await bodies.read_body(resp, self.max_reply_bytes, meter=self.meter)
+            except bodies.BodyTooLargeError:
+                raise UpstreamError(
+                    f"the provider's reply is over {self.max_reply_bytes} bytes",
+                    status_code=resp.status_code,
+                ) from None
+            except bodies.BodyError as e:
+                raise UpstreamError(
+                    f"the provider's reply cannot be read: {e}", status_code=resp.status_code
+                ) from None
+            return resp.status_code, resp.headers, raw
 
     def _interpret(
         self,

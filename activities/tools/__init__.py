@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiworker.activities.artifacts import FileArtifactStore
+from aiworker.activities.bodies import BodyMeter
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.tools.egress import EgressPolicy
@@ -28,12 +29,14 @@ def scrape_tools(
     breakers: BreakerRegistry | None = None,
     robots: RobotsCache | None = None,
     metrics: WorkerMetrics | None = None,
+    meter: BodyMeter | None = None,
 ) -> dict[str, Any]:
     """The ``fetch_url``, ``parse_html`` and ``artifact_store`` tools for ``settings``.
 
     The keyword arguments replace a part (tests: an egress policy that trusts
     one loopback server, a breaker with a low threshold); ``metrics`` exports
-    the host breakers' state as ``aiworker_breaker_state``.
+    the host breakers' state as ``aiworker_breaker_state``; ``meter`` counts
+    the bytes of every body the fetch tool reads.
     """
     return {
         "fetch_url": FetchTool(
@@ -46,6 +49,7 @@ def scrape_tools(
                 if breakers is not None
                 else BreakerRegistry.from_settings("host", settings, metrics=metrics)
             ),
+            meter=meter,
         ),
         "parse_html": HtmlParser(max_json_depth=settings.caps.max_json_depth),
         "artifact_store": FileArtifactStore(settings.data_dir),

@@ -3,11 +3,18 @@
 Checked twice for every hop of a fetch, redirects included:
 
 1. before the request, on the URL: scheme, the domain allow-lists (from
-   settings, narrowed per request) and IP literals;
+   settings, narrowed by the call's tenant and per request: a host must be
+   in every list that is set, so the tighter wins) and IP literals;
 2. at connect time, inside the HTTP client's network backend, on every
    address the host resolves to. The connection goes to the vetted address
    itself, so a DNS answer that changes between check and connect (DNS
    rebinding) cannot slip through.
+
+Loopback, private, link-local, CGNAT (100.64/10), multicast, reserved and
+The tenant's list (the registry's ``egress_allow``) reaches the policy through
+a context variable that the worker runtime sets around each call
+(:func:`tenant_egress`): the tools are shared by every call of a process, and
+a worker that forgets to pass it on must not widen its tenant's egress.
 
 Loopback, private, link-local, CGNAT (100.64/10), multicast, reserved and
 unspecified addresses are denied unless ``allow_private_networks`` is set;
@@ -19,10 +26,12 @@ a loopback server while proving denial name that exact ``(address, port)`` in
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import ipaddress
 import re
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -40,6 +49,22 @@ METADATA_ADDRESSES = frozenset(
 )
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
+
+# The current call's tenant allow-list; empty: the tenant adds no list.
+_TENANT_DOMAINS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "aiworker_tenant_egress", default=()
+)
+
+
+@contextlib.contextmanager
+def tenant_egress(domains: Iterable[str] | None) -> Iterator[None]:
+    """Hold every egress check in this context (and the tasks it starts) to
+    ``domains`` as well, the call's tenant allow-list; None or empty: no list."""
+    token = _TENANT_DOMAINS.set(tuple(d.lower().lstrip(".") for d in domains or ()))
+    try:
+        yield
+    finally:
+        _TENANT_DOMAINS.reset(token)
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
@@ -157,13 +182,18 @@ class EgressPolicy:
         if ip is None:
             if host in METADATA_HOSTS:
                 raise EgressDeniedError(f"{host} is a cloud metadata host", url=url, host=host)
-            for lst, what in ((self.allow_domains, "settings"), (narrowed, "request")):
+            tenant = _TENANT_DOMAINS.get()
+            for lst, what in (
+                (self.allow_domains, "settings"),
+                (tenant, "tenant"),
+                (narrowed, "request"),
+            ):
                 if lst and not _domain_match(host, lst):
                     raise EgressDeniedError(
                         f"host {host} is not in the {what} egress allow-list", url=url, host=host
                     )
             return
-        if self.allow_domains or narrowed:
+        if self.allow_domains or narrowed or _TENANT_DOMAINS.get():
             raise EgressDeniedError(
                 f"address {ip} is not allowed: the egress allow-list names domains",
                 url=url,

@@ -32,6 +32,7 @@ from aiworker.activities.tools.extraction_spec import (
     compile_spec,
 )
 from aiworker.schemas.caps import DEFAULT_MAX_JSON_DEPTH
+from aiworker.schemas.patterns import first_group
 from aiworker.schemas.refs import ReferenceLimitError, json_depth
 
 try:  # lxml is the fastest parser bs4 supports; html.parser is the fallback.
@@ -119,10 +120,10 @@ def _value(el: Tag, fs: FieldSpec, base_url: str) -> tuple[Any, str | None]:
     if raw is None:
         return None, f"attribute {fs.attr!r} absent"
     if fs.regex is not None:
-        m = fs.regex.search(raw)
-        if m is None:
+        found = first_group(fs.regex, raw)
+        if found is None:
             return None, f"regex {fs.regex.pattern!r} did not match {raw[:80]!r}"
-        raw = m.group(1) if fs.regex.groups else m.group(0)
+        raw = found
     if raw == "" and fs.type != "string":
         return None, "empty text"
     try:

@@ -1,7 +1,8 @@
 """Extraction specs: the checked, compiled form of ``extraction_spec``.
 
 A spec is compiled once (:func:`compile_spec`: selectors, regexes, types and
-locales checked), so a bad spec is ``invalid_input`` before any fetch, and
+locales checked; a ``regex`` runs on RE2, in linear time), so a bad spec is
+``invalid_input`` before any fetch, and
 reused across pages by :class:`~aiworker.activities.tools.extract.HtmlParser`.
 """
 
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import soupsieve
+
+from aiworker.schemas.patterns import PatternError, compile_pattern
 
 TYPES = frozenset({"string", "integer", "number", "boolean", "date", "datetime", "url"})
 _FIELD_KEYS = frozenset(
@@ -45,7 +48,7 @@ class FieldSpec:
     required: bool
     has_default: bool
     default: Any
-    regex: re.Pattern[str] | None
+    regex: Any  # an RE2 pattern (aiworker.schemas.patterns), or None
     locale: str | None
     fields: tuple[FieldSpec, ...] | None
 
@@ -113,9 +116,9 @@ def _compile_field(name: str, f: Any, path: str) -> FieldSpec:
     regex = None
     if f.get("regex") is not None:
         try:
-            regex = re.compile(f["regex"])
-        except (re.error, TypeError) as e:
-            raise SpecError(f"{path}.regex", f"invalid regular expression: {e}") from None
+            regex = compile_pattern(f["regex"])
+        except PatternError as e:
+            raise SpecError(f"{path}.regex", str(e)) from None
     locale = f.get("locale")
     if locale is not None and not (isinstance(locale, str) and _LOCALE.match(locale)):
         raise SpecError(f"{path}.locale", "must be a locale tag such as 'de-DE'")

@@ -1,17 +1,26 @@
 """The ``fetch_url`` tool: one polite, bounded, policy-checked page fetch.
 
+Long on purpose: one hop-by-hop fetch whose checks (header values, egress,
+robots.txt, breaker, politeness, status, bounded body) are read in the order
+they run, and each maps its failure to a stable code here.
+
 Every hop (redirects included) passes the egress policy, robots.txt (for the
 user agent actually sent), the host's circuit breaker and its politeness slot.
 httpx runs with its own retries off and redirects handled here, so that each
-hop is checked; Temporal owns retries. The body is streamed and abandoned as
-soon as it passes the cap, and decoded text honours the charset of the HTTP
-header, then ``<meta charset>``, then detection.
+hop is checked; Temporal owns retries. The body is read raw and decoded with
+bounded output (``activities.bodies``), abandoned as soon as it passes the cap;
+decoded text honours the charset of the HTTP header, then ``<meta charset>``,
+then detection. The user agent is checked as a header value before anything
+is sent.
 
 Failures raise the worker-protocol errors, mapped to the stable codes of ``schemas/errors.py``:
 robots/401/403 -> ``access_denied``, 404/410 -> ``not_found``, 429 ->
 ``rate_limited`` (``Retry-After`` as the next retry delay), 5xx and network
-errors -> ``fetch_failed``, timeouts -> ``fetch_timeout``, body over the cap
--> ``payload_too_large``, policy -> ``egress_denied``.
+errors and corrupt or cut-short compressed bodies -> ``fetch_failed``, timeouts
+-> ``fetch_timeout``, body over the cap, stacked (``gzip, gzip``) or unknown
+``Content-Encoding`` -> ``payload_too_large``, policy -> ``egress_denied``, a
+user agent with control characters -> ``invalid_input`` (no request, no
+breaker failure).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from urllib.parse import urljoin, urlsplit
 import httpcore
 import httpx
 
+from aiworker.activities import bodies
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.errors import (
     AccessDeniedError,
@@ -132,6 +142,7 @@ class FetchTool:
         user_agent: the default ``User-Agent``; requests may override it.
         transport: an httpx transport for tests (``MockTransport``); the
             guarded transport by default.
+        meter: counts the bytes every body read received and produced.
     """
 
     def __init__(
@@ -144,6 +155,7 @@ class FetchTool:
         breakers: BreakerRegistry | None = None,
         user_agent: str = DEFAULT_USER_AGENT,
         transport: httpx.AsyncBaseTransport | None = None,
+        meter: bodies.BodyMeter | None = None,
     ) -> None:
         self.egress = egress
         self.limits = limits or FetchLimits()
@@ -151,13 +163,14 @@ class FetchTool:
         self.politeness = politeness or Politeness()
         self.breakers = breakers
         self.user_agent = user_agent
+        self.meter = meter
         self._client = httpx.AsyncClient(
             transport=transport or guarded_transport(egress),
             follow_redirects=False,
             trust_env=False,
             headers={
                 "Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
-                "Accept-Encoding": "gzip, deflate, br",
+                "Accept-Encoding": bodies.ACCEPT_ENCODING,
             },
         )
 
@@ -175,6 +188,7 @@ class FetchTool:
     ) -> FetchResult:
         """Fetch ``url`` within ``timeout`` seconds (connect, redirects, body and all)."""
         ua = user_agent or self.user_agent
+        check_header_value(ua, "input.user_agent")
         domains = tuple(allow_domains or ())
         started = time.monotonic()
         fetched_at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -297,6 +311,11 @@ class FetchTool:
         except httpx.InvalidURL as e:
             healthy = True
             raise InvalidInputError(f"invalid URL {url}: {e}", field="input.url", url=url) from None
+        except httpx.LocalProtocolError as e:
+            healthy = True  # refused here, before the host saw anything
+            raise InvalidInputError(
+                f"the request to {url} is not valid HTTP: {e}", field="input", url=url
+            ) from None
         except httpx.TransportError as e:
             raise FetchFailedError(
                 f"network error fetching {url}: {type(e).__name__}: {e}", url=url
@@ -311,36 +330,29 @@ class FetchTool:
     async def _read(
         self, resp: httpx.Response, url: str, cap: int, truncate: bool = False
     ) -> bytes:
-        """The decoded body, streamed; ``payload_too_large`` as soon as it passes ``cap``."""
-        declared = resp.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > cap and not truncate:
+        """The decoded body, streamed raw and decoded with bounded output (``bodies``)."""
+        try:
+            return await bodies.read_body(resp, cap, truncate=truncate, meter=self.meter)
+        except bodies.BodyTooLargeError as e:
+            raise PayloadTooLargeError(f"{url} {e}", url=url, limit_bytes=cap) from None
+        except bodies.UnsupportedEncodingError as e:
+            # Not retried: the same server sends the same coding again, and a body
+            # this worker will not decode is one it will not read, like one over the cap.
             raise PayloadTooLargeError(
-                f"{url} declares {declared} bytes, over the {cap}-byte limit",
+                f"{url}: {e}",
                 url=url,
                 limit_bytes=cap,
-            )
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            async for chunk in resp.aiter_bytes():
-                size += len(chunk)
-                if size > cap:
-                    if truncate:
-                        chunks.append(chunk[: cap - (size - len(chunk))])
-                        break
-                    raise PayloadTooLargeError(
-                        f"{url} body passed the {cap}-byte limit", url=url, limit_bytes=cap
-                    )
-                chunks.append(chunk)
+                reason=e.reason,
+                content_encoding=e.encoding,
+            ) from None
+        except bodies.CorruptBodyError as e:
+            raise FetchFailedError(f"cannot decode the body of {url}: {e}", url=url) from None
         except httpx.TimeoutException:
             raise FetchTimeoutError(f"timed out reading {url}", url=url) from None
-        except httpx.DecodingError as e:
-            raise FetchFailedError(f"cannot decode the body of {url}: {e}", url=url) from None
         except httpx.TransportError as e:
             raise FetchFailedError(
                 f"network error reading {url}: {type(e).__name__}: {e}", url=url
             ) from None
-        return b"".join(chunks)
 
     def _check_content_type(self, resp: httpx.Response, url: str) -> None:
         mime = resp.headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -364,7 +376,9 @@ class FetchTool:
         except (NotFoundError, AccessDeniedError) as e:
             # RFC 9309: any 4xx robots.txt means no rules apply.
             return int(getattr(e, "status_code", 404)), ""
-        except FetchFailedError as e:
+        except (FetchFailedError, PayloadTooLargeError) as e:
+            # An undecodable robots.txt is treated as an unreachable one (RFC 9309
+            # 2.3.1.4: assume complete disallow), retryable like a 5xx.
             status = int(getattr(e, "status_code", 0) or 0)
             if 400 <= status < 500:
                 return status, ""
@@ -373,6 +387,27 @@ class FetchTool:
                 url=robots_url,
                 status_code=getattr(e, "status_code", None),
             ) from None
+
+
+_HEADER_VALUE_MAX = 1024
+
+
+def check_header_value(value: str, field: str) -> None:
+    """``invalid_input`` naming ``field`` unless ``value`` is a safe HTTP header value.
+
+    Printable ASCII and tabs only: CR/LF would split the header (h11 refuses it
+    only at send time, which looked like a failing host to the breaker), other
+    control characters are refused by servers, and httpx encodes values as ASCII.
+    """
+    if len(value) > _HEADER_VALUE_MAX:
+        raise InvalidInputError(
+            f"{field} is longer than {_HEADER_VALUE_MAX} characters", field=field
+        )
+    bad = next((c for c in value if not (" " <= c <= "~" or c == "\t")), None)
+    if bad is not None:
+        raise InvalidInputError(
+            f"{field} holds {bad!r}: a header value takes printable ASCII only", field=field
+        )
 
 
 def _raise_for_status(resp: httpx.Response, url: str) -> None:

@@ -5,7 +5,10 @@ when many activities ask at once) and keeps the parsed rules for a TTL.
 Following RFC 9309: a 4xx robots.txt means no rules (allow all); a 5xx or a
 network failure is not cached and fails the fetch as retryable, so a site in
 trouble is not mistaken for an open one. Matching uses the user agent that
-the page request itself sends.
+the page request itself sends. Rules are parsed and matched by Scrapy's
+``protego``, which follows RFC 9309 where ``urllib.robotparser`` does not:
+``*`` and ``$`` wildcards, the longest matching rule wins, ``Allow`` wins a
+tie, paths are compared percent-encoded.
 
 :class:`Politeness` bounds concurrent requests per host and keeps a minimum
 delay between request starts to the same host (the larger of the configured
@@ -19,7 +22,8 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from urllib.robotparser import RobotFileParser
+
+from protego import Protego
 
 # (url) -> (status_code, body text); raises WorkerError subclasses on failure.
 RobotsLoader = Callable[[str], Awaitable[tuple[int, str]]]
@@ -27,7 +31,7 @@ RobotsLoader = Callable[[str], Awaitable[tuple[int, str]]]
 
 @dataclass
 class _Entry:
-    parser: RobotFileParser
+    parser: Protego
     expires: float
 
 
@@ -41,7 +45,7 @@ class RobotsCache:
         self._locks: dict[str, asyncio.Lock] = {}
         self.fetches = 0
 
-    async def rules(self, origin: str, load: RobotsLoader) -> RobotFileParser:
+    async def rules(self, origin: str, load: RobotsLoader) -> Protego:
         """The rules of ``origin``, loading them with ``load`` when stale."""
         entry = self._entries.get(origin)
         if entry is not None and entry.expires > time.monotonic():
@@ -53,11 +57,7 @@ class RobotsCache:
                 return entry.parser
             self.fetches += 1
             status, text = await load(origin + "/robots.txt")
-            parser = RobotFileParser(origin + "/robots.txt")
-            if 400 <= status < 500:
-                parser.parse([])
-            else:
-                parser.parse(text.splitlines())
+            parser = Protego.parse("" if 400 <= status < 500 else text)
             if len(self._entries) >= self.max_entries:
                 oldest = next(iter(self._entries))
                 self._entries.pop(oldest)
@@ -73,7 +73,7 @@ class RobotsCache:
         """Whether ``user_agent`` may fetch ``url``, and the site's crawl delay."""
         parser = await self.rules(origin, load)
         delay = parser.crawl_delay(user_agent)
-        return parser.can_fetch(user_agent, url), (float(delay) if delay is not None else None)
+        return parser.can_fetch(url, user_agent), (float(delay) if delay is not None else None)
 
 
 class Politeness:

@@ -20,8 +20,10 @@ import pytest_asyncio
 from conftest import Stack, running_stack
 from fixtures.llm_fakes import BAD, GOOD, PERSON_SCHEMA, FakeProvider, fake  # noqa: F401  (module fixture)
 from prometheus_client import CollectorRegistry
+from support.loopback import upstream
 from temporalio.api.failure.v1 import Failure
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.llm import LanguageModel, LlmMetrics, load_registry
@@ -291,6 +293,37 @@ async def test_feedback_reaches_the_model_and_fixes_the_reply(
     last = fake.seen(models.model("json-feedback"))[-1].body["messages"][-1]
     assert last["role"] == "user" and "$.age" in last["content"]
     assert BAD["age"] in last["content"]
+
+
+async def test_a_remote_ref_in_response_schema_is_never_fetched(
+    llm_stack: Stack, models: Models, fake: FakeProvider
+) -> None:
+    """A literal response_schema with a remote ``$ref`` is refused before the run;
+    nothing reaches the server it names, nor the model."""
+    with upstream() as server:
+        handle = await llm_stack.start(
+            {
+                "name": "llm",
+                "steps": [
+                    {
+                        "id": "ask",
+                        "worker": "llm-call",
+                        "input": {
+                            "model": "echo",
+                            "prompt": "a",
+                            "response_schema": {"$ref": server.base_url + "/s.json"},
+                        },
+                    }
+                ],
+            }
+        )
+        with pytest.raises(WorkflowFailureError) as e:
+            await handle.result()
+    assert isinstance(e.value.cause, ApplicationError) and e.value.cause.type == "invalid_input"
+    assert "step 'ask': field 'input.response_schema': $ref" in str(e.value.cause)
+    assert "aiworker never fetches schemas" in str(e.value.cause)
+    assert server.total == 0
+    assert fake.seen(models.model("echo")) == []
 
 
 async def test_permanent_provider_errors_are_not_retried(

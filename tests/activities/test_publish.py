@@ -11,7 +11,8 @@ import pytest
 from support.loopback import Exchange, serve
 from temporalio.exceptions import ApplicationError
 
-from aiworker.activities.publish import Ledger, Publish, WebhookPoster
+from aiworker.activities.publish import Publish, WebhookPoster
+from aiworker.activities.publish_ledger import Ledger
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.protocol import WorkerResponse
@@ -23,12 +24,12 @@ def _rt(settings: Settings) -> WorkerRuntime:
 
 
 async def _publish(
-    settings: Settings, key: str, sink: dict[str, Any], record: Any
+    settings: Settings, key: str, sink: dict[str, Any], record: Any, tenant: str = "acme"
 ) -> WorkerResponse:
     request = {
         "worker_id": "publish",
         "idempotency_key": key,
-        "tenant": "acme",
+        "tenant": tenant,
         "input": {"sink": sink, "record": record},
     }
     return await _rt(settings).run(Publish(), request)
@@ -46,7 +47,7 @@ async def test_file_sink_appends_once_per_key(settings: Settings) -> None:
     assert first.outputs["published"] is True and first.outputs["duplicate"] is False
     assert again.outputs == {**first.outputs, "published": False, "duplicate": True}
     assert other.outputs["published"] is True
-    lines = _lines(settings.data_dir / "sinks" / "out" / "products.jsonl")
+    lines = _lines(settings.data_dir / "sinks" / "acme" / "out" / "products.jsonl")
     assert [(x["idempotency_key"], x["record"]) for x in lines] == [
         ("wf/notify", {"title": "Mug"}),
         ("wf/notify/1", {"title": "Cup"}),
@@ -64,17 +65,93 @@ async def test_file_sink_outside_the_data_dir_is_invalid_input(
     assert e.value.non_retryable
 
 
+async def test_file_sinks_live_under_the_tenant_and_keys_are_per_tenant(
+    settings: Settings,
+) -> None:
+    sink = {"file": "orders.jsonl"}
+    acme = await _publish(settings, "wf/p", sink, {"n": 1})
+    # the same key and file name for another tenant is another side effect
+    globex = await _publish(settings, "wf/p", sink, {"n": 2}, tenant="globex")
+    assert acme.outputs["published"] is True and globex.outputs["published"] is True
+    sinks = settings.data_dir / "sinks"
+    assert [x["record"] for x in _lines(sinks / "acme" / "orders.jsonl")] == [{"n": 1}]
+    assert [x["record"] for x in _lines(sinks / "globex" / "orders.jsonl")] == [{"n": 2}]
+    assert not (sinks / "orders.jsonl").exists()
+    # one tenant cannot climb into another's directory
+    with pytest.raises(ApplicationError) as e:
+        await _publish(settings, "wf/q", {"file": "../globex/orders.jsonl"}, {"n": 3})
+    assert e.value.type == "invalid_input"
+    assert len(_lines(sinks / "globex" / "orders.jsonl")) == 1
+
+
+async def test_a_key_reused_with_another_sink_is_invalid_input(
+    settings: Settings, hook: tuple[str, _Hook]
+) -> None:
+    url, state = hook
+    first = await _publish(settings, "wf/once", {"file": "a.jsonl"}, {"n": 1})
+    assert first.outputs["published"] is True
+    # the same file spelled differently is the same sink
+    again = await _publish(settings, "wf/once", {"file": "./x/../a.jsonl"}, {"n": 1})
+    assert again.outputs["duplicate"] is True
+    for other in ({"file": "b.jsonl"}, {"webhook": url}):
+        with pytest.raises(ApplicationError) as e:
+            await _publish(settings, "wf/once", other, {"n": 1})
+        assert (e.value.type, e.value.non_retryable) == ("invalid_input", True)
+        message = str(e.value)
+        assert "file:a.jsonl" in message and ("file:b.jsonl" in message or url in message)
+    assert state.requests == []
+    assert not (settings.data_dir / "sinks" / "acme" / "b.jsonl").exists()
+    # a webhook key, then a file sink
+    await _publish(settings, "wf/hooked", {"webhook": url}, {"n": 1})
+    with pytest.raises(ApplicationError) as e:
+        await _publish(settings, "wf/hooked", {"file": "a.jsonl"}, {"n": 1})
+    assert e.value.type == "invalid_input" and url in str(e.value)
+    assert len(_lines(settings.data_dir / "sinks" / "acme" / "a.jsonl")) == 1
+
+
+def _long_name() -> str:
+    # 6 components of 80 three-byte characters: 486 characters (the schema's cap
+    # is 512), 1446 bytes (over the 1024-byte cap), each component 240 bytes
+    return "/".join(["€" * 80] * 6)
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("sub/", "is a directory"),
+        ("existing", "is a directory"),
+        ("nul\x00.jsonl", "NUL"),
+        ("a" * 256 + ".jsonl", "component"),
+        ("d/" + "é" * 130, "component"),
+        (_long_name(), "bytes; at most 1024"),
+        ("plain.jsonl/under-a-file.jsonl", "cannot be a file"),
+    ],
+)
+async def test_a_bad_sink_name_is_invalid_input_not_internal(
+    settings: Settings, name: str, why: str
+) -> None:
+    (settings.data_dir / "sinks" / "acme" / "existing").mkdir(parents=True)
+    await _publish(settings, "wf/plain", {"file": "plain.jsonl"}, {})
+    with pytest.raises(ApplicationError) as e:
+        await _publish(settings, "wf/bad", {"file": name}, {"n": 1})
+    assert (e.value.type, e.value.non_retryable) == ("invalid_input", True)
+    assert why in str(e.value)
+    assert e.value.details[0]["field"] == "input.sink.file"
+
+
 async def test_crash_after_append_before_ledger_done_does_not_append_twice(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_mark = Ledger.mark
     calls = {"n": 0}
 
-    def dying_mark(conn: Any, key: str, sink: str, state: str, status_code: Any = None) -> None:
+    def dying_mark(
+        conn: Any, tenant: str, key: str, sink: str, state: str, status_code: Any = None
+    ) -> None:
         if state == "done" and calls["n"] == 0:
             calls["n"] += 1
             raise RuntimeError("process killed")
-        real_mark(conn, key, sink, state, status_code)
+        real_mark(conn, tenant, key, sink, state, status_code)
 
     monkeypatch.setattr(Ledger, "mark", staticmethod(dying_mark))
     with pytest.raises(ApplicationError) as e:
@@ -82,7 +159,7 @@ async def test_crash_after_append_before_ledger_done_does_not_append_twice(
     assert e.value.type == "internal"
     retry = await _publish(settings, "wf/p", {"file": "s.jsonl"}, {"n": 1})
     assert retry.outputs["duplicate"] is True
-    assert len(_lines(settings.data_dir / "sinks" / "s.jsonl")) == 1
+    assert len(_lines(settings.data_dir / "sinks" / "acme" / "s.jsonl")) == 1
 
 
 class _Hook:

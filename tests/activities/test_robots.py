@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from aiworker.activities.errors import FetchFailedError
+from support.loopback import Exchange, serve
+
+from aiworker.activities.errors import AccessDeniedError, FetchFailedError
+from aiworker.activities.tools.egress import EgressPolicy
+from aiworker.activities.tools.fetch import FetchTool
 from aiworker.activities.tools.robots import Politeness, RobotsCache
 
 
@@ -68,3 +72,99 @@ async def test_politeness_bounds_concurrency_per_host_across_callers() -> None:
     await asyncio.gather(*(request(h) for h in "ab" * 6))
     assert peak == {"a": 2, "b": 2}
     assert polite._slots == {}  # idle hosts are forgotten
+
+
+# --- RFC 9309 through the real fetch path ---------------------------------------------------
+
+# Section 5.1 ("Simple Example") and 5.2 ("Longest Match") verbatim, in the "*" group the
+# cases of sections 2.2.2 (longest match; Allow wins a tie; percent-encoding) and 2.2.3
+# (special characters "*" and "$", and "%2A"/"%24" for a literal "*" and "$").
+RFC9309_ROBOTS = """\
+User-Agent: *
+Disallow: *.gif$
+Disallow: /example/
+Allow: /publications/
+Disallow: /*.pdf$
+Disallow: /private
+Allow: /private/public
+Disallow: /tie
+Allow: /tie
+Disallow: /foo/bar/%E3%83%84
+Disallow: /path/file-with-a-%2A.html
+Disallow: /path/foo-%24
+Disallow: /this/*/exactly$
+
+User-Agent: foobot
+Disallow:/
+Allow:/example/page.html
+Allow:/example/allowed.gif
+
+User-Agent: barbot
+User-Agent: bazbot
+Disallow: /example/page.html
+
+User-Agent: quxbot
+
+User-Agent: longbot
+Allow: /example/page/
+Disallow: /example/page/disallowed.gif
+"""
+
+# (user agent, path, allowed); every False was True under urllib.robotparser or vice versa
+# where marked "was".
+RFC9309_CASES = [
+    ("otherbot/1.0", "/a.gif", False),  # was allowed: "$" and a leading "*"
+    ("otherbot/1.0", "/a.gifx", True),
+    ("otherbot/1.0", "/example/x", False),
+    ("otherbot/1.0", "/publications/x", True),
+    ("otherbot/1.0", "/a.pdf", False),  # was allowed
+    ("otherbot/1.0", "/a.pdfx", True),
+    ("otherbot/1.0", "/private/public/x", True),  # was denied: the first rule won
+    ("otherbot/1.0", "/private/x", False),
+    ("otherbot/1.0", "/tie", True),  # was denied: Allow wins a tie
+    ("otherbot/1.0", "/foo/bar/\u30c4", False),
+    ("otherbot/1.0", "/foo/bar/%E3%83%84", False),
+    ("otherbot/1.0", "/path/file-with-a-*.html", False),
+    ("otherbot/1.0", "/path/foo-$", False),
+    ("otherbot/1.0", "/this/a/b/exactly", False),  # was allowed
+    ("otherbot/1.0", "/this/a/exactly/not", True),
+    ("FooBot/2.1", "/example/page.html", True),  # was denied
+    ("FooBot/2.1", "/example/allowed.gif", True),  # was denied
+    ("FooBot/2.1", "/x", False),
+    ("barbot", "/example/page.html", False),
+    ("bazbot/3", "/example/page.html", False),
+    ("barbot", "/x", True),
+    ("quxbot", "/example/x", True),  # was denied: an empty group allows everything
+    ("longbot", "/example/page/", True),
+    ("longbot", "/example/page/disallowed.gif", False),  # was allowed
+]
+
+
+async def test_rfc9309_examples_through_the_fetch_tool() -> None:
+    seen: list[str] = []
+
+    def site(ex: Exchange) -> None:
+        seen.append(ex.target)
+        if ex.path == "/robots.txt":
+            ex.send(200, RFC9309_ROBOTS.encode(), "text/plain")
+        else:
+            ex.send(200, b"<html><h1>page</h1></html>")
+
+    fetcher = FetchTool(EgressPolicy(allow_private_networks=True))
+    outcomes = []
+    try:
+        with serve(site) as server:
+            for ua, path, _ in RFC9309_CASES:
+                try:
+                    await fetcher.fetch(server.url(path), timeout=10, user_agent=ua)
+                    outcomes.append((ua, path, True))
+                except AccessDeniedError as e:
+                    assert e.context["reason"] == "robots"
+                    outcomes.append((ua, path, False))
+    finally:
+        await fetcher.aclose()
+    assert outcomes == RFC9309_CASES
+    assert seen.count("/robots.txt") == 1
+    # A denied page was never requested.
+    requested = {t for t in seen if t != "/robots.txt"}
+    assert len(requested) == sum(allowed for _, _, allowed in RFC9309_CASES)

@@ -17,6 +17,8 @@ import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
 from fixtures.scrape_site import FixtureSite, site  # noqa: F401  (module fixture)
+from support.history import workflow_task_failures
+from support.loopback import serve
 from support.payloads import stack_settings
 from temporalio.client import Client
 
@@ -199,6 +201,49 @@ async def test_permanent_failures_fail_after_one_attempt(scrape: Stack, site: Fi
     assert site.count("/private/secret") == 0
     assert site.count("/ua?blocked") == 0
     assert site.count("/list?never") == 0
+
+
+async def test_user_regexes_run_in_linear_time(scrape: Stack) -> None:
+    """``^(a+)+$`` against 29 ``a``s and a ``b`` (11 s on Python's ``re``) finishes
+    well inside a 3 s deadline; a pattern RE2 refuses is ``invalid_input`` naming
+    the field and the engine, before any request."""
+    evil = "a" * 29 + "b"
+    page = f"<html><body><h1>{evil}</h1><p>price 42 EUR</p></body></html>".encode()
+    with serve(lambda ex: ex.send(200, page)) as server:
+        result, handle = await run(
+            scrape,
+            [
+                step(
+                    "redos",
+                    server.url("/evil"),
+                    {"fields": {"h": {"selector": "h1", "regex": "^(a+)+$"}}},
+                    timeout_seconds=3,
+                ),
+                step(
+                    "group",
+                    server.url("/evil"),
+                    {"fields": {"n": {"selector": "p", "regex": "(\\d+)", "type": "integer"}}},
+                    timeout_seconds=3,
+                ),
+                step(
+                    "backref",
+                    server.url("/never"),
+                    {"fields": {"h": {"selector": "h1", "regex": "(a)\\1"}}},
+                ),
+            ],
+        )
+    codes = {k: (v.status, v.error_code, v.attempts) for k, v in result.steps.items()}
+    assert codes == {
+        "redos": ("succeeded", None, 1),
+        "group": ("succeeded", None, 1),
+        "backref": ("failed", "invalid_input", 1),
+    }
+    assert result.steps["redos"].outputs["data"]["h"] is None
+    assert result.steps["group"].outputs["data"]["n"] == 42
+    message = result.steps["backref"].error_message or ""
+    assert "extraction_spec.fields.h.regex" in message
+    assert "RE2 (linear time, no backreferences or lookaround)" in message
+    assert await workflow_task_failures(handle) == 0
 
 
 async def test_transient_failures_are_retried_by_temporal(scrape: Stack, site: FixtureSite) -> None:

@@ -37,7 +37,7 @@ STEP_TIMEOUT_SECONDS = 6  # start-to-close = 6 + 5 s grace: how long the lost at
 async def test_worker_sigkilled_mid_step_restarts_and_publishes_exactly_once(
     client: Client, settings: Settings, tmp_path: Path
 ) -> None:
-    sink = tmp_path / "data" / "sinks" / "records.jsonl"
+    sink = tmp_path / "data" / "sinks" / "acme" / "records.jsonl"
     attempts = tmp_path / "attempts.jsonl"
     env = worker_env(client, settings, tmp_path / "data")
     record = {"sku": "A-1", "price": 9.5}

@@ -37,7 +37,7 @@ async def test_dev_server_restart_mid_pipeline_completes(tmp_path: Path) -> None
             metrics_port=0,
             shutdown_grace_seconds=2,
         )
-        sink = tmp_path / "data" / "sinks" / "records.jsonl"
+        sink = tmp_path / "data" / "sinks" / "default" / "records.jsonl"
         attempts = tmp_path / "attempts.jsonl"
         worker = SlowPublish(attempts, hold_seconds=2.0)
         pipeline = {

@@ -170,7 +170,7 @@ class SlowPublish(Publish):
 
 
 def publish_step(step_id: str, record_ref: str, sink_file: str, **extra: Any) -> dict[str, Any]:
-    """A ``publish`` step to a JSONL file sink under ``<data dir>/sinks``."""
+    """A ``publish`` step to a JSONL file sink under ``<data dir>/sinks/<tenant>``."""
     return {
         "id": step_id,
         "worker": names.PUBLISH,

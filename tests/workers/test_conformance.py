@@ -157,7 +157,7 @@ async def test_network_and_side_effect_builtins_pass_against_loopback_servers(
     assert web.checks[0].name == "example[0] (the loopback listing)"
     # the example and the tightened-timeout call reached the model; the refused ones did not
     assert len(fake.seen(model)) == 2
-    sink = s.data_dir / "sinks" / "conformance" / "example.jsonl"
+    sink = s.data_dir / "sinks" / "default" / "conformance" / "example.jsonl"
     lines = [json.loads(x) for x in sink.read_text("utf-8").splitlines()]
     record = builtin_spec("publish").examples[0].input["record"]
     # the tightened-timeout call reuses the example's idempotency key: published once

@@ -149,7 +149,7 @@ async def test_when_skips_and_a_failed_gate_blocks_the_side_effect(
     assert notify.reasons[0]["path"] == "$.title"
     assert result.steps["loud"].status == "skipped"
     assert "publish" not in await scheduled_activities(handle)
-    assert not (settings.data_dir / "sinks" / "gated.jsonl").exists()
+    assert not (settings.data_dir / "sinks" / "default" / "gated.jsonl").exists()
     assert desc.typed_search_attributes.get(STATUS) == "partial"
 
 
@@ -345,7 +345,7 @@ async def test_publish_writes_once_when_the_worker_dies_after_writing(
     async with running_stack(client, settings, replace_activities=acts) as stack:
         handle = await stack.start(pipeline)
         result = await handle.result()
-    lines = (settings.data_dir / "sinks" / "once.jsonl").read_text().splitlines()
+    lines = (settings.data_dir / "sinks" / "default" / "once.jsonl").read_text().splitlines()
     assert len(lines) == 1
     assert json.loads(lines[0])["idempotency_key"] == f"{handle.id}/notify"
     assert attempts == [1, 2]

@@ -8,20 +8,10 @@ from typing import Any
 import pytest
 from conftest import Stack
 from support import history
+from support.pipelines import refused as fail
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError
-from temporalio.exceptions import ApplicationError
 
 V = {"data": 1, "schema": {}}
-
-
-async def fail(stack: Stack, pipeline: Any) -> tuple[ApplicationError, Any]:
-    h = await stack.start(pipeline)
-    with pytest.raises(WorkflowFailureError) as ei:
-        await h.result()
-    cause = ei.value.cause
-    assert isinstance(cause, ApplicationError)
-    return cause, h
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,7 @@ async def test_redrive_reuses_succeeded_steps_and_keeps_idempotency_keys(
     assert result.steps["check"].reused_from is None
     assert await scheduled_activities(handle) == ["aggregator", "publish"]
     assert (await desc.memo())["reused_steps"] == ["pub"]
-    text = (settings.data_dir / "sinks" / "redrive.jsonl").read_text()
+    text = (settings.data_dir / "sinks" / "default" / "redrive.jsonl").read_text()
     lines = [json.loads(x) for x in text.splitlines()]
     assert [x["idempotency_key"] for x in lines] == [f"{first.id}/pub", f"{first.id}/final"]
 

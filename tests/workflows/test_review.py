@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 from conftest import running_stack
+from support import history
 from support.standins import fail, standin
 from support.waiting import wait_until
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
@@ -72,7 +74,8 @@ async def test_approve_with_corrected_outputs(client: Client, settings: Settings
         )
         result = await handle.result()
         desc = await handle.describe()
-    assert answer == {"step": "draft", "decision": "approve", "reviewer": "ann"}
+    assert answer["step"] == "draft" and answer["decision"] == "approve"
+    assert answer["reviewer"] == "ann" and answer["update_id"]
     draft = result.steps["draft"]
     assert result.status == "succeeded"
     assert result.output == {"title": "fixed by a human"}
@@ -122,3 +125,55 @@ async def test_no_review_before_the_deadline_times_out(
     draft = result.steps["draft"]
     assert draft.status == "escalation_timed_out"
     assert "no review within 604800s" in (draft.error_message or "")
+
+
+async def test_review_checks_both_contracts_with_formats_and_keeps_the_update_id(
+    client: Client, settings: Settings
+) -> None:
+    """Approved outputs meet the worker's own output contract and ``validate.schema``
+    (formats checked); an approval without outputs of a step that produced none is
+    refused; every refusal happens in the Update's validator, so only the accepted
+    decision is in the history, kept with its Update id."""
+    calls: list[dict[str, Any]] = []
+    pipeline = _pipeline()
+    pipeline["steps"][0]["validate"] = {
+        "schema": {
+            "type": "object",
+            "properties": {
+                "result": {"type": "object", "properties": {"contact": {"format": "email"}}}
+            },
+        }
+    }
+    fine = {**GOOD, "result": {"title": "fixed", "contact": "ann@example.com"}}
+    async with running_stack(
+        client, settings, replace_activities={"aggregator": _producer(calls)}
+    ) as stack:
+        handle = await stack.start(pipeline)
+        await _awaiting(handle)
+        refusals = []
+        for decision in (
+            {"decision": "approve"},  # the step failed without outputs
+            {"decision": "approve", "outputs": {**fine, "result": {"contact": "not an email"}}},
+            {"decision": "approve", "outputs": {"result": {"contact": "ann@example.com"}}},
+        ):
+            with pytest.raises(WorkflowUpdateFailedError) as e:
+                await handle.execute_update(names.REVIEW_UPDATE, {**decision, "reviewer": "mal"})
+            refusals.append(str(e.value.cause))
+        answer = await handle.execute_update(
+            names.REVIEW_UPDATE,
+            {"decision": "approve", "outputs": fine, "reviewer": "ann"},
+            id="review-ann-1",
+        )
+        result = await handle.result()
+        accepted = await history.count(
+            handle, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+        )
+    assert "produced no outputs" in refusals[0]
+    assert "validate.schema" in refusals[1] and "email" in refusals[1]
+    assert "aggregator output_schema" in refusals[2] and "required" in refusals[2]
+    assert answer["update_id"] == "review-ann-1" and answer["reviewer"] == "ann"
+    assert result.status == "succeeded"
+    review = result.steps["draft"].review
+    assert review is not None
+    assert review["update_id"] == "review-ann-1" and review["reviewer"] == "ann"
+    assert accepted == 1

@@ -1,0 +1,166 @@
+"""Starting reliably: ``aiworker worker`` and ``aiworker dev`` wait (bounded) for
+a healthy frontend, say clearly when it never is, and a dev stack killed with
+SIGKILL leaves no Temporal server behind.
+
+Each test runs its own processes and servers on free loopback ports, and
+stops every one of them by the PID it recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.procs import WorkerProcess
+from support.waiting import wait_until
+
+from aiworker.workers.devserver import DevServer, free_port
+
+AIWORKER = str(Path(sys.executable).parent / "aiworker")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
+    env.update(AIWORKER_LOG_LEVEL="WARNING", AIWORKER_SHUTDOWN_GRACE_SECONDS="2", **extra)
+    return env
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody has reaped yet counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+@contextlib.contextmanager
+def _mute_frontend() -> Iterator[int]:
+    """A loopback port that accepts connections and never speaks gRPC."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError, OSError):
+                conn, _ = sock.accept()
+                conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield int(sock.getsockname()[1])
+    finally:
+        stop.set()
+        t.join(5)
+        sock.close()
+
+
+def _ready(port: int) -> bool:
+    with contextlib.suppress(OSError):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+            return bool(r.status == 200)
+    return False
+
+
+@pytest.mark.timeout(120)
+async def test_worker_started_before_its_server_waits_then_serves(tmp_path: Path) -> None:
+    port, metrics = free_port(), free_port()
+    env = _env(
+        TEMPORAL_ADDRESS=f"127.0.0.1:{port}",
+        AIWORKER_METRICS_PORT=str(metrics),
+        AIWORKER_DATA_DIR=str(tmp_path / "data"),
+    )
+    worker = WorkerProcess([AIWORKER, "worker", "--wait", "90"], env, tmp_path / "worker.log")
+    server = DevServer(tmp_path / "dev", port=port, ui_port=None, persistent=False)
+    try:
+        await wait_until(
+            lambda: "waiting for Temporal at" in worker.output(),
+            lambda: f"the worker to say it waits: {worker.output()}",
+        )
+        assert worker.proc.poll() is None, worker.output()
+        server.start()
+        await wait_until(
+            lambda: asyncio.to_thread(_ready, metrics),
+            lambda: f"the worker to poll: {worker.output()}",
+            timeout=60,
+            interval=0.5,
+        )
+    finally:
+        worker.terminate()
+        worker.close()
+        server.stop()
+
+
+async def test_worker_says_when_the_frontend_never_becomes_healthy(tmp_path: Path) -> None:
+    with _mute_frontend() as port:
+        env = _env(
+            TEMPORAL_ADDRESS=f"127.0.0.1:{port}",
+            AIWORKER_METRICS_PORT="0",
+            AIWORKER_DATA_DIR=str(tmp_path / "data"),
+        )
+        proc = await asyncio.to_thread(
+            subprocess.run,
+            [AIWORKER, "worker", "--wait", "2"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"aiworker: cannot reach Temporal: Temporal at 127\.0\.0\.1:{port} was not healthy "
+        r"within 2s \(.+\)",
+        last,
+    ), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(120)
+async def test_dev_killed_with_sigkill_leaves_no_server(tmp_path: Path) -> None:
+    data = tmp_path / "dev"
+    port = free_port()
+    log = tmp_path / "dev.out"
+    dev = WorkerProcess(
+        [AIWORKER, "dev", "--data-dir", str(data), "--port", str(port), "--headless"],
+        _env(AIWORKER_METRICS_PORT="0"),
+        log,
+    )
+    server_pid = None
+    try:
+        await wait_until(
+            lambda: "Worker polling:" in dev.output(),
+            lambda: f"the dev stack to start: {dev.output()}",
+            timeout=90,
+            interval=0.5,
+        )
+        lock = (data / "dev.lock").read_text()
+        found = re.search(r"server pid (\d+)", lock)
+        assert found, lock
+        server_pid = int(found.group(1))
+        assert _alive(server_pid)
+        dev.kill()
+        await wait_until(
+            lambda: not _alive(server_pid),
+            f"the Temporal server (pid {server_pid}) to exit with its parent",
+            timeout=30,
+        )
+    finally:
+        dev.close()
+        if server_pid is not None and _alive(server_pid):
+            os.kill(server_pid, signal.SIGKILL)
