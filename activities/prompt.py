@@ -30,13 +30,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aiworker.activities.errors import InvalidInputError
+from aiworker.activities.errors import InvalidInputError, PayloadTooLargeError
 from aiworker.activities.llm_call import LlmCall
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 
 # The one reference syntax of aiworker (pipelines and templates), so that the
 # load-time check (find_refs) and rendering agree on what is a reference.
+from aiworker.schemas.caps import DEFAULT_MAX_RESOLVED_BYTES
 from aiworker.schemas.refs import TEMPLATE_ROOTS, parse_template
 from aiworker.schemas.spec import FEEDBACK_FIELD, PromptImplementation, WorkerSpec
 
@@ -69,7 +70,9 @@ def _text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def render(template: str, input: dict[str, Any]) -> str:
+def render(
+    template: str, input: dict[str, Any], max_chars: int = DEFAULT_MAX_RESOLVED_BYTES
+) -> str:
     """``template`` with every ``${{ input.<path> }}`` replaced from ``input``.
 
     A string value goes in as it is, any other value as compact JSON, a value
@@ -77,13 +80,27 @@ def render(template: str, input: dict[str, Any]) -> str:
     (without ``feedback``). ``$${{`` is a literal ``${{``. Only the template
     is scanned: a ``${{`` inside the input's text stays text. A malformed
     reference raises ``ReferenceError_`` (specs are checked at load, so a
-    prompt worker never meets one).
+    prompt worker never meets one). A text longer than ``max_chars`` (the cap
+    on a resolved value) is ``payload_too_large``, refused before it is
+    joined: a template may repeat a large input many times.
     """
-
     parts = parse_template(template, TEMPLATE_ROOTS)
     if not parts:
         return template
-    return "".join(p if isinstance(p, str) else _text(_lookup(input, p.path)) for p in parts)
+    pieces: list[str] = []
+    size = 0
+    for p in parts:
+        piece = p if isinstance(p, str) else _text(_lookup(input, p.path))
+        size += len(piece)
+        if size > max_chars:
+            raise PayloadTooLargeError(
+                f"the rendered prompt passes {max_chars} characters; the cap is {max_chars} "
+                "(AIWORKER_MAX_RESOLVED_BYTES)",
+                field="input",
+                limit_bytes=max_chars,
+            )
+        pieces.append(piece)
+    return "".join(pieces)
 
 
 class PromptWorker(Worker):
@@ -105,12 +122,14 @@ class PromptWorker(Worker):
         }
         self._llm = LlmCall()
 
-    def llm_input(self, input: dict[str, Any]) -> dict[str, Any]:
+    def llm_input(
+        self, input: dict[str, Any], max_chars: int = DEFAULT_MAX_RESOLVED_BYTES
+    ) -> dict[str, Any]:
         """The llm-call input for one call: system, few-shot turns, this input's prompt,
         the model alias, the output schema as ``response_schema``, and any feedback.
 
         Templates see the input with the ``default`` of each top-level property
-        the input leaves out.
+        the input leaves out; each rendered text is at most ``max_chars``.
         """
         p = self.prompt
         messages: list[dict[str, str]] = []
@@ -122,14 +141,14 @@ class PromptWorker(Worker):
                 {"role": "assistant", "content": json.dumps(shot.output, ensure_ascii=False)}
             )
         filled = {**self.defaults, **input}
-        messages.append({"role": "user", "content": render(p.prompt, filled)})
+        messages.append({"role": "user", "content": render(p.prompt, filled, max_chars)})
         out: dict[str, Any] = {
             "messages": messages,
             "model": p.model,
             "response_schema": self.spec.output_schema,
         }
         if p.system:
-            out["system"] = render(p.system, filled)
+            out["system"] = render(p.system, filled, max_chars)
         if p.temperature is not None:
             out["temperature"] = p.temperature
         feedback = input.get(FEEDBACK_FIELD)
@@ -144,7 +163,8 @@ class PromptWorker(Worker):
         (tightened by the request, which is how a pipeline's budget applies).
         """
         try:
-            result = await self._llm.execute(ctx, self.llm_input(input))
+            cap = ctx.settings.caps.max_resolved_bytes
+            result = await self._llm.execute(ctx, self.llm_input(input, cap))
         except InvalidInputError as e:
             if e.field != "input.model":
                 raise
