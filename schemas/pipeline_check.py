@@ -7,7 +7,11 @@ step and field. ``when`` and ``validate`` schemas are checked as
 :mod:`~aiworker.schemas.safe_schema` applies them (a pattern RE2 refuses, a
 remote ``$ref``: invalid); a validator or llm-call step's literal
 ``input.schema``/``input.response_schema`` is checked for remote references
-(the worker checks the rest when it runs): no schema is ever fetched. The pipeline workflow
+(the worker checks the rest when it runs): no schema is ever fetched.
+:func:`cap_problems` goes first (steps, ``for_each`` items, nesting, reference
+strings and counts, :mod:`~aiworker.schemas.caps`): against the hard ceilings
+at workflow start, against the settings' caps on the client side and, in the
+workflow, once the plan brought them. The pipeline workflow
 turns a :class:`PipelineSpecError` into a non-retryable ``invalid_input``;
 ``aiworker run`` and the client check a file the same way without importing
 any workflow code.
