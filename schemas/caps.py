@@ -65,11 +65,12 @@ DEFAULT_MAX_REFERENCE_CHARS = 64 * 1024
 """Characters of one string holding references (``AIWORKER_MAX_REFERENCE_CHARS``)."""
 DEFAULT_MAX_REFERENCES = 1_000
 """References in one pipeline (``AIWORKER_MAX_REFERENCES``)."""
-DEFAULT_MAX_RESOLVED_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_RESOLVED_BYTES = 16 * 1024 * 1024
 """Compact-JSON size of one resolved value: a step's whole input, one
 ``for_each`` item's input, a ``when`` value, one pipeline output
 (``AIWORKER_MAX_RESOLVED_BYTES``). Counted while resolving: an oversized value
-is never built."""
+is never built. Above a full page (the fetch tool's 5 MiB), which a step may
+hand to the next through external payload storage."""
 DEFAULT_MAX_FOREACH_BYTES = 64 * 1024 * 1024
 """Compact-JSON size of a ``for_each`` step's resolved list and all its item
 inputs together (``AIWORKER_MAX_FOREACH_BYTES``)."""

@@ -13,7 +13,7 @@ def test_a_template_repeating_a_large_input_is_payload_too_large() -> None:
     template = " ".join(["${{ input.text }}"] * 99)
     text = "x" * (1024 * 1024)
     with pytest.raises(PayloadTooLargeError) as caught:
-        render(template, {"text": text})  # the default cap: 4 MiB
+        render(template, {"text": text})  # the default cap: 16 MiB
     assert caught.value.code == ErrorCode.PAYLOAD_TOO_LARGE
     assert "AIWORKER_MAX_RESOLVED_BYTES" in str(caught.value)
     assert len(render(template, {"text": "x" * 1000})) == 99 * 1000 + 98

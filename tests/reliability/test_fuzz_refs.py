@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, get_args
 
 import pytest
@@ -20,11 +21,11 @@ import pytest_asyncio
 from conftest import Stack, running_stack
 from hypothesis import strategies as st
 from support.fuzzing import MAX_EXAMPLES, generate, outcome, show
-from support.payloads import client_for
+from support.payloads import client_for, stack_settings
 from temporalio.testing import WorkflowEnvironment
 
+from aiworker.schemas.caps import Caps
 from aiworker.schemas.pipeline import TerminalStatus
-from aiworker.schemas.settings import Settings
 
 TERMINAL = set(get_args(TerminalStatus))
 REFUSALS = {"invalid_input", "payload_too_large"}
@@ -111,10 +112,12 @@ def ref_pipelines(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @pytest_asyncio.fixture
-async def stored(env: WorkflowEnvironment, settings: Settings) -> AsyncIterator[Stack]:
+async def stored(env: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Stack]:
     """A stack whose converter moves large payloads to external storage, as every
     worker process's does (``data_converter(settings)``): resolved inputs up to
-    the caps are larger than Temporal's own payload limit."""
+    the caps are larger than Temporal's own payload limit. The resolved-size cap
+    is 4 MiB here, the size the generators amplify past."""
+    settings = stack_settings(tmp_path, caps=Caps(max_resolved_bytes=4 << 20))
     async with running_stack(client_for(env, settings), settings) as s:
         yield s
 

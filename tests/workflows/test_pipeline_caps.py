@@ -133,7 +133,7 @@ async def test_a_resolved_input_nested_over_the_cap_fails_its_step(stack: Stack)
 
 async def test_a_template_amplifying_a_big_input_is_payload_too_large(stack: Stack) -> None:
     # Under 4 KiB of template over a 1 MiB input once produced 200 MiB; the resolver
-    # counts what it produces and stops at the cap (4 MiB) before building it.
+    # counts what it produces and stops at the cap (16 MiB) before building it.
     template = [f"{i}${{{{inputs.big}}}}" for i in range(200)]
     assert len(json.dumps(template, separators=(",", ":"))) < 4096
     h = await stack.start(
@@ -152,7 +152,7 @@ async def test_a_template_amplifying_a_big_input_is_payload_too_large(stack: Sta
         "failed",
         "payload_too_large",
     )
-    assert "step 's': field 'input': resolves to more than 4194304 bytes" in (
+    assert "step 's': field 'input': resolves to more than 16777216 bytes, the cap" in (
         step.error_message or ""
     )
     assert "AIWORKER_MAX_RESOLVED_BYTES" in (step.error_message or "")
