@@ -281,8 +281,7 @@ class SizeBudget:
         if self.used > self.max_bytes:
             what = "resolves" if self.cap == "max_resolved_bytes" else "with its items resolves"
             raise ResolvedSizeError(
-                f"{what} to more than {self.max_bytes} bytes, the cap "
-                f"({SETTING_OF[self.cap]})"
+                f"{what} to more than {self.max_bytes} bytes, the cap ({SETTING_OF[self.cap]})"
             )
         if self.parent is not None:
             self.parent.take(n)
