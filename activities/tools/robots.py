@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -72,8 +73,23 @@ class RobotsCache:
     ) -> tuple[bool, float | None]:
         """Whether ``user_agent`` may fetch ``url``, and the site's crawl delay."""
         parser = await self.rules(origin, load)
-        delay = parser.crawl_delay(user_agent)
-        return parser.can_fetch(url, user_agent), (float(delay) if delay is not None else None)
+        return parser.can_fetch(url, user_agent), crawl_delay(parser.crawl_delay(user_agent))
+
+
+# The longest Crawl-delay honoured: a site's ``Crawl-delay: 1000000000`` must
+# not stall every fetch of its host until each one's deadline.
+MAX_CRAWL_DELAY_SECONDS = 60.0
+
+
+def crawl_delay(value: float | None) -> float | None:
+    """A site's Crawl-delay as honoured: None when absent, negative or not a
+    number, at most :data:`MAX_CRAWL_DELAY_SECONDS`."""
+    if value is None:
+        return None
+    delay = float(value)
+    if math.isnan(delay) or delay < 0:
+        return None
+    return min(delay, MAX_CRAWL_DELAY_SECONDS)
 
 
 class Politeness:

@@ -9,7 +9,7 @@ from support.loopback import Exchange, serve
 from aiworker.activities.errors import AccessDeniedError, FetchFailedError
 from aiworker.activities.tools.egress import EgressPolicy
 from aiworker.activities.tools.fetch import FetchTool
-from aiworker.activities.tools.robots import Politeness, RobotsCache
+from aiworker.activities.tools.robots import MAX_CRAWL_DELAY_SECONDS, Politeness, RobotsCache
 
 
 async def test_robots_cache_fetches_once_per_origin_within_ttl() -> None:
@@ -34,6 +34,30 @@ async def test_robots_cache_fetches_once_per_origin_within_ttl() -> None:
     await expired.allowed("http://a:80", "http://a:80/", "bot/1", load)
     await expired.allowed("http://a:80", "http://a:80/", "bot/1", load)
     assert len(loads) == 3
+
+
+async def test_an_endless_crawl_delay_is_held_to_the_ceiling() -> None:
+    rules = {
+        "huge": "User-agent: *\nCrawl-delay: 1000000000\n",
+        "nan": "User-agent: *\nCrawl-delay: nan\n",
+        "negative": "User-agent: *\nCrawl-delay: -5\n",
+        "small": "User-agent: *\nCrawl-delay: 0.5\n",
+    }
+
+    async def load(url: str) -> tuple[int, str]:
+        return 200, rules[url.split("//")[1].split(":")[0]]
+
+    cache = RobotsCache()
+    delays = {
+        host: (await cache.allowed(f"http://{host}:80", f"http://{host}:80/", "bot", load))[1]
+        for host in rules
+    }
+    assert delays == {
+        "huge": MAX_CRAWL_DELAY_SECONDS,
+        "nan": None,
+        "negative": None,
+        "small": 0.5,
+    }
 
 
 async def test_robots_4xx_allows_all_and_failures_are_not_cached() -> None:
