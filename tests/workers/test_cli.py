@@ -281,7 +281,7 @@ async def test_demo_runs_the_bundled_pipeline_offline(tmp_path: Path) -> None:
     assert doc["output"]["valid"] is True
     assert doc["output"]["summary_status"] == "skipped"
     assert [w["code"] for w in doc["output"]["catalog_warnings"]] == ["duplicate_differs"]
-    sink = data / "sinks" / "demo" / "demo" / "catalog.jsonl"
+    sink = data / "sinks" / "demo" / "catalog.jsonl"
     records = [json.loads(line) for line in sink.read_text().splitlines()]
     assert len(records) == 1
     titles = sorted(p["data"]["title"] for p in records[0]["record"]["pages"])

@@ -49,6 +49,6 @@ async def test_demo_scrapes_validates_aggregates_and_publishes(
     assert result.output["catalog_warnings"][0]["code"] == "duplicate_differs"
     assert result.output["published"]["published"] is True
     assert result.usage.external_calls == 5
-    sink = settings.data_dir / "sinks" / "demo" / "demo" / "catalog.jsonl"
+    sink = settings.data_dir / "sinks" / "demo" / "catalog.jsonl"
     (line,) = sink.read_text("utf-8").splitlines()
     assert json.loads(line)["idempotency_key"] == f"{handle.id}/publish"
