@@ -42,12 +42,14 @@ from referencing import Registry
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
+from aiworker.schemas.caps import DEFAULT_MAX_JSON_DEPTH
 from aiworker.schemas.formats import formats
 from aiworker.schemas.patterns import PatternError, compile_pattern, search
 
 # Nesting of a schema (objects and arrays) beyond which it is refused: jsonschema
-# recurses a few frames per level, and Python's stack ends near 1000 frames.
-MAX_DEPTH = 64
+# recurses a few frames per level, and Python's stack ends near 1000 frames. A
+# schema is user JSON like any other: the same default as every JSON walk.
+MAX_DEPTH = DEFAULT_MAX_JSON_DEPTH
 
 NOT_FETCHED = "is not local; aiworker never fetches schemas"
 _REF_KEYWORDS = ("$ref", "$dynamicRef")
