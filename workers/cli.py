@@ -28,7 +28,7 @@ import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from aiworker.workers.cli_common import (
     EXIT_FAILED,
@@ -374,19 +374,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_main() -> None:
-    """The console script: :func:`main`, then exit without interpreter finalization.
-
-    Temporal Core's Rust threads can still call into Python while the
-    interpreter finalizes, which aborts a short-lived client process now and
-    then (``Fatal Python error: PyGILState_Release``, temporalio/sdk-python#300).
-    Everything is flushed first; nothing else is left to clean up at exit.
-    """
+    """The console script: :func:`main`, then :func:`exit_process` with its code."""
     try:
         code = main()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_FAILED)
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)
+    exit_process(code)
+
+
+def exit_process(code: int) -> NoReturn:
+    """Flush logs and stdio, then exit without interpreter finalization.
+
+    Temporal Core's Rust threads can still call into Python while the
+    interpreter finalizes, which aborts a process that has finished its work
+    now and then (``Fatal Python error: PyGILState_Release``, exit -6,
+    temporalio/sdk-python#300), a drained worker pod included. Any process
+    that used a Temporal client ends here; nothing else is left to clean up.
+    """
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stdout.flush()

@@ -46,6 +46,7 @@ WORKER_SCRIPT = textwrap.dedent(
     from aiworker.activities.metrics import WorkerMetrics
     from aiworker.schemas import names
     from aiworker.schemas.settings import Settings
+    from aiworker.workers.cli import exit_process
     from aiworker.workers.temporal_client import connect
     from aiworker.workers.worker import (
         build_runtime, build_workers, install_signal_handlers, run_until_stopped,
@@ -80,7 +81,8 @@ WORKER_SCRIPT = textwrap.dedent(
         return 0
 
 
-    sys.exit(asyncio.run(main()))
+    # Exit as the console script does (no interpreter finalization, sdk-python#300).
+    exit_process(asyncio.run(main()))
     '''
 )
 

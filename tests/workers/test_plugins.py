@@ -402,7 +402,7 @@ def _cli_result(stdout: str) -> dict[str, Any]:
 
 TICKET_SCRIPT = textwrap.dedent(
     """
-    import asyncio, os, sys, uuid
+    import asyncio, sys, uuid
 
     from temporalio.client import Client
     from temporalio.worker import Worker
@@ -430,8 +430,9 @@ TICKET_SCRIPT = textwrap.dedent(
     asyncio.run(main())
     # The SDK's core threads can abort the interpreter at exit (sdk-python#300),
     # after the result is printed; exit as aiworker's own processes do.
-    sys.stdout.flush()
-    os._exit(0)
+    from aiworker.workers.cli import exit_process
+
+    exit_process(0)
     """
 )
 
