@@ -28,6 +28,7 @@ given settings).
 
 from __future__ import annotations
 
+import getpass
 import uuid
 from collections.abc import Collection, Mapping
 from typing import Any, TypeAlias
@@ -40,6 +41,7 @@ from temporalio.client import (
 )
 
 from aiworker.schemas import catalog, names
+from aiworker.schemas.causes import ErrorCause, PipelineError
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
 from aiworker.schemas.pipeline_check import parse_pipeline
 from aiworker.schemas.settings import Settings
@@ -194,21 +196,32 @@ class PipelineClient:
 
         The result with its ``workflow_id``, or, when the workflow itself
         failed, ``{"workflow_id", "status": "failed", "error_code", "error"}``
-        (and ``problems`` for an invalid spec). ``aiworker run`` prints this.
+        with ``error`` shaped as a result's (``{code, message, step: null,
+        cause}``, each problem of an invalid spec a cause) and ``problems``
+        for an invalid spec. ``aiworker run`` prints this.
         """
         try:
             result = await self.result(workflow_id, run_id)
         except WorkflowFailureError as e:
             cause = e.cause
+            code = getattr(cause, "type", None) or type(cause).__name__
+            details = getattr(cause, "details", None)
+            problems: list[Any] = []
+            if details and isinstance(details[0], dict):
+                problems = list(details[0].get("problems") or [])
+            error = PipelineError(
+                code=code,
+                message=str(cause),
+                cause=[ErrorCause(code=code, message=str(p)) for p in problems],
+            )
             doc: dict[str, Any] = {
                 "workflow_id": workflow_id,
                 "status": "failed",
-                "error_code": getattr(cause, "type", None) or type(cause).__name__,
-                "error": str(cause),
+                "error_code": code,
+                "error": error.model_dump(mode="json"),
             }
-            details = getattr(cause, "details", None)
-            if details and isinstance(details[0], dict) and "problems" in details[0]:
-                doc["problems"] = details[0]["problems"]
+            if problems:
+                doc["problems"] = problems
             return doc
         return {"workflow_id": workflow_id, **result.model_dump(mode="json")}
 
@@ -232,7 +245,9 @@ class PipelineClient:
             workflow_id: the pipeline.
             decision: ``approve``, ``reject`` or ``retry``.
             outputs: corrected outputs (approve); checked against the step's schema.
-            reviewer: who decides (``unknown`` when omitted).
+            reviewer: who decides; when omitted, this process's user
+                (``$LOGNAME``, ``$USER``, the uid's name: :func:`getpass.getuser`),
+                else the workflow records the Update's id.
             note: a note kept in the step's result.
             step: the step, when several await review.
 
@@ -244,7 +259,9 @@ class PipelineClient:
             temporalio.client.WorkflowUpdateFailedError: the workflow refused
                 the decision (no step awaits review, outputs off schema, ...).
         """
-        arg: dict[str, Any] = {"decision": decision, "reviewer": reviewer or "unknown"}
+        arg: dict[str, Any] = {"decision": decision}
+        if who := reviewer or _login_name():
+            arg["reviewer"] = who
         if outputs is not None:
             arg["outputs"] = outputs
         if note:
@@ -383,3 +400,11 @@ async def list_pipelines(client: Client, **filters: Any) -> list[dict[str, Any]]
 async def redrive(client: Client, settings: Settings, workflow_id: str) -> PipelineHandle:
     """:meth:`PipelineClient.redrive` on ``client``."""
     return await PipelineClient(client, settings).redrive(workflow_id)
+
+
+def _login_name() -> str | None:
+    """The user this process runs as, or None when the system cannot say."""
+    try:
+        return getpass.getuser() or None
+    except (OSError, KeyError):  # no login variable and a uid without a passwd entry
+        return None

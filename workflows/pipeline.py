@@ -49,6 +49,7 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import catalog, names
+    from aiworker.schemas.causes import PipelineError
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import PipelineResult, PipelineSpec, StepResult
     from aiworker.schemas.pipeline_check import PipelineSpecError, cap_problems, parse_pipeline
@@ -222,7 +223,7 @@ class PipelineWorkflow(PermitSignals):
             steps=dict(run.steps),
             usage=Usage(),
             trace_id=run.trace_id,
-            error={"code": ErrorCode.RATE_LIMITED.value, "message": message},
+            error=PipelineError(code=ErrorCode.RATE_LIMITED.value, message=message),
         )
 
     def _finish(self, status: str, spec: PipelineSpec) -> None:
