@@ -62,6 +62,14 @@ class PipelineError(Model):
         default_factory=list, description="the failures behind it, newest first"
     )
 
+    @classmethod
+    def of_problems(cls, code: str, message: str, problems: list[str]) -> PipelineError:
+        """The error of a pipeline that failed as a whole (an invalid spec): no step,
+        each problem a cause."""
+        return cls(
+            code=code, message=message, cause=[ErrorCause(code=code, message=p) for p in problems]
+        )
+
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, data: Any) -> Any:
@@ -92,6 +100,14 @@ def with_reasons(message: str, reasons: list[Any]) -> str:
     """``message`` followed by the first reason, when there is one."""
     first = summary(reasons)
     return f"{message}: {first}" if first else message
+
+
+def coded(code: str | None, message: str | None) -> str:
+    """``code: message``, once (an activity failure's message already starts with its code)."""
+    text = message or ""
+    if not code or text.startswith(f"{code}:"):
+        return text or (code or "")
+    return f"{code}: {text}" if text else code
 
 
 def bounded(causes: list[ErrorCause]) -> list[ErrorCause]:

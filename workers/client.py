@@ -28,6 +28,7 @@ given settings).
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import uuid
 from collections.abc import Collection, Mapping
@@ -41,7 +42,7 @@ from temporalio.client import (
 )
 
 from aiworker.schemas import catalog, names
-from aiworker.schemas.causes import ErrorCause, PipelineError
+from aiworker.schemas.causes import PipelineError
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
 from aiworker.schemas.pipeline_check import parse_pipeline
 from aiworker.schemas.settings import Settings
@@ -196,9 +197,8 @@ class PipelineClient:
 
         The result with its ``workflow_id``, or, when the workflow itself
         failed, ``{"workflow_id", "status": "failed", "error_code", "error"}``
-        with ``error`` shaped as a result's (``{code, message, step: null,
-        cause}``, each problem of an invalid spec a cause) and ``problems``
-        for an invalid spec. ``aiworker run`` prints this.
+        with ``error`` shaped as a result's (``step`` null, each problem of an
+        invalid spec a cause, also listed as ``problems``). ``aiworker run`` prints this.
         """
         try:
             result = await self.result(workflow_id, run_id)
@@ -206,14 +206,9 @@ class PipelineClient:
             cause = e.cause
             code = getattr(cause, "type", None) or type(cause).__name__
             details = getattr(cause, "details", None)
-            problems: list[Any] = []
-            if details and isinstance(details[0], dict):
-                problems = list(details[0].get("problems") or [])
-            error = PipelineError(
-                code=code,
-                message=str(cause),
-                cause=[ErrorCause(code=code, message=str(p)) for p in problems],
-            )
+            first = details[0] if details and isinstance(details[0], dict) else {}
+            problems = [str(p) for p in first.get("problems") or []]
+            error = PipelineError.of_problems(code, str(cause), problems)
             doc: dict[str, Any] = {
                 "workflow_id": workflow_id,
                 "status": "failed",
@@ -245,9 +240,8 @@ class PipelineClient:
             workflow_id: the pipeline.
             decision: ``approve``, ``reject`` or ``retry``.
             outputs: corrected outputs (approve); checked against the step's schema.
-            reviewer: who decides; when omitted, this process's user
-                (``$LOGNAME``, ``$USER``, the uid's name: :func:`getpass.getuser`),
-                else the workflow records the Update's id.
+            reviewer: who decides; by default this process's user
+                (:func:`getpass.getuser`), else the workflow names the Update.
             note: a note kept in the step's result.
             step: the step, when several await review.
 
@@ -260,8 +254,10 @@ class PipelineClient:
                 the decision (no step awaits review, outputs off schema, ...).
         """
         arg: dict[str, Any] = {"decision": decision}
-        if who := reviewer or _login_name():
-            arg["reviewer"] = who
+        with contextlib.suppress(OSError, KeyError):  # no login name, a uid without a user
+            reviewer = reviewer or getpass.getuser()
+        if reviewer:
+            arg["reviewer"] = reviewer
         if outputs is not None:
             arg["outputs"] = outputs
         if note:
@@ -400,11 +396,3 @@ async def list_pipelines(client: Client, **filters: Any) -> list[dict[str, Any]]
 async def redrive(client: Client, settings: Settings, workflow_id: str) -> PipelineHandle:
     """:meth:`PipelineClient.redrive` on ``client``."""
     return await PipelineClient(client, settings).redrive(workflow_id)
-
-
-def _login_name() -> str | None:
-    """The user this process runs as, or None when the system cannot say."""
-    try:
-        return getpass.getuser() or None
-    except (OSError, KeyError):  # no login variable and a uid without a passwd entry
-        return None

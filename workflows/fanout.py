@@ -27,7 +27,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
     from aiworker.schemas.caps import SETTING_OF
-    from aiworker.schemas.causes import ErrorCause, bounded
+    from aiworker.schemas.causes import ErrorCause, bounded, coded
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import (
         ChunkAllowance,
@@ -102,8 +102,8 @@ class FanOut:
         ]
         message = f"{self.failed} of {self.total} items failed"
         if errors:
-            message += f"; item {errors[0]['index']}: {errors[0]['error_code']}: "
-            message += str(errors[0]["message"])
+            first = errors[0]
+            message += f"; item {first['index']}: {coded(first['error_code'], first['message'])}"
         return StepResult(
             status="succeeded" if not self.failed else ("failed" if not ok else "partial"),
             attempts=chunks,

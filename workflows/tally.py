@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from aiworker.schemas.causes import ErrorCause, bounded, summary, with_reasons
+    from aiworker.schemas.causes import ErrorCause, bounded, coded, summary, with_reasons
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import StepResult
     from aiworker.schemas.protocol import Usage
@@ -34,9 +34,7 @@ def gate_verdict(gate_id: str, gate: StepResult) -> Ended | None:
     if gate.status != "succeeded":
         said = f"step {gate_id!r} ended {gate.status}"
         if gate.error_code:
-            said += f" with {gate.error_code}"
-            if gate.error_message:
-                said += f": {gate.error_message}"
+            said += f": {coded(gate.error_code, gate.error_message)}"
         code = gate.error_code or ErrorCode.VALIDATION_FAILED.value
     elif "valid" not in outputs:
         said = f"step {gate_id!r} gave no 'valid' in its outputs (is it a validator step?)"
@@ -138,6 +136,6 @@ def after_primary(
     """A failed fallback's result, its message naming the step's own worker's failure too."""
     message = f"fallback {fallback!r} failed: {result.error_message}"
     if primary is not None and primary.error_code is not None:
-        message += f"; before it, {worker!r} failed with {primary.error_code}: "
-        message += primary.error_message or summary(primary.reasons)
+        said = coded(primary.error_code, primary.error_message or summary(primary.reasons))
+        message += f"; before it, {worker!r} failed: {said}"
     return result.model_copy(update={"error_message": message})
