@@ -219,3 +219,25 @@ async def test_a_gate_says_what_its_validator_said(client: Client, settings: Set
     assert result.status == "partial" and error is not None
     assert (error.code, error.step) == ("validation_failed", "notify")
     assert (error.cause[0].step, error.cause[0].reasons[0]["path"]) == ("check", "$.title")
+
+
+async def test_a_failed_attempt_is_logged_once(
+    client: Client, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+
+    async def broken(req: dict[str, Any]) -> dict[str, Any]:
+        raise fail("access_denied", "robots.txt disallows /private")
+
+    step = {"id": "s", "worker": "aggregator", "input": {"policy": "all", "branches": {}}}
+    acts = {"aggregator": standin("aggregator", broken)}
+    async with running_stack(client, settings, replace_activities=acts) as stack:
+        result = await (await stack.start({"name": "logged-once", "steps": [step]})).result()
+    assert result.error is not None and result.error.code == "access_denied"
+    failed = [r for r in caplog.records if "robots.txt disallows" in str(r.exc_info)]
+    lines = [getattr(r, "aiworker", {}) for r in caplog.records]
+    calls = [line for line in lines if line.get("event") == "worker_call"]
+    assert [line.get("error_code") for line in calls] == ["access_denied"]
+    # the SDK's "Completing activity as failed" repeats it with a traceback: dropped
+    assert failed == []
+    assert not [r for r in caplog.records if "Completing activity as failed" in r.getMessage()]
