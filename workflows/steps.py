@@ -23,7 +23,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names, safe_schema
-    from aiworker.schemas.causes import with_reasons
+    from aiworker.schemas.causes import coded, with_reasons
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import Step, StepResult, Validation
     from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, resolve
@@ -242,8 +242,8 @@ class StepRunner:
             error_message=(
                 with_reasons(rejected, reasons)
                 if verdict.ok
-                else f"{rejected}: the validator failed: {verdict.error_code}: "
-                f"{verdict.error_message}"
+                else f"{rejected}: the validator failed: "
+                f"{coded(verdict.error_code, verdict.error_message)}"
             ),
             reasons=reasons,
         )

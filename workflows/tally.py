@@ -35,6 +35,8 @@ def gate_verdict(gate_id: str, gate: StepResult) -> Ended | None:
         said = f"step {gate_id!r} ended {gate.status}"
         if gate.error_code:
             said += f": {coded(gate.error_code, gate.error_message)}"
+        elif gate.error_message:
+            said += f" ({gate.error_message})"
         code = gate.error_code or ErrorCode.VALIDATION_FAILED.value
     elif "valid" not in outputs:
         said = f"step {gate_id!r} gave no 'valid' in its outputs (is it a validator step?)"
