@@ -48,6 +48,8 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic.main import IncEx
+
     from aiworker.schemas import catalog, names
     from aiworker.schemas.causes import PipelineError
     from aiworker.schemas.errors import ErrorCode
@@ -62,6 +64,9 @@ from aiworker.workflows.dag import run_dag
 from aiworker.workflows.limits import PermitSignals
 from aiworker.workflows.pipeline_limits import PipelineLimits
 from aiworker.workflows.state import Board, PipelineRun, now, search_attributes_on
+
+# What ``progress`` leaves out unless asked: outputs, and the rejected outputs a cause keeps.
+_NO_OUTPUTS: dict[str, IncEx | bool] = {"outputs": True, "cause": {"__all__": {"outputs"}}}
 
 __all__ = ["PipelineWorkflow", "error_code_of", "invalid_input", "parse_spec"]
 
@@ -98,7 +103,7 @@ class PipelineWorkflow(PermitSignals):
     def progress(self, include_outputs: bool = False) -> dict[str, Any]:
         """Per-step status, attempts, error code, duration and usage so far."""
         board = self._board
-        exclude = None if include_outputs else {"outputs"}
+        exclude = None if include_outputs else _NO_OUTPUTS
         waiting = board.permits.waiting_for()
         steps = {k: v.model_dump(mode="json", exclude=exclude) for k, v in board.steps.items()}
         for step_id in waiting.keys() & steps.keys():

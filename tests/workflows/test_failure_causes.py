@@ -166,6 +166,7 @@ async def test_a_failed_validation_loop_counts_attempts_and_keeps_each_output(
     # during the loop: the running call counts, and the validation that rejected the first
     assert make["status"] == "running" and make["validation_attempts"] == 1
     assert make["cause"][0]["code"] == "validation_failed"
+    assert "outputs" not in make and "outputs" not in make["cause"][0]  # only when asked
 
     step = result.steps["make"]
     assert (step.status, step.error_code, step.attempts, step.validation_attempts) == (
