@@ -24,6 +24,12 @@ The outcome comes from what the activity raised: the runtime maps every
 failure to an ``ApplicationError`` whose type is the stable error code
 (:func:`~aiworker.activities.errors.map_failures`), and notes why on the call
 (the message, a traceback for a bug) for the log line.
+
+That line is the one line of a failed attempt: the SDK logs the same failure
+again from the same task ("Completing activity as failed", a warning with a
+traceback), which :class:`AlreadyLogged` drops for a failure the line already
+told (every interceptor installs it on the ``temporalio.activity`` logger).
+Activities that are no worker keep the SDK's line.
 """
 
 from __future__ import annotations
@@ -58,6 +64,28 @@ _current: ContextVar[WorkerCall | None] = ContextVar("aiworker_worker_call", def
 _attempt_fields: ContextVar[Mapping[str, Any] | None] = ContextVar(
     "aiworker_attempt_fields", default=None
 )
+
+
+# The failure this task's worker call logged; the SDK's own line about it is dropped.
+_logged_failure: ContextVar[BaseException | None] = ContextVar(
+    "aiworker_logged_failure", default=None
+)
+
+
+class AlreadyLogged(logging.Filter):
+    """Drops a log record about a failure this task's ``worker_call`` line told."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Keep the record unless its exception is the one already logged."""
+        told = _logged_failure.get()
+        return told is None or record.exc_info is None or record.exc_info[1] is not told
+
+
+def drop_sdk_duplicates() -> None:
+    """Install :class:`AlreadyLogged` on the SDK's activity logger (once)."""
+    sdk = logging.getLogger("temporalio.activity")
+    if not any(isinstance(f, AlreadyLogged) for f in sdk.filters):
+        sdk.addFilter(AlreadyLogged())
 
 
 def attempt_log_fields() -> Mapping[str, Any]:
@@ -174,6 +202,8 @@ class WorkerCall:
             "completed" if code is None else "failed",
             extra={"aiworker": {"event": "worker_call", **self.fields}},
         )
+        if error is not None and code is not None:
+            _logged_failure.set(error)
         m = self.metrics
         if m is None:
             return
@@ -242,6 +272,7 @@ class CallTelemetryInterceptor(Interceptor):
     def __init__(self, worker_ids: Container[str], metrics: WorkerMetrics | None = None) -> None:
         self.worker_ids = worker_ids
         self.metrics = metrics
+        drop_sdk_duplicates()
 
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
         """Wrap each activity attempt (``temporalio.worker.Interceptor``)."""

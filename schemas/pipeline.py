@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field
 
 from aiworker.schemas.base import Model
 from aiworker.schemas.caps import HARD_MAX_STEPS
+from aiworker.schemas.causes import ErrorCause, PipelineError, without_outputs
 from aiworker.schemas.names import DEFAULT_TENANT, OK_STATUSES, TENANT_PATTERN
 from aiworker.schemas.protocol import Usage
 from aiworker.schemas.refs import find_refs
@@ -154,15 +155,32 @@ class StepResult(Model):
     validation_attempts: int = Field(default=0, description="runs of the validation loop")
     fallback_used: bool = False
     reused_from: str | None = Field(default=None, description="workflow id of a redriven run")
-    review: dict[str, Any] | None = Field(default=None, description="the human review decision")
+    review: dict[str, Any] | None = Field(
+        default=None,
+        description="the human review decision: decision, reviewer, note, step, update_id, at",
+    )
     items: dict[str, int] | None = Field(
         default=None, description="for_each counts: total, succeeded, failed, skipped"
+    )
+    cause: list[ErrorCause] = Field(
+        default_factory=list,
+        description="the failures this result came through, newest first (a failed step's "
+        "first entry is its own error in detail; an approved step keeps what was approved over)",
     )
 
     @property
     def ok(self) -> bool:
         """The step produced outputs (``succeeded`` or ``partial``)."""
         return self.status in OK_STATUSES
+
+    def as_error(self, step_id: str) -> PipelineError:
+        """This step's failure as the pipeline's ``error``."""
+        return PipelineError(
+            code=self.error_code or self.status,
+            message=self.error_message or f"step {step_id!r} ended {self.status}",
+            step=step_id,
+            cause=without_outputs(self.cause),
+        )
 
 
 class ChunkItem(Model):
@@ -227,7 +245,12 @@ class ReviewDecision(Model):
     outputs: dict[str, Any] | None = Field(
         default=None, description="corrected outputs (approve); checked against the step's schema"
     )
-    reviewer: str = Field(default="unknown", min_length=1, max_length=200)
+    reviewer: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="who decides; the review record names the Update's id when not given",
+    )
     note: str | None = Field(default=None, max_length=4000)
     step: str | None = Field(default=None, description="the step under review, if several wait")
 
@@ -240,7 +263,16 @@ class PipelineResult(Model):
     steps: dict[str, StepResult] = Field(default_factory=dict)
     usage: Usage = Field(default_factory=Usage)
     trace_id: str | None = None
-    error: dict[str, Any] | None = None
+    error: PipelineError | None = Field(
+        default=None,
+        description="why the pipeline did not succeed: the first failing step's code, "
+        "message, id and cause chain",
+    )
+    warnings: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="problems that did not fail the pipeline: {code, message, field}, e.g. an "
+        "`output` entry that could not be resolved",
+    )
 
 
 ResumeFrom.model_rebuild()

@@ -28,6 +28,8 @@ given settings).
 
 from __future__ import annotations
 
+import contextlib
+import getpass
 import uuid
 from collections.abc import Collection, Mapping
 from typing import Any, TypeAlias
@@ -40,6 +42,7 @@ from temporalio.client import (
 )
 
 from aiworker.schemas import catalog, names
+from aiworker.schemas.causes import PipelineError
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
 from aiworker.schemas.pipeline_check import parse_pipeline
 from aiworker.schemas.settings import Settings
@@ -194,21 +197,26 @@ class PipelineClient:
 
         The result with its ``workflow_id``, or, when the workflow itself
         failed, ``{"workflow_id", "status": "failed", "error_code", "error"}``
-        (and ``problems`` for an invalid spec). ``aiworker run`` prints this.
+        with ``error`` shaped as a result's (``step`` null, each problem of an
+        invalid spec a cause, also listed as ``problems``). ``aiworker run`` prints this.
         """
         try:
             result = await self.result(workflow_id, run_id)
         except WorkflowFailureError as e:
             cause = e.cause
+            code = getattr(cause, "type", None) or type(cause).__name__
+            details = getattr(cause, "details", None)
+            first = details[0] if details and isinstance(details[0], dict) else {}
+            problems = [str(p) for p in first.get("problems") or []]
+            error = PipelineError.of_problems(code, str(cause), problems)
             doc: dict[str, Any] = {
                 "workflow_id": workflow_id,
                 "status": "failed",
-                "error_code": getattr(cause, "type", None) or type(cause).__name__,
-                "error": str(cause),
+                "error_code": code,
+                "error": error.model_dump(mode="json"),
             }
-            details = getattr(cause, "details", None)
-            if details and isinstance(details[0], dict) and "problems" in details[0]:
-                doc["problems"] = details[0]["problems"]
+            if problems:
+                doc["problems"] = problems
             return doc
         return {"workflow_id": workflow_id, **result.model_dump(mode="json")}
 
@@ -232,7 +240,8 @@ class PipelineClient:
             workflow_id: the pipeline.
             decision: ``approve``, ``reject`` or ``retry``.
             outputs: corrected outputs (approve); checked against the step's schema.
-            reviewer: who decides (``unknown`` when omitted).
+            reviewer: who decides; by default this process's user
+                (:func:`getpass.getuser`), else the workflow names the Update.
             note: a note kept in the step's result.
             step: the step, when several await review.
 
@@ -244,7 +253,11 @@ class PipelineClient:
             temporalio.client.WorkflowUpdateFailedError: the workflow refused
                 the decision (no step awaits review, outputs off schema, ...).
         """
-        arg: dict[str, Any] = {"decision": decision, "reviewer": reviewer or "unknown"}
+        arg: dict[str, Any] = {"decision": decision}
+        with contextlib.suppress(OSError, KeyError):  # no login name, a uid without a user
+            reviewer = reviewer or getpass.getuser()
+        if reviewer:
+            arg["reviewer"] = reviewer
         if outputs is not None:
             arg["outputs"] = outputs
         if note:

@@ -7,7 +7,10 @@ fails with ``on_failure`` other than ``continue``, or one that ends the run
 (``PipelineRun.terminal``), stops new starts; running steps finish. With
 ``resume_from`` (a redrive), a step that succeeded before is reused instead of
 run. The run's status follows from the steps; the pipeline's ``output`` is
-resolved last. Deterministic code only.
+resolved last. A run that did not succeed names its cause in ``error``: the
+first step to fail, in the order steps finished, with its code, message and
+cause chain; an ``output`` entry that cannot be resolved is a warning, never
+the error. Deterministic code only.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
+    from aiworker.schemas.causes import PipelineError
     from aiworker.schemas.pipeline import (
         PipelineResult,
         Step,
@@ -41,6 +45,7 @@ class Schedule:
     done: set[str] = field(default_factory=set)
     running: dict[str, asyncio.Task[StepResult]] = field(default_factory=dict)
     failed_hard: bool = False
+    finished: list[str] = field(default_factory=list)  # in the order steps finished
 
     def ready(self, step: Step) -> bool:
         return (
@@ -76,6 +81,7 @@ async def run_dag(run: PipelineRun) -> PipelineResult:
                 result = sched.running.pop(sid).result()
                 run.steps[sid] = result
                 sched.done.add(sid)
+                sched.finished.append(sid)
                 if result.status == "failed" and by_id[sid].on_failure != "continue":
                     sched.failed_hard = True
     except asyncio.CancelledError:
@@ -93,14 +99,23 @@ async def run_dag(run: PipelineRun) -> PipelineResult:
             run.steps[step.id] = StepResult(
                 status="skipped", error_message=f"not run: the pipeline ended {status}"
             )
-    output, output_error = _output(run)
+    output, problems = _output(run)
+    warnings = [{"code": "output_incomplete", **p} for p in problems]
+    error = None if status == "succeeded" else _error(run, sched.finished)
+    if error is None and problems:
+        # Nothing failed, yet the output is not whole: that is the error.
+        error = PipelineError(
+            code="output_incomplete",
+            message="; ".join(f"{p['field']}: {p['message']}" for p in problems),
+        )
     return PipelineResult(
         status=status,
         output=output,
         steps=dict(run.steps),
         usage=run.ledger.used,
         trace_id=run.trace_id,
-        error=output_error,
+        error=error,
+        warnings=warnings,
     )
 
 
@@ -132,14 +147,31 @@ def _status(run: PipelineRun, sched: Schedule) -> TerminalStatus:
     return "succeeded"
 
 
-def _output(run: PipelineRun) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The pipeline's ``output`` resolved, and what could not be."""
+def _error(run: PipelineRun, finished: list[str]) -> PipelineError | None:
+    """The first step, in the order steps finished, that failed (or was blocked,
+    rejected, timed out in review, or ended partial): its error."""
+    for sid in finished:
+        r = run.steps[sid]
+        if r.status in _FAILED or (r.status == "partial" and r.error_code):
+            return r.as_error(sid)
+    for sid, r in run.steps.items():  # cancelled, or never finished
+        if r.status in _FAILED:
+            return r.as_error(sid)
+    return None
+
+
+_FAILED = ("failed", "blocked", "rejected", "escalation_timed_out")
+
+
+def _output(run: PipelineRun) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """The pipeline's ``output`` resolved, and what could not be
+    (``{"field": "output.<key>", "message"}`` each)."""
     out: dict[str, Any] = {}
-    missing: list[str] = []
+    missing: list[dict[str, str]] = []
     scope = run.scope()
     for key, value in run.spec.output.items():
         try:
             out[key] = resolve(value, scope, budget=run.size_budget())
         except ReferenceError_ as e:
-            missing.append(f"output {key!r}: {e}")
-    return out, ({"code": "output_incomplete", "problems": missing} if missing else None)
+            missing.append({"field": f"output.{key}", "message": str(e)})
+    return out, missing

@@ -27,6 +27,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
     from aiworker.schemas.caps import SETTING_OF
+    from aiworker.schemas.causes import ErrorCause, bounded, coded
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import (
         ChunkAllowance,
@@ -94,11 +95,21 @@ class FanOut:
             code = ErrorCode.BUDGET_EXCEEDED.value
         else:
             code = errors[0]["error_code"] if errors else None
+        # the first failed items, as the step's cause (their outputs' `errors` has more)
+        cause = [
+            ErrorCause(code=e["error_code"], message=e["message"] or "failed", item=e["index"])
+            for e in errors
+        ]
+        message = f"{self.failed} of {self.total} items failed"
+        if errors:
+            first = errors[0]
+            message += f"; item {first['index']}: {coded(first['error_code'], first['message'])}"
         return StepResult(
             status="succeeded" if not self.failed else ("failed" if not ok else "partial"),
             attempts=chunks,
             error_code=code,
-            error_message=f"{self.failed} of {self.total} items failed" if self.failed else None,
+            error_message=message if self.failed else None,
+            cause=bounded(cause),
             outputs={
                 "items": self.results,
                 "count": self.total,

@@ -48,7 +48,10 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic.main import IncEx
+
     from aiworker.schemas import catalog, names
+    from aiworker.schemas.causes import PipelineError
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import PipelineResult, PipelineSpec, StepResult
     from aiworker.schemas.pipeline_check import PipelineSpecError, cap_problems, parse_pipeline
@@ -61,6 +64,9 @@ from aiworker.workflows.dag import run_dag
 from aiworker.workflows.limits import PermitSignals
 from aiworker.workflows.pipeline_limits import PipelineLimits
 from aiworker.workflows.state import Board, PipelineRun, now, search_attributes_on
+
+# What ``progress`` leaves out unless asked: outputs, and the rejected outputs a cause keeps.
+_NO_OUTPUTS: dict[str, IncEx | bool] = {"outputs": True, "cause": {"__all__": {"outputs"}}}
 
 __all__ = ["PipelineWorkflow", "error_code_of", "invalid_input", "parse_spec"]
 
@@ -97,7 +103,7 @@ class PipelineWorkflow(PermitSignals):
     def progress(self, include_outputs: bool = False) -> dict[str, Any]:
         """Per-step status, attempts, error code, duration and usage so far."""
         board = self._board
-        exclude = None if include_outputs else {"outputs"}
+        exclude = None if include_outputs else _NO_OUTPUTS
         waiting = board.permits.waiting_for()
         steps = {k: v.model_dump(mode="json", exclude=exclude) for k, v in board.steps.items()}
         for step_id in waiting.keys() & steps.keys():
@@ -222,7 +228,7 @@ class PipelineWorkflow(PermitSignals):
             steps=dict(run.steps),
             usage=Usage(),
             trace_id=run.trace_id,
-            error={"code": ErrorCode.RATE_LIMITED.value, "message": message},
+            error=PipelineError(code=ErrorCode.RATE_LIMITED.value, message=message),
         )
 
     def _finish(self, status: str, spec: PipelineSpec) -> None:

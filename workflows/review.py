@@ -11,8 +11,9 @@ history, a decision nobody waits for, outputs off a contract, and an approval
 without outputs of a step that produced none. Each accepted decision is kept
 with the Update's id (``workflow.current_update_info()``), which is also how
 the Update's accepted event, with the caller's client identity, is found in
-the history: the free-text ``reviewer`` is only what the caller says.
-Deterministic code only.
+the history: the free-text ``reviewer`` is only what the caller says (the
+Update's id when it says nothing). The record names the step decided on even
+when the caller did not, and when (workflow time). Deterministic code only.
 """
 
 from __future__ import annotations
@@ -41,17 +42,26 @@ class Awaiting:
 
 @dataclass(frozen=True)
 class Decided:
-    """An accepted decision and the id of the Update that brought it."""
+    """An accepted decision (its ``step`` filled in), the id of the Update that
+    brought it and when it arrived (ISO 8601, workflow time)."""
 
     decision: ReviewDecision
     update_id: str
+    at: str = ""
 
     def record(self) -> dict[str, Any]:
-        """What the step's result keeps of the review (not the outputs)."""
-        return {**self.decision.model_dump(mode="json", exclude={"outputs"}), **self.identity()}
+        """What the step's result keeps of the review (not the outputs):
+        ``decision``, ``reviewer``, ``note``, ``step``, ``update_id``, ``at``."""
+        return {
+            **self.decision.model_dump(mode="json", exclude={"outputs"}),
+            **self.identity(),
+            "at": self.at,
+        }
 
     def identity(self) -> dict[str, Any]:
-        return {"reviewer": self.decision.reviewer, "update_id": self.update_id}
+        # Who decided: what the caller said, else the one id the history can resolve.
+        reviewer = self.decision.reviewer or f"update {self.update_id}"
+        return {"reviewer": reviewer, "update_id": self.update_id}
 
 
 @dataclass
@@ -105,7 +115,8 @@ class ReviewDesk:
         d = ReviewDecision.model_validate(decision)
         step = d.step or next(iter(sorted(self.awaiting)))
         info = workflow.current_update_info()  # set in every update handler
-        decided = Decided(d, info.id if info is not None else "")
+        at = workflow.now().isoformat(timespec="milliseconds")
+        decided = Decided(d.model_copy(update={"step": step}), info.id if info else "", at)
         self.decisions[step] = decided
         return {"step": step, "decision": d.decision, **decided.identity()}
 

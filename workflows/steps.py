@@ -16,16 +16,16 @@ Deterministic code only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names, safe_schema
+    from aiworker.schemas.causes import coded, with_reasons
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import Step, StepResult, Validation
-    from aiworker.schemas.protocol import Usage
     from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, resolve
     from aiworker.schemas.spec import WorkerSpec
 
@@ -34,6 +34,7 @@ from aiworker.workflows.fanout import run_for_each
 from aiworker.workflows.limits import Lease, WaitExpired
 from aiworker.workflows.pipeline_limits import step_max_attempts
 from aiworker.workflows.state import Ended, PipelineRun, ms_since, now
+from aiworker.workflows.tally import Tally, after_primary, gate_verdict
 
 # A reviewer may send a step back this many times; then the step fails.
 MAX_REVIEW_ROUNDS = 3
@@ -69,17 +70,9 @@ def preflight(run: PipelineRun, step: Step) -> Ended | None:
                 StepResult(status="skipped", error_message=f"dependency {dep!r} ended {st}")
             )
     if step.gate is not None:
-        gate = run.steps[step.gate]
-        outputs = gate.outputs if isinstance(gate.outputs, dict) else {}
-        if gate.status != "succeeded" or not outputs.get("valid", False):
-            return Ended(
-                StepResult(
-                    status="blocked",
-                    error_code=ErrorCode.VALIDATION_FAILED.value,
-                    error_message=f"gate {step.gate!r} did not pass ({gate.status})",
-                    reasons=list(outputs.get("errors") or gate.reasons),
-                )
-            )
+        blocked = gate_verdict(step.gate, run.steps[step.gate])
+        if blocked is not None:
+            return blocked
     if step.when is not None:
         try:
             value = resolve(step.when["value"], run.scope(), budget=run.size_budget())
@@ -108,43 +101,6 @@ def preflight(run: PipelineRun, step: Step) -> Ended | None:
 
 
 @dataclass
-class Tally:
-    """What a step's calls add up to: Temporal attempts, usage, validator runs."""
-
-    attempts: int = 0
-    usage: Usage = field(default_factory=Usage)
-    validations: int = 0
-
-    def add(self, result: StepResult) -> None:
-        self.attempts += result.attempts
-        self.usage = self.usage + result.usage
-
-    def succeeded(self, call: StepResult) -> StepResult:
-        """The step's result from the call that produced its outputs."""
-        return call.model_copy(
-            update={
-                "attempts": self.attempts,
-                "usage": self.usage,
-                "validation_attempts": self.validations,
-            }
-        )
-
-    def failed(self, last: StepResult | None, fallback_used: bool) -> StepResult:
-        """The step's result when no call produced acceptable outputs."""
-        final = last or StepResult(status="failed", error_code=ErrorCode.INTERNAL.value)
-        return StepResult(
-            status="failed",
-            attempts=self.attempts,
-            error_code=final.error_code,
-            error_message=final.error_message,
-            reasons=final.reasons,
-            usage=self.usage,
-            validation_attempts=self.validations,
-            fallback_used=fallback_used,
-        )
-
-
-@dataclass
 class StepRunner:
     """One step with a single worker call (no for_each) and its resolved input."""
 
@@ -157,7 +113,8 @@ class StepRunner:
         """The bounded loop, once per review round."""
         result = StepResult(status="failed")
         for review_round in range(MAX_REVIEW_ROUNDS + 1):
-            attempt = await self.attempt(review_round)
+            # a retried step keeps what its earlier rounds went through
+            attempt = await self.attempt(review_round, Tally(causes=list(result.cause)))
             if isinstance(attempt, Ended):
                 return attempt.result
             result = attempt
@@ -171,25 +128,32 @@ class StepRunner:
             self.run.steps[self.step.id] = result.model_copy(update={"status": "running"})
         return result
 
-    async def attempt(self, review_round: int) -> StepResult | Ended:
+    def progress(self, tally: Tally, in_flight: int = 1) -> None:
+        """Show the step's attempts and validations in ``progress`` as they happen."""
+        self.run.steps[self.step.id] = tally.running(in_flight)
+
+    async def attempt(self, review_round: int, tally: Tally) -> StepResult | Ended:
         """run -> validate -> feed back reasons, up to max_attempts -> fallback."""
         step, v = self.step, self.step.validate_
         base = f"{self.run.key_base}/{step.id}"
         if review_round:
             base += f"#review-{review_round}"
         loops = v.max_attempts if v is not None else 1
-        tally = Tally()
+        worker_id = self.worker.worker_id
         last: StepResult | None = None
         current = self.step_input
         for n in range(loops):
             key = base if n == 0 else f"{base}#attempt-{n + 1}"
-            label = f"{step.id} ({self.worker.worker_id})"
+            label = f"{step.id} ({worker_id})"
+            self.progress(tally)
             result = await self.call(self.worker, key, current, label)
             if isinstance(result, Ended):
-                return result
+                return tally.ended(result, worker_id)
             tally.add(result)
             if not result.ok or self.run.terminal is not None:
                 last = result
+                if not result.ok:
+                    tally.failed_try(result, worker_id, n + 1)
                 if (
                     v is not None
                     and self.run.terminal is None
@@ -202,18 +166,20 @@ class StepRunner:
             if v is None:
                 return tally.succeeded(result)
             rejected = f"validation attempt {n + 1} of {loops} failed"
+            self.progress(tally, in_flight=0)
             rejection = await self.validate(v, result, f"{key}#validate", tally, rejected)
             if rejection is None:
                 return tally.succeeded(result)
+            tally.failed_try(rejection, worker_id, n + 1)
             last = rejection
             current = with_feedback(self.step_input, v.feedback_field, rejection.reasons)
         if step.fallback is not None and self.run.terminal is None:
             result = await self.fallback(step.fallback, base, tally)
             if isinstance(result, Ended):
-                return result
+                return tally.ended(result, step.fallback)
             if result.ok:
                 return tally.succeeded(result).model_copy(update={"fallback_used": True})
-            last = result
+            last = after_primary(step.fallback, result, worker_id, last)
         fallback_used = step.fallback is not None and self.run.terminal is None
         return tally.failed(last, fallback_used)
 
@@ -227,18 +193,20 @@ class StepRunner:
             if isinstance(fb_input, Ended):
                 return fb_input
         label = f"{step.id} fallback ({fb.worker_id})"
+        self.progress(tally)
         result = await self.call(fb, f"{base}#fallback", fb_input, label)
         if isinstance(result, Ended):
             return result
         tally.add(result)
         if result.ok and step.validate_ is not None:
-            rejected = "the fallback's output failed validation too"
+            rejected = "its output failed validation"
             key = f"{base}#fallback#validate"
-            rejection = await self.validate(
-                step.validate_, result, key, tally, rejected, broken=rejected
-            )
+            self.progress(tally, in_flight=0)
+            rejection = await self.validate(step.validate_, result, key, tally, rejected)
             if rejection is not None:
-                return rejection
+                result = rejection
+        if not result.ok:
+            tally.failed_try(result, fb.worker_id, None, fallback=True)
         return result
 
     async def validate(
@@ -248,11 +216,10 @@ class StepRunner:
         key: str,
         tally: Tally,
         rejected: str,
-        broken: str | None = None,
     ) -> StepResult | None:
         """Run the validator on a call's outputs: None if they pass, else the failure
-        with the validator's reasons, ``rejected`` as its message (``broken`` when the
-        validator itself failed; by default its own error)."""
+        with the validator's reasons and ``rejected`` with the first reason as its
+        message (the validator's own error when it failed itself)."""
         tally.validations += 1
         verdict = await call_worker(
             self.run.workers[names.VALIDATOR],
@@ -267,14 +234,18 @@ class StepRunner:
         found = verdict.outputs if isinstance(verdict.outputs, dict) else {}
         if verdict.ok and found.get("valid"):
             return None
+        reasons = list(found.get("errors") or verdict.reasons)
         return StepResult(
             status="failed",
             outputs=call.outputs,
             error_code=ErrorCode.VALIDATION_FAILED.value,
             error_message=(
-                rejected if verdict.ok else (broken or f"validator failed: {verdict.error_message}")
+                with_reasons(rejected, reasons)
+                if verdict.ok
+                else f"{rejected}: the validator failed: "
+                f"{coded(verdict.error_code, verdict.error_message)}"
             ),
-            reasons=list(found.get("errors") or verdict.reasons),
+            reasons=reasons,
         )
 
     async def call(
@@ -369,10 +340,25 @@ class StepRunner:
         decision, review = decided.decision, decided.record()
         if decision.decision == "approve":
             outputs = decision.outputs if decision.outputs is not None else result.outputs
+            # Succeeded by approval: no error of its own any more; what was
+            # approved over stays the newest entry of its cause.
             return result.model_copy(
-                update={"status": "succeeded", "outputs": outputs, "review": review}
+                update={
+                    "status": "succeeded",
+                    "outputs": outputs,
+                    "review": review,
+                    "error_code": None,
+                    "error_message": None,
+                    "reasons": [],
+                }
             )
         if decision.decision == "reject":
             run.terminal = "rejected"
-            return result.model_copy(update={"status": "rejected", "review": review})
+            said = f"rejected in review by {review['reviewer']}"
+            if decision.note:
+                said += f": {decision.note}"
+            message = f"{said}; the step had failed with {result.error_code}"
+            return result.model_copy(
+                update={"status": "rejected", "review": review, "error_message": message}
+            )
         return None

@@ -168,7 +168,7 @@ async def test_pipeline_concurrency_waits_visibly_and_other_keys_run(
     assert state["holders"] == [] and state["waiting"] == []
     assert [r.status for r in results] == ["succeeded", "succeeded"]
     assert late.status == "failed"
-    assert late.error is not None and late.error["code"] == "rate_limited"
+    assert late.error is not None and late.error.code == "rate_limited"
     assert {s.status for s in late.steps.values()} == {"skipped"}
     assert hurried.id not in seen.spans
     # the second c1 pipeline started its first step after the first one's last step ended

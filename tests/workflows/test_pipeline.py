@@ -472,6 +472,11 @@ async def test_for_each_item_failures_make_the_step_partial(
     assert firsts.outputs["result"] == {"ok": True}
     assert [w["field"] for w in firsts.warnings] == ["1", "3"]
     assert result.status == "partial"
+    # the partial step is the pipeline's error, its failed items the cause
+    error = result.error
+    assert error is not None and (error.code, error.step) == ("not_found", "each")
+    assert error.message == "2 of 4 items failed; item 1: not_found: odd"
+    assert [(c.item, c.code) for c in error.cause] == [(1, "not_found"), (3, "not_found")]
 
 
 async def test_progress_query_while_waiting(client: Client, settings: Settings) -> None:

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import pwd
+import signal
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -177,3 +184,91 @@ async def test_review_checks_both_contracts_with_formats_and_keeps_the_update_id
     assert review is not None
     assert review["update_id"] == "review-ann-1" and review["reviewer"] == "ann"
     assert accepted == 1
+
+
+async def test_an_approved_step_says_how_it_got_there(client: Client, settings: Settings) -> None:
+    """Approved: ``succeeded`` without a stale error code, the failure approved over
+    kept as its cause, the review record naming its step (not given) and time."""
+    calls: list[dict[str, Any]] = []
+    acts = {"aggregator": _producer(calls)}
+    async with running_stack(client, settings, replace_activities=acts) as stack:
+        handle = await stack.start(_pipeline())
+        await _awaiting(handle)
+        waiting = (await handle.query(names.PROGRESS_QUERY))["steps"]["draft"]
+        await send_review(client, handle.id, "approve", outputs=GOOD, reviewer="ann")
+        result = await handle.result()
+    assert waiting["status"] == "awaiting_review" and waiting["error_code"] == "invalid_output"
+    draft = result.steps["draft"]
+    assert (draft.status, draft.error_code, draft.error_message) == ("succeeded", None, None)
+    assert draft.cause[0].code == "invalid_output"
+    assert "the model returned garbage" in draft.cause[0].message
+    review = draft.review
+    assert review is not None
+    assert (review["decision"], review["reviewer"], review["step"]) == ("approve", "ann", "draft")
+    assert review["at"].startswith("20") and review["update_id"]
+    assert result.status == "succeeded" and result.error is None
+
+
+async def test_a_rejected_step_is_the_pipelines_error_with_its_cause(
+    client: Client, settings: Settings
+) -> None:
+    calls: list[dict[str, Any]] = []
+    acts = {"aggregator": _producer(calls)}
+    async with running_stack(client, settings, replace_activities=acts) as stack:
+        handle = await stack.start(_pipeline())
+        await _awaiting(handle)
+        # an Update without a reviewer: the record names the Update
+        await handle.execute_update(
+            names.REVIEW_UPDATE, {"decision": "reject", "note": "wrong shop"}, id="rv-1"
+        )
+        result = await handle.result()
+    draft = result.steps["draft"]
+    assert draft.review is not None and draft.review["reviewer"] == "update rv-1"
+    error = result.error
+    assert result.status == "rejected" and error is not None
+    assert (error.code, error.step) == ("invalid_output", "draft")
+    assert error.message.startswith("rejected in review by update rv-1: wrong shop")
+    assert error.cause[0].code == "invalid_output"
+
+
+async def test_the_cli_names_the_reviewer_without_user(
+    env: WorkflowEnvironment, settings: Settings, tmp_path: Path
+) -> None:
+    """``aiworker review`` with ``$USER`` and ``$LOGNAME`` unset names the uid's user."""
+    calls: list[dict[str, Any]] = []
+    acts = {"aggregator": _producer(calls)}
+    proc_env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIWORKER_", "TEMPORAL_", "OTEL_"))
+        and k not in ("USER", "LOGNAME", "LNAME", "USERNAME")
+    }
+    proc_env["TEMPORAL_NAMESPACE"] = env.client.namespace
+    proc_env["AIWORKER_DATA_DIR"] = str(tmp_path / "data")
+    async with running_stack(env.client, settings, replace_activities=acts) as stack:
+        handle = await stack.start(_pipeline())
+        await _awaiting(handle)
+        address = env.client.service_client.config.target_host
+        cmd = ["review", handle.id, "approve", "--outputs", json.dumps(GOOD), "--address", address]
+        # not subprocess.run: this event loop runs the workflow that answers the Update
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "aiworker.workers.cli",
+            *cmd,
+            env=proc_env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, errout = await asyncio.wait_for(proc.communicate(), 60)
+        finally:
+            if proc.returncode is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        result = await handle.result()
+    assert proc.returncode == 0, errout.decode()
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert json.loads(out)["reviewer"] == me
+    review = result.steps["draft"].review
+    assert review is not None and (review["reviewer"], review["step"]) == (me, "draft")

@@ -175,7 +175,7 @@ async def test_the_tenant_concurrency_ceiling_holds_across_pipelines(
         [answer] = await _limiter_answers(stack, first)
     assert done.status == "succeeded"
     assert waited.status == "failed" and waited.error is not None
-    assert "while waiting for a concurrency slot (tenant acme)" in waited.error["message"]
+    assert "while waiting for a concurrency slot (tenant acme)" in waited.error.message
     assert await history.scheduled_activities(second) == []
     assert (answer["key"], answer["limit"]) == ("tenant:acme", 1)
 
