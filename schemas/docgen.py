@@ -16,10 +16,8 @@ import json
 from pathlib import Path
 from typing import Any, get_args
 
-from pydantic import BaseModel
-
 from aiworker.schemas import docgen_notes as notes
-from aiworker.schemas import safe_schema
+from aiworker.schemas import safe_schema, tenants
 from aiworker.schemas.caps import HARD_MAX_STEPS, SETTING_OF, Caps
 from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.docgen_render import (
@@ -33,6 +31,7 @@ from aiworker.schemas.docgen_render import (
     table,
 )
 from aiworker.schemas.errors import RETRYABLE, ErrorCode
+from aiworker.schemas.names import TENANT_PATTERN
 from aiworker.schemas.pipeline import (
     Budget,
     Concurrency,
@@ -73,20 +72,6 @@ def _header(title: str, *sources: str) -> str:
     )
 
 
-def _with_notes(model: type[BaseModel]) -> str:
-    """A model outside the pipeline module: meanings from ``notes.FIELDS``."""
-    rows = []
-    for name, field in model.model_fields.items():
-        meaning = field.description or notes.FIELDS.get(f"{model.__name__}.{name}")
-        if not meaning:
-            raise ValueError(f"{model.__name__}.{name}: no description and no line in FIELDS")
-        default = code(jsonable(field.get_default(call_default_factory=True)))
-        rows.append([f"`{name}`", "integer ≥ 0", default, meaning])
-    doc = prose((model.__doc__ or "").strip())
-    body = table(["field", "type", "default", "meaning"], rows)
-    return f"## {model.__name__}\n\n{doc}\n\n{body}\n"
-
-
 def _statuses(kind: Any) -> str:
     rows = []
     for status in get_args(kind):
@@ -113,7 +98,12 @@ def pipeline_page() -> str:
         + table(["field", "type", "default", "meaning"], model_rows(ReviewDecision))
         + "\n"
     )
-    return "\n".join(parts)
+    text = "\n".join(parts)
+    # ResumeFrom holds step results: their section is on the result page
+    for model in (StepResult, Usage):
+        anchor = model.__name__.lower()
+        text = text.replace(f"](#{anchor})", f"](result.md#{anchor})")
+    return text
 
 
 def result_page() -> str:
@@ -124,7 +114,7 @@ def result_page() -> str:
         "an example is in [Results](../results.md).\n",
         model_section(PipelineResult),
         model_section(StepResult),
-        _with_notes(Usage),
+        model_section(Usage, notes.FIELDS),
         "## Pipeline statuses\n\nThe terminal statuses of a pipeline (`status`, and the "
         "search attribute `AiworkerStatus` once it ended).\n\n" + _statuses(TerminalStatus) + "\n",
         "## Step statuses\n\n" + _statuses(StepStatus) + "\n",
@@ -326,6 +316,24 @@ def workers_index(specs: dict[str, WorkerSpec]) -> str:
     )
 
 
+def tenants_page() -> str:
+    """The tenant registry file: every field, and the file's bounds."""
+    return "\n".join(
+        [
+            _header("Tenant registry", "schemas/tenants.py"),
+            "The file `AIWORKER_TENANTS_FILE` names, read once when a process starts. What "
+            "the registry means and what is scoped by tenant: [Tenants](../tenants.md).\n",
+            f"Read strictly: no unknown fields, no quoted numbers, at most "
+            f"{tenants.MAX_FILE_BYTES // (1024 * 1024)} MiB, {tenants.MAX_TENANTS:,} tenants "
+            f"and {tenants.MAX_ENTRIES} entries per list or map. A tenant name matches "
+            f"`{TENANT_PATTERN}`.\n",
+            model_section(tenants.TenantRegistry, notes.FIELDS),
+            model_section(tenants.TenantPolicy, notes.FIELDS),
+            model_section(Budget),
+        ]
+    )
+
+
 def render_all() -> dict[str, str]:
     """Every generated page by its path under ``docs/``."""
     specs = load_specs()
@@ -334,6 +342,7 @@ def render_all() -> dict[str, str]:
         f"{REFERENCE}/result.md": result_page(),
         f"{REFERENCE}/errors.md": errors_page(),
         f"{REFERENCE}/settings.md": settings_page(),
+        f"{REFERENCE}/tenants.md": tenants_page(),
         f"{REFERENCE}/workers/README.md": workers_index(specs),
     }
     for worker_id, spec in specs.items():

@@ -137,6 +137,8 @@ FIELDS: dict[str, str] = {
     "Usage.input_tokens": "tokens sent to models, every attempt counted",
     "Usage.output_tokens": "tokens models produced, every attempt counted",
     "Usage.external_calls": "page fetches, model calls and webhook posts",
+    "TenantRegistry.tenants": "every tenant there is, by name; a tenant not listed does not "
+    "exist (`invalid_input`)",
 }
 
 # Status -> what it means (terminal statuses of a pipeline, statuses of a step).

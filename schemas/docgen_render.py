@@ -8,6 +8,7 @@ Types are written in JSON terms (``string``, ``integer``, ``object``,
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from enum import Enum
 from pathlib import PurePath
 from typing import Any
@@ -73,9 +74,13 @@ def json_type(schema: Any, link_defs: bool = True) -> str:
         base = "array" if items in (None, {}, True) else f"array of {_item(items, link_defs)}"
     elif t == "object":
         extra = schema.get("additionalProperties")
+        patterns = schema.get("patternProperties") or {}
         base = "object"
         if isinstance(extra, dict) and extra:
             base = f"object of {_item(extra, link_defs)}"
+        elif len(patterns) == 1:
+            ((pattern, value),) = patterns.items()
+            base = f"object of {_item(value, link_defs)} by name matching `{pattern}`"
     elif t is None:
         base = "any JSON"
     else:
@@ -108,11 +113,11 @@ def bounds(schema: dict[str, Any]) -> list[str]:
         out.append(f"{lo}{DASH}{hi}")
     else:
         out += [f"≥ {lo}"] if lo is not None else []
+        out += [f"> {schema['exclusiveMinimum']}"] if "exclusiveMinimum" in schema else []
         out += [f"≤ {hi}"] if hi is not None else []
-    if "exclusiveMinimum" in schema:
-        out.append(f"> {schema['exclusiveMinimum']}")
-    if "exclusiveMaximum" in schema:
-        out.append(f"< {schema['exclusiveMaximum']}")
+        out += [f"< {schema['exclusiveMaximum']}"] if "exclusiveMaximum" in schema else []
+    if "maxProperties" in schema:
+        out.append(f"at most {schema['maxProperties']} entries")
     if schema.get("minLength") == 1 and "maxLength" not in schema:
         out.append("non-empty")
     elif (r := _range(schema.get("minLength"), schema.get("maxLength"), " chars")) is not None:
@@ -143,18 +148,23 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def model_rows(model: type[BaseModel]) -> list[list[str]]:
+def model_rows(model: type[BaseModel], notes: Mapping[str, str] | None = None) -> list[list[str]]:
     """One row per field: name (its alias), JSON type, default, meaning.
 
+    ``notes`` gives the meaning of a field without a ``description``, by
+    ``Model.field`` (models whose module the docs do not own).
+
     Raises:
-        ValueError: a field without a ``description``: the docs would say nothing.
+        ValueError: a field without a ``description`` or a note: the docs would say nothing.
     """
+    notes = notes or {}
     schema = model.model_json_schema(by_alias=True)
     props = schema.get("properties", {})
     rows = []
     for name, field in model.model_fields.items():
         key = field.alias or name
-        if not field.description:
+        meaning = field.description or notes.get(f"{model.__name__}.{name}")
+        if not meaning:
             raise ValueError(
                 f"{model.__name__}.{name} has no description: add Field(description=...)"
             )
@@ -162,15 +172,15 @@ def model_rows(model: type[BaseModel]) -> list[list[str]]:
             default = "required"
         else:
             default = code(jsonable(field.get_default(call_default_factory=True)))
-        rows.append([f"`{key}`", json_type(props.get(key, {})), default, field.description])
+        rows.append([f"`{key}`", json_type(props.get(key, {})), default, meaning])
     return rows
 
 
-def model_section(model: type[BaseModel], level: str = "##") -> str:
+def model_section(model: type[BaseModel], notes: Mapping[str, str] | None = None) -> str:
     """A heading named after the model, its docstring's first paragraph and its field table."""
-    doc = prose((model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "))
-    body = table(["field", "type", "default", "meaning"], model_rows(model))
-    return f"{level} {model.__name__}\n\n{doc}\n\n{body}\n"
+    doc = prose(" ".join((model.__doc__ or "").strip().split("\n\n")[0].split()))
+    body = table(["field", "type", "default", "meaning"], model_rows(model, notes))
+    return f"## {model.__name__}\n\n{doc}\n\n{body}\n"
 
 
 def schema_rows(schema: dict[str, Any], meanings: dict[str, str] | None = None) -> list[list[str]]:
