@@ -100,8 +100,8 @@ def pipeline_page() -> str:
     )
     text = "\n".join(parts)
     # ResumeFrom holds step results: their section is on the result page
-    for model in (StepResult, Usage):
-        anchor = model.__name__.lower()
+    for name in ("StepResult", "Usage"):
+        anchor = name.lower()
         text = text.replace(f"](#{anchor})", f"](result.md#{anchor})")
     return text
 

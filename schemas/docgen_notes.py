@@ -165,7 +165,8 @@ CAPS: dict[str, str] = {
     "max_foreach_items": "items in one `for_each`",
     "max_steps": "steps in one pipeline",
     "max_json_depth": "nesting of pipeline inputs, step inputs, resolved values, worker "
-    "inputs and outputs, JSON-LD",
+    "inputs and outputs, JSON-LD (deeper JSON-LD is skipped with a `json_ld_too_deep` "
+    "warning)",
     "max_reference_chars": "length of one string that holds `${{ }}` references",
     "max_references": "`${{ }}` references in one pipeline (and at most 100 in one string)",
     "max_resolved_bytes": "compact-JSON size of one resolved value: a step's input, one "

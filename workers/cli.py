@@ -312,8 +312,7 @@ async def cmd_conformance(args: argparse.Namespace) -> int:
 
 
 async def cmd_schemas(args: argparse.Namespace) -> int:
-    """``aiworker schemas export|check``: write or check ``schemas/json/`` and the
-    generated docs (``docs/reference/``)."""
+    """``aiworker schemas export|check``: ``schemas/json/`` and ``docs/reference/``."""
     from aiworker.schemas.export import check_all, export_all
 
     if args.action == "export":
