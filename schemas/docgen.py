@@ -264,11 +264,10 @@ def worker_page(spec: WorkerSpec) -> str:
         table(header, schema_rows(spec.output_schema, _meanings(n, "output"))) + "\n",
         "## Example\n",
         (
-            f"{example.description[:1].upper()}{example.description[1:]}:\n"
+            f"{example.description[:1].upper()}{example.description[1:]}, as a pipeline step:\n"
             if example and example.description
-            else ""
+            else "As a pipeline step:\n"
         ),
-        "as a pipeline step:\n" if example and example.description else "As a pipeline step:\n",
         "```json\n"
         + json.dumps(
             {"id": "example", "worker": spec.worker_id, "input": example.input if example else {}},

@@ -239,7 +239,8 @@ def schema_rows(schema: dict[str, Any], meanings: dict[str, str] | None = None) 
                 continue
             walk(opt, path + ".")
             extra = opt.get("additionalProperties")
-            if isinstance(extra, dict) and extra:
+            # a map of plain values says all in its type; a map of records gets its rows
+            if isinstance(extra, dict) and ({"$ref", "properties", "anyOf"} & set(extra)):
                 add(extra, f"{path}.<name>", "")
             items = opt.get("items")
             if opt.get("type") == "array" and isinstance(items, dict) and items.get("properties"):
