@@ -72,12 +72,12 @@ def _header(title: str, *sources: str) -> str:
     )
 
 
-def _statuses(kind: Any) -> str:
+def _statuses(kind: Any, meanings: dict[str, str]) -> str:
     rows = []
     for status in get_args(kind):
-        if status not in notes.STATUSES:
-            raise ValueError(f"status {status!r} has no line in docgen_notes.STATUSES")
-        rows.append([f"`{status}`", notes.STATUSES[status]])
+        if status not in meanings:
+            raise ValueError(f"status {status!r} has no line in docgen_notes")
+        rows.append([f"`{status}`", meanings[status]])
     return table(["status", "meaning"], rows)
 
 
@@ -116,8 +116,10 @@ def result_page() -> str:
         model_section(StepResult),
         model_section(Usage, notes.FIELDS),
         "## Pipeline statuses\n\nThe terminal statuses of a pipeline (`status`, and the "
-        "search attribute `AiworkerStatus` once it ended).\n\n" + _statuses(TerminalStatus) + "\n",
-        "## Step statuses\n\n" + _statuses(StepStatus) + "\n",
+        "search attribute `AiworkerStatus` once it ended).\n\n"
+        + _statuses(TerminalStatus, notes.PIPELINE_STATUSES)
+        + "\n",
+        "## Step statuses\n\n" + _statuses(StepStatus, notes.STATUSES) + "\n",
     ]
     return "\n".join(parts)
 

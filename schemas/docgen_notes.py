@@ -141,23 +141,34 @@ FIELDS: dict[str, str] = {
     "exist (`invalid_input`)",
 }
 
-# Status -> what it means (terminal statuses of a pipeline, statuses of a step).
+# Terminal status of a pipeline -> what it means.
+PIPELINE_STATUSES: dict[str, str] = {
+    "succeeded": "every step succeeded (or was skipped by its `when`)",
+    "partial": "it ran to the end, but a step was blocked by its gate, ended partial (a "
+    "for_each with failed items), or failed under `on_failure: continue`",
+    "failed": "a step failed and its `on_failure` was `fail`; `error` names it",
+    "rejected": "a reviewer rejected an escalated step",
+    "escalation_timed_out": "no review came within a step's `review_timeout_seconds`",
+    "budget_exhausted": "a step would have exceeded the budget (`budget_exceeded`)",
+    "cancelled": "the workflow was cancelled (`temporal workflow cancel`)",
+}
+
+# Status of a step -> what it means.
 STATUSES: dict[str, str] = {
     "pending": "not started yet",
     "waiting": "waiting at a rate limit or concurrency limit",
     "running": "its worker is being called",
-    "succeeded": "done, every step (or item) succeeded",
-    "partial": "done with something missing: a for_each with failed items, a worker's "
-    "partial result; for a pipeline, a step that failed, was blocked or rejected while "
-    "the pipeline went on",
-    "failed": "a step failed and its `on_failure` was `fail`",
+    "succeeded": "its worker (every item of a for_each) succeeded, or a reviewer approved it",
+    "partial": "outputs with something missing: a worker's partial result, a for_each "
+    "with failed items",
+    "failed": "its worker failed (after its retries, validation loop and fallback); "
+    "`error_code` says why",
     "skipped": "its `when` did not match, or a step it depends on did not succeed",
-    "blocked": "its gate did not pass (error code validation_failed)",
+    "blocked": "its gate did not pass (error code `validation_failed`)",
     "awaiting_review": "escalated: waiting for `aiworker review`",
     "rejected": "a reviewer rejected it",
-    "cancelled": "the workflow was cancelled (`temporal workflow cancel`)",
+    "cancelled": "the pipeline was cancelled while it ran",
     "escalation_timed_out": "no review came within `review_timeout_seconds`",
-    "budget_exhausted": "a step would have exceeded the budget (budget_exceeded)",
 }
 
 # Caps field -> what it bounds.
