@@ -252,9 +252,15 @@ async def test_readme_pipeline_commands_run_as_written(client: Client, tmp_path:
         result = await pipelines.result("my-run")
         save = result.steps["save"].outputs
         assert save["duplicate"] is True and save["published"] is False, save
-    sink = settings.data_dir / "sinks" / "demo" / "hello.jsonl"
-    # two `aiworker run`s (ids of their own) and my-run once; reviewed.jsonl once
-    assert len(sink.read_text("utf-8").splitlines()) == 3
+        # two `aiworker run`s (ids of their own; the --no-wait one may still be
+        # running) and my-run once, not twice
+        sink = settings.data_dir / "sinks" / "demo" / "hello.jsonl"
+
+        def records() -> int:
+            return len(sink.read_text("utf-8").splitlines()) if sink.exists() else 0
+
+        await wait_until(lambda: records() >= 3, "three hello records", timeout=30)
+    assert records() == 3
     reviewed = settings.data_dir / "sinks" / "demo" / "reviewed.jsonl"
     assert len(reviewed.read_text("utf-8").splitlines()) == 1
 
