@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install compile demo dev test lint typecheck bench clean
+.PHONY: install compile demo dev test lint typecheck bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+## Regenerate schemas/json/ and docs/reference/ from the models, specs and settings.
+docs: $(STAMP)
+	$(BIN)/aiworker schemas export
 
 bench: compile
 	$(BIN)/python -m bench

@@ -45,22 +45,46 @@ StepStatus = Literal[
 class Budget(Model):
     """Limits across the whole pipeline, children included."""
 
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_external_calls: int | None = Field(default=None, ge=0)
-    deadline_seconds: float | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="tokens (input + output, every attempt) the whole pipeline may spend; "
+        "unset: no limit",
+    )
+    max_external_calls: int | None = Field(
+        default=None,
+        ge=0,
+        description="external calls (page fetches, model calls, webhooks) the whole "
+        "pipeline may make; unset: no limit",
+    )
+    deadline_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="seconds from the pipeline's start after which no step is started; "
+        "unset: no deadline",
+    )
 
 
 class StepRetry(Model):
     """Per-step override of the worker's retries; may only tighten."""
 
-    max_attempts: int = Field(ge=1, le=100)
+    max_attempts: int = Field(
+        ge=1, le=100, description="attempts of each call; above the worker spec's is invalid_input"
+    )
 
 
 class Validation(Model):
     """The bounded validation loop of a step: run, validate, feed back reasons."""
 
-    schema_: dict[str, Any] | bool = Field(alias="schema")
-    max_attempts: int = Field(default=3, ge=1, le=10)
+    schema_: dict[str, Any] | bool = Field(
+        alias="schema", description="the JSON Schema the step's outputs must match"
+    )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description="runs of the step, each after the validator's reasons of the last",
+    )
     feedback_field: str = Field(
         default="feedback", description="input field that receives the validator's reasons"
     )
@@ -72,31 +96,86 @@ class Concurrency(Model):
     """At most ``limit`` steps (or pipelines) with the same ``key`` run at once,
     across every worker process; the key is a string or a ``${{ }}`` reference."""
 
-    key: str = Field(min_length=1, max_length=200)
-    limit: int = Field(ge=1, le=10_000)
+    key: str = Field(
+        min_length=1,
+        max_length=200,
+        description="the key that shares the limit: a string or a ${{ }} reference "
+        "(a step's may use item; a pipeline's only inputs)",
+    )
+    limit: int = Field(ge=1, le=10_000, description="at most this many hold the key at once")
 
 
 class Step(Model):
     """One node of the pipeline DAG."""
 
-    id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$", max_length=64)
-    worker: str
-    input: dict[str, Any] = Field(default_factory=dict)
-    depends_on: list[str] = Field(default_factory=list)
-    when: dict[str, Any] | None = Field(
-        default=None, description='{"value": <reference>, "schema": <JSON Schema>}'
+    id: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$",
+        max_length=64,
+        description="unique in the pipeline; references name it (steps.<id>.outputs)",
     )
-    for_each: str | list[Any] | None = None
-    max_parallel: int = Field(default=10, ge=1, le=1000)
-    gate: str | None = None
-    fallback: str | None = Field(default=None, description="worker to run when this one fails")
-    fallback_input: dict[str, Any] | None = None
-    on_failure: Literal["fail", "continue", "escalate"] = "fail"
-    timeout_seconds: float | None = Field(default=None, gt=0)
-    retry: StepRetry | None = None
-    validate_: Validation | None = Field(default=None, alias="validate")
-    review_timeout_seconds: float = Field(default=86400, gt=0)
-    concurrency: Concurrency | None = None
+    worker: str = Field(description="the worker_id to call (aiworker workers lists them)")
+    input: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the worker's input: JSON with ${{ }} references, checked against the "
+        "worker's input_schema",
+    )
+    depends_on: list[str] = Field(
+        default_factory=list,
+        description="steps that must end first (steps it references are added by themselves)",
+    )
+    when: dict[str, Any] | None = Field(
+        default=None,
+        description='{"value": <reference>, "schema": <JSON Schema>}: the step runs only when '
+        "the value matches, else it is skipped",
+    )
+    for_each: str | list[Any] | None = Field(
+        default=None,
+        description="a list, or a reference to one: the worker runs once per item "
+        "(${{ item }}, ${{ item_index }} in input)",
+    )
+    max_parallel: int = Field(
+        default=10, ge=1, le=1000, description="for_each items running at once"
+    )
+    gate: str | None = Field(
+        default=None,
+        description="a validator step that must have passed (valid: true) before this one "
+        "runs, else blocked",
+    )
+    fallback: str | None = Field(
+        default=None, description="worker to run once, when this one's attempts are spent"
+    )
+    fallback_input: dict[str, Any] | None = Field(
+        default=None, description="the fallback's input; default: the step's input"
+    )
+    on_failure: Literal["fail", "continue", "escalate"] = Field(
+        default="fail",
+        description="fail the pipeline, continue without the step, or escalate to human review",
+    )
+    timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="each attempt's timeout; may only tighten the worker spec's",
+    )
+    retry: StepRetry | None = Field(
+        default=None, description="retries of this step; may only tighten the worker spec's"
+    )
+    validate_: Validation | None = Field(
+        default=None,
+        alias="validate",
+        description="the validation loop: outputs checked against a schema, the step rerun "
+        "with the reasons",
+    )
+    review_timeout_seconds: float = Field(
+        default=86400,
+        gt=0,
+        description="how long an escalated step waits for a review before the pipeline ends "
+        "escalation_timed_out",
+    )
+    concurrency: Concurrency | None = Field(
+        default=None,
+        description="at most limit steps (for_each: items) with this key run at once, across "
+        "every process",
+    )
     chunk_size: int = Field(
         default=100,
         ge=1,
@@ -114,20 +193,42 @@ class ResumeFrom(Model):
     that a redriven publish is recognised as already done.
     """
 
-    workflow_id: str = Field(min_length=1)
-    run_id: str | None = None
-    steps: dict[str, StepResult] = Field(default_factory=dict)
+    workflow_id: str = Field(min_length=1, description="the first run's workflow id")
+    run_id: str | None = Field(default=None, description="the first run's run id")
+    steps: dict[str, StepResult] = Field(
+        default_factory=dict, description="results reused as they are, by step id"
+    )
 
 
 class PipelineSpec(Model):
     """A pipeline: the input of ``PipelineWorkflow``."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
-    tenant: str = Field(default=DEFAULT_TENANT, pattern=TENANT_PATTERN)
-    inputs: dict[str, Any] = Field(default_factory=dict)
-    budget: Budget = Field(default_factory=Budget)
-    steps: list[Step] = Field(min_length=1, max_length=HARD_MAX_STEPS)
-    output: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        max_length=100,
+        description="the pipeline's name: search attribute AiworkerPipeline, default "
+        "workflow id prefix",
+    )
+    tenant: str = Field(
+        default=DEFAULT_TENANT,
+        pattern=TENANT_PATTERN,
+        description="who the pipeline runs for: limits, sinks, caches and artifacts are "
+        "scoped by it",
+    )
+    inputs: dict[str, Any] = Field(
+        default_factory=dict, description="any JSON, referenced as ${{ inputs.<path> }}"
+    )
+    budget: Budget = Field(
+        default_factory=Budget,
+        description="limits across the whole pipeline, for_each children included",
+    )
+    steps: list[Step] = Field(
+        min_length=1, max_length=HARD_MAX_STEPS, description="the DAG's steps, in any order"
+    )
+    output: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the result's output: JSON with ${{ }} references, resolved at the end",
+    )
     resume_from: ResumeFrom | None = Field(
         default=None, description="set by `aiworker redrive`: results reused from a failed run"
     )
@@ -140,20 +241,24 @@ class PipelineSpec(Model):
 class StepResult(Model):
     """How one step ended."""
 
-    status: StepStatus
-    attempts: int = 0
-    error_code: str | None = None
-    error_message: str | None = None
-    duration_ms: float = 0.0
-    outputs: Any = None
-    warnings: list[dict[str, Any]] = Field(default_factory=list)
-    artifacts: list[dict[str, Any]] = Field(default_factory=list)
-    usage: Usage = Field(default_factory=Usage)
+    status: StepStatus = Field(description="how the step ended (or where it is)")
+    attempts: int = Field(default=0, description="calls of the worker, retries included")
+    error_code: str | None = Field(default=None, description="the stable error code, if it failed")
+    error_message: str | None = Field(default=None, description="what went wrong, in one line")
+    duration_ms: float = Field(default=0.0, description="wall time of the step")
+    outputs: Any = Field(default=None, description="the worker's outputs (for_each: a list)")
+    warnings: list[dict[str, Any]] = Field(
+        default_factory=list, description="[{code, message, field}]: what a partial result lacks"
+    )
+    artifacts: list[dict[str, Any]] = Field(
+        default_factory=list, description="ArtifactRefs the worker wrote (uri, sha256, size)"
+    )
+    usage: Usage = Field(default_factory=Usage, description="what the step consumed")
     reasons: list[dict[str, Any]] = Field(
         default_factory=list, description="the validator's or worker's reasons for a failure"
     )
     validation_attempts: int = Field(default=0, description="runs of the validation loop")
-    fallback_used: bool = False
+    fallback_used: bool = Field(default=False, description="the fallback worker produced it")
     reused_from: str | None = Field(default=None, description="workflow id of a redriven run")
     review: dict[str, Any] | None = Field(
         default=None,
@@ -241,7 +346,9 @@ class ChunkResult(Model):
 class ReviewDecision(Model):
     """The argument of the ``review`` Workflow Update."""
 
-    decision: Literal["approve", "reject", "retry"]
+    decision: Literal["approve", "reject", "retry"] = Field(
+        description="approve (optionally with corrected outputs), reject, or retry the step"
+    )
     outputs: dict[str, Any] | None = Field(
         default=None, description="corrected outputs (approve); checked against the step's schema"
     )
@@ -251,22 +358,24 @@ class ReviewDecision(Model):
         max_length=200,
         description="who decides; the review record names the Update's id when not given",
     )
-    note: str | None = Field(default=None, max_length=4000)
+    note: str | None = Field(default=None, max_length=4000, description="kept in the step's result")
     step: str | None = Field(default=None, description="the step under review, if several wait")
 
 
 class PipelineResult(Model):
     """The result of ``PipelineWorkflow``."""
 
-    status: TerminalStatus
-    output: dict[str, Any] = Field(default_factory=dict)
-    steps: dict[str, StepResult] = Field(default_factory=dict)
-    usage: Usage = Field(default_factory=Usage)
-    trace_id: str | None = None
+    status: TerminalStatus = Field(description="the terminal status")
+    output: dict[str, Any] = Field(
+        default_factory=dict, description="the spec's output with its references resolved"
+    )
+    steps: dict[str, StepResult] = Field(default_factory=dict, description="each step, by id")
+    usage: Usage = Field(default_factory=Usage, description="the whole pipeline's consumption")
+    trace_id: str | None = Field(default=None, description="the OpenTelemetry trace of the run")
     error: PipelineError | None = Field(
         default=None,
         description="why the pipeline did not succeed: the first failing step's code, "
-        "message, id and cause chain",
+        "message, id and cause chain; null on success",
     )
     warnings: list[dict[str, Any]] = Field(
         default_factory=list,

@@ -9,7 +9,7 @@ aiworker list [--status S]   pipelines by status, tenant, name (visibility query
 aiworker redrive ID          run a failed pipeline again, reusing its succeeded steps
 aiworker workers             list the worker specs (the published contracts)
 aiworker artifacts WF_ID     list the artifacts a workflow wrote (lineage)
-aiworker schemas export|check  write or check schemas/json/
+aiworker schemas export|check  write or check schemas/json/ and docs/reference/
 aiworker conformance WORKER_ID  check a live worker against its spec through Temporal
 
 The grammar is :mod:`aiworker.workers.cli_parser`; pipelines are reached
@@ -312,14 +312,14 @@ async def cmd_conformance(args: argparse.Namespace) -> int:
 
 
 async def cmd_schemas(args: argparse.Namespace) -> int:
-    """``aiworker schemas export|check``: write or check ``schemas/json/``."""
-    from aiworker.schemas.export import check, export
+    """``aiworker schemas export|check``: ``schemas/json/`` and ``docs/reference/``."""
+    from aiworker.schemas.export import check_all, export_all
 
     if args.action == "export":
-        for p in export():
+        for p in export_all():
             print(p)
         return EXIT_OK
-    drift = check()
+    drift = check_all()
     for d in drift:
         err(d)
     return EXIT_FAILED if drift else EXIT_OK

@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("workflow_id")
     ar.add_argument("--json", action="store_true", help="one JSON array with every field")
 
-    sc = sub.add_parser("schemas", help="export or check the JSON Schemas in schemas/json")
+    sc = sub.add_parser("schemas", help="export or check schemas/json and the generated docs")
     sc.add_argument("action", choices=["export", "check"])
 
     cf = sub.add_parser("conformance", help="check a live worker against its spec through Temporal")
