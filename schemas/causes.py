@@ -30,7 +30,7 @@ class ErrorCause(Model):
     """One failure behind an error: a try of a step, its gate, a for_each item."""
 
     code: str | None = Field(description="the failure's stable error code")
-    message: str
+    message: str = Field(description="what went wrong, in one line")
     step: str | None = Field(default=None, description="the step it happened in, if another")
     worker: str | None = Field(default=None, description="the worker that failed")
     attempt: int | None = Field(
@@ -56,7 +56,7 @@ class PipelineError(Model):
     """
 
     code: str = Field(description="the stable error code of the failing step")
-    message: str
+    message: str = Field(description="what went wrong, in one line, naming the step")
     step: str | None = Field(default=None, description="the id of the step that failed first")
     cause: list[ErrorCause] = Field(
         default_factory=list, description="the failures behind it, newest first"

@@ -20,6 +20,7 @@ from aiworker.schemas import docgen_notes as notes
 from aiworker.schemas import safe_schema, tenants
 from aiworker.schemas.caps import HARD_MAX_STEPS, SETTING_OF, Caps
 from aiworker.schemas.catalog import load_specs
+from aiworker.schemas.causes import ErrorCause, PipelineError
 from aiworker.schemas.docgen_render import (
     DASH,
     code,
@@ -100,7 +101,7 @@ def pipeline_page() -> str:
     )
     text = "\n".join(parts)
     # ResumeFrom holds step results: their section is on the result page
-    for name in ("StepResult", "Usage"):
+    for name in ("StepResult", "Usage", "ErrorCause", "PipelineError"):
         anchor = name.lower()
         text = text.replace(f"](#{anchor})", f"](result.md#{anchor})")
     return text
@@ -113,6 +114,8 @@ def result_page() -> str:
         "What `aiworker run` prints and `temporal workflow result` returns. The shape with "
         "an example is in [Results](../results.md).\n",
         model_section(PipelineResult),
+        model_section(PipelineError),
+        model_section(ErrorCause),
         model_section(StepResult),
         model_section(Usage, notes.FIELDS),
         "## Pipeline statuses\n\nThe terminal statuses of a pipeline (`status`, and the "
