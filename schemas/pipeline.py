@@ -241,6 +241,13 @@ class PipelineResult(Model):
     usage: Usage = Field(default_factory=Usage)
     trace_id: str | None = None
     error: dict[str, Any] | None = None
+    redrive: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "a redriven run's summary: `from` (the first run's id), `reused` and `rerun` "
+            "(step ids), `items_rerun` (for_each step id -> the item indexes run again)"
+        ),
+    )
 
 
 ResumeFrom.model_rebuild()

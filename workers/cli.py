@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -83,8 +84,6 @@ async def _print_or_wait(pipelines: PipelineClient, handle: PipelineHandle, no_w
 
 async def cmd_review(args: argparse.Namespace) -> int:
     """``aiworker review ID DECISION``: the ``review`` Workflow Update."""
-    from temporalio.client import WorkflowUpdateFailedError
-
     from aiworker.workers.client import PipelineClient
 
     outputs = None
@@ -103,18 +102,15 @@ async def cmd_review(args: argparse.Namespace) -> int:
         pipelines = await PipelineClient.connect(
             args.profile, target_host=args.address, settings=settings, telemetry=telemetry
         )
-        try:
-            answer = await pipelines.send_review(
-                args.workflow_id,
-                args.decision,
-                outputs=outputs,
-                reviewer=args.reviewer or os.environ.get("USER"),
-                note=args.note,
-                step=args.step,
-            )
-        except WorkflowUpdateFailedError as e:
-            err(f"review rejected: {e.cause}")
-            return EXIT_FAILED
+        # A refused decision (WorkflowUpdateFailedError) reads as one line in `main`.
+        answer = await pipelines.send_review(
+            args.workflow_id,
+            args.decision,
+            outputs=outputs,
+            reviewer=args.reviewer or os.environ.get("USER"),
+            note=args.note,
+            step=args.step,
+        )
     print(json.dumps(answer))
     return EXIT_OK
 
@@ -141,8 +137,8 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_redrive(args: argparse.Namespace) -> int:
-    """``aiworker redrive ID``: run a failed pipeline again, reusing its succeeded steps."""
-    from aiworker.workers.client import PipelineClient, RedriveError
+    """``aiworker redrive ID``: run a failed pipeline again, reusing what succeeded."""
+    from aiworker.workers.client import PipelineClient
 
     settings = load_settings()
     configure_logs(settings)
@@ -153,12 +149,37 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
         pipelines = await PipelineClient.connect(
             args.profile, target_host=args.address, settings=settings, telemetry=telemetry
         )
-        try:
-            handle = await pipelines.redrive(args.workflow_id)
-        except RedriveError as e:
-            err(str(e))
-            return EXIT_USAGE
+        # RedriveError (running, succeeded, not a pipeline): one line and exit 2 in `main`
+        pipeline = await pipelines.redrive_input(args.workflow_id)
+        handle = await pipelines.start_redrive(pipeline)
+        err(f"redriving {args.workflow_id} as {handle.id}: {redrive_plan_line(pipeline)}")
         return await _print_or_wait(pipelines, handle, args.no_wait)
+
+
+def redrive_plan_line(pipeline: dict[str, Any]) -> str:
+    """What a redrive input will reuse and run again, in words (the result's
+    ``redrive`` says what it did)."""
+    from aiworker.schemas.pipeline import PipelineSpec
+    from aiworker.schemas.redrive import plan_redrive
+
+    try:
+        plan = plan_redrive(PipelineSpec.model_validate(pipeline))
+    except ValueError:  # the workflow says what is wrong with the spec
+        plan = None
+    if plan is None:
+        return "see the result's redrive"
+
+    def again(sid: str) -> str:
+        old = plan.previous.get(sid)
+        items = old.outputs.get("items") if old and isinstance(old.outputs, dict) else None
+        if isinstance(items, list) and plan.kept_items(sid, len(items)):
+            return f"{sid} (only its failed items)"
+        return sid
+
+    return (
+        f"reusing {', '.join(plan.reused) or 'nothing'}; "
+        f"running again {', '.join(again(s) for s in plan.rerun) or 'nothing'}"
+    )
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
@@ -345,32 +366,23 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
 def main(argv: list[str] | None = None) -> int:
     """Run one ``aiworker`` command; returns its exit code.
 
-    Errors a person can fix end in one line on stderr: start-up problems
-    (exit 2), an unreachable Temporal (exit 1). Anything else is a bug and
-    keeps its traceback.
+    Whatever a command raises ends in one line on stderr and an exit code
+    (:func:`aiworker.workers.cli_errors.explain`); ``--debug`` adds the
+    traceback.
     """
-    from temporalio.service import RPCError, RPCStatusCode
-
-    from aiworker.workers.devserver import DevServerError
-    from aiworker.workers.errors import StartupError
-    from aiworker.workers.temporal_client import TemporalUnreachableError
-
     args = build_parser().parse_args(argv)
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except (StartupError, DevServerError) as e:
-        err(str(e))
-        return EXIT_USAGE
-    except TemporalUnreachableError as e:
-        err(f"cannot reach Temporal: {e}")
-        return EXIT_FAILED
-    except RPCError as e:
-        if e.status not in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
-            raise
-        err(f"cannot reach Temporal: {e}")
-        return EXIT_FAILED
+    except Exception as e:
+        from aiworker.workers.cli_errors import explain
+
+        if args.debug:
+            traceback.print_exc()
+        failure = explain(e, args)
+        err(failure.message)
+        return failure.code
 
 
 def run_main() -> None:

@@ -50,7 +50,8 @@ class PipelineSummary:
         }
 
 
-def _quote(value: str) -> str:
+def quote(value: str) -> str:
+    """``value`` as a string literal of a visibility query."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
@@ -58,12 +59,12 @@ def list_query(
     status: str | None = None, tenant: str | None = None, pipeline: str | None = None
 ) -> str:
     """The visibility query for pipelines with these search attribute values."""
-    parts = [f"WorkflowType = {_quote(names.PIPELINE_WORKFLOW)}"]
+    parts = [f"WorkflowType = {quote(names.PIPELINE_WORKFLOW)}"]
     for key, value in (
         (names.SA_STATUS, status),
         (names.SA_TENANT, tenant),
         (names.SA_PIPELINE, pipeline),
     ):
         if value:
-            parts.append(f"{key} = {_quote(value)}")
+            parts.append(f"{key} = {quote(value)}")
     return " AND ".join(parts)

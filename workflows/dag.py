@@ -5,9 +5,11 @@ references name (:func:`step_dependencies`). Each round starts what is ready
 and waits for at least one running step, so the loop is counted. A step that
 fails with ``on_failure`` other than ``continue``, or one that ends the run
 (``PipelineRun.terminal``), stops new starts; running steps finish. With
-``resume_from`` (a redrive), a step that succeeded before is reused instead of
-run. The run's status follows from the steps; the pipeline's ``output`` is
-resolved last. Deterministic code only.
+``resume_from`` (a redrive), the steps
+:func:`~aiworker.schemas.redrive.plan_redrive` names are reused instead of run
+(each succeeded before, with all its dependencies reused), and the result's
+``redrive`` says what was reused and what ran again. The run's status follows
+from the steps; the pipeline's ``output`` is resolved last. Deterministic code only.
 """
 
 from __future__ import annotations
@@ -27,10 +29,15 @@ with workflow.unsafe.imports_passed_through():
         TerminalStatus,
         step_dependencies,
     )
+    from aiworker.schemas.redrive import plan_redrive
     from aiworker.schemas.refs import ReferenceError_, resolve
 
 from aiworker.workflows.state import PipelineRun
 from aiworker.workflows.steps import run_step
+
+# Redrives before this patch reused every step that produced outputs, partial
+# ones included; after it they follow ``plan_redrive``.
+REDRIVE_PLAN_PATCH = "redrive-plan"
 
 
 @dataclass
@@ -55,6 +62,8 @@ async def run_dag(run: PipelineRun) -> PipelineResult:
     spec = run.spec
     by_id = {s.id: s for s in spec.steps}
     sched = Schedule(deps=step_dependencies(spec))
+    if spec.resume_from is not None and workflow.patched(REDRIVE_PLAN_PATCH):
+        run.redrive = plan_redrive(spec)
     try:
         # Each round finishes at least one step, so this loop is bounded.
         for _ in range(2 * len(spec.steps) + 2):
@@ -101,6 +110,7 @@ async def run_dag(run: PipelineRun) -> PipelineResult:
         usage=run.ledger.used,
         trace_id=run.trace_id,
         error=output_error,
+        redrive=run.redrive.summary() if run.redrive else None,
     )
 
 
@@ -112,7 +122,11 @@ def _start_ready(run: PipelineRun, sched: Schedule) -> list[str]:
         if not sched.ready(step):
             continue
         old = resume.steps.get(step.id) if resume else None
-        if old is not None and old.status in names.OK_STATUSES and resume:
+        if run.redrive is not None:
+            reuse = step.id in run.redrive.reused
+        else:
+            reuse = old is not None and old.status in names.OK_STATUSES
+        if old is not None and reuse and resume:
             run.steps[step.id] = old.model_copy(update={"reused_from": resume.workflow_id})
             reused.append(step.id)
             sched.done.add(step.id)
