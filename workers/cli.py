@@ -49,6 +49,7 @@ from aiworker.workers.cli_common import (
 from aiworker.workers.cli_parser import build_parser
 
 if TYPE_CHECKING:
+    from aiworker.activities.lineage import ArtifactRecord
     from aiworker.workers.client import PipelineClient, PipelineHandle
     from aiworker.workers.supervisor import DevOptions
 
@@ -267,12 +268,13 @@ async def cmd_workers(args: argparse.Namespace) -> int:
 
 
 async def cmd_artifacts(args: argparse.Namespace) -> int:
-    """``aiworker artifacts WF_ID``: the artifacts a workflow wrote (lineage)."""
+    """``aiworker artifacts WF_ID``: the artifacts a workflow wrote (lineage), its
+    for_each items' included (they ran in its chunk workflows, ``WF_ID/<step>/<n>``)."""
     from aiworker.workers.resources import close_connections, lineage_index
 
     settings = load_settings()
     try:
-        records = await lineage_index(settings).records(args.workflow_id)
+        records = await lineage_index(settings).records(args.workflow_id, children=True)
     finally:
         await close_connections()
     if args.json:
@@ -287,11 +289,20 @@ async def cmd_artifacts(args: argparse.Namespace) -> int:
     )
     for r in records:
         print(
-            f"{r.step_id or '-':<16} {r.attempt:>3} {r.worker_id:<12} {r.tenant:<12} "
-            f"{r.size_bytes:>10} {r.media_type:<24} {r.sha256[:16]:<16} "
+            f"{_step_label(r, args.workflow_id):<16} {r.attempt:>3} {r.worker_id:<12} "
+            f"{r.tenant:<12} {r.size_bytes:>10} {r.media_type:<24} {r.sha256[:16]:<16} "
             f"{r.trace_id or '-':<32}  {r.uri}"
         )
     return EXIT_OK
+
+
+def _step_label(record: ArtifactRecord, workflow_id: str) -> str:
+    """The step of a record, with the item index for a for_each item (``pages[2]``)."""
+    step = record.step_id or "-"
+    item = (record.idempotency_key or "").rsplit("/", 1)[-1]
+    if record.workflow_id != workflow_id and item.isdigit():
+        return f"{step}[{item}]"
+    return step
 
 
 async def cmd_conformance(args: argparse.Namespace) -> int:

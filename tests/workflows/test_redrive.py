@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from conftest import running_stack
-from support.loopback import Exchange, Loopback, serve
 from support.history import scheduled_activities
+from support.loopback import Exchange, Loopback, serve
 from support.standins import fail, standin
 from support.waiting import wait_until
 from temporalio.client import Client
