@@ -140,6 +140,13 @@ def outcome_code(doc: Mapping[str, Any]) -> int:
 
 
 def print_outcome(doc: Mapping[str, Any]) -> int:
-    """Print a pipeline's outcome JSON; returns its :func:`outcome_code`."""
+    """Print a pipeline's outcome JSON on stdout, and on stderr a line for each
+    step that published nothing because its key was already done (its
+    ``duplicate`` warning); returns its :func:`outcome_code`."""
     print(json.dumps(doc, indent=2, ensure_ascii=False), flush=True)
+    steps = doc.get("steps")
+    for sid, step in (steps if isinstance(steps, dict) else {}).items():
+        for w in step.get("warnings") or () if isinstance(step, dict) else ():
+            if isinstance(w, dict) and w.get("code") == "duplicate":
+                err(f"step {sid!r}: {w.get('message')}")
     return outcome_code(doc)
