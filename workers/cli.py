@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -76,11 +77,21 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _print_or_wait(pipelines: PipelineClient, handle: PipelineHandle, no_wait: bool) -> int:
-    """Print the workflow id (``--no-wait``) or wait and print the outcome JSON."""
+    """Print the workflow id (``--no-wait``) or wait and print the outcome JSON,
+    saying on stderr meanwhile what a step has long waited for (a rate limit, ...)."""
+    from aiworker.workers.waits import report_waits
+
     if no_wait:
         print(handle.id)
         return EXIT_OK
-    return print_outcome(await pipelines.outcome(handle.id, handle.result_run_id))
+    watch = asyncio.create_task(report_waits(pipelines.temporal, handle.id, err))
+    try:
+        outcome = await pipelines.outcome(handle.id, handle.result_run_id)
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+    return print_outcome(outcome)
 
 
 async def cmd_review(args: argparse.Namespace) -> int:

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
-from conftest import Stack
+import pytest
+from conftest import Stack, running_stack
+from support.payloads import stack_settings
+from temporalio.client import Client
 
+from aiworker.schemas.settings import parse_rate_limits
 from aiworker.workers.cli_common import EXIT_FAILED, EXIT_OK
 
 
@@ -99,3 +104,40 @@ async def test_redrive_says_what_it_reuses_and_runs_again(stack: Stack) -> None:
         "rerun": ["after"],
         "items_rerun": {},
     }
+
+
+async def test_run_says_when_a_step_waits_at_a_rate_limit(
+    client: Client, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tenant = f"w-{uuid.uuid4().hex[:8]}"
+    # one validator call per 7 s for this tenant: each call after the first waits
+    rules = tuple(parse_rate_limits(f"validator:{tenant}=1/7s"))
+    settings = stack_settings(tmp_path, rate_limits=rules)
+    check = {"worker": "validator", "input": {"data": 1, "schema": {}}}
+    pipeline = {
+        "name": "waits",
+        "tenant": tenant,
+        "steps": [
+            {"id": "a", **check},
+            {"id": "b", "depends_on": ["a"], **check},
+            {"id": "each", "depends_on": ["b"], "for_each": [1, 2], **check},
+        ],
+    }
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(pipeline))
+    caplog.set_level(logging.INFO, logger="temporalio.workflow")
+    async with running_stack(client, settings) as stack:
+        proc = await run_cli(["run", str(f)], cli_env(stack))
+    assert proc.returncode == EXIT_OK, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert any(
+        line.startswith("aiworker: step 'b' has waited ") and "at its worker's rate limit" in line
+        for line in lines
+    ), proc.stderr
+    assert any(
+        line.startswith("aiworker: step 'each' has waited") and "2 of its for_each items" in line
+        for line in lines
+    ), proc.stderr
+    # the worker says it once per step
+    logged = [r.getMessage() for r in caplog.records if "for a rate permit of" in r.getMessage()]
+    assert [m.split(" waited")[0] for m in logged] == ["step 'b'", "step 'each' (for_each items)"]
