@@ -110,6 +110,15 @@ class ArtifactRecord(BaseModel):
             **data,
         )
 
+    def step_label(self, workflow_id: str) -> str:
+        """The step, with the item index for a for_each item listed under the
+        pipeline ``workflow_id`` (``pages[2]``: it ran in a chunk workflow)."""
+        step = self.step_id or "-"
+        item = (self.idempotency_key or "").rsplit("/", 1)[-1]
+        if self.workflow_id != workflow_id and item.isdigit():
+            return f"{step}[{item}]"
+        return step
+
     def record_name(self) -> str:
         """A stable name for this use: a retry of the same write lands on the same name."""
         ident = json.dumps(

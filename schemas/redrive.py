@@ -97,3 +97,26 @@ def plan_redrive(spec: PipelineSpec) -> Redrive | None:
         rerun=[s.id for s in spec.steps if s.id not in reused],
         previous=previous,
     )
+
+
+def describe_redrive(pipeline: dict[str, Any]) -> str:
+    """What a redrive input will reuse and run again, in words (``aiworker
+    redrive`` prints it; the result's ``redrive`` says what the run did)."""
+    try:
+        plan = plan_redrive(PipelineSpec.model_validate(pipeline))
+    except ValueError:  # the workflow says what is wrong with the spec
+        plan = None
+    if plan is None:
+        return "see the result's redrive"
+
+    def again(sid: str) -> str:
+        old = plan.previous.get(sid)
+        items = old.outputs.get("items") if old and isinstance(old.outputs, dict) else None
+        if isinstance(items, list) and plan.kept_items(sid, len(items)):
+            return f"{sid} (only its failed items)"
+        return sid
+
+    return (
+        f"reusing {', '.join(plan.reused) or 'nothing'}; "
+        f"running again {', '.join(again(s) for s in plan.rerun) or 'nothing'}"
+    )

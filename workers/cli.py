@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -50,7 +49,6 @@ from aiworker.workers.cli_common import (
 from aiworker.workers.cli_parser import build_parser
 
 if TYPE_CHECKING:
-    from aiworker.activities.lineage import ArtifactRecord
     from aiworker.workers.client import PipelineClient, PipelineHandle
     from aiworker.workers.supervisor import DevOptions
 
@@ -79,19 +77,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
 async def _print_or_wait(pipelines: PipelineClient, handle: PipelineHandle, no_wait: bool) -> int:
     """Print the workflow id (``--no-wait``) or wait and print the outcome JSON,
     saying on stderr meanwhile what a step has long waited for (a rate limit, ...)."""
-    from aiworker.workers.waits import report_waits
+    from aiworker.workers.waits import outcome_telling_waits
 
     if no_wait:
         print(handle.id)
         return EXIT_OK
-    watch = asyncio.create_task(report_waits(pipelines.temporal, handle.id, err))
-    try:
-        outcome = await pipelines.outcome(handle.id, handle.result_run_id)
-    finally:
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
-    return print_outcome(outcome)
+    return print_outcome(await outcome_telling_waits(pipelines, handle, err))
 
 
 async def cmd_review(args: argparse.Namespace) -> int:
@@ -150,6 +141,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 async def cmd_redrive(args: argparse.Namespace) -> int:
     """``aiworker redrive ID``: run a failed pipeline again, reusing what succeeded."""
+    from aiworker.schemas.redrive import describe_redrive
     from aiworker.workers.client import PipelineClient
 
     settings = load_settings()
@@ -164,34 +156,8 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
         # RedriveError (running, succeeded, not a pipeline): one line and exit 2 in `main`
         pipeline = await pipelines.redrive_input(args.workflow_id)
         handle = await pipelines.start_redrive(pipeline)
-        err(f"redriving {args.workflow_id} as {handle.id}: {redrive_plan_line(pipeline)}")
+        err(f"redriving {args.workflow_id} as {handle.id}: {describe_redrive(pipeline)}")
         return await _print_or_wait(pipelines, handle, args.no_wait)
-
-
-def redrive_plan_line(pipeline: dict[str, Any]) -> str:
-    """What a redrive input will reuse and run again, in words (the result's
-    ``redrive`` says what it did)."""
-    from aiworker.schemas.pipeline import PipelineSpec
-    from aiworker.schemas.redrive import plan_redrive
-
-    try:
-        plan = plan_redrive(PipelineSpec.model_validate(pipeline))
-    except ValueError:  # the workflow says what is wrong with the spec
-        plan = None
-    if plan is None:
-        return "see the result's redrive"
-
-    def again(sid: str) -> str:
-        old = plan.previous.get(sid)
-        items = old.outputs.get("items") if old and isinstance(old.outputs, dict) else None
-        if isinstance(items, list) and plan.kept_items(sid, len(items)):
-            return f"{sid} (only its failed items)"
-        return sid
-
-    return (
-        f"reusing {', '.join(plan.reused) or 'nothing'}; "
-        f"running again {', '.join(again(s) for s in plan.rerun) or 'nothing'}"
-    )
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
@@ -300,20 +266,11 @@ async def cmd_artifacts(args: argparse.Namespace) -> int:
     )
     for r in records:
         print(
-            f"{_step_label(r, args.workflow_id):<16} {r.attempt:>3} {r.worker_id:<12} "
+            f"{r.step_label(args.workflow_id):<16} {r.attempt:>3} {r.worker_id:<12} "
             f"{r.tenant:<12} {r.size_bytes:>10} {r.media_type:<24} {r.sha256[:16]:<16} "
             f"{r.trace_id or '-':<32}  {r.uri}"
         )
     return EXIT_OK
-
-
-def _step_label(record: ArtifactRecord, workflow_id: str) -> str:
-    """The step of a record, with the item index for a for_each item (``pages[2]``)."""
-    step = record.step_id or "-"
-    item = (record.idempotency_key or "").rsplit("/", 1)[-1]
-    if record.workflow_id != workflow_id and item.isdigit():
-        return f"{step}[{item}]"
-    return step
 
 
 async def cmd_conformance(args: argparse.Namespace) -> int:

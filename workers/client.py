@@ -1,5 +1,8 @@
 """The pipeline client: start, watch, review, list and redrive pipelines from Python.
 
+Long on purpose (a little over 400 lines): the one public class users drive
+pipelines with, each operation with its full docstring.
+
 One typed layer over ``temporalio.client.Client`` that the ``aiworker`` CLI,
 the dev stack and users' code share::
 
@@ -40,7 +43,6 @@ from temporalio.client import (
 )
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.schemas import catalog, names
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
@@ -371,7 +373,7 @@ class PipelineClient:
             RedriveError: no free id within :data:`MAX_REDRIVE_ID_TRIES` tries.
         """
         root = pipeline["resume_from"]["workflow_id"]
-        first = await self._last_redrive(root) + 1
+        first = await visibility.last_redrive(self.temporal, root) + 1
         for n in range(first, first + MAX_REDRIVE_ID_TRIES):
             try:
                 # The spec is the one the first run started with; the new run checks
@@ -387,21 +389,6 @@ class PipelineClient:
         raise RedriveError(
             f"{root}-redrive-{first}..{first + MAX_REDRIVE_ID_TRIES - 1} are all taken"
         )
-
-    async def _last_redrive(self, root: str) -> int:
-        """The highest ``n`` of the ``<root>-redrive-<n>`` ids visibility lists (0: none)."""
-        prefix = f"{root}-redrive-"
-        query = f"WorkflowId STARTS_WITH {visibility.quote(prefix)}"
-        last = 0
-        try:
-            async for wf in self.temporal.list_workflows(query, limit=1000):
-                tail = wf.id[len(prefix) :]
-                if tail.isdigit():
-                    last = max(last, int(tail))
-        except RPCError as e:  # a store without STARTS_WITH: count from 1 and probe
-            if e.status != RPCStatusCode.INVALID_ARGUMENT:
-                raise
-        return last
 
 
 # The same operations for code that holds a plain ``temporalio.client.Client``.

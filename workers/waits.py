@@ -14,12 +14,15 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio.client import Client
 from temporalio.exceptions import TemporalError
 
 from aiworker.schemas import names
+
+if TYPE_CHECKING:
+    from aiworker.workers.client import PipelineClient, PipelineHandle
 
 # A step waiting longer than this gets a line; shorter waits are normal pacing.
 WAIT_NOTICE_SECONDS = 5.0
@@ -99,3 +102,17 @@ async def report_waits(
                 told.add(key)
                 step, kind, items = key
                 say(wait_line(step, kind, clock - first, now[key] if items else None))
+
+
+async def outcome_telling_waits(
+    pipelines: PipelineClient, handle: PipelineHandle, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """:meth:`PipelineClient.outcome` of ``handle``, with :func:`report_waits`
+    saying (through ``say``) what the run waits for meanwhile."""
+    watch = asyncio.create_task(report_waits(pipelines.temporal, handle.id, say))
+    try:
+        return await pipelines.outcome(handle.id, handle.result_run_id)
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from conftest import Stack
+from support.procs import run_cli_module
 
 from aiworker.workers.cli_common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE
 
@@ -57,14 +57,7 @@ async def world(stack: Stack, tmp_path: Path) -> AsyncIterator[World]:
 
 
 def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aiworker.workers.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_cli_module(args, env)
 
 
 # (arguments with {done}, {other}, {file}, {missing} filled in; exit code; part of the line)

@@ -9,13 +9,13 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 from conftest import Stack, running_stack
 from support.payloads import stack_settings
+from support.procs import run_cli_module
 from temporalio.client import Client
 
 from aiworker.schemas.settings import parse_rate_limits
@@ -31,15 +31,7 @@ def cli_env(stack: Stack) -> dict[str, str]:
 
 
 async def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "aiworker.workers.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        stdin=subprocess.DEVNULL,
-    )
+    return await asyncio.to_thread(run_cli_module, args, env)
 
 
 async def test_a_second_run_with_the_same_id_says_it_published_nothing(
