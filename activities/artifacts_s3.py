@@ -280,8 +280,10 @@ class S3LineageIndex:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
 
-    def _dir(self, workflow_id: str) -> str:
+    def _dir(self, workflow_id: str, children: bool = False) -> str:
         base = f"{self.prefix}/_lineage" if self.prefix else "_lineage"
+        if children:  # every <workflow_id>/... workflow's folder
+            return f"{base}/{workflow_segment(workflow_id + '/')}"
         return f"{base}/{workflow_segment(workflow_id)}/"
 
     async def record(self, rec: ArtifactRecord) -> None:
@@ -293,19 +295,21 @@ class S3LineageIndex:
             ContentType="application/json",
         )
 
-    async def records(self, workflow_id: str) -> list[ArtifactRecord]:
+    async def records(self, workflow_id: str, children: bool = False) -> list[ArtifactRecord]:
         s3 = await self.connection.client()
         keys: list[str] = []
-        token: str | None = None
-        for _ in range(MAX_RECORDS // 1000 + 1):
-            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._dir(workflow_id)}
-            if token:
-                kw["ContinuationToken"] = token
-            page = await s3.list_objects_v2(**kw)
-            keys += [o["Key"] for o in page.get("Contents", []) if o["Key"].endswith(".json")]
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
-                break
+        prefixes = [self._dir(workflow_id)] + ([self._dir(workflow_id, True)] if children else [])
+        for prefix in prefixes:
+            token: str | None = None
+            for _ in range(MAX_RECORDS // 1000 + 1):
+                kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+                if token:
+                    kw["ContinuationToken"] = token
+                page = await s3.list_objects_v2(**kw)
+                keys += [o["Key"] for o in page.get("Contents", []) if o["Key"].endswith(".json")]
+                token = page.get("NextContinuationToken")
+                if not page.get("IsTruncated") or not token or len(keys) >= MAX_RECORDS:
+                    break
         out = []
         for key in keys[:MAX_RECORDS]:
             resp = await s3.get_object(Bucket=self.bucket, Key=key)

@@ -110,6 +110,15 @@ class ArtifactRecord(BaseModel):
             **data,
         )
 
+    def step_label(self, workflow_id: str) -> str:
+        """The step, with the item index for a for_each item listed under the
+        pipeline ``workflow_id`` (``pages[2]``: it ran in a chunk workflow)."""
+        step = self.step_id or "-"
+        item = (self.idempotency_key or "").rsplit("/", 1)[-1]
+        if self.workflow_id != workflow_id and item.isdigit():
+            return f"{step}[{item}]"
+        return step
+
     def record_name(self) -> str:
         """A stable name for this use: a retry of the same write lands on the same name."""
         ident = json.dumps(
@@ -126,11 +135,16 @@ def workflow_segment(workflow_id: str) -> str:
 
 
 class LineageIndex(Protocol):
-    """Where lineage records are kept, listed by workflow id."""
+    """Where lineage records are kept, listed by workflow id.
+
+    ``records(id, children=True)`` adds the records of the workflows whose id
+    starts with ``<id>/``: a pipeline's for_each chunks
+    (``<id>/<step>/<chunk>``), where its items' calls ran.
+    """
 
     async def record(self, rec: ArtifactRecord) -> None: ...
 
-    async def records(self, workflow_id: str) -> list[ArtifactRecord]: ...
+    async def records(self, workflow_id: str, children: bool = False) -> list[ArtifactRecord]: ...
 
 
 def sort_records(records: list[ArtifactRecord]) -> list[ArtifactRecord]:
@@ -158,17 +172,18 @@ class FileLineageIndex:
     def _write(path: Path, data: bytes) -> None:
         atomic_write(path, data)
 
-    async def records(self, workflow_id: str) -> list[ArtifactRecord]:
-        return await asyncio.to_thread(self._records, workflow_id)
+    async def records(self, workflow_id: str, children: bool = False) -> list[ArtifactRecord]:
+        return await asyncio.to_thread(self._records, workflow_id, children)
 
-    def _records(self, workflow_id: str) -> list[ArtifactRecord]:
-        d = self._dir(workflow_id)
-        if not d.is_dir():
-            return []
-        out = []
-        for p in sorted(d.glob("*.json"))[:MAX_RECORDS]:
-            out.append(ArtifactRecord.model_validate_json(p.read_bytes()))
-        return sort_records(out)
+    def _records(self, workflow_id: str, children: bool) -> list[ArtifactRecord]:
+        dirs = [self._dir(workflow_id)]
+        if children and self.base.is_dir():
+            # segments are percent-quoted: no glob magic is left in them
+            dirs += sorted(self.base.glob(workflow_segment(workflow_id + "/") + "*"))
+        paths = [p for d in dirs if d.is_dir() for p in sorted(d.glob("*.json"))]
+        return sort_records(
+            [ArtifactRecord.model_validate_json(p.read_bytes()) for p in paths[:MAX_RECORDS]]
+        )
 
 
 class RecordingArtifactStore:

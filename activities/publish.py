@@ -12,7 +12,10 @@ Exactly once rests on a ledger (SQLite under ``<data dir>/publish``) keyed by
 the request's tenant and idempotency key, guarded by an exclusive file lock so
 that processes on one host agree. A key is claimed (``pending``) before the
 write and marked ``done`` after it. A retry, replay or redrive that finds
-``done`` returns ``duplicate: true`` without writing. A crash between the
+``done`` returns ``duplicate: true`` without writing, with a ``duplicate``
+warning that says so: starting a pipeline again under the same workflow id
+(``aiworker run --id X`` after X ended) is such a call too, and publishes
+nothing. A crash between the
 write and ``done`` leaves ``pending``: for a file sink the sink itself is then
 searched for the key, so the line is never appended twice; for a webhook the
 POST is repeated with the same ``Idempotency-Key``, which is the receiver's
@@ -52,6 +55,7 @@ from aiworker.activities.sdk import Worker
 from aiworker.activities.tools.egress import EgressPolicy
 from aiworker.activities.tools.fetch import guarded_transport
 from aiworker.schemas.catalog import builtin_spec
+from aiworker.schemas.protocol import WarningInfo
 from aiworker.schemas.settings import Settings
 
 # A webhook's reply is never used: read this much of it at most.
@@ -209,6 +213,7 @@ class Publish(Worker):
                     "idempotency_key": key,
                     "sink": f"file:{sink['file']}",
                 },
+                warnings=[] if wrote else [duplicate_warning(key, f"file:{sink['file']}")],
                 log_fields={"sink": "file", "duplicate": not wrote},
             )
         return await self._webhook(ctx, ledger, key, sink["webhook"], input["record"])
@@ -264,6 +269,7 @@ class Publish(Worker):
                     "sink": url,
                     **({"status_code": state.status_code} if state.status_code is not None else {}),
                 },
+                warnings=[duplicate_warning(key, url)],
                 log_fields={"sink": "webhook", "duplicate": True},
             )
         poster: WebhookPoster = ctx.tools.use("http_post")
@@ -290,6 +296,19 @@ class Publish(Worker):
             },
             log_fields={"sink": "webhook", "status_code": resp.status_code},
         )
+
+
+def duplicate_warning(key: str, sink: str) -> WarningInfo:
+    """The ``duplicate`` warning of a publish that found its key already done."""
+    return WarningInfo(
+        code="duplicate",
+        message=(
+            f"idempotency key {key!r} was already published to {sink}; nothing was "
+            "written this time (a retry, a redrive or a run started again with the same "
+            "workflow id publishes once; a new workflow id publishes again)"
+        ),
+        field="idempotency_key",
+    )
 
 
 def _raise_for_status(resp: httpx.Response, url: str) -> None:

@@ -382,6 +382,13 @@ class PipelineResult(Model):
         description="problems that did not fail the pipeline: {code, message, field}, e.g. an "
         "`output` entry that could not be resolved",
     )
+    redrive: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "a redriven run's summary: `from` (the first run's id), `reused` and `rerun` "
+            "(step ids), `items_rerun` (for_each step id -> the item indexes run again)"
+        ),
+    )
 
 
 ResumeFrom.model_rebuild()

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -74,17 +75,18 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _print_or_wait(pipelines: PipelineClient, handle: PipelineHandle, no_wait: bool) -> int:
-    """Print the workflow id (``--no-wait``) or wait and print the outcome JSON."""
+    """Print the workflow id (``--no-wait``) or wait and print the outcome JSON,
+    saying on stderr meanwhile what a step has long waited for (a rate limit, ...)."""
+    from aiworker.workers.waits import outcome_telling_waits
+
     if no_wait:
         print(handle.id)
         return EXIT_OK
-    return print_outcome(await pipelines.outcome(handle.id, handle.result_run_id))
+    return print_outcome(await outcome_telling_waits(pipelines, handle, err))
 
 
 async def cmd_review(args: argparse.Namespace) -> int:
     """``aiworker review ID DECISION``: the ``review`` Workflow Update."""
-    from temporalio.client import WorkflowUpdateFailedError
-
     from aiworker.workers.client import PipelineClient
 
     outputs = None
@@ -103,18 +105,15 @@ async def cmd_review(args: argparse.Namespace) -> int:
         pipelines = await PipelineClient.connect(
             args.profile, target_host=args.address, settings=settings, telemetry=telemetry
         )
-        try:
-            answer = await pipelines.send_review(
-                args.workflow_id,
-                args.decision,
-                outputs=outputs,
-                reviewer=args.reviewer or os.environ.get("USER"),
-                note=args.note,
-                step=args.step,
-            )
-        except WorkflowUpdateFailedError as e:
-            err(f"review rejected: {e.cause}")
-            return EXIT_FAILED
+        # A refused decision (WorkflowUpdateFailedError) reads as one line in `main`.
+        answer = await pipelines.send_review(
+            args.workflow_id,
+            args.decision,
+            outputs=outputs,
+            reviewer=args.reviewer or os.environ.get("USER"),
+            note=args.note,
+            step=args.step,
+        )
     print(json.dumps(answer))
     return EXIT_OK
 
@@ -141,8 +140,9 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_redrive(args: argparse.Namespace) -> int:
-    """``aiworker redrive ID``: run a failed pipeline again, reusing its succeeded steps."""
-    from aiworker.workers.client import PipelineClient, RedriveError
+    """``aiworker redrive ID``: run a failed pipeline again, reusing what succeeded."""
+    from aiworker.schemas.redrive import describe_redrive
+    from aiworker.workers.client import PipelineClient
 
     settings = load_settings()
     configure_logs(settings)
@@ -153,11 +153,10 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
         pipelines = await PipelineClient.connect(
             args.profile, target_host=args.address, settings=settings, telemetry=telemetry
         )
-        try:
-            handle = await pipelines.redrive(args.workflow_id)
-        except RedriveError as e:
-            err(str(e))
-            return EXIT_USAGE
+        # RedriveError (running, succeeded, not a pipeline): one line and exit 2 in `main`
+        pipeline = await pipelines.redrive_input(args.workflow_id)
+        handle = await pipelines.start_redrive(pipeline)
+        err(f"redriving {args.workflow_id} as {handle.id}: {describe_redrive(pipeline)}")
         return await _print_or_wait(pipelines, handle, args.no_wait)
 
 
@@ -246,12 +245,13 @@ async def cmd_workers(args: argparse.Namespace) -> int:
 
 
 async def cmd_artifacts(args: argparse.Namespace) -> int:
-    """``aiworker artifacts WF_ID``: the artifacts a workflow wrote (lineage)."""
+    """``aiworker artifacts WF_ID``: the artifacts a workflow wrote (lineage), its
+    for_each items' included (they ran in its chunk workflows, ``WF_ID/<step>/<n>``)."""
     from aiworker.workers.resources import close_connections, lineage_index
 
     settings = load_settings()
     try:
-        records = await lineage_index(settings).records(args.workflow_id)
+        records = await lineage_index(settings).records(args.workflow_id, children=True)
     finally:
         await close_connections()
     if args.json:
@@ -266,8 +266,8 @@ async def cmd_artifacts(args: argparse.Namespace) -> int:
     )
     for r in records:
         print(
-            f"{r.step_id or '-':<16} {r.attempt:>3} {r.worker_id:<12} {r.tenant:<12} "
-            f"{r.size_bytes:>10} {r.media_type:<24} {r.sha256[:16]:<16} "
+            f"{r.step_label(args.workflow_id):<16} {r.attempt:>3} {r.worker_id:<12} "
+            f"{r.tenant:<12} {r.size_bytes:>10} {r.media_type:<24} {r.sha256[:16]:<16} "
             f"{r.trace_id or '-':<32}  {r.uri}"
         )
     return EXIT_OK
@@ -345,32 +345,23 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
 def main(argv: list[str] | None = None) -> int:
     """Run one ``aiworker`` command; returns its exit code.
 
-    Errors a person can fix end in one line on stderr: start-up problems
-    (exit 2), an unreachable Temporal (exit 1). Anything else is a bug and
-    keeps its traceback.
+    Whatever a command raises ends in one line on stderr and an exit code
+    (:func:`aiworker.workers.cli_errors.explain`); ``--debug`` adds the
+    traceback.
     """
-    from temporalio.service import RPCError, RPCStatusCode
-
-    from aiworker.workers.devserver import DevServerError
-    from aiworker.workers.errors import StartupError
-    from aiworker.workers.temporal_client import TemporalUnreachableError
-
     args = build_parser().parse_args(argv)
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except (StartupError, DevServerError) as e:
-        err(str(e))
-        return EXIT_USAGE
-    except TemporalUnreachableError as e:
-        err(f"cannot reach Temporal: {e}")
-        return EXIT_FAILED
-    except RPCError as e:
-        if e.status not in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
-            raise
-        err(f"cannot reach Temporal: {e}")
-        return EXIT_FAILED
+    except Exception as e:
+        from aiworker.workers.cli_errors import explain
+
+        if args.debug:
+            traceback.print_exc()
+        failure = explain(e, args)
+        err(failure.message)
+        return failure.code
 
 
 def run_main() -> None:

@@ -3,7 +3,10 @@ logs, a command's root span and reading a pipeline file.
 
 Exit codes are part of the command line's contract (DESIGN): 0 done (a
 pipeline that succeeded), 1 failed (a pipeline that did not succeed, Temporal
-unreachable), 2 bad usage (a bad file, flag, setting or plugin), 130 Ctrl-C.
+unreachable, a refused review, an unexpected error), 2 bad usage (a bad file,
+flag, setting or plugin, a pipeline that cannot be redriven), 3 not found (no
+workflow with that id), 130 Ctrl-C. How errors map to them:
+:mod:`aiworker.workers.cli_errors`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3  # the workflow id names no workflow in the namespace
 EXIT_INTERRUPTED = 130  # stopped with Ctrl-C: 128 + SIGINT, as shells report it
 
 
@@ -136,6 +140,13 @@ def outcome_code(doc: Mapping[str, Any]) -> int:
 
 
 def print_outcome(doc: Mapping[str, Any]) -> int:
-    """Print a pipeline's outcome JSON; returns its :func:`outcome_code`."""
+    """Print a pipeline's outcome JSON on stdout, and on stderr a line for each
+    step that published nothing because its key was already done (its
+    ``duplicate`` warning); returns its :func:`outcome_code`."""
     print(json.dumps(doc, indent=2, ensure_ascii=False), flush=True)
+    steps = doc.get("steps")
+    for sid, step in (steps if isinstance(steps, dict) else {}).items():
+        for w in step.get("warnings") or () if isinstance(step, dict) else ():
+            if isinstance(w, dict) and w.get("code") == "duplicate":
+                err(f"step {sid!r}: {w.get('message')}")
     return outcome_code(doc)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
+from typing import NoReturn
 
 from aiworker.schemas.names import TENANT_PATTERN
 
@@ -33,9 +35,22 @@ def tenant_name(value: str) -> str:
     return value
 
 
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, like every other failure."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``<prog>: error: <message> (see <prog> --help)`` and exit 2."""
+        print(f"{self.prog}: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+DEBUG_HELP = "print the traceback of a failure (each failure is one line otherwise)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``aiworker`` command line: its commands and flags (fixed by DESIGN)."""
-    p = argparse.ArgumentParser(prog="aiworker", description="Durable AI workers on Temporal.")
+    p = Parser(prog="aiworker", description="Durable AI workers on Temporal.")
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = p.add_subparsers(dest="command", required=True)
 
     def conn(sp: argparse.ArgumentParser) -> None:
@@ -137,4 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cf.add_argument("--json", action="store_true", help="print the report as JSON")
     conn(cf)
+    # Every command takes --debug after its name too; SUPPRESS keeps the global
+    # flag's value when the command does not repeat it.
+    for command in sub.choices.values():
+        command.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
+        )
     return p

@@ -1,5 +1,8 @@
 """The pipeline client: start, watch, review, list and redrive pipelines from Python.
 
+Long on purpose (a little over 400 lines): the one public class users drive
+pipelines with, each operation with its full docstring.
+
 One typed layer over ``temporalio.client.Client`` that the ``aiworker`` CLI,
 the dev stack and users' code share::
 
@@ -40,12 +43,15 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowHandle,
 )
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from aiworker.schemas import catalog, names
 from aiworker.schemas.causes import PipelineError
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
 from aiworker.schemas.pipeline_check import parse_pipeline
 from aiworker.schemas.settings import Settings
+from aiworker.workers import visibility
 from aiworker.workers.temporal_client import TemporalUnreachableError, connect
 from aiworker.workers.visibility import PipelineSummary, list_query
 from aiworker.workflows.pipeline import PipelineWorkflow
@@ -62,6 +68,9 @@ __all__ = [
     "send_review",
     "start_pipeline",
 ]
+
+# Ids a redrive tries past the highest one visibility lists before it gives up.
+MAX_REDRIVE_ID_TRIES = 100
 
 PipelineHandle: TypeAlias = WorkflowHandle[PipelineWorkflow, PipelineResult]
 """The handle of one pipeline run; ``await handle.result()`` is a ``PipelineResult``."""
@@ -146,6 +155,7 @@ class PipelineClient:
         *,
         workflow_id: str | None = None,
         check: bool = True,
+        id_reuse_policy: WorkflowIDReusePolicy = WorkflowIDReusePolicy.ALLOW_DUPLICATE,
     ) -> PipelineHandle:
         """Check a pipeline and start it; returns at once with its handle.
 
@@ -155,6 +165,8 @@ class PipelineClient:
             check: check the spec here first. ``False`` leaves the check to the
                 workflow, which fails the run with a non-retryable
                 ``invalid_input`` (for a client that cannot know the workers).
+            id_reuse_policy: whether a workflow id that ended may start again
+                (Temporal's default: it may).
 
         Returns:
             The run's typed handle.
@@ -173,6 +185,7 @@ class PipelineClient:
             task_queue=self.settings.queue(names.PIPELINES_QUEUE),
             search_attributes=names.pipeline_search_attributes("queued", tenant, name),
             static_summary=f"pipeline {name} (tenant {tenant})",
+            id_reuse_policy=id_reuse_policy,
         )
 
     def get_handle(self, workflow_id: str, run_id: str | None = None) -> PipelineHandle:
@@ -318,6 +331,8 @@ class PipelineClient:
         """
         handle = self.get_handle(workflow_id)
         desc = await handle.describe()
+        if desc.workflow_type != names.PIPELINE_WORKFLOW:
+            raise RedriveError(f"{workflow_id} is a {desc.workflow_type} workflow, not a pipeline")
         if desc.status == WorkflowExecutionStatus.RUNNING:
             raise RedriveError(f"{workflow_id} is still running; cancel it or wait")
         history = await handle.fetch_history()
@@ -346,22 +361,46 @@ class PipelineClient:
         return pipeline
 
     async def redrive(self, workflow_id: str, tenant: str | None = None) -> PipelineHandle:
-        """Start the failed pipeline ``workflow_id`` again, reusing its succeeded steps
-        (``tenant``: see :meth:`redrive_input`).
+        """Start the failed pipeline ``workflow_id`` again: its succeeded steps are
+        reused, the rest runs again, a for_each only its failed items
+        (:func:`~aiworker.schemas.redrive.plan_redrive`; ``tenant``: see
+        :meth:`redrive_input`).
 
         Returns:
-            The new run's handle (workflow id ``<first id>-redrive-<random>``).
+            The new run's handle (see :meth:`start_redrive` for its id).
 
         Raises:
             RedriveError: the pipeline is still running, it succeeded, or it
                 is not ``tenant``'s.
         """
-        pipeline = await self.redrive_input(workflow_id, tenant)
+        return await self.start_redrive(await self.redrive_input(workflow_id, tenant))
+
+    async def start_redrive(self, pipeline: Mapping[str, Any]) -> PipelineHandle:
+        """Start a redrive input (:meth:`redrive_input`) as ``<first id>-redrive-<n>``.
+
+        ``n`` counts the redrives of the first run: one more than the highest
+        the visibility store lists, and the next one again while an id is
+        taken (by a run visibility does not show yet, or one started by hand).
+
+        Raises:
+            RedriveError: no free id within :data:`MAX_REDRIVE_ID_TRIES` tries.
+        """
         root = pipeline["resume_from"]["workflow_id"]
-        # The spec is the one the first run started with; the new run checks it
-        # against the workers that serve it (this process may not know them all).
-        return await self.start(
-            pipeline, workflow_id=f"{root}-redrive-{uuid.uuid4().hex[:8]}", check=False
+        first = await visibility.last_redrive(self.temporal, root) + 1
+        for n in range(first, first + MAX_REDRIVE_ID_TRIES):
+            try:
+                # The spec is the one the first run started with; the new run checks
+                # it against the workers that serve it (this process may not know them all).
+                return await self.start(
+                    pipeline,
+                    workflow_id=f"{root}-redrive-{n}",
+                    check=False,
+                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                )
+            except WorkflowAlreadyStartedError:
+                continue
+        raise RedriveError(
+            f"{root}-redrive-{first}..{first + MAX_REDRIVE_ID_TRIES - 1} are all taken"
         )
 
 

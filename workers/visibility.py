@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
 from aiworker.schemas import names
 
 
@@ -50,7 +53,8 @@ class PipelineSummary:
         }
 
 
-def _quote(value: str) -> str:
+def quote(value: str) -> str:
+    """``value`` as a string literal of a visibility query."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
@@ -58,12 +62,33 @@ def list_query(
     status: str | None = None, tenant: str | None = None, pipeline: str | None = None
 ) -> str:
     """The visibility query for pipelines with these search attribute values."""
-    parts = [f"WorkflowType = {_quote(names.PIPELINE_WORKFLOW)}"]
+    parts = [f"WorkflowType = {quote(names.PIPELINE_WORKFLOW)}"]
     for key, value in (
         (names.SA_STATUS, status),
         (names.SA_TENANT, tenant),
         (names.SA_PIPELINE, pipeline),
     ):
         if value:
-            parts.append(f"{key} = {_quote(value)}")
+            parts.append(f"{key} = {quote(value)}")
     return " AND ".join(parts)
+
+
+async def last_redrive(client: Client, root: str) -> int:
+    """The highest ``n`` of the ``<root>-redrive-<n>`` ids visibility lists (0: none).
+
+    Visibility lags a little behind: a caller that starts the next id must
+    still handle an id that turns out to be taken.
+    """
+    prefix = f"{root}-redrive-"
+    last = 0
+    try:
+        async for wf in client.list_workflows(
+            f"WorkflowId STARTS_WITH {quote(prefix)}", limit=1000
+        ):
+            tail = wf.id[len(prefix) :]
+            if tail.isdigit():
+                last = max(last, int(tail))
+    except RPCError as e:  # a store without STARTS_WITH: count from 1 and probe
+        if e.status != RPCStatusCode.INVALID_ARGUMENT:
+            raise
+    return last

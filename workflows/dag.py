@@ -5,12 +5,14 @@ references name (:func:`step_dependencies`). Each round starts what is ready
 and waits for at least one running step, so the loop is counted. A step that
 fails with ``on_failure`` other than ``continue``, or one that ends the run
 (``PipelineRun.terminal``), stops new starts; running steps finish. With
-``resume_from`` (a redrive), a step that succeeded before is reused instead of
-run. The run's status follows from the steps; the pipeline's ``output`` is
-resolved last. A run that did not succeed names its cause in ``error``: the
-first step to fail, in the order steps finished, with its code, message and
-cause chain; an ``output`` entry that cannot be resolved is a warning, never
-the error. Deterministic code only.
+``resume_from`` (a redrive), the steps
+:func:`~aiworker.schemas.redrive.plan_redrive` names are reused instead of run
+(each succeeded before, with all its dependencies reused), and the result's
+``redrive`` says what was reused and what ran again. The run's status follows
+from the steps; the pipeline's ``output`` is resolved last. A run that did not
+succeed names its cause in ``error``: the first step to fail, in the order
+steps finished, with its code, message and cause chain; an ``output`` entry
+that cannot be resolved is a warning, never the error. Deterministic code only.
 """
 
 from __future__ import annotations
@@ -31,10 +33,15 @@ with workflow.unsafe.imports_passed_through():
         TerminalStatus,
         step_dependencies,
     )
+    from aiworker.schemas.redrive import plan_redrive
     from aiworker.schemas.refs import ReferenceError_, resolve
 
 from aiworker.workflows.state import PipelineRun
 from aiworker.workflows.steps import run_step
+
+# Redrives before this patch reused every step that produced outputs, partial
+# ones included; after it they follow ``plan_redrive``.
+REDRIVE_PLAN_PATCH = "redrive-plan"
 
 
 @dataclass
@@ -60,6 +67,8 @@ async def run_dag(run: PipelineRun) -> PipelineResult:
     spec = run.spec
     by_id = {s.id: s for s in spec.steps}
     sched = Schedule(deps=step_dependencies(spec))
+    if spec.resume_from is not None and workflow.patched(REDRIVE_PLAN_PATCH):
+        run.redrive = plan_redrive(spec)
     try:
         # Each round finishes at least one step, so this loop is bounded.
         for _ in range(2 * len(spec.steps) + 2):
@@ -116,6 +125,7 @@ async def run_dag(run: PipelineRun) -> PipelineResult:
         trace_id=run.trace_id,
         error=error,
         warnings=warnings,
+        redrive=run.redrive.summary() if run.redrive else None,
     )
 
 
@@ -127,7 +137,11 @@ def _start_ready(run: PipelineRun, sched: Schedule) -> list[str]:
         if not sched.ready(step):
             continue
         old = resume.steps.get(step.id) if resume else None
-        if old is not None and old.status in names.OK_STATUSES and resume:
+        if run.redrive is not None:
+            reuse = step.id in run.redrive.reused
+        else:
+            reuse = old is not None and old.status in names.OK_STATUSES
+        if old is not None and reuse and resume:
             run.steps[step.id] = old.model_copy(update={"reused_from": resume.workflow_id})
             reused.append(step.id)
             sched.done.add(step.id)

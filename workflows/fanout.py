@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,13 @@ class FanOut:
     done: int = 0
     usage: Usage = field(default_factory=Usage)
     budget_hit: bool = False
+    kept: int = 0  # items whose outputs a redrive kept from the earlier run
+
+    def keep(self, index: int, outputs: Any) -> None:
+        """Book an item a redrive does not run again: its earlier outputs."""
+        self.results[index] = outputs
+        self.done += 1
+        self.kept += 1
 
     def __post_init__(self) -> None:
         self.results = [None] * self.total
@@ -118,7 +126,12 @@ class FanOut:
                 "errors": errors,
             },
             usage=self.usage,
-            items={"total": self.total, "succeeded": ok, "failed": self.failed},
+            items={
+                "total": self.total,
+                "succeeded": ok,
+                "failed": self.failed,
+                **({"reused": self.kept} if self.kept else {}),
+            },
         )
 
 
@@ -150,8 +163,14 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
             ),
         )
     fan = FanOut(total=len(items))
+    # A redrive runs again only the items that did not succeed before.
+    kept = run.redrive.kept_items(step.id, len(items)) if run.redrive else {}
+    for index, outputs in kept.items():
+        fan.keep(index, outputs)
+    if run.redrive is not None and kept:
+        run.redrive.items_rerun[step.id] = [i for i in range(len(items)) if i not in kept]
     try:
-        resolved = _resolve_items(run, step, items, fan, total)
+        resolved = _resolve_items(run, step, items, fan, total, skip=kept.keys())
     except ResolvedSizeError as e:
         return run.over_cap(step, "input", e).result
     if not fan.total:
@@ -220,10 +239,15 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
 
 
 def _resolve_items(
-    run: PipelineRun, step: Step, items: list[Any], fan: FanOut, total: SizeBudget
+    run: PipelineRun,
+    step: Step,
+    items: list[Any],
+    fan: FanOut,
+    total: SizeBudget,
+    skip: Collection[int] = (),
 ) -> list[ChunkItem]:
-    """Each item's input and concurrency key; an item that cannot be resolved, or
-    resolves over a cap, fails alone.
+    """Each item's input and concurrency key (but the indexes in ``skip``); an item
+    that cannot be resolved, or resolves over a cap, fails alone.
 
     Raises:
         ResolvedSizeError: the items together passed ``total``: the step fails.
@@ -232,6 +256,8 @@ def _resolve_items(
     scope = run.scope()
     one = run.caps.max_resolved_bytes
     for i, item in enumerate(items):
+        if i in skip:
+            continue
         item_scope = scope | {"item": item, "item_index": i}
         budget = total.part(one)
         try:

@@ -45,6 +45,7 @@ class PipelineForEachWorkflow(PermitSignals):
         """Run every item of the chunk; item failures are results, not exceptions."""
         with workflow.unsafe.sandbox_unrestricted():
             worker = catalog.current_specs()[chunk.worker]
+        self._permits.step = chunk.step_id  # its waits are logged as the step's
         a = chunk.allowance
         # The pipeline's own deadline, as it is: a chunk started after it refuses every item.
         ledger = Ledger(

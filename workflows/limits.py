@@ -310,13 +310,22 @@ class CallLimits:
 
 
 class PermitBook:
-    """Permits a workflow has asked for and received, and the leases it holds."""
+    """Permits a workflow has asked for and received, and the leases it holds.
 
-    def __init__(self) -> None:
+    The first wait of each step (and kind) that lasted a second or more is
+    logged at INFO when its permit comes (at the latest one period after it
+    began, for a rate limit), so a worker's log says why a run stood still
+    without a timer or event more in its history; ``step`` names the one step
+    a for_each chunk's book serves (its waiters are items).
+    """
+
+    def __init__(self, step: str | None = None) -> None:
         self.received: dict[str, Permit] = {}
         # ticket -> (who waits: a step id, or "" for the pipeline; "rate" or "concurrency")
         self.waiting: dict[str, tuple[str, str]] = {}
         self.held: dict[str, str] = {}  # ticket -> limiter workflow id
+        self.step = step
+        self._told: set[tuple[str, str]] = set()
 
     async def plan(self, tenant: str, workers: list[str], resume_from: str | None = None) -> Plan:
         """What the process's settings say about this pipeline (one local activity):
@@ -365,9 +374,32 @@ class PermitBook:
             return None
         finally:
             self.waiting.pop(call.ticket, None)
+        self._tell_wait(who, call.kind, result, self.received[call.ticket].waited_seconds)
         if call.kind == "concurrency" and result.limiter_id is not None:
             self.held[call.ticket] = result.limiter_id
         return result
+
+    def _tell_wait(self, who: str, kind: str, result: AcquireResult, waited: float) -> None:
+        """Log a step's first wait of a second or more at a limiter
+        (``workflow.logger``: not again on replay)."""
+        step = self.step if self.step is not None else who
+        if waited < 1.0 or (step, kind) in self._told:
+            return
+        self._told.add((step, kind))
+        what = f"step {step!r}" + (" (for_each items)" if self.step is not None else "")
+        limit = (
+            f"{result.limit} per {result.period_seconds:g}s"
+            if result.period_seconds
+            else f"{result.limit} at once"
+        )
+        workflow.logger.info(
+            "%s waited %.1fs for a %s permit of %s (%s)",
+            what if step else "the pipeline",
+            waited,
+            kind,
+            result.key,
+            limit,
+        )
 
     async def acquire_all(
         self,

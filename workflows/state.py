@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.caps import Caps
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import PipelineSpec, Step, StepResult, TerminalStatus
+    from aiworker.schemas.redrive import Redrive
     from aiworker.schemas.refs import (
         ReferenceError_,
         ReferenceLimitError,
@@ -104,6 +105,8 @@ class PipelineRun:
     limits: PipelineLimits
     # Set by a step that ends the whole run (budget spent, review timed out, rejected).
     terminal: TerminalStatus | None = None
+    # A redrive's plan (what is reused, what runs again), None for a first run.
+    redrive: Redrive | None = None
 
     @property
     def tenant(self) -> str:

@@ -157,4 +157,13 @@ async def test_lineage_recorded_per_use_in_s3(bucket: str, conn: S3Connection) -
         "ab" * 16,
     )
     assert await index.records("no-such-workflow") == []
+    # a for_each item runs in the chunk workflow <wf>/<step>/<n>: listed with children
+    chunk = lineage.CallLineage(
+        "acme", "web-scrape", f"{wf}/each/0", "each", 1, None, f"{wf}/each/4"
+    )
+    with lineage.bound(chunk):
+        await store.put("acme", b"item", "text/html")
+    assert len(await index.records(wf)) == 2
+    with_items = await index.records(wf, children=True)
+    assert [r.workflow_id for r in with_items] == [wf, wf, f"{wf}/each/0"]
     assert lineage.current() is None

@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from temporalio.client import Client
@@ -73,3 +74,15 @@ class WorkerProcess:
 
     def output(self) -> str:
         return self.log.read_text("utf-8", errors="replace")[-4000:]
+
+
+def run_cli_module(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python -m aiworker.workers.cli ARGS`` as a user runs it, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "aiworker.workers.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        stdin=subprocess.DEVNULL,
+    )

@@ -8,15 +8,23 @@ against the running workflow's id failed for every child).
 
 from __future__ import annotations
 
+import asyncio
+import json
+
+import pytest
 from temporalio.client import Client
 from test_demo_pipeline import run_demo
 
 from aiworker.schemas.settings import Settings
+from aiworker.workers.cli import main
 from aiworker.workers.resources import lineage_index
 
 
 async def test_for_each_items_are_recorded_under_their_step(
-    client: Client, settings: Settings
+    client: Client,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     handle, result = await run_demo(client, settings)
     children = [
@@ -36,3 +44,13 @@ async def test_for_each_items_are_recorded_under_their_step(
     assert all(
         r.idempotency_key and r.idempotency_key.startswith(f"{handle.id}/pages/") for r in items
     )
+    # `aiworker artifacts <pipeline id>` lists the items too, each with its index
+    monkeypatch.setenv("AIWORKER_DATA_DIR", str(settings.data_dir))
+    monkeypatch.delenv("AIWORKER_ARTIFACT_STORE", raising=False)
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["artifacts", handle.id, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted(r["step_id"] for r in listed) == ["pages", "pages", "pages", "partner", "shop"]
+    assert await asyncio.to_thread(main, ["artifacts", handle.id]) == 0
+    table = capsys.readouterr().out
+    assert {f"pages[{i}]" for i in range(3)} <= {line.split()[0] for line in table.splitlines()}

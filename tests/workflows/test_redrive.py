@@ -5,16 +5,27 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from typing import Any
 
+import pytest
 from conftest import running_stack
 from support.history import scheduled_activities
+from support.loopback import Exchange, Loopback, serve
 from support.standins import fail, standin
 from support.waiting import wait_until
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
+from aiworker.activities.tools import scrape_tools
 from aiworker.schemas.settings import Settings
-from aiworker.workers.client import list_pipelines, list_query, redrive
+from aiworker.workers.client import (
+    PipelineClient,
+    RedriveError,
+    list_pipelines,
+    list_query,
+    redrive,
+)
 
 
 async def test_redrive_reuses_succeeded_steps_and_keeps_idempotency_keys(
@@ -100,3 +111,107 @@ async def test_list_filters_by_status_and_tenant(client: Client, settings: Setti
     assert [r["workflow_id"] for r in rows] == [h2.id]
     assert rows[0]["pipeline"] == "listed" and rows[0]["tenant"] == tenant
     assert list_query("a'b") == "WorkflowType = 'PipelineWorkflow' AND AiworkerStatus = 'a\\'b'"
+
+
+class _FlakySite:
+    """Three pages on loopback; ``/p/1`` answers 404 until ``fixed``. Counts hits."""
+
+    def __init__(self) -> None:
+        self.fixed = False
+        self.hits: Counter[str] = Counter()
+
+    def handle(self, ex: Exchange) -> None:
+        if not ex.path.startswith("/p/"):
+            ex.send(404, b"")
+            return
+        self.hits[ex.path] += 1
+        if ex.path == "/p/1" and not self.fixed:
+            ex.send(404, b"<html><body>gone</body></html>")
+            return
+        ex.send(200, f"<html><body><h1>page {ex.path[3:]}</h1></body></html>".encode())
+
+
+def _flaky_pipeline(site: Loopback, tenant: str) -> dict[str, Any]:
+    return {
+        "name": "redrive-items",
+        "tenant": tenant,
+        "inputs": {"urls": [site.url(f"/p/{i}") for i in range(3)]},
+        "steps": [
+            {"id": "side", "worker": "validator", "input": {"data": 1, "schema": {}}},
+            {
+                "id": "pages",
+                "worker": "web-scrape",
+                "for_each": "${{ inputs.urls }}",
+                "input": {
+                    "url": "${{ item }}",
+                    "extraction_spec": {"fields": {"t": {"selector": "h1", "required": True}}},
+                },
+            },
+            {
+                "id": "check",
+                "worker": "validator",
+                "input": {"data": "${{ steps.pages.outputs.items }}", "schema": {"type": "array"}},
+            },
+        ],
+        "output": {"titles": "${{ steps.pages.outputs.items }}"},
+    }
+
+
+async def test_redrive_reruns_only_the_failed_items_of_a_partial_for_each(
+    client: Client, settings: Settings
+) -> None:
+    site = _FlakySite()
+    tenant = f"rd-{uuid.uuid4().hex[:8]}"  # its own 10/min web-scrape bucket
+    tools = scrape_tools(settings)
+    with serve(site.handle) as server:
+        async with running_stack(client, settings, tools=tools) as stack:
+            first = await stack.start(_flaky_pipeline(server, tenant))
+            partial = await first.result()
+            site.fixed = True
+            pipelines = PipelineClient(client, settings)
+            handle = await pipelines.redrive(first.id)
+            result = await handle.result()
+            # the first run is still the one to redrive: the next id counts on
+            again = await pipelines.redrive(first.id)
+            await again.result()
+            # an id taken by hand is skipped
+            await stack.start(
+                {"name": "x", "steps": _flaky_pipeline(server, tenant)["steps"][:1]},
+                id=f"{first.id}-redrive-3",
+            )
+            fourth = await pipelines.redrive(first.id)
+            await fourth.result()
+    await tools["fetch_url"].aclose()
+    assert partial.status == "partial"
+    assert partial.steps["pages"].status == "partial"
+    assert partial.steps["pages"].error_code == "not_found"
+    assert handle.id == f"{first.id}-redrive-1"
+    assert again.id == f"{first.id}-redrive-2"
+    assert fourth.id == f"{first.id}-redrive-4"
+    assert result.status == "succeeded"
+    assert result.redrive == {
+        "from": first.id,
+        "reused": ["side"],
+        "rerun": ["pages", "check"],
+        "items_rerun": {"pages": [1]},
+    }
+    assert result.steps["side"].reused_from == first.id
+    assert result.steps["pages"].items == {"total": 3, "succeeded": 3, "failed": 0, "reused": 2}
+    assert [x["data"]["t"] for x in result.output["titles"]] == ["page 0", "page 1", "page 2"]
+    # the items that had succeeded were not fetched again, by either redrive
+    assert site.hits == {"/p/0": 1, "/p/1": 4, "/p/2": 1}
+
+
+async def test_redrive_of_a_pipeline_that_is_not_there_or_not_a_pipeline(
+    client: Client, settings: Settings
+) -> None:
+    pipelines = PipelineClient(client, settings)
+    with pytest.raises(RPCError) as missing:
+        await pipelines.redrive(f"nope-{uuid.uuid4().hex[:8]}")
+    assert missing.value.status == RPCStatusCode.NOT_FOUND
+    other = await client.start_workflow(
+        "NotAPipeline", id=f"other-{uuid.uuid4().hex[:8]}", task_queue="nobody-polls"
+    )
+    await other.terminate()
+    with pytest.raises(RedriveError, match="is a NotAPipeline workflow, not a pipeline"):
+        await pipelines.redrive(other.id)

@@ -1,0 +1,113 @@
+"""How a failed ``aiworker`` command reads: one line on stderr and an exit code.
+
+Every exception a command lets escape comes through :func:`explain`, in
+``cli.main``: what Temporal answers (no such workflow, a workflow that has
+ended, a refused Update or query, an unreachable frontend, a refused request)
+and aiworker's own start-up and redrive errors become one sentence a person
+reads, with an exit code of :mod:`aiworker.workers.cli_common`. Anything else
+is a bug: one line too, saying so; ``aiworker --debug`` prints the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from temporalio.client import (
+    RPCTimeoutOrCancelledError,
+    WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
+    WorkflowUpdateFailedError,
+)
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from aiworker.workers.cli_common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE
+from aiworker.workers.devserver import DevServerError
+from aiworker.workers.errors import StartupError
+from aiworker.workers.temporal_client import TemporalUnreachableError
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What a command's failure prints (after ``aiworker: ``) and its exit code."""
+
+    message: str
+    code: int
+
+
+# Temporal's answers that mean "the frontend is not there (yet)".
+_UNREACHABLE = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
+# Answers about the request itself: a bad query, a bad id, a refused argument.
+_REFUSED = (
+    RPCStatusCode.INVALID_ARGUMENT,
+    RPCStatusCode.FAILED_PRECONDITION,
+    RPCStatusCode.OUT_OF_RANGE,
+)
+
+
+def _subject(args: argparse.Namespace) -> str:
+    """The workflow a command was about, as a message names it."""
+    wid = getattr(args, "workflow_id", None) or getattr(args, "id", None)
+    return f"workflow {wid!r}" if wid else "the workflow"
+
+
+def _rpc(e: RPCError, args: argparse.Namespace) -> Failure:
+    if e.status in _UNREACHABLE:
+        return Failure(f"cannot reach Temporal: {e.message}", EXIT_FAILED)
+    if "already completed" in e.message:
+        return Failure(
+            f"{_subject(args)} has already ended; only a running pipeline takes "
+            f"`aiworker {args.command}` (see `aiworker list`)",
+            EXIT_FAILED,
+        )
+    if e.status == RPCStatusCode.NOT_FOUND:
+        return Failure(
+            f"{_subject(args)} not found in this namespace ({e.message})", EXIT_NOT_FOUND
+        )
+    if e.status in _REFUSED:
+        return Failure(f"Temporal refused the request: {e.message}", EXIT_USAGE)
+    if e.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+        return Failure(f"Temporal refused access ({e.status.name}): {e.message}", EXIT_FAILED)
+    return Failure(f"Temporal answered {e.status.name}: {e.message}", EXIT_FAILED)
+
+
+def explain(e: BaseException, args: argparse.Namespace) -> Failure:
+    """The one line and exit code of a command that raised ``e``.
+
+    Args:
+        e: what the command raised.
+        args: the parsed command line (the command and the ids it named).
+
+    Returns:
+        The message (without the ``aiworker:`` prefix) and the exit code.
+    """
+    from aiworker.workers.client import RedriveError
+
+    if isinstance(e, (StartupError, DevServerError)):
+        return Failure(str(e), EXIT_USAGE)
+    if isinstance(e, RedriveError):
+        return Failure(f"cannot redrive: {e}", EXIT_USAGE)
+    if isinstance(e, TemporalUnreachableError):
+        return Failure(f"cannot reach Temporal: {e}", EXIT_FAILED)
+    if isinstance(e, RPCError):
+        return _rpc(e, args)
+    if isinstance(e, WorkflowAlreadyStartedError):
+        return Failure(
+            f"workflow {e.workflow_id!r} is already running; wait for it, cancel it, "
+            "or start with another --id",
+            EXIT_USAGE,
+        )
+    if isinstance(e, WorkflowUpdateFailedError):
+        cause = e.cause
+        return Failure(f"{args.command} refused: {getattr(cause, 'message', cause)}", EXIT_FAILED)
+    if isinstance(e, (WorkflowQueryFailedError, WorkflowQueryRejectedError)):
+        return Failure(f"{_subject(args)} did not answer the query: {e}", EXIT_FAILED)
+    if isinstance(e, RPCTimeoutOrCancelledError):
+        return Failure(f"Temporal did not answer in time: {e}", EXIT_FAILED)
+    detail = str(e).splitlines()[0] if str(e) else ""
+    return Failure(
+        f"unexpected error ({type(e).__name__}{': ' + detail if detail else ''}); "
+        "run `aiworker --debug ...` for the traceback",
+        EXIT_FAILED,
+    )

@@ -1,0 +1,118 @@
+"""What a pipeline waits for, told while ``aiworker run`` waits for its result.
+
+A run that stands at a limiter (a worker's rate limit, a concurrency key, the
+pipeline's own concurrency slot) shows it only in its ``progress`` query.
+:func:`report_waits` polls that query (and, for a for_each, the progress of
+its running chunk workflows) and says one line per step and kind once the
+step has waited :data:`WAIT_NOTICE_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from temporalio.client import Client
+from temporalio.exceptions import TemporalError
+
+from aiworker.schemas import names
+
+if TYPE_CHECKING:
+    from aiworker.workers.client import PipelineClient, PipelineHandle
+
+# A step waiting longer than this gets a line; shorter waits are normal pacing.
+WAIT_NOTICE_SECONDS = 5.0
+POLL_SECONDS = 1.0
+# The watch stops after this many polls (an hour at one a second): a bounded loop.
+MAX_POLLS = 3600
+# Running chunk workflows queried per poll (a for_each's waits show in its chunks).
+MAX_CHUNKS = 10
+
+_WHY = {
+    "rate": "at its worker's rate limit (the spec's rate_limit, or AIWORKER_RATE_LIMITS)",
+    "concurrency": "for a concurrency slot (its concurrency key is at its limit)",
+}
+
+
+def wait_line(step: str, kind: str, seconds: float, items: int | None = None) -> str:
+    """The line that says who has waited how long, and for what."""
+    why = _WHY.get(kind, f"for a {kind} permit")
+    if not step:
+        return f"the pipeline has waited {seconds:.0f}s for its concurrency slot"
+    count = f"; {items} of its for_each items wait" if items else ""
+    return f"step {step!r} has waited {seconds:.0f}s {why}{count}; it goes on when a permit comes"
+
+
+# (step or "" for the pipeline, kind, whether for_each items wait)
+Wait = tuple[str, str, bool]
+
+
+async def _waiting_now(temporal: Client, workflow_id: str) -> Counter[Wait]:
+    """Who waits now, and how many: the pipeline's own waits and its chunks' items."""
+    handle = temporal.get_workflow_handle(workflow_id)
+    progress: dict[str, Any] = await handle.query(names.PROGRESS_QUERY)
+    now: Counter[Wait] = Counter()
+    for who, kind in (progress.get("waiting") or {}).items():
+        now[(who, kind, False)] += 1
+    steps = progress.get("steps") or {}
+    # a for_each's items wait in its chunk workflows (its step shows `running`)
+    if not any(s.get("status") == "running" for s in steps.values()):
+        return now
+    desc = await handle.describe()
+    for child in list(desc.raw_description.pending_children)[:MAX_CHUNKS]:
+        chunk_id = child.workflow_id
+        if not chunk_id.startswith(workflow_id + "/"):
+            continue
+        step = chunk_id[len(workflow_id) + 1 :].rsplit("/", 1)[0]
+        with contextlib.suppress(TemporalError):
+            chunk = await temporal.get_workflow_handle(chunk_id).query(names.PROGRESS_QUERY)
+            for kind in (chunk.get("waiting") or {}).values():
+                now[(step, kind, True)] += 1
+    return now
+
+
+async def report_waits(
+    temporal: Client,
+    workflow_id: str,
+    say: Callable[[str], None],
+    *,
+    notice_after: float = WAIT_NOTICE_SECONDS,
+    poll: float = POLL_SECONDS,
+) -> None:
+    """Say a line (through ``say``) for each step and kind of wait that lasts
+    ``notice_after`` seconds, once each; runs until cancelled or
+    :data:`MAX_POLLS` polls. A query that fails (the run has not started its
+    first task yet, or has ended) is tried again at the next poll."""
+    since: dict[Wait, float] = {}  # when each wait was first seen
+    told: set[Wait] = set()
+    for _ in range(MAX_POLLS):
+        await asyncio.sleep(poll)
+        try:
+            now = await _waiting_now(temporal, workflow_id)
+        except TemporalError:  # RPC errors and refused queries: advice only, try again
+            continue
+        clock = time.monotonic()
+        since = {key: since.get(key, clock) for key in now}
+        for key, first in since.items():
+            if key not in told and clock - first >= notice_after:
+                told.add(key)
+                step, kind, items = key
+                say(wait_line(step, kind, clock - first, now[key] if items else None))
+
+
+async def outcome_telling_waits(
+    pipelines: PipelineClient, handle: PipelineHandle, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """:meth:`PipelineClient.outcome` of ``handle``, with :func:`report_waits`
+    saying (through ``say``) what the run waits for meanwhile."""
+    watch = asyncio.create_task(report_waits(pipelines.temporal, handle.id, say))
+    try:
+        return await pipelines.outcome(handle.id, handle.result_run_id)
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
