@@ -106,9 +106,10 @@ def _broken(doc: Any) -> None:
 
 
 def _redriven(doc: Any) -> None:
-    assert doc["workflow_id"].startswith("broken-run-redrive-"), doc["workflow_id"]
+    assert doc["workflow_id"] == "broken-run-redrive-1", doc["workflow_id"]
     assert doc["status"] == "failed"
     assert doc["steps"]["first"]["reused_from"] == "broken-run"
+    assert doc["redrive"]["reused"] == ["first"] and doc["redrive"]["rerun"] == ["prices"]
     assert doc["steps"]["prices"]["error_code"] == "validation_failed"
 
 
