@@ -323,7 +323,7 @@ def pydantic_issues(
             )
             continue
         if kind == "missing":
-            out.append(Issue(loc[:-1], f"missing required key {str(loc[-1])!r}", kind))
+            out.append(Issue(loc, "missing (required)", kind))
             continue
         value = _walk(raw, loc)[1]
         expected = [x for x in (_expected(e) for e in errs) if x]

@@ -334,16 +334,16 @@ def check_pipeline(
     problems.extend(_output_problems(spec, index))
     if spec.concurrency is not None:
         problems.extend(_pipeline_concurrency_problems(spec.concurrency))
-    if not problems and specs is not None:
-        problems.extend(step_problems(spec, specs))
     if not problems:
         cycle = _find_cycle(deps)
         if cycle:
             problems.append(
                 Problem(
-                    cycle[0], "depends_on", f"cycle {' -> '.join(cycle)}", index=index[cycle[0]]
+                    cycle[0], "depends_on", "cycle " + " -> ".join(cycle), index=index[cycle[0]]
                 )
             )
+    if not problems and specs is not None:
+        problems.extend(step_problems(spec, specs))
     return problems
 
 

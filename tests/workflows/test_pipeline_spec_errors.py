@@ -111,10 +111,22 @@ async def test_invalid_pipeline_fails_once_with_invalid_input(
 async def test_input_failing_worker_schema_is_invalid_input_after_one_attempt(
     stack: Stack,
 ) -> None:
-    pipeline = {"name": "p", "steps": [{"id": "a", "worker": "validator", "input": {"data": 1}}]}
+    """An input that fails its worker's schema only once its reference resolves: the
+    worker refuses it, in JSON terms, after one attempt."""
+    pipeline = {
+        "name": "p",
+        "inputs": {"schema": None},
+        "steps": [
+            {
+                "id": "a",
+                "worker": "validator",
+                "input": {"data": 1, "schema": "${{ inputs.schema }}"},
+            }
+        ],
+    }
     result = await (await stack.start(pipeline)).result()
     step = result.steps["a"]
     assert result.status == "failed"
     assert step.error_code == "invalid_input"
     assert step.attempts == 1
-    assert "'schema' is a required property" in (step.error_message or "")
+    assert "input $.schema: null is not of type object or boolean" in (step.error_message or "")
