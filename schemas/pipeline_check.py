@@ -31,13 +31,13 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from jsonschema.exceptions import SchemaError
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from aiworker.schemas import safe_schema
 from aiworker.schemas.caps import SETTING_OF, Caps
-from aiworker.schemas.messages import json_path, pydantic_issues, suggest
+from aiworker.schemas.messages import suggest
 from aiworker.schemas.pipeline import Concurrency, PipelineSpec, Step
-from aiworker.schemas.problems import Problem
+from aiworker.schemas.problems import Problem, field_problems
 from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, find_refs, json_depth
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.schemas.step_inputs import SCHEMA_INPUTS, step_problems
@@ -81,45 +81,11 @@ def parse_pipeline(raw: Any, known_workers: Workers, caps: Caps | None = None) -
     try:
         spec = PipelineSpec.model_validate(raw)
     except ValidationError as e:
-        raise PipelineSpecError(_field_problems(raw, e)) from None
+        raise PipelineSpecError(field_problems(raw, e)) from None
     problems = check_pipeline(spec, known_workers, caps)
     if problems:
         raise PipelineSpecError(problems)
     return spec
-
-
-def _known_keys(loc: tuple[Any, ...]) -> list[str]:
-    """The keys the pipeline format allows at ``loc`` (for a misspelled key's suggestion)."""
-    model: Any = PipelineSpec
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part)
-        if field is None:
-            field = next((f for f in model.model_fields.values() if f.alias == part), None)
-        annotation = getattr(field, "annotation", None)
-        inner = [annotation, *getattr(annotation, "__args__", ())]
-        model = next((t for t in inner if isinstance(t, type) and issubclass(t, BaseModel)), None)
-        if model is None:
-            return []
-    return [f.alias or name for name, f in model.model_fields.items()]
-
-
-def _field_problems(raw: Any, e: ValidationError) -> list[Problem]:
-    """pydantic's errors as problems in JSON terms, naming step and field."""
-    steps = raw.get("steps") if isinstance(raw, dict) else None
-    problems = []
-    for issue in pydantic_issues(e.errors(include_url=False), raw, _known_keys):
-        loc, sid, index = issue.path, None, None
-        if len(loc) >= 2 and loc[0] == "steps" and isinstance(loc[1], int):
-            index = loc[1]
-            if isinstance(steps, list) and index < len(steps) and isinstance(steps[index], dict):
-                found = steps[index].get("id")
-                sid = found if isinstance(found, str) and found else None
-            loc = loc[2:]
-        at = json_path(loc, "") or ("" if index is not None else "(root)")
-        problems.append(Problem(sid, at, issue.message, issue.suggestion, index))
-    return problems
 
 
 def _schema_problem(schema: Any) -> str | None:

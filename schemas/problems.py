@@ -17,7 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aiworker.schemas.messages import with_suggestion
+from pydantic import BaseModel, ValidationError
+
+from aiworker.schemas.messages import json_path, pydantic_issues, with_suggestion
+from aiworker.schemas.pipeline import PipelineSpec
 
 
 @dataclass(frozen=True)
@@ -82,4 +85,39 @@ class Problem:
         }
 
 
-__all__ = ["Problem"]
+def _known_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the pipeline format allows at ``loc`` (for a misspelled key's suggestion)."""
+    model: Any = PipelineSpec
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            field = next((f for f in model.model_fields.values() if f.alias == part), None)
+        annotation = getattr(field, "annotation", None)
+        inner = [annotation, *getattr(annotation, "__args__", ())]
+        model = next((t for t in inner if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        if model is None:
+            return []
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def field_problems(raw: Any, e: ValidationError) -> list[Problem]:
+    """pydantic's errors for the pipeline ``raw`` as problems in JSON terms, naming
+    step and field, with a close key for an unknown one."""
+    steps = raw.get("steps") if isinstance(raw, dict) else None
+    problems = []
+    for issue in pydantic_issues(e.errors(include_url=False), raw, _known_keys):
+        loc, sid, index = issue.path, None, None
+        if len(loc) >= 2 and loc[0] == "steps" and isinstance(loc[1], int):
+            index = loc[1]
+            if isinstance(steps, list) and index < len(steps) and isinstance(steps[index], dict):
+                found = steps[index].get("id")
+                sid = found if isinstance(found, str) and found else None
+            loc = loc[2:]
+        at = json_path(loc, "") or ("" if index is not None else "(root)")
+        problems.append(Problem(sid, at, issue.message, issue.suggestion, index))
+    return problems
+
+
+__all__ = ["Problem", "field_problems"]
