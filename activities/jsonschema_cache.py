@@ -9,25 +9,15 @@ RE2, the 2020-12 format checks.
 
 from __future__ import annotations
 
-import functools
-import json
 from typing import Any
 
 from jsonschema.exceptions import SchemaError, ValidationError
-from jsonschema.protocols import Validator
 
-from aiworker.schemas import safe_schema
-from aiworker.schemas.spec import json_path
+from aiworker.schemas import messages, safe_schema
+from aiworker.schemas.messages import json_path
 
-
-@functools.lru_cache(maxsize=512)
-def _compiled(canonical: str) -> Validator:
-    return safe_schema.validator(json.loads(canonical))
-
-
-def validator_for(schema: Any) -> Validator:
-    """A compiled, checked validator (see ``safe_schema``); ``SchemaError`` if refused."""
-    return _compiled(json.dumps(schema, sort_keys=True, separators=(",", ":")))
+# The cache lives beside the validator, so the pipeline check shares it.
+validator_for = safe_schema.cached_validator
 
 
 def errors_of(schema: Any, value: Any) -> list[ValidationError]:
@@ -36,19 +26,8 @@ def errors_of(schema: Any, value: Any) -> list[ValidationError]:
     return safe_schema.errors(validator_for(schema), value)
 
 
-def describe(errors: list[ValidationError], limit: int = 100) -> list[dict[str, str]]:
-    """Validation errors as machine-actionable reasons, most specific first."""
-    reasons = []
-    for e in sorted(errors, key=lambda e: (list(map(str, e.absolute_path)), e.validator))[:limit]:
-        reasons.append(
-            {
-                "path": json_path(e.absolute_path),
-                "message": e.message,
-                "validator": str(e.validator),
-                "schema_path": "/".join(str(p) for p in e.absolute_schema_path),
-            }
-        )
-    return reasons
+# Validation errors as reasons in JSON terms (one formatter for every message).
+describe = messages.reasons
 
 
 schema_problem = safe_schema.problem

@@ -19,9 +19,9 @@ from aiworker.activities.errors import InvalidInputError
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.activities.tools.extract import HtmlParser
-from aiworker.activities.tools.extraction_spec import SpecError
 from aiworker.activities.tools.fetch import FetchTool
 from aiworker.schemas.catalog import builtin_spec
+from aiworker.schemas.extraction_spec import SpecError
 from aiworker.schemas.protocol import WarningInfo
 
 # Leave the runtime's own deadline a margin, so a slow site is `fetch_timeout`

@@ -16,6 +16,7 @@ through.
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import re2
@@ -45,15 +46,17 @@ _OPTIONS = _options()
 def compile_pattern(pattern: str) -> Any:
     """``pattern`` compiled by RE2 (cached); :class:`PatternError` if RE2 refuses it."""
     if not isinstance(pattern, str):
-        raise PatternError(f"{pattern!r} is not a string")
+        raise PatternError(f"{type(pattern).__name__} is not a string")
     try:
         return re2.compile(pattern, _OPTIONS)
     except re2.error as e:
         why = e.args[0] if e.args else ""
         why = why.decode("utf-8", "replace") if isinstance(why, bytes) else str(why)
-        raise PatternError(f"{pattern!r} is not supported: {ENGINE}: {why}") from None
+        raise PatternError(f"{json.dumps(pattern)} is not supported: {ENGINE}: {why}") from None
     except UnicodeEncodeError:
-        raise PatternError(f"{pattern!r} is not supported: it is not valid Unicode") from None
+        raise PatternError(
+            f"{json.dumps(pattern)} is not supported: it is not valid Unicode"
+        ) from None
 
 
 def search(regex: Any, text: str) -> Any:

@@ -15,35 +15,60 @@ workflow, once the plan brought them. The pipeline workflow
 turns a :class:`PipelineSpecError` into a non-retryable ``invalid_input``;
 ``aiworker run`` and the client check a file the same way without importing
 any workflow code.
+
+Given the workers' specs (not only their ids), :mod:`~aiworker.schemas.step_inputs`
+checks every step's literal input against its worker's contract too (schema,
+references to inputs and outputs, selectors, regexes, literal JSON Schemas).
+Each problem is a :class:`~aiworker.schemas.problems.Problem` (step, field,
+JSON path, message, suggestion); ``PipelineSpecError.problems`` holds their
+one-line forms. The part that needs process settings (model aliases, tenants)
+is ``aiworker.workers.pipeline_settings``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError
 
-from aiworker.schemas import names, safe_schema
+from aiworker.schemas import safe_schema
 from aiworker.schemas.caps import SETTING_OF, Caps
+from aiworker.schemas.messages import suggest
 from aiworker.schemas.pipeline import Concurrency, PipelineSpec, Step
+from aiworker.schemas.problems import Problem, field_problems
 from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, find_refs, json_depth
+from aiworker.schemas.spec import WorkerSpec
+from aiworker.schemas.step_inputs import SCHEMA_INPUTS, step_problems
+
+# The workers a pipeline may name: their ids, or their specs by id (None: a
+# worker known by name only, served elsewhere); with specs, inputs are checked too.
+Workers = Collection[str] | Mapping[str, WorkerSpec | None]
 
 
 class PipelineSpecError(ValueError):
-    """A pipeline spec that cannot run; ``problems`` lists each one, naming step and field."""
+    """A pipeline spec that cannot run.
 
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("invalid pipeline: " + "; ".join(problems))
-        self.problems = problems
+    Attributes:
+        problems: each problem as one line, naming step and field.
+        details: the same as :class:`~aiworker.schemas.problems.Problem` values.
+    """
+
+    def __init__(self, problems: list[Problem] | list[str]) -> None:
+        self.details = [p if isinstance(p, Problem) else Problem(None, "", p) for p in problems]
+        self.problems = [str(p) for p in self.details]
+        super().__init__("invalid pipeline: " + "; ".join(self.problems))
 
 
-def parse_pipeline(raw: Any, known_workers: set[str], caps: Caps | None = None) -> PipelineSpec:
+def parse_pipeline(raw: Any, known_workers: Workers, caps: Caps | None = None) -> PipelineSpec:
     """Parse and check a pipeline spec.
 
     Args:
         raw: the spec as decoded JSON.
-        known_workers: the worker ids that steps may name.
+        known_workers: the workers that steps may name: their ids, or their
+            specs by id, with which each step's input is checked against its
+            worker's contract as well.
         caps: the caps to check against; the hard ceilings when omitted (the
             check at workflow start, which cannot read settings).
 
@@ -56,32 +81,11 @@ def parse_pipeline(raw: Any, known_workers: set[str], caps: Caps | None = None) 
     try:
         spec = PipelineSpec.model_validate(raw)
     except ValidationError as e:
-        raise PipelineSpecError(_field_problems(raw, e)) from None
+        raise PipelineSpecError(field_problems(raw, e)) from None
     problems = check_pipeline(spec, known_workers, caps)
     if problems:
         raise PipelineSpecError(problems)
     return spec
-
-
-def _field_problems(raw: Any, e: ValidationError) -> list[str]:
-    problems = []
-    for err in e.errors():
-        loc = list(err["loc"])
-        where = "pipeline"
-        if len(loc) >= 2 and loc[0] == "steps" and isinstance(loc[1], int):
-            steps = raw.get("steps") if isinstance(raw, dict) else None
-            sid = None
-            if isinstance(steps, list) and loc[1] < len(steps) and isinstance(steps[loc[1]], dict):
-                sid = steps[loc[1]].get("id")
-            where = f"step {sid!r}" if sid else f"step #{loc[1]}"
-            loc = loc[2:]
-        field = ".".join(str(p) for p in loc) or "(root)"
-        problems.append(f"{where}: field {field!r}: {err['msg']}")
-    return problems
-
-
-# The input field in which a built-in worker takes a JSON Schema to apply.
-SCHEMA_INPUTS = {names.VALIDATOR: "schema", names.LLM_CALL: "response_schema"}
 
 
 def _schema_problem(schema: Any) -> str | None:
@@ -92,9 +96,11 @@ def _schema_problem(schema: Any) -> str | None:
     return None
 
 
-def _input_schema_problems(step: Step, where: str) -> list[str]:
+def _input_schema_problems(step: Step, i: int) -> list[Problem]:
     """Remote references in a literal schema of the step's input (or fallback
-    input); one that holds a reference expression is the worker's to check."""
+    input), when the workers' specs are not at hand (with them,
+    :mod:`~aiworker.schemas.step_inputs` checks the schema in full); one that
+    holds a reference expression is the worker's to check."""
     problems = []
     for field, worker, value in (
         ("input", step.worker, step.input),
@@ -111,7 +117,7 @@ def _input_schema_problems(step: Step, where: str) -> list[str]:
         try:
             safe_schema.check_references(value[key])
         except SchemaError as e:
-            problems.append(f"{where}: field '{field}.{key}': {safe_schema.problem(e)}")
+            problems.append(Problem(step.id, f"{field}.{key}", safe_schema.problem(e), index=i))
     return problems
 
 
@@ -139,88 +145,109 @@ def _over(caps: Caps, name: str) -> str:
     return f"the cap is {getattr(caps, name)} ({SETTING_OF[name]})"
 
 
-def cap_problems(spec: PipelineSpec, caps: Caps) -> list[str]:
+def cap_problems(spec: PipelineSpec, caps: Caps) -> list[Problem]:
     """What of ``spec`` passes ``caps``: steps, ``for_each`` items, nesting, the
     length of reference strings and the count of references; each problem names
     the step and field. Walks without recursion, before anything else walks."""
-    problems: list[str] = []
+    problems: list[Problem] = []
     if len(spec.steps) > caps.max_steps:
         problems.append(
-            f"pipeline: field 'steps': {len(spec.steps)} steps; {_over(caps, 'max_steps')}"
+            Problem(None, "steps", f"{len(spec.steps)} steps; {_over(caps, 'max_steps')}")
         )
-    where_fields: list[tuple[str, str, Any]] = [("pipeline", "inputs", spec.inputs)]
-    where_fields += [("pipeline", "output", spec.output)]
+    where_fields: list[tuple[str | None, int | None, str, Any]] = [
+        (None, None, "inputs", spec.inputs),
+        (None, None, "output", spec.output),
+    ]
     if spec.concurrency is not None:
-        where_fields.append(("pipeline", "concurrency.key", spec.concurrency.key))
-    for step in spec.steps:
-        where_fields += [(f"step {step.id!r}", f, v) for f, v in _fields(step)]
+        where_fields.append((None, None, "concurrency.key", spec.concurrency.key))
+    for i, step in enumerate(spec.steps):
+        where_fields += [(step.id, i, f, v) for f, v in _fields(step)]
         if isinstance(step.for_each, list) and len(step.for_each) > caps.max_foreach_items:
             problems.append(
-                f"step {step.id!r}: field 'for_each': {len(step.for_each)} items; "
-                f"{_over(caps, 'max_foreach_items')}"
+                Problem(
+                    step.id,
+                    "for_each",
+                    f"{len(step.for_each)} items; {_over(caps, 'max_foreach_items')}",
+                    index=i,
+                )
             )
     count = 0
-    for where, field, value in where_fields:
+    for sid, at, field, value in where_fields:
         try:
             if field in _DEPTH_ONLY:
                 json_depth(value, caps.max_json_depth)
             else:
                 count += len(find_refs(value, caps=caps))
         except ReferenceLimitError as e:
-            problems.append(f"{where}: field {field!r}: {e}")
+            problems.append(Problem(sid, field, str(e), index=at))
         except ReferenceError_:
             pass  # a malformed reference: the check proper names it
     if count > caps.max_references:
         problems.append(
-            f"pipeline: {count} references in the pipeline; {_over(caps, 'max_references')}"
+            Problem(
+                None, "", f"{count} references in the pipeline; {_over(caps, 'max_references')}"
+            )
         )
     return problems
 
 
+def _names(known_workers: Workers) -> tuple[set[str], Mapping[str, WorkerSpec | None] | None]:
+    if isinstance(known_workers, Mapping):
+        return set(known_workers), known_workers
+    return set(known_workers), None
+
+
 def check_pipeline(
-    spec: PipelineSpec, known_workers: set[str], caps: Caps | None = None
-) -> list[str]:
+    spec: PipelineSpec, known_workers: Workers, caps: Caps | None = None
+) -> list[Problem]:
     """Every problem of a pipeline, each naming the step and field; empty when fine.
 
     ``caps`` first (the hard ceilings when omitted): a spec over a cap is not
-    walked any further.
+    walked any further. With the workers' specs (a mapping), each step's input
+    is checked against its worker's contract
+    (:func:`~aiworker.schemas.step_inputs.step_problems`).
     """
     problems = cap_problems(spec, caps or Caps.ceilings())
     if problems:
         return problems
-    ids = [s.id for s in spec.steps]
+    known, specs = _names(known_workers)
     index = {s.id: i for i, s in enumerate(spec.steps)}
     seen: set[str] = set()
-    for sid in ids:
-        if sid in seen:
-            problems.append(f"step {sid!r}: duplicate id")
-        seen.add(sid)
+    for i, step in enumerate(spec.steps):
+        if step.id in seen:
+            problems.append(Problem(step.id, "", "duplicate id", index=i))
+        seen.add(step.id)
 
     deps: dict[str, set[str]] = {}
-    for step in spec.steps:
-        where = f"step {step.id!r}"
-        if step.worker not in known_workers:
-            problems.append(
-                f"{where}: field 'worker': unknown worker {step.worker!r} "
-                f"(known: {', '.join(sorted(known_workers))})"
+    for i, step in enumerate(spec.steps):
+
+        def add(at: str, message: str, suggestion: str | None = None) -> None:
+            problems.append(Problem(step.id, at, message, suggestion, i))  # noqa: B023
+
+        if step.worker not in known:
+            add(
+                "worker",
+                f"unknown worker {step.worker!r} (known: {', '.join(sorted(known))})",
+                suggest(step.worker, known),
             )
-        if step.fallback is not None and step.fallback not in known_workers:
-            problems.append(f"{where}: field 'fallback': unknown worker {step.fallback!r}")
+        if step.fallback is not None and step.fallback not in known:
+            add("fallback", f"unknown worker {step.fallback!r}", suggest(step.fallback, known))
         d = set(step.depends_on)
         for dep in step.depends_on:
             if dep not in index:
-                problems.append(f"{where}: field 'depends_on': unknown step {dep!r}")
+                add("depends_on", f"unknown step {dep!r}", suggest(dep, index))
             elif dep == step.id:
-                problems.append(f"{where}: field 'depends_on': a step cannot depend on itself")
+                add("depends_on", "a step cannot depend on itself")
         if step.gate is not None:
             if step.gate not in index:
-                problems.append(f"{where}: field 'gate': unknown step {step.gate!r}")
+                add("gate", f"unknown step {step.gate!r}", suggest(step.gate, index))
             else:
                 gate_worker = spec.steps[index[step.gate]].worker
                 if gate_worker != "validator":
-                    problems.append(
-                        f"{where}: field 'gate': step {step.gate!r} is a {gate_worker!r} step, "
-                        "a gate must be a validator step"
+                    add(
+                        "gate",
+                        f"step {step.gate!r} is a {gate_worker!r} step, "
+                        "a gate must be a validator step",
                     )
                 d.add(step.gate)
         fields = [(f, v) for f, v in _fields(step) if f not in _DEPTH_ONLY]
@@ -228,85 +255,97 @@ def check_pipeline(
             fields = [(f, v) for f, v in fields if f != "for_each"]
         if step.when is not None:
             if set(step.when) != {"value", "schema"}:
-                problems.append(f"{where}: field 'when': needs exactly 'value' and 'schema'")
+                add("when", "needs exactly 'value' and 'schema'")
             elif (p := _schema_problem(step.when["schema"])) is not None:
-                problems.append(f"{where}: field 'when.schema': {p}")
+                add("when.schema", p)
         if step.validate_ is not None and (p := _schema_problem(step.validate_.schema_)):
-            problems.append(f"{where}: field 'validate.schema': {p}")
-        problems.extend(_input_schema_problems(step, where))
+            add("validate.schema", p)
+        if specs is None:
+            problems.extend(_input_schema_problems(step, i))
         if step.for_each is not None and step.on_failure == "escalate":
-            problems.append(
-                f"{where}: field 'on_failure': 'escalate' needs a single step, not a for_each"
-            )
+            add("on_failure", "'escalate' needs a single step, not a for_each")
         if step.for_each is not None and step.validate_ is not None:
-            problems.append(
-                f"{where}: field 'validate': the validation loop needs a single step, "
-                "not a for_each (validate the items in a later step)"
+            add(
+                "validate",
+                "the validation loop needs a single step, "
+                "not a for_each (validate the items in a later step)",
             )
         if step.fallback_input is not None and step.fallback is None:
-            problems.append(f"{where}: field 'fallback_input': set without 'fallback'")
+            add("fallback_input", "set without 'fallback'")
         for field, value in fields:
             try:
                 refs = find_refs(value)
             except ReferenceError_ as e:
-                problems.append(f"{where}: field {field!r}: {e}")
+                add(field, str(e))
                 continue
             for ref in refs:
                 if ref.root in ("item", "item_index") and step.for_each is None:
-                    problems.append(
-                        f"{where}: field {field!r}: {ref.text} is only available in for_each"
-                    )
+                    add(field, f"{ref.text} is only available in for_each")
                 if ref.root in ("item", "item_index") and field == "for_each":
-                    problems.append(f"{where}: field 'for_each': cannot refer to item")
+                    add("for_each", "cannot refer to item")
                 target = ref.step_id
                 if target is None:
                     continue
                 if target not in index:
-                    problems.append(
-                        f"{where}: field {field!r}: reference {ref.text} names unknown step "
-                        f"{target!r}"
+                    add(
+                        field,
+                        f"reference {ref.text} names unknown step {target!r}",
+                        suggest(target, index),
                     )
                 elif target == step.id:
-                    problems.append(f"{where}: field {field!r}: reference {ref.text} is to itself")
+                    add(field, f"reference {ref.text} is to itself")
                 else:
                     d.add(target)
         deps[step.id] = d
-    if step_refs_problems := _output_problems(spec, index):
-        problems.extend(step_refs_problems)
+    problems.extend(_output_problems(spec, index))
     if spec.concurrency is not None:
         problems.extend(_pipeline_concurrency_problems(spec.concurrency))
     if not problems:
         cycle = _find_cycle(deps)
         if cycle:
-            problems.append(f"step {cycle[0]!r}: field 'depends_on': cycle {' -> '.join(cycle)}")
+            problems.append(
+                Problem(
+                    cycle[0], "depends_on", "cycle " + " -> ".join(cycle), index=index[cycle[0]]
+                )
+            )
+    if not problems and specs is not None:
+        problems.extend(step_problems(spec, specs))
     return problems
 
 
-def _output_problems(spec: PipelineSpec, index: dict[str, int]) -> list[str]:
-    problems: list[str] = []
+def _output_problems(spec: PipelineSpec, index: dict[str, int]) -> list[Problem]:
+    problems: list[Problem] = []
     try:
         refs = find_refs(spec.output)
     except ReferenceError_ as e:
-        return [f"pipeline: field 'output': {e}"]
+        return [Problem(None, "output", str(e))]
     for ref in refs:
         if ref.root in ("item", "item_index"):
-            problems.append(f"pipeline: field 'output': {ref.text} is only available in for_each")
+            problems.append(Problem(None, "output", f"{ref.text} is only available in for_each"))
         elif ref.step_id is not None and ref.step_id not in index:
             problems.append(
-                f"pipeline: field 'output': reference {ref.text} names unknown step {ref.step_id!r}"
+                Problem(
+                    None,
+                    "output",
+                    f"reference {ref.text} names unknown step {ref.step_id!r}",
+                    suggest(ref.step_id, index),
+                )
             )
     return problems
 
 
-def _pipeline_concurrency_problems(c: Concurrency) -> list[str]:
+def _pipeline_concurrency_problems(c: Concurrency) -> list[Problem]:
     """A pipeline's key is known before any step runs: it may refer to inputs only."""
     try:
         refs = find_refs(c.key)
     except ReferenceError_ as e:
-        return [f"pipeline: field 'concurrency.key': {e}"]
+        return [Problem(None, "concurrency.key", str(e))]
     return [
-        f"pipeline: field 'concurrency.key': {ref.text} is not available before the steps run "
-        "(use inputs)"
+        Problem(
+            None,
+            "concurrency.key",
+            f"{ref.text} is not available before the steps run (use inputs)",
+        )
         for ref in refs
         if ref.root != "inputs"
     ]

@@ -32,6 +32,8 @@ extension), so a ``when`` schema evaluated in a workflow task runs on RE2.
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,6 +46,7 @@ from referencing.jsonschema import DRAFT202012
 
 from aiworker.schemas.caps import DEFAULT_MAX_JSON_DEPTH
 from aiworker.schemas.formats import formats
+from aiworker.schemas.messages import additional_keys, issues
 from aiworker.schemas.patterns import PatternError, compile_pattern, search
 
 # Nesting of a schema (objects and arrays) beyond which it is refused: jsonschema
@@ -81,22 +84,12 @@ def _pattern_properties(
                 yield from v.descend(value, subschema, path=k, schema_path=pattern)
 
 
-def _additional(instance: dict[str, Any], schema: dict[str, Any]) -> list[str]:
-    properties = schema.get("properties", {})
-    regexes = [compile_pattern(p) for p in schema.get("patternProperties", {})]
-    return [
-        p
-        for p in instance
-        if p not in properties and not any(search(r, p) is not None for r in regexes)
-    ]
-
-
 def _additional_properties(
     v: Any, ap: Any, instance: Any, schema: Any
 ) -> Iterator[ValidationError]:
     if not v.is_type(instance, "object"):
         return
-    extras = _additional(instance, schema)
+    extras = additional_keys(instance, schema)
     if v.is_type(ap, "object"):
         for extra in extras:
             yield from v.descend(instance[extra], ap, path=extra)
@@ -214,10 +207,14 @@ def _refuse(message: str, path: tuple[Any, ...]) -> SchemaRefused:
 def problem(e: SchemaError) -> str:
     """What is wrong with a schema :func:`check` refused, and where, for a message
     that goes on to name the step and field."""
-    at = f" at {where(e.absolute_path)}" if e.absolute_path else ""
     if isinstance(e, SchemaRefused):
+        at = f" at {where(e.absolute_path)}" if e.absolute_path else ""
         return f"{e.message}{at}"
-    return f"invalid JSON Schema{at}: {e.message}"
+    # The metaschema's error in JSON terms, at its most relevant place (a branch of
+    # the metaschema's anyOf, say), which is a place in the user's schema.
+    found = issues(e)[0]
+    at = f" at {where(found.path)}" if found.path else ""
+    return f"invalid JSON Schema{at}: {found.text}"
 
 
 def _walk(schema: Any, patterns: bool = True) -> list[tuple[str, tuple[Any, ...]]]:
@@ -307,6 +304,17 @@ def validator(schema: Any) -> Validator:
     return v
 
 
+@functools.lru_cache(maxsize=512)
+def _compiled(canonical: str) -> Validator:
+    return validator(json.loads(canonical))
+
+
+def cached_validator(schema: Any) -> Validator:
+    """:func:`validator`, cached by the schema's canonical JSON: compiling a validator
+    costs far more than running it, and pipelines apply the same schemas over and over."""
+    return _compiled(json.dumps(schema, sort_keys=True, separators=(",", ":")))
+
+
 @contextlib.contextmanager
 def _applying() -> Iterator[None]:
     try:
@@ -347,6 +355,8 @@ __all__ = [
     "SchemaError",
     "SchemaRefused",
     "ValidationError",
+    "additional_keys",
+    "cached_validator",
     "check",
     "check_references",
     "errors",

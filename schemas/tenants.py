@@ -41,8 +41,9 @@ from typing import Annotated
 from pydantic import Field, ValidationError, field_validator
 
 from aiworker.schemas.base import Model
-from aiworker.schemas.names import TENANT_PATTERN
-from aiworker.schemas.pipeline import Budget
+from aiworker.schemas.names import TENANT_PATTERN, VALIDATOR
+from aiworker.schemas.pipeline import Budget, PipelineSpec
+from aiworker.schemas.problems import Problem
 from aiworker.schemas.spec import parse_rate
 
 TenantName = Annotated[str, Field(pattern=TENANT_PATTERN)]
@@ -148,6 +149,21 @@ class TenantPolicy(Model):
     def may_use(self, worker_id: str) -> bool:
         """Whether the tenant may call ``worker_id``."""
         return self.workers is None or worker_id in self.workers
+
+
+def refused_workers(spec: PipelineSpec, policy: TenantPolicy) -> list[Problem]:
+    """Each worker a step would call (its own, its fallback, the validator of its
+    ``validate`` loop) that ``spec``'s tenant may not call under ``policy``."""
+    problems = []
+    for i, step in enumerate(spec.steps):
+        uses = [("worker", step.worker), ("fallback", step.fallback)]
+        if step.validate_ is not None:
+            uses.append(("validate", VALIDATOR))
+        for field, worker in uses:
+            if worker is not None and not policy.may_use(worker):
+                message = f"tenant {spec.tenant!r} may not call worker {worker!r}"
+                problems.append(Problem(step.id, field, message, index=i))
+    return problems
 
 
 class TenantRegistry(Model):

@@ -4,6 +4,7 @@ aiworker dev                 embedded Temporal server + UI + a worker
 aiworker demo [--exit]       dev stack, run the sample pipeline, print the result
 aiworker worker [-q QUEUE]   a worker process polling task queues
 aiworker run FILE|-          start a pipeline, wait, print the result JSON
+aiworker check FILE|-        check a pipeline without running it (exit 0 valid, 2 invalid)
 aiworker review ID DECISION  approve|reject|retry an escalated step (Workflow Update)
 aiworker list [--status S]   pipelines by status, tenant, name (visibility query)
 aiworker redrive ID          run a failed pipeline again, reusing its succeeded steps
@@ -36,6 +37,7 @@ from aiworker.workers.cli_common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    check_pipeline_file,
     cli_span,
     configure_logs,
     dev_settings,
@@ -72,6 +74,11 @@ async def cmd_run(args: argparse.Namespace) -> int:
         # read_pipeline checked it against this process's catalog already
         handle = await pipelines.start(raw, workflow_id=args.id, check=False)
         return await _print_or_wait(pipelines, handle, args.no_wait)
+
+
+async def cmd_check(args: argparse.Namespace) -> int:
+    """``aiworker check FILE|-``: every problem of a pipeline, before anything runs."""
+    return check_pipeline_file(args.file, as_json=args.json)
 
 
 async def _print_or_wait(pipelines: PipelineClient, handle: PipelineHandle, no_wait: bool) -> int:
@@ -329,6 +336,7 @@ async def cmd_schemas(args: argparse.Namespace) -> int:
 # await nothing too, so ``main`` has one way to run them.
 COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "artifacts": cmd_artifacts,
+    "check": cmd_check,
     "conformance": cmd_conformance,
     "demo": cmd_demo,
     "dev": cmd_dev,

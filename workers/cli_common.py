@@ -1,5 +1,5 @@
 """What the ``aiworker`` commands share: exit codes, the one-line error, settings,
-logs, a command's root span and reading a pipeline file.
+logs, a command's root span and reading and checking a pipeline file.
 
 Exit codes are part of the command line's contract (DESIGN): 0 done (a
 pipeline that succeeded), 1 failed (a pipeline that did not succeed, Temporal
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from aiworker.schemas.catalog import Catalog
+from aiworker.schemas.problems import Problem
 from aiworker.schemas.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -105,31 +106,65 @@ def process_catalog() -> Catalog:
         raise SystemExit(EXIT_USAGE) from None
 
 
-def read_pipeline(path: str) -> dict[str, Any]:
-    """Read and check a pipeline file (``-`` for stdin); exit 2 with the reason."""
-    from aiworker.schemas.pipeline_check import PipelineSpecError, parse_pipeline
-
+def load_pipeline_file(path: str) -> Any:
+    """A pipeline file's JSON (``-`` for stdin), unchecked; exit 2 with the reason."""
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text("utf-8")
     except OSError as e:
         err(f"cannot read {path}: {e.strerror}")
         raise SystemExit(EXIT_USAGE) from None
     try:
-        raw = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         err(f"{path}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}")
         raise SystemExit(EXIT_USAGE) from None
     except RecursionError:  # the decoder recurses per level of nesting
         err(f"{path}: invalid pipeline (invalid_input): JSON nested too deep to read")
         raise SystemExit(EXIT_USAGE) from None
+
+
+def pipeline_problems(raw: Any) -> list[Problem]:
+    """Every problem of a pipeline as this process would start it: the spec under
+    this process's workers, caps, model aliases and tenants (one code path for
+    ``check`` and ``run``); empty when it may start."""
+    from aiworker.activities.llm import ModelsFileError
+    from aiworker.schemas.pipeline_check import PipelineSpecError
+    from aiworker.workers.pipeline_settings import check_spec
+
     try:
-        parse_pipeline(raw, set(process_catalog().specs), load_settings().caps)
+        check_spec(raw, dict(process_catalog().specs), load_settings())
     except PipelineSpecError as e:
-        err(f"{path}: invalid pipeline (invalid_input):")
-        for p in e.problems:
-            print(f"  - {p}", file=sys.stderr)
+        return e.details
+    except ModelsFileError as e:
+        err(f"invalid settings: {e}")
         raise SystemExit(EXIT_USAGE) from None
-    if not isinstance(raw, dict):
+    return []
+
+
+def check_pipeline_file(path: str, as_json: bool = False) -> int:
+    """``aiworker check``: print ``ok: <file> (<n> steps)``, or one line per problem
+    (``<file>: step 'a': field 'input.url': ...``), or (``as_json``) the problems as
+    a JSON list of ``{step, field, path, message, suggestion}``; the exit code."""
+    raw = load_pipeline_file(path)
+    problems = pipeline_problems(raw)
+    if as_json:
+        print(json.dumps([p.to_json() for p in problems], indent=2, ensure_ascii=False))
+    elif problems:
+        for p in problems:
+            print(f"{path}: {p}")
+    else:
+        n = len(raw["steps"])
+        print(f"ok: {path} ({n} step{'' if n == 1 else 's'})")
+    return EXIT_USAGE if problems else EXIT_OK
+
+
+def read_pipeline(path: str) -> dict[str, Any]:
+    """Read and check a pipeline file (``-`` for stdin); exit 2 with one line per problem."""
+    raw = load_pipeline_file(path)
+    problems = pipeline_problems(raw)
+    for p in problems:
+        err(f"{path}: {p}")
+    if problems or not isinstance(raw, dict):
         raise SystemExit(EXIT_USAGE)
     return raw
 

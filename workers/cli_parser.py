@@ -79,6 +79,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--id", help="workflow id (default: <name>-<random>)")
     conn(r)
 
+    ck = sub.add_parser(
+        "check",
+        help="check a pipeline without running it (exit 0 valid, 2 invalid)",
+        description="Check a pipeline file as `aiworker run` would, before anything starts: "
+        "the spec, each step's input against its worker's contract, references, selectors, "
+        "schemas, model aliases and tenants. One line per problem.",
+    )
+    ck.add_argument("file", help="pipeline JSON file, or - for stdin")
+    ck.add_argument(
+        "--json",
+        action="store_true",
+        help="print the problems as a JSON list of {step, field, path, message, suggestion}",
+    )
+
     for name, helptext in (
         ("dev", "embedded Temporal server, UI and worker"),
         ("demo", "dev stack plus the sample pipeline"),

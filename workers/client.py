@@ -21,8 +21,9 @@ PipelineWorkflow.run, ...)`` gives them: ``await handle.result()`` is a
 module is imported for its types only; importing it starts nothing and loads
 no activity code.
 
-A pipeline is checked with :func:`~aiworker.schemas.pipeline_check.parse_pipeline`
-before it starts, so a bad spec raises
+A pipeline is checked with :func:`~aiworker.workers.pipeline_settings.check_spec`
+before it starts (the spec, its steps' inputs against the workers' contracts,
+model aliases and tenants), so a bad spec raises
 :class:`~aiworker.schemas.pipeline_check.PipelineSpecError` here instead of
 failing a workflow. Every client uses the pydantic data converter of
 :mod:`aiworker.workers.temporal_client` (with external payload storage when
@@ -49,9 +50,10 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from aiworker.schemas import catalog, names
 from aiworker.schemas.causes import PipelineError
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
-from aiworker.schemas.pipeline_check import parse_pipeline
 from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers import visibility
+from aiworker.workers.pipeline_settings import check_spec
 from aiworker.workers.temporal_client import TemporalUnreachableError, connect
 from aiworker.workers.visibility import PipelineSummary, list_query
 from aiworker.workflows.pipeline import PipelineWorkflow
@@ -141,13 +143,20 @@ class PipelineClient:
         return cls(client, settings, known_workers=known_workers)
 
     def check(self, pipeline: Mapping[str, Any]) -> PipelineSpec:
-        """Check a pipeline spec without starting it.
+        """Check a pipeline spec without starting it: the spec, each step's input
+        against its worker's contract, and this client's settings (model aliases,
+        the tenant registry), as ``aiworker check`` does.
 
         Raises:
             PipelineSpecError: every problem found, each naming the step and field.
+            ModelsFileError: the settings name a models file that is unusable.
         """
-        known = self._known if self._known is not None else set(catalog.current_specs())
-        return parse_pipeline(dict(pipeline), known, self.settings.caps)
+        specs = catalog.current_specs()
+        if self._known is None:
+            workers: dict[str, WorkerSpec | None] = dict(specs)
+        else:
+            workers = {w: specs.get(w) for w in self._known}
+        return check_spec(dict(pipeline), workers, self.settings)
 
     async def start(
         self,

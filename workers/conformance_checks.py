@@ -15,11 +15,12 @@ from pydantic import ValidationError
 
 from aiworker.schemas import safe_schema
 from aiworker.schemas.errors import ErrorCode
+from aiworker.schemas.messages import reasons
 from aiworker.schemas.protocol import (
     ErrorInfo,
     WorkerResponse,
 )
-from aiworker.schemas.spec import SpecExample, WorkerSpec, describe_validation, json_path
+from aiworker.schemas.spec import SpecExample, WorkerSpec, describe_validation
 from aiworker.workflows.conformance import ConformanceCall
 
 Status = Literal["pass", "fail", "skip"]
@@ -263,10 +264,10 @@ def _example(spec: WorkerSpec, name: str, o: dict[str, Any], queue: str, timeout
         found = safe_schema.errors(safe_schema.validator(spec.output_schema), resp.outputs)
     except safe_schema.SchemaError as e:
         return Check(name, FAIL, f"outputs: {safe_schema.problem(e)}")
-    errors = sorted(found, key=lambda e: [str(p) for p in e.absolute_path])
-    for err in errors[:3]:
-        path = json_path(err.absolute_path)[1:]
-        problems.append(f"outputs{path}: {err.message} (output_schema rule {err.validator})")
+    for r in reasons(found, limit=3):
+        problems.append(
+            f"outputs{r['path'][1:]}: {r['message']} (output_schema rule {r['validator']})"
+        )
     if problems:
         return Check(name, FAIL, "; ".join(problems))
     return Check(

@@ -39,7 +39,7 @@ from temporalio.exceptions import (
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from aiworker.schemas import safe_schema
+    from aiworker.schemas import messages, safe_schema
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.options import activity_options
     from aiworker.schemas.pipeline import StepResult
@@ -295,17 +295,10 @@ def check_external_response(worker: WorkerSpec, raw: RawValue) -> WorkerResponse
         # The safe validator: nothing fetched, patterns on RE2, formats checked as
         # the worker runtime checks a built-in's outputs; pure computation.
         validator = safe_schema.validator(worker.output_schema)
-        errors = sorted(
-            safe_schema.errors(validator, response.outputs),
-            key=lambda e: list(map(str, e.absolute_path)),
-        )
+        # In JSON terms, as the runtime reports a built-in's outputs.
         reasons = [
-            {
-                "path": json_path(e.absolute_path),
-                "message": e.message,
-                "validator": str(e.validator),
-            }
-            for e in errors[:100]
+            {k: r[k] for k in ("path", "message", "validator")}
+            for r in messages.reasons(safe_schema.errors(validator, response.outputs))
         ]
     except Exception as e:  # an unresolvable `$ref` in the spec's schema, say
         reasons = [{"path": "$", "message": f"the output schema cannot be applied: {e}"}]

@@ -41,7 +41,7 @@ run; the parts it runs each have a module and work on one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from temporalio import workflow
@@ -79,8 +79,19 @@ def _specs() -> Mapping[str, WorkerSpec]:
         return catalog.current_specs()
 
 
-def parse_spec(raw: Any, known_workers: set[str]) -> PipelineSpec:
-    """Parse and check a pipeline spec; raise ``invalid_input`` naming step and field."""
+# Runs started before the check of each step's input against its worker's
+# contract replay without it: a run it would refuse now ran its steps then.
+STEP_INPUTS_PATCH = "pipeline-check-step-inputs"
+
+
+def parse_spec(
+    raw: Any, known_workers: Collection[str] | Mapping[str, WorkerSpec | None]
+) -> PipelineSpec:
+    """Parse and check a pipeline spec; raise ``invalid_input`` naming step and field.
+
+    With the workers' specs (a mapping), each step's input is checked against
+    its worker's contract too (:mod:`~aiworker.schemas.step_inputs`).
+    """
     try:
         return parse_pipeline(raw, known_workers)
     except PipelineSpecError as e:
@@ -143,7 +154,8 @@ class PipelineWorkflow(PermitSignals):
         board = self._board
         specs = _specs()
         try:
-            spec = parse_spec(pipeline, set(specs))
+            checked = specs if workflow.patched(STEP_INPUTS_PATCH) else set(specs)
+            spec = parse_spec(pipeline, checked)
         except ApplicationError:
             board.set_status("failed")
             raise
@@ -151,7 +163,8 @@ class PipelineWorkflow(PermitSignals):
         try:
             planned = await run.limits.plan(spec)
             # The spec passed the hard ceilings at the start; now the process's caps.
-            if problems := cap_problems(spec, planned.caps):
+            if found := cap_problems(spec, planned.caps):
+                problems = [str(p) for p in found]
                 raise invalid_input("invalid pipeline: " + "; ".join(problems), problems)
             run.limits.hold_to_tenant(spec, run.ledger)
             slot = await run.limits.pipeline_slot(spec)

@@ -24,13 +24,13 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from aiworker.schemas import names
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.limits import ConcurrencyCall, Plan
     from aiworker.schemas.options import lease_seconds
     from aiworker.schemas.pipeline import PipelineSpec, Step
     from aiworker.schemas.refs import ReferenceError_, resolve
     from aiworker.schemas.spec import WorkerSpec
+    from aiworker.schemas.tenants import refused_workers
 
 from aiworker.workflows.budget import Deadline, Ledger
 from aiworker.workflows.calls import error_code_of, invalid_input
@@ -81,17 +81,7 @@ class PipelineLimits:
         policy = self.planned.tenant if self.planned is not None else None
         if policy is None:
             return
-        problems = []
-        for step in spec.steps:
-            uses = [("worker", step.worker), ("fallback", step.fallback)]
-            if step.validate_ is not None:
-                uses.append(("validate", names.VALIDATOR))
-            for field, worker in uses:
-                if worker is not None and not policy.may_use(worker):
-                    problems.append(
-                        f"step {step.id!r}: field {field!r}: tenant {spec.tenant!r} "
-                        f"may not call worker {worker!r}"
-                    )
+        problems = [str(p) for p in refused_workers(spec, policy)]
         if problems:
             raise invalid_input("; ".join(problems), problems)
         ledger.hold_to(policy.budget)

@@ -12,7 +12,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urljoin
 
-from aiworker.activities.tools.extraction_spec import FieldSpec
+from aiworker.schemas.extraction_spec import FieldSpec
 
 _DECIMAL_COMMA = frozenset(
     "de fr es it nl pt ru pl sv da fi nb nn no cs sk sl hr sr bg ro hu tr uk el id vi lt lv et "

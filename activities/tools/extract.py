@@ -26,12 +26,12 @@ from urllib.parse import urljoin
 from bs4 import BeautifulSoup, Tag
 
 from aiworker.activities.tools.convert import convert, parse_boolean
-from aiworker.activities.tools.extraction_spec import (
+from aiworker.schemas.caps import DEFAULT_MAX_JSON_DEPTH
+from aiworker.schemas.extraction_spec import (
     CompiledSpec,
     FieldSpec,
     compile_spec,
 )
-from aiworker.schemas.caps import DEFAULT_MAX_JSON_DEPTH
 from aiworker.schemas.patterns import first_group
 from aiworker.schemas.refs import ReferenceLimitError, json_depth
 

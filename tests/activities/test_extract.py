@@ -7,7 +7,7 @@ from fixtures.scrape_site import ARTICLE_HTML, CHANGED_HTML, listing_html
 
 from aiworker.activities.tools.convert import parse_datetime, parse_number
 from aiworker.activities.tools.extract import HtmlParser
-from aiworker.activities.tools.extraction_spec import SpecError, compile_spec
+from aiworker.schemas.extraction_spec import SpecError, compile_spec
 
 P = HtmlParser()
 BASE = "https://shop.example/list/page"

@@ -118,11 +118,12 @@ async def llm_stack(client: Client, settings: Settings, models: Models) -> Async
 
 
 async def run_step(
-    stack: Stack, input: dict[str, Any], **step: Any
+    stack: Stack, input: dict[str, Any], inputs: dict[str, Any] | None = None, **step: Any
 ) -> tuple[PipelineResult, WorkflowHandle[Any, Any]]:
     pipeline = {
         "name": "llm",
         "tenant": "acme",
+        "inputs": inputs or {},
         "steps": [{"id": "ask", "worker": "llm-call", "input": input, **step}],
         "output": {},
     }
@@ -335,7 +336,12 @@ async def test_permanent_provider_errors_are_not_retried(
         run_step(llm_stack, {"model": "unauthorized", "prompt": "a"}),
         run_step(llm_stack, {"model": "bad-request", "prompt": "a"}),
         run_step(llm_stack, {"model": "no-such-alias", "prompt": "a"}),
-        run_step(llm_stack, {"model": "echo", "prompt": "a", "response_schema": {"type": 5}}),
+        # Through a reference: a literal bad schema is refused before the run starts.
+        run_step(
+            llm_stack,
+            {"model": "echo", "prompt": "a", "response_schema": "${{ inputs.schema }}"},
+            inputs={"schema": {"type": 5}},
+        ),
     )
     codes = [(r.steps["ask"].error_code, r.steps["ask"].attempts) for r, _ in outcomes]
     assert codes == [

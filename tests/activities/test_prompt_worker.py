@@ -151,7 +151,7 @@ async def test_a_reply_that_misses_the_schema_is_invalid_output_and_feedback_rea
     assert info["field"] == "outputs.json"
     reasons = info["reasons"]
     assert [(r["path"], r["validator"]) for r in reasons] == [("$.category", "enum")]
-    assert "'outage' is not one of" in reasons[0]["message"]
+    assert '"outage" is not one of' in reasons[0]["message"]
     # the rejected reply was billed
     assert info["usage"]["output_tokens"] == 7 and info["usage"]["external_calls"] == 1
 
@@ -164,7 +164,7 @@ async def test_a_reply_that_misses_the_schema_is_invalid_output_and_feedback_rea
     assert second[:-1] == first  # the same conversation, then the feedback turn
     assert second[-1]["role"] == "user"
     assert "rejected" in second[-1]["content"]
-    assert "$.category" in second[-1]["content"] and "'outage'" in second[-1]["content"]
+    assert "$.category" in second[-1]["content"] and '"outage"' in second[-1]["content"]
 
 
 async def test_replies_that_are_not_the_object_asked_for_are_invalid_output(

@@ -85,7 +85,7 @@ def test_what_the_safe_validator_applies(schema: Any, value: Any, valid: bool) -
             {"items": {"$ref": "#/$defs/none"}},
             "$ref '#/$defs/none' resolves to nothing in this schema at /items",
         ),
-        ({"patternProperties": {"(?<=a)": {}}}, "patternProperties name '(?<=a)' is not supported"),
+        ({"patternProperties": {"(?<=a)": {}}}, 'patternProperties name "(?<=a)" is not supported'),
         ({"type": "wrong"}, "invalid JSON Schema at /type"),
     ],
 )

@@ -39,7 +39,7 @@ async def test_independent_steps_run_in_parallel_and_dependents_after(
     order: list[str] = []
 
     async def handler(req: dict[str, Any]) -> dict[str, Any]:
-        name = req["input"]["record"]["name"]
+        name = req["input"]["branches"]["name"]
         order.append(name)
         if name in ("a", "b"):
             arrived.add(name)
@@ -47,29 +47,35 @@ async def test_independent_steps_run_in_parallel_and_dependents_after(
                 both.set()
             # Only returns if the other branch is running at the same time.
             await asyncio.wait_for(both.wait(), 20)
-        return {"name": name, "seen": req["input"]["record"].get("seen")}
+        # Within the aggregator's output_schema (`result` is any JSON), which the
+        # spec check holds the references below to.
+        seen = req["input"]["branches"].get("seen")
+        return {"policy": "all", "result": {"name": name, "seen": seen}, "used": [], "failed": []}
+
+    def branches(**value: Any) -> dict[str, Any]:
+        return {"policy": "all", "branches": value}
 
     pipeline = {
         "name": "dag",
         "steps": [
-            _step("a", "publish", {"sink": {"file": "x"}, "record": {"name": "a"}}),
-            _step("b", "publish", {"sink": {"file": "x"}, "record": {"name": "b"}}),
+            _step("a", "aggregator", branches(name="a")),
+            _step("b", "aggregator", branches(name="b")),
             _step(
                 "c",
-                "publish",
-                {
-                    "sink": {"file": "x"},
-                    "record": {
-                        "name": "c",
-                        "seen": ["${{ steps.a.outputs.name }}", "${{ steps.b.outputs.name }}"],
-                    },
-                },
+                "aggregator",
+                branches(
+                    name="c",
+                    seen=[
+                        "${{ steps.a.outputs.result.name }}",
+                        "${{ steps.b.outputs.result.name }}",
+                    ],
+                ),
             ),
         ],
-        "output": {"c": "${{ steps.c.outputs.seen }}"},
+        "output": {"c": "${{ steps.c.outputs.result.seen }}"},
     }
     async with running_stack(
-        client, settings, replace_activities={"publish": standin("publish", handler)}
+        client, settings, replace_activities={"aggregator": standin("aggregator", handler)}
     ) as stack:
         result = await (await stack.start(pipeline)).result()
     assert result.status == "succeeded"

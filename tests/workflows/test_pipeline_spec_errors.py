@@ -111,10 +111,52 @@ async def test_invalid_pipeline_fails_once_with_invalid_input(
 async def test_input_failing_worker_schema_is_invalid_input_after_one_attempt(
     stack: Stack,
 ) -> None:
-    pipeline = {"name": "p", "steps": [{"id": "a", "worker": "validator", "input": {"data": 1}}]}
+    """An input that fails its worker's schema only once its reference resolves: the
+    worker refuses it, in JSON terms, after one attempt."""
+    pipeline = {
+        "name": "p",
+        "inputs": {"schema": None},
+        "steps": [
+            {
+                "id": "a",
+                "worker": "validator",
+                "input": {"data": 1, "schema": "${{ inputs.schema }}"},
+            }
+        ],
+    }
     result = await (await stack.start(pipeline)).result()
     step = result.steps["a"]
     assert result.status == "failed"
     assert step.error_code == "invalid_input"
     assert step.attempts == 1
-    assert "'schema' is a required property" in (step.error_message or "")
+    assert "input $.schema: null is not of type object or boolean" in (step.error_message or "")
+
+
+async def test_a_misspelled_extraction_key_started_straight_through_temporal_runs_nothing(
+    stack: Stack,
+) -> None:
+    """No CLI and no client check: the workflow's own check at start refuses ``selectr``
+    (and a missing input) as ``invalid_input``, naming step, field and JSON path."""
+    pipeline = {
+        "name": "p",
+        "inputs": {"site": "http://127.0.0.1:9/"},
+        "steps": [
+            {
+                "id": "scrape",
+                "worker": "web-scrape",
+                "input": {
+                    "url": "${{ inputs.sitee }}",
+                    "extraction_spec": {"fields": {"price": {"selectr": ".price"}}},
+                },
+            }
+        ],
+    }
+    err, h = await fail(stack, pipeline)
+    assert err.type == "invalid_input" and err.non_retryable
+    assert (
+        "step 'scrape': field 'input.extraction_spec.fields.price.selectr': unknown key "
+        "(did you mean 'selector'?)" in err.message
+    )
+    assert "step 'scrape': field 'input.url': inputs.sitee: inputs has no 'sitee'" in err.message
+    assert await history.workflow_task_failures(h) == 0
+    assert await history.count(h, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED) == 0

@@ -138,7 +138,7 @@ async def test_a_reply_that_misses_the_schema_is_retried_with_the_reasons_and_pa
     assert second.body["messages"][:-1] == first.body["messages"]
     feedback = second.body["messages"][-1]
     assert feedback["role"] == "user" and "rejected" in feedback["content"]
-    assert "$.priority" in feedback["content"] and "'asap' is not one of" in feedback["content"]
+    assert "$.priority" in feedback["content"] and '"asap" is not one of' in feedback["content"]
     # both replies were billed: the rejected one's tokens count too
     assert step.usage.output_tokens == 14 and step.usage.external_calls == 2
     assert result.usage.output_tokens == 14
@@ -215,7 +215,7 @@ async def test_a_reply_the_steps_validator_rejects_is_retried_with_its_reasons(
     first, second = prompts.sent()
     assert second.body["messages"][:-1] == first.body["messages"]
     assert "$.priority" in second.body["messages"][-1]["content"]
-    assert "'low' is not one of ['high', 'urgent']" in second.body["messages"][-1]["content"]
+    assert '"low" is not one of ["high","urgent"]' in second.body["messages"][-1]["content"]
 
 
 async def test_retries_budget_and_a_bad_alias_follow_the_prompt_workers_spec(

@@ -189,17 +189,26 @@ async def test_catastrophic_patterns_finish_and_refused_ones_are_invalid_input(
     assert result.steps["f"].outputs is not None and result.steps["f"].outputs["valid"] is False
     assert result.steps["iri"].outputs == {"valid": True, "errors": []}
 
-    # patterns RE2 refuses: the validator worker says so, once
+    # patterns RE2 refuses: written out, the spec check refuses them before the run;
+    # through a reference, the validator worker says so, once
+    bad = {"backref": {"pattern": "(a)\\1"}, "lookahead": {"patternProperties": {"(?=a)": {}}}}
+    message = await _refused(
+        stack,
+        {
+            "name": "re2",
+            "steps": [{**_validator_step(schema), "id": sid} for sid, schema in bad.items()],
+        },
+    )
+    assert "step 'backref': field 'input.schema': pattern" in message
+    assert "step 'lookahead': field 'input.schema': patternProperties name" in message
     refused = await _finished(
         stack,
         {
             "name": "re2",
+            "inputs": bad,
             "steps": [
-                {**_validator_step(schema), "id": sid, "on_failure": "continue"}
-                for sid, schema in (
-                    ("backref", {"pattern": "(a)\\1"}),
-                    ("lookahead", {"patternProperties": {"(?=a)": {}}}),
-                )
+                {**_validator_step(f"${{{{ inputs.{sid} }}}}"), "id": sid, "on_failure": "continue"}
+                for sid in bad
             ],
         },
     )

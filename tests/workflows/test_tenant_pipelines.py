@@ -64,6 +64,8 @@ async def _limiter_answers(stack: Stack, handle: Any) -> list[Any]:
         if e.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
             continue
         details = e.marker_recorded_event_attributes.details
+        if not details["data"].payloads:
+            continue  # a patch marker (workflow.patched), not a local activity
         data = json.loads(details["data"].payloads[0].data)
         if data.get("activity_type") == "limiter-acquire":
             out.append((await stack.client.data_converter.decode(details["result"].payloads))[0])

@@ -4,16 +4,22 @@ A spec is compiled once (:func:`compile_spec`: selectors, regexes, types and
 locales checked; a ``regex`` runs on RE2, in linear time), so a bad spec is
 ``invalid_input`` before any fetch, and
 reused across pages by :class:`~aiworker.activities.tools.extract.HtmlParser`.
+
+It lives in ``schemas/`` so that the pipeline check compiles a step's selectors
+before anything runs, at workflow start too (soupsieve is pure Python and
+keeps no state between compiles; the sandbox passes it through).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import soupsieve
 
+from aiworker.schemas.messages import suggest, with_suggestion
 from aiworker.schemas.patterns import PatternError, compile_pattern
 
 TYPES = frozenset({"string", "integer", "number", "boolean", "date", "datetime", "url"})
@@ -65,9 +71,7 @@ def compile_spec(spec: Any, path: str = "extraction_spec") -> CompiledSpec:
     """Check and compile an extraction spec; ``SpecError`` names the bad field."""
     if not isinstance(spec, dict):
         raise SpecError(path, "must be an object")
-    unknown = set(spec) - {"fields", "metadata"}
-    if unknown:
-        raise SpecError(path, f"unknown keys {sorted(unknown)}")
+    _refuse_unknown(spec, {"fields", "metadata"}, path)
     fields = spec.get("fields", {})
     metadata = spec.get("metadata", False)
     if not isinstance(metadata, bool):
@@ -77,6 +81,25 @@ def compile_spec(spec: Any, path: str = "extraction_spec") -> CompiledSpec:
     if metadata and isinstance(fields, dict) and "metadata" in fields:
         raise SpecError(f"{path}.fields.metadata", "is reserved for metadata: true")
     return CompiledSpec(fields=_compile_fields(fields, f"{path}.fields"), metadata=metadata)
+
+
+def _refuse_unknown(spec: dict[str, Any], known: frozenset[str] | set[str], path: str) -> None:
+    for key in spec:
+        if key not in known:
+            message = with_suggestion("unknown key", suggest(str(key), known))
+            raise SpecError(f"{path}.{key}", message)
+
+
+def compile_selector(selector: Any, path: str = "selector") -> Any:
+    """A CSS selector compiled by soupsieve (the engine extraction runs on);
+    ``SpecError`` at ``path`` when it is empty or invalid."""
+    if not isinstance(selector, str) or not selector.strip():
+        raise SpecError(path, "must be a non-empty CSS selector")
+    try:
+        return soupsieve.compile(selector)
+    except Exception as e:  # soupsieve raises SelectorSyntaxError and others
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SpecError(path, f"invalid CSS selector {json.dumps(selector)}: {first}") from None
 
 
 def _compile_fields(fields: Any, path: str) -> tuple[FieldSpec, ...]:
@@ -92,18 +115,11 @@ def _compile_field(name: str, f: Any, path: str) -> FieldSpec:
         f = {"selector": f}
     if not isinstance(f, dict):
         raise SpecError(path, "must be an object or a selector string")
-    unknown = set(f) - _FIELD_KEYS
-    if unknown:
-        raise SpecError(path, f"unknown keys {sorted(unknown)}")
+    _refuse_unknown(f, _FIELD_KEYS, path)
     selector = f.get("selector")
     compiled = None
     if selector is not None:
-        if not isinstance(selector, str) or not selector.strip():
-            raise SpecError(f"{path}.selector", "must be a non-empty CSS selector")
-        try:
-            compiled = soupsieve.compile(selector)
-        except Exception as e:  # soupsieve raises SelectorSyntaxError and others
-            raise SpecError(f"{path}.selector", f"invalid CSS selector {selector!r}: {e}") from None
+        compiled = compile_selector(selector, f"{path}.selector")
     ftype = f.get("type", "string")
     if ftype not in TYPES:
         raise SpecError(f"{path}.type", f"{ftype!r} is not one of {sorted(TYPES)}")

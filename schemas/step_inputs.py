@@ -1,0 +1,292 @@
+"""Each step's literal input against its worker's contract, before anything runs.
+
+The part of the pipeline check that needs the workers' specs (and nothing
+from the process's settings), run by :func:`~aiworker.schemas.pipeline_check.
+parse_pipeline` in the CLI, the Python client and at workflow start:
+
+- **Inputs against ``input_schema``** (the step's worker, and its ``fallback``
+  worker). A ``${{ ... }}`` reference stands for a value not known yet, so the
+  input is validated as written and every error a reference could make go away
+  is dropped: any error on a whole-string reference (it may become any JSON
+  value), any but a ``type`` error on an interpolated string (it is a string,
+  of unknown content), and errors that compare a value holding references as a
+  whole (``enum``, ``const``, ``not``, ...). An ``anyOf``/``oneOf`` fails only
+  when every branch keeps an error, and is reported at its most relevant
+  branch (:func:`~aiworker.schemas.messages.issues`), so ``selectr`` inside an
+  extraction field is named, with ``selector`` as a suggestion.
+- **References**: ``inputs.<path>`` must exist in the pipeline's ``inputs``;
+  ``steps.<id>.outputs.<path>`` must be a place the worker's ``output_schema``
+  allows; checked only where the schema forbids other keys, so a reference
+  is refused only when it cannot resolve.
+- **What workers compile**: a web-scrape step's CSS selectors and ``regex``
+  fields (the worker's own compile step,
+  :mod:`~aiworker.schemas.extraction_spec`), and literal JSON Schemas given to
+  a validator (``schema``) or llm-call (``response_schema``), checked as
+  :mod:`~aiworker.schemas.safe_schema` applies them.
+
+Pure and deterministic: it runs inside the workflow sandbox.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from jsonschema.exceptions import SchemaError, _Error
+
+from aiworker.schemas import names, safe_schema
+from aiworker.schemas.extraction_spec import SpecError, compile_selector, compile_spec
+from aiworker.schemas.messages import issues, json_path, suggest
+from aiworker.schemas.patterns import PatternError, compile_pattern
+from aiworker.schemas.pipeline import PipelineSpec, Step
+from aiworker.schemas.problems import Problem
+from aiworker.schemas.refs import Ref, ReferenceError_, find_refs, parse_template
+from aiworker.schemas.spec import WorkerSpec
+
+# The input field in which a built-in worker takes a JSON Schema to apply.
+SCHEMA_INPUTS = {names.VALIDATOR: "schema", names.LLM_CALL: "response_schema"}
+# Keywords that judge a value as a whole: a reference anywhere inside it may change the verdict.
+_WHOLE_VALUE = frozenset(
+    {"enum", "const", "not", "contains", "uniqueItems", "unevaluatedProperties", "unevaluatedItems"}
+)
+
+Path = tuple[str | int, ...]
+
+
+def _refs_in(value: Any) -> list[Ref] | None:
+    """The references in ``value``; None when one is malformed (reported elsewhere)."""
+    try:
+        return find_refs(value)
+    except ReferenceError_:
+        return None
+
+
+def _may_vary(value: Any) -> bool:
+    refs = _refs_in(value)
+    return refs is None or bool(refs)
+
+
+def _keep(error: _Error) -> bool:
+    """Whether ``error`` holds whatever the references in the input resolve to."""
+    instance = error.instance
+    if isinstance(instance, str) and "${{" in instance:
+        try:
+            parts = parse_template(instance)
+        except ReferenceError_:
+            return False
+        if any(isinstance(p, Ref) for p in parts):
+            # A whole reference may become any value; an interpolated one is a string.
+            return len(parts) > 1 and error.validator == "type"
+    if error.validator in ("anyOf", "oneOf"):
+        if not error.context:  # oneOf: valid under several branches as written
+            return not _may_vary(instance)
+        failing: dict[Any, bool] = {}
+        for sub in error.context:
+            branch = sub.relative_schema_path[0] if sub.relative_schema_path else None
+            failing[branch] = failing.get(branch, False) or _keep(sub)
+        return all(failing.values())
+    if error.validator in _WHOLE_VALUE or {"then", "else"} & set(error.relative_schema_path):
+        return not _may_vary(instance)
+    return True
+
+
+def _input_problems(step: Step, i: int, field: str, value: Any, spec: WorkerSpec) -> list[Problem]:
+    try:
+        validator = safe_schema.cached_validator(spec.input_schema)
+        errors = safe_schema.errors(validator, value)
+    except SchemaError:
+        return []  # the worker's own schema: the worker reports it when called
+    whose = "" if field == "input" and spec.worker_id == step.worker else f"{spec.worker_id}: "
+    out = []
+    for e in errors:
+        if not _keep(e):
+            continue
+        for issue in issues(e, _keep):
+            at = json_path(issue.path, field)
+            out.append(Problem(step.id, at, whose + issue.message, issue.suggestion, i))
+    return out
+
+
+def _fields_of(spec: Any) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Every field object of an extraction spec, with its path (iterative)."""
+    stack: list[tuple[Path, Any]] = [(("fields",), spec.get("fields"))]
+    while stack:
+        path, fields = stack.pop()
+        if not isinstance(fields, dict):
+            continue
+        for name, f in fields.items():
+            if isinstance(f, str):
+                f = {"selector": f}
+            if isinstance(f, dict):
+                yield (*path, name), f
+                stack.append(((*path, name, "fields"), f.get("fields")))
+
+
+def _extraction_problems(step: Step, i: int, field: str, value: Any) -> list[Problem]:
+    """A web-scrape input's selectors and regexes, compiled as the worker compiles them
+    (each one that is written out), then the whole spec when it holds no reference."""
+    spec = value.get("extraction_spec") if isinstance(value, dict) else None
+    if not isinstance(spec, dict):
+        return []
+    out = []
+    for path, f in _fields_of(spec):
+        at = json_path(("extraction_spec", *path), field)
+        selector, regex = f.get("selector"), f.get("regex")
+        if isinstance(selector, str) and not _may_vary(selector):
+            try:
+                compile_selector(selector)
+            except SpecError as e:
+                out.append(Problem(step.id, f"{at}.selector", e.message, index=i))
+        if isinstance(regex, str) and not _may_vary(regex):
+            try:
+                compile_pattern(regex)
+            except PatternError as e:
+                out.append(Problem(step.id, f"{at}.regex", str(e), index=i))
+    if not out and not _may_vary(spec):
+        try:
+            compile_spec(spec)
+        except SpecError as e:
+            return [Problem(step.id, f"{field}.{e.path}", e.message, index=i)]
+    return out
+
+
+def _schema_problems(step: Step, i: int, field: str, worker: str, value: Any) -> list[Problem]:
+    """A literal JSON Schema given to a validator or llm-call, checked in full."""
+    key = SCHEMA_INPUTS.get(worker)
+    if key is None or not isinstance(value, dict) or key not in value or _may_vary(value[key]):
+        return []
+    try:
+        safe_schema.check(value[key])
+    except SchemaError as e:
+        return [Problem(step.id, f"{field}.{key}", safe_schema.problem(e), index=i)]
+    return []
+
+
+def _located_refs(value: Any, root: str) -> Iterator[tuple[str, Ref]]:
+    """Every reference in ``value`` with its place (``input.url``); the caps were
+    checked before, so the walk is bounded."""
+    stack: list[tuple[Any, Path]] = [(value, ())]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, str):
+            try:
+                parts = parse_template(v)
+            except ReferenceError_:
+                continue
+            for p in parts:
+                if isinstance(p, Ref):
+                    yield json_path(path, root), p
+        elif isinstance(v, dict):
+            stack.extend((c, (*path, k)) for k, c in v.items())
+        elif isinstance(v, list):
+            stack.extend((c, (*path, n)) for n, c in enumerate(v))
+
+
+def _missing_input(ref: Ref, inputs: Any) -> tuple[str, str | None] | None:
+    """Why ``inputs.<path>`` cannot resolve (and a close key), or None when it can;
+    ``inputs`` are never resolved themselves, so this is what a run will find."""
+    cur, walked = inputs, "inputs"
+    for seg in ref.path:
+        if isinstance(cur, dict):
+            if str(seg) not in cur:
+                return f"{walked} has no {str(seg)!r}", suggest(str(seg), cur)
+            cur = cur[str(seg)]
+        elif isinstance(cur, list) and isinstance(seg, int):
+            if not -len(cur) <= seg < len(cur):
+                return f"{walked} has no item {seg} (it has {len(cur)})", None
+            cur = cur[seg]
+        else:
+            return f"{walked} has no {str(seg)!r}", None
+        walked = f"{walked}.{seg}"
+    return None
+
+
+def _missing_output(ref: Ref, schema: Any, worker: str) -> tuple[str, str | None] | None:
+    """Why ``steps.<id>.outputs.<path>`` cannot exist under ``schema`` (and a close
+    key), or None when it may; only a schema that forbids other keys refuses."""
+    walked = "outputs"
+    for seg in ref.path[2:]:
+        if not isinstance(schema, dict) or set(schema) & {"$ref", "anyOf", "oneOf", "allOf", "if"}:
+            return None
+        props = schema.get("properties") or {}
+        if isinstance(seg, str) and seg in props:
+            schema = props[seg]
+        elif isinstance(seg, int) and schema.get("type") == "array":
+            schema = schema.get("items", {})
+        elif schema.get("additionalProperties") is False and not schema.get("patternProperties"):
+            known = [str(k) for k in props]
+            why = f"the output_schema of worker {worker!r} has no {walked}.{seg}"
+            return why, suggest(str(seg), known)
+        else:
+            return None
+        walked = f"{walked}.{seg}"
+    return None
+
+
+def _ref_problems(
+    spec: PipelineSpec,
+    workers: Mapping[str, WorkerSpec | None],
+    where: tuple[str | None, int | None],
+    field: str,
+    value: Any,
+) -> list[Problem]:
+    step_id, i = where
+    steps = {s.id: s for s in spec.steps}
+    out = []
+    for at, ref in _located_refs(value, field):
+        why: tuple[str, str | None] | None = None
+        if ref.root == "inputs":
+            why = _missing_input(ref, spec.inputs)
+        elif ref.step_id in steps and len(ref.path) > 2 and ref.path[1] == "outputs":
+            target = steps[ref.step_id]
+            worker = workers.get(target.worker)
+            if target.for_each is None and target.fallback is None and worker is not None:
+                why = _missing_output(ref, worker.output_schema, worker.worker_id)
+        if why is not None:
+            out.append(Problem(step_id, at, f"{ref.text}: {why[0]}", why[1], i))
+    return out
+
+
+def _referring_fields(step: Step) -> list[tuple[str, Any]]:
+    fields: list[tuple[str, Any]] = [("input", step.input)]
+    for name, value in (
+        ("fallback_input", step.fallback_input),
+        ("when", step.when),
+        ("for_each", step.for_each),
+        ("concurrency.key", step.concurrency.key if step.concurrency else None),
+    ):
+        if value is not None:
+            fields.append((name, value))
+    return fields
+
+
+def step_problems(spec: PipelineSpec, workers: Mapping[str, WorkerSpec | None]) -> list[Problem]:
+    """Every problem of the steps' inputs and references under the workers' specs
+    (a worker without a spec, or unknown, is checked by name only, elsewhere)."""
+    out: list[Problem] = []
+    for i, step in enumerate(spec.steps):
+        calls = [("input", step.worker, step.input)]
+        if step.fallback is not None:
+            fb_input = step.fallback_input if step.fallback_input is not None else step.input
+            field = "fallback_input" if step.fallback_input is not None else "input"
+            calls.append((field, step.fallback, fb_input))
+        for field, worker_id, value in calls:
+            worker = workers.get(worker_id)
+            if worker is None:
+                continue
+            found = _input_problems(step, i, field, value, worker)
+            if not found and worker_id == names.WEB_SCRAPE:
+                found = _extraction_problems(step, i, field, value)
+            if not found:
+                found = _schema_problems(step, i, field, worker_id, value)
+            out.extend(p for p in found if p not in out)
+        for field, value in _referring_fields(step):
+            out.extend(_ref_problems(spec, workers, (step.id, i), field, value))
+    out.extend(_ref_problems(spec, workers, (None, None), "output", spec.output))
+    if spec.concurrency is not None:
+        key = spec.concurrency.key
+        out.extend(_ref_problems(spec, workers, (None, None), "concurrency.key", key))
+    return out
+
+
+__all__ = ["SCHEMA_INPUTS", "step_problems"]
