@@ -2,6 +2,10 @@
 
 Checking a spec as a whole (unknown worker, cycle, dangling reference) lives
 in :mod:`aiworker.schemas.pipeline_check`.
+
+Long on purpose: every field carries its ``description``, from which
+``docs/reference/`` is generated, so the user-facing contract and its
+documentation stay one text in one place.
 """
 
 from __future__ import annotations

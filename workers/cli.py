@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import sys
 import traceback
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from aiworker.workers.cli_common import (
     EXIT_FAILED,
@@ -373,7 +372,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_main() -> None:
-    """The console script: :func:`main`, then :func:`exit_process` with its code."""
+    """The console script: :func:`main`, then
+    :func:`~aiworker.workers.cli_errors.exit_process` with its code."""
+    from aiworker.workers.cli_errors import exit_process
+
     try:
         code = main()
     except SystemExit as e:
@@ -381,22 +383,6 @@ def run_main() -> None:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)
     exit_process(code)
-
-
-def exit_process(code: int) -> NoReturn:
-    """Flush logs and stdio, then exit without interpreter finalization.
-
-    Temporal Core's Rust threads can still call into Python while the
-    interpreter finalizes, which aborts a process that has finished its work
-    now and then (``Fatal Python error: PyGILState_Release``, exit -6,
-    temporalio/sdk-python#300), a drained worker pod included. Any process
-    that used a Temporal client ends here; nothing else is left to clean up.
-    """
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

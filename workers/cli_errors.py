@@ -6,12 +6,17 @@ ended, a refused Update or query, an unreachable frontend, a refused request)
 and aiworker's own start-up and redrive errors become one sentence a person
 reads, with an exit code of :mod:`aiworker.workers.cli_common`. Anything else
 is a bug: one line too, saying so; ``aiworker --debug`` prints the traceback.
+:func:`exit_process` is how every process that used a Temporal client ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 from temporalio.client import (
     RPCTimeoutOrCancelledError,
@@ -111,3 +116,19 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
         "run `aiworker --debug ...` for the traceback",
         EXIT_FAILED,
     )
+
+
+def exit_process(code: int) -> NoReturn:
+    """Flush logs and stdio, then exit without interpreter finalization.
+
+    Temporal Core's Rust threads can still call into Python while the
+    interpreter finalizes, which aborts a process that has finished its work
+    now and then (``Fatal Python error: PyGILState_Release``, exit -6,
+    temporalio/sdk-python#300), a drained worker pod included. Any process
+    that used a Temporal client ends here; nothing else is left to clean up.
+    """
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

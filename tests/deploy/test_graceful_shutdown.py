@@ -46,7 +46,7 @@ WORKER_SCRIPT = textwrap.dedent(
     from aiworker.activities.metrics import WorkerMetrics
     from aiworker.schemas import names
     from aiworker.schemas.settings import Settings
-    from aiworker.workers.cli import exit_process
+    from aiworker.workers.cli_errors import exit_process
     from aiworker.workers.temporal_client import connect
     from aiworker.workers.worker import (
         build_runtime, build_workers, install_signal_handlers, run_until_stopped,

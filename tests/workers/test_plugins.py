@@ -430,7 +430,7 @@ TICKET_SCRIPT = textwrap.dedent(
     asyncio.run(main())
     # The SDK's core threads can abort the interpreter at exit (sdk-python#300),
     # after the result is printed; exit as aiworker's own processes do.
-    from aiworker.workers.cli import exit_process
+    from aiworker.workers.cli_errors import exit_process
 
     exit_process(0)
     """
