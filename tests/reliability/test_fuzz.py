@@ -216,9 +216,18 @@ async def test_fuzzed_validator_inputs_never_fail_as_a_bug(stack: Stack) -> None
         *(
             outcome(
                 stack,
+                # Through references, so that the worker itself sees every input:
+                # written literally, the pipeline check refuses the bad ones at start.
                 {
                     "name": "fuzz-validator",
-                    "steps": [{"id": "v", "worker": names.VALIDATOR, "input": c}],
+                    "inputs": c,
+                    "steps": [
+                        {
+                            "id": "v",
+                            "worker": names.VALIDATOR,
+                            "input": {k: f"${{{{ inputs.{k} }}}}" for k in c},
+                        }
+                    ],
                 },
             )
             for c in cases
@@ -231,15 +240,21 @@ async def test_fuzzed_validator_inputs_never_fail_as_a_bug(stack: Stack) -> None
         code = step.error_code if step is not None else None
         codes.add(code)
         # A worker input is either validated (valid true/false), rejected as
-        # invalid_input, or (as a gate) validation_failed; never internal.
-        ok = (
-            task_failures == 0
-            and step is not None
-            and (
-                (step.status == "succeeded" and isinstance((step.outputs or {}).get("valid"), bool))
-                or (step.status == "failed" and code in ("invalid_input", "validation_failed"))
-            )
+        # invalid_input, or (as a gate) validation_failed; never internal. A key
+        # the validator does not take is a name, not a value, so the pipeline
+        # check refuses it at start (the workflow fails invalid_input, no step).
+        refused_at_start = status == "invalid_input" and "unexpected" in raw
+        validated = (
+            step is not None
+            and step.status == "succeeded"
+            and isinstance((step.outputs or {}).get("valid"), bool)
         )
+        refused = (
+            step is not None
+            and step.status == "failed"
+            and code in ("invalid_input", "validation_failed")
+        )
+        ok = task_failures == 0 and (refused_at_start or validated or refused)
         if not ok:
             problems.append(f"{status} / {code}: {show(raw)}")
     assert not problems, "\n".join(problems)

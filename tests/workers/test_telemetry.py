@@ -321,7 +321,10 @@ async def test_aiworker_redrive_roots_the_new_runs_trace(
 ) -> None:
     """``redrive`` (like ``review``) starts its work under a span of its own."""
     failing = one_step_pipeline("redriven")
-    failing["steps"][0]["input"] = {"data": 1}  # no schema: invalid_input, the run fails
+    # A schema that is not one, through a reference (a literal one is refused at
+    # start): the worker answers invalid_input and the run fails.
+    failing["inputs"]["bad"] = 5
+    failing["steps"][0]["input"] = {"data": 1, "schema": "${{ inputs.bad }}"}
     monkeypatch.setenv("AIWORKER_TASK_QUEUE_SUFFIX", settings.task_queue_suffix)
     SPANS.clear()
     with cli_logging_restored():

@@ -105,7 +105,10 @@ async def test_a_failed_fallback_keeps_the_primary_cause(
     error = result.error
     assert error is not None and (error.code, error.step) == ("validation_failed", "ask")
     # one line naming both: the fallback's failure and the primary's before it
-    assert "fallback 'publish' failed: its output failed validation: $: 'answer'" in error.message
+    assert (
+        "fallback 'publish' failed: its output failed validation: "
+        "$: missing required key 'answer'" in error.message
+    )
     assert "before it, 'aggregator' failed: invalid_input: unknown model alias 'gpt5'" in (
         error.message
     )
