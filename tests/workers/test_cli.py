@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import Stack
+from support.pipelines import one_step_pipeline
 from support.waiting import wait_until
 from temporalio.client import Client
 
@@ -23,19 +24,7 @@ from aiworker.workers.devserver import free_port, temporal_cli_path
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 
-PIPELINE = {
-    "name": "cli-check",
-    "tenant": "acme",
-    "inputs": {"doc": {"title": "t"}},
-    "steps": [
-        {
-            "id": "check",
-            "worker": "validator",
-            "input": {"data": "${{ inputs.doc }}", "schema": {"required": ["title"]}},
-        }
-    ],
-    "output": {"valid": "${{ steps.check.outputs.valid }}"},
-}
+PIPELINE = one_step_pipeline("cli-check")
 
 
 def address(client: Client) -> str:

@@ -11,20 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from support.pipelines import one_step_pipeline
+
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 
-VALID = {
-    "name": "ok",
-    "inputs": {"doc": {"title": "t"}},
-    "steps": [
-        {
-            "id": "check",
-            "worker": "validator",
-            "input": {"data": "${{ inputs.doc }}", "schema": {"required": ["title"]}},
-        }
-    ],
-    "output": {"valid": "${{ steps.check.outputs.valid }}"},
-}
+VALID = one_step_pipeline("ok")
 
 BROKEN = {
     "name": "broken",
