@@ -156,7 +156,9 @@ def _schema_problems(step: Step, i: int, field: str, worker: str, value: Any) ->
     if key is None or not isinstance(value, dict) or key not in value or _may_vary(value[key]):
         return []
     try:
-        safe_schema.check(value[key])
+        # cached by the schema's text: pipelines start with the same schemas again
+        # and again, and a full metaschema check costs far more than the lookup
+        safe_schema.cached_validator(value[key])
     except SchemaError as e:
         return [Problem(step.id, f"{field}.{key}", safe_schema.problem(e), index=i)]
     return []

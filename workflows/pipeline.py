@@ -81,7 +81,21 @@ def _specs() -> Mapping[str, WorkerSpec]:
 
 # Runs started before the check of each step's input against its worker's
 # contract replay without it: a run it would refuse now ran its steps then.
+# The patch is asked only when that check refuses what the older one passed,
+# so a valid pipeline records no marker event.
 STEP_INPUTS_PATCH = "pipeline-check-step-inputs"
+
+
+def _checked_spec(raw: Any, specs: Mapping[str, WorkerSpec]) -> PipelineSpec:
+    """:func:`parse_spec` with the workers' contracts; a run that started before
+    that check existed (no patch marker) keeps the older check's answer."""
+    try:
+        return parse_spec(raw, specs)
+    except ApplicationError:
+        older = parse_spec(raw, set(specs))  # raises when the older check refused too
+        if workflow.patched(STEP_INPUTS_PATCH):
+            raise
+        return older
 
 
 def parse_spec(
@@ -154,8 +168,7 @@ class PipelineWorkflow(PermitSignals):
         board = self._board
         specs = _specs()
         try:
-            checked = specs if workflow.patched(STEP_INPUTS_PATCH) else set(specs)
-            spec = parse_spec(pipeline, checked)
+            spec = _checked_spec(pipeline, specs)
         except ApplicationError:
             board.set_status("failed")
             raise
