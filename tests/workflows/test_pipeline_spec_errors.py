@@ -10,6 +10,10 @@ from conftest import Stack
 from support import history
 from support.pipelines import refused as fail
 from temporalio.api.enums.v1 import EventType
+from temporalio.worker import Replayer
+
+from aiworker.workers.temporal_client import data_converter
+from aiworker.workflows.pipeline import PipelineWorkflow
 
 V = {"data": 1, "schema": {}}
 
@@ -160,3 +164,10 @@ async def test_a_misspelled_extraction_key_started_straight_through_temporal_run
     assert "step 'scrape': field 'input.url': inputs.sitee: inputs has no 'sitee'" in err.message
     assert await history.workflow_task_failures(h) == 0
     assert await history.count(h, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED) == 0
+    # The refusal is new with the step-input check, so the run records its patch
+    # marker, and its history replays to the same refusal.
+    assert await history.count(h, EventType.EVENT_TYPE_MARKER_RECORDED) == 1
+    replayed = await Replayer(
+        workflows=[PipelineWorkflow], data_converter=data_converter(None)
+    ).replay_workflow(await h.fetch_history())
+    assert replayed.replay_failure is None
