@@ -1,6 +1,6 @@
 """The worker runtime: one wrapper runs every AI worker.
 
-Order, as in DESIGN's diagram, and as :meth:`WorkerRuntime.run` reads::
+Order, as in ARCHITECTURE.md's path of a request, and as :meth:`WorkerRuntime.run` reads::
 
     request -> validate input -> enforce constraints -> execute
             -> validate output -> response
@@ -271,7 +271,7 @@ class WorkerRuntime:
     async def run(self, worker: Executes, raw: Any) -> WorkerResponse:
         """Run one attempt of ``worker`` on the request ``raw``; raise ``ApplicationError``.
 
-        The steps of DESIGN's diagram, in order: parse the request, validate
+        The steps of the runtime, in order: parse the request, validate
         input, enforce constraints, execute, validate output, respond. Every
         failure leaves as an ``ApplicationError`` whose type is a stable error
         code and whose ``ErrorInfo`` carries the call's usage so far; what the

@@ -1,7 +1,7 @@
 """Stable error codes of the worker protocol.
 
 Codes are added, never renamed: workflows, alerts and dashboards route on
-them. ``RETRYABLE`` says which are retried (README, "Error codes"); every activity retry policy
+them. ``RETRYABLE`` says which are retried (docs/reference/errors.md, generated from this module); every activity retry policy
 derives its ``non_retryable_error_types`` from it (see ``schemas.options``).
 """
 

@@ -54,7 +54,7 @@ class RateLimitRule(BaseModel):
 
 
 class Settings(BaseModel):
-    """Process-wide settings (see the README for every variable)."""
+    """Process-wide settings (every variable in docs/reference/settings.md, generated from this class)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -112,7 +112,7 @@ async def running_stack(
     """Workers for every queue (or ``queues``), optionally with stand-in activities.
 
     ``replace_activities`` maps a worker id to a same-name activity that stands
-    in for it (STYLE.md: workflow tests may do this; workers themselves are
+    in for it (workflow tests may do this; workers themselves are
     tested against real servers). ``workers`` serves a set with plugins or
     spec files (see :func:`installed_workers`); the built-ins otherwise.
     """

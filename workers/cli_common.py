@@ -1,7 +1,7 @@
 """What the ``aiworker`` commands share: exit codes, the one-line error, settings,
 logs, a command's root span and reading and checking a pipeline file.
 
-Exit codes are part of the command line's contract (DESIGN): 0 done (a
+Exit codes are part of the command line's contract (docs/cli.md): 0 done (a
 pipeline that succeeded), 1 failed (a pipeline that did not succeed, Temporal
 unreachable, a refused review, an unexpected error), 2 bad usage (a bad file,
 flag, setting or plugin, a pipeline that cannot be redriven), 3 not found (no

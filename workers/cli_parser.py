@@ -1,6 +1,6 @@
 """The ``aiworker`` command line's grammar: commands, arguments and flags.
 
-Names, flags and defaults are a user-facing contract (DESIGN); the commands
+Names, flags and defaults are a user-facing contract (docs/cli.md); the commands
 themselves live in :mod:`aiworker.workers.cli`, one function each.
 """
 
@@ -48,7 +48,7 @@ DEBUG_HELP = "print the traceback of a failure (each failure is one line otherwi
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``aiworker`` command line: its commands and flags (fixed by DESIGN)."""
+    """The ``aiworker`` command line: its commands and flags (a contract: docs/cli.md)."""
     p = Parser(prog="aiworker", description="Durable AI workers on Temporal.")
     p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = p.add_subparsers(dest="command", required=True)

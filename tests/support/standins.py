@@ -1,6 +1,6 @@
 """Same-name stand-ins that tests register in place of a worker.
 
-STYLE.md lets workflow tests register a same-name activity in place of a
+Workflow tests may register a same-name activity in place of a
 worker. Two kinds live here:
 
 - :func:`standin`: an activity that answers with whatever a test's handler
