@@ -1,8 +1,9 @@
 """Stable error codes of the worker protocol.
 
 Codes are added, never renamed: workflows, alerts and dashboards route on
-them. ``RETRYABLE`` says which are retried (docs/reference/errors.md, generated from this module); every activity retry policy
-derives its ``non_retryable_error_types`` from it (see ``schemas.options``).
+them. ``RETRYABLE`` says which are retried (docs/reference/errors.md, generated
+from this module); every activity retry policy derives its
+``non_retryable_error_types`` from it (see ``schemas.options``).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class RateLimitRule(BaseModel):
 
 
 class Settings(BaseModel):
-    """Process-wide settings (every variable in docs/reference/settings.md, generated from this class)."""
+    """Process-wide settings; every variable is in docs/reference/settings.md (generated)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -1,4 +1,4 @@
-"""docker-compose.yml: `docker compose config` accepts it, and it runs the stack the README names."""
+"""docker-compose.yml: `docker compose config` accepts it, and it runs the stack of the README."""
 
 from __future__ import annotations
 
