@@ -40,7 +40,7 @@ from aiworker.schemas.pipeline import Concurrency, PipelineSpec, Step
 from aiworker.schemas.problems import Problem, field_problems
 from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, find_refs, json_depth
 from aiworker.schemas.spec import WorkerSpec
-from aiworker.schemas.step_inputs import SCHEMA_INPUTS, step_problems
+from aiworker.schemas.step_inputs import DEPTH_ONLY, SCHEMA_INPUTS, step_fields, step_problems
 
 # The workers a pipeline may name: their ids, or their specs by id (None: a
 # worker known by name only, served elsewhere); with specs, inputs are checked too.
@@ -122,25 +122,6 @@ def _input_schema_problems(step: Step, i: int) -> list[Problem]:
 
 
 # Fields that are never resolved: only their nesting is capped.
-_DEPTH_ONLY = ("inputs", "validate.schema")
-
-
-def _fields(step: Step) -> list[tuple[str, Any]]:
-    """A step's fields that hold user JSON, by name."""
-    fields: list[tuple[str, Any]] = [("input", step.input)]
-    if step.fallback_input is not None:
-        fields.append(("fallback_input", step.fallback_input))
-    if step.when is not None:
-        fields.append(("when", step.when))
-    if step.for_each is not None:
-        fields.append(("for_each", step.for_each))
-    if step.validate_ is not None:
-        fields.append(("validate.schema", step.validate_.schema_))
-    if step.concurrency is not None:
-        fields.append(("concurrency.key", step.concurrency.key))
-    return fields
-
-
 def _over(caps: Caps, name: str) -> str:
     return f"the cap is {getattr(caps, name)} ({SETTING_OF[name]})"
 
@@ -161,7 +142,7 @@ def cap_problems(spec: PipelineSpec, caps: Caps) -> list[Problem]:
     if spec.concurrency is not None:
         where_fields.append((None, None, "concurrency.key", spec.concurrency.key))
     for i, step in enumerate(spec.steps):
-        where_fields += [(step.id, i, f, v) for f, v in _fields(step)]
+        where_fields += [(step.id, i, f, v) for f, v in step_fields(step)]
         if isinstance(step.for_each, list) and len(step.for_each) > caps.max_foreach_items:
             problems.append(
                 Problem(
@@ -174,7 +155,7 @@ def cap_problems(spec: PipelineSpec, caps: Caps) -> list[Problem]:
     count = 0
     for sid, at, field, value in where_fields:
         try:
-            if field in _DEPTH_ONLY:
+            if field in DEPTH_ONLY:
                 json_depth(value, caps.max_json_depth)
             else:
                 count += len(find_refs(value, caps=caps))
@@ -250,7 +231,7 @@ def check_pipeline(
                         "a gate must be a validator step",
                     )
                 d.add(step.gate)
-        fields = [(f, v) for f, v in _fields(step) if f not in _DEPTH_ONLY]
+        fields = [(f, v) for f, v in step_fields(step) if f not in DEPTH_ONLY]
         if isinstance(step.for_each, list):
             fields = [(f, v) for f, v in fields if f != "for_each"]
         if step.when is not None:

@@ -4,6 +4,9 @@ A string that is exactly one reference becomes the referenced JSON value of
 any type; a reference inside a longer string is interpolated as text;
 ``$${{`` is a literal ``${{``. Nothing else is special, so JSON Schemas with
 their own ``$ref`` pass through untouched. Pure functions: safe in workflows.
+The module is long on purpose: the grammar, the bounded walks and the one
+reading of a path (:func:`walk`, shared by resolution and the check before a
+run) are one unit.
 
 Bounded on purpose, because the spec check and :func:`resolve` run inside the
 workflow task (:mod:`aiworker.schemas.caps` has the numbers):
@@ -231,20 +234,41 @@ def _too_deep(limit: int) -> ReferenceLimitError:
     return ReferenceLimitError(f"JSON nested deeper than {limit} levels")
 
 
-def _lookup(ref: Ref, scope: Mapping[str, Any]) -> Any:
-    if ref.root not in scope:
-        raise ReferenceError_(f"{ref.text}: {ref.root} is not available here")
-    cur: Any = scope[ref.root]
-    walked = ref.root
+@dataclass(frozen=True)
+class Gap:
+    """Where a reference's path stops resolving: ``walked`` resolved (``inputs.a``),
+    ``container`` (the value there) has no ``seg``."""
+
+    walked: str
+    seg: str | int
+    container: Any
+
+
+def walk(ref: Ref, root_value: Any) -> tuple[Any, Gap | None]:
+    """Follow ``ref.path`` from its root's value: the value found, or the gap.
+
+    The one reading of a path: the run's resolution and the check before it
+    (``inputs`` are never resolved themselves, so the check finds what a run will).
+    """
+    cur, walked = root_value, ref.root
     for seg in ref.path:
         if isinstance(cur, Mapping) and str(seg) in cur:
             cur = cur[str(seg)]
         elif isinstance(cur, list) and isinstance(seg, int) and -len(cur) <= seg < len(cur):
             cur = cur[seg]
         else:
-            raise ReferenceError_(f"{ref.text}: {walked} has no {seg!r}")
+            return None, Gap(walked, seg, cur)
         walked = f"{walked}.{seg}"
-    return cur
+    return cur, None
+
+
+def _lookup(ref: Ref, scope: Mapping[str, Any]) -> Any:
+    if ref.root not in scope:
+        raise ReferenceError_(f"{ref.text}: {ref.root} is not available here")
+    value, gap = walk(ref, scope[ref.root])
+    if gap is not None:
+        raise ReferenceError_(f"{ref.text}: {gap.walked} has no {gap.seg!r}")
+    return value
 
 
 def _as_text(v: Any) -> str:

@@ -26,6 +26,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from aiworker.schemas import safe_schema
 from aiworker.schemas.base import Model
+from aiworker.schemas.messages import json_path
 from aiworker.schemas.refs import TEMPLATE_ROOTS, ReferenceError_, find_refs
 
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*(s|sec|second|m|min|minute|h|hour)\s*$")
@@ -265,14 +266,6 @@ def read_json_file(path: Path, what: str = "") -> Any:
         raise ValueError(f"{what}{path}: cannot read: {e.strerror}") from None
     except ValueError as e:
         raise ValueError(f"{what}{path}: not valid JSON: {e}") from None
-
-
-def json_path(parts: Any) -> str:
-    """``['items', 0, 'name']`` -> ``$.items[0].name`` (messages name places in JSON terms)."""
-    out = "$"
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
-    return out
 
 
 def _path(err: Any) -> str:

@@ -40,7 +40,7 @@ from aiworker.schemas.messages import issues, json_path, suggest
 from aiworker.schemas.patterns import PatternError, compile_pattern
 from aiworker.schemas.pipeline import PipelineSpec, Step
 from aiworker.schemas.problems import Problem
-from aiworker.schemas.refs import Ref, ReferenceError_, find_refs, parse_template
+from aiworker.schemas.refs import Ref, ReferenceError_, find_refs, parse_template, walk
 from aiworker.schemas.spec import WorkerSpec
 
 # The input field in which a built-in worker takes a JSON Schema to apply.
@@ -185,22 +185,15 @@ def _located_refs(value: Any, root: str) -> Iterator[tuple[str, Ref]]:
 
 
 def _missing_input(ref: Ref, inputs: Any) -> tuple[str, str | None] | None:
-    """Why ``inputs.<path>`` cannot resolve (and a close key), or None when it can;
-    ``inputs`` are never resolved themselves, so this is what a run will find."""
-    cur, walked = inputs, "inputs"
-    for seg in ref.path:
-        if isinstance(cur, dict):
-            if str(seg) not in cur:
-                return f"{walked} has no {str(seg)!r}", suggest(str(seg), cur)
-            cur = cur[str(seg)]
-        elif isinstance(cur, list) and isinstance(seg, int):
-            if not -len(cur) <= seg < len(cur):
-                return f"{walked} has no item {seg} (it has {len(cur)})", None
-            cur = cur[seg]
-        else:
-            return f"{walked} has no {str(seg)!r}", None
-        walked = f"{walked}.{seg}"
-    return None
+    """Why ``inputs.<path>`` cannot resolve (and a close key), or None when it can."""
+    _, gap = walk(ref, inputs)
+    if gap is None:
+        return None
+    cur, seg = gap.container, gap.seg
+    if isinstance(cur, list) and isinstance(seg, int):
+        return f"{gap.walked} has no item {seg} (it has {len(cur)})", None
+    close = suggest(str(seg), cur) if isinstance(cur, dict) else None
+    return f"{gap.walked} has no {str(seg)!r}", close
 
 
 def _missing_output(ref: Ref, schema: Any, worker: str) -> tuple[str, str | None] | None:
@@ -227,13 +220,13 @@ def _missing_output(ref: Ref, schema: Any, worker: str) -> tuple[str, str | None
 
 def _ref_problems(
     spec: PipelineSpec,
+    steps: dict[str, Step],
     workers: Mapping[str, WorkerSpec | None],
     where: tuple[str | None, int | None],
     field: str,
     value: Any,
 ) -> list[Problem]:
     step_id, i = where
-    steps = {s.id: s for s in spec.steps}
     out = []
     for at, ref in _located_refs(value, field):
         why: tuple[str, str | None] | None = None
@@ -249,16 +242,23 @@ def _ref_problems(
     return out
 
 
-def _referring_fields(step: Step) -> list[tuple[str, Any]]:
+# Fields whose values are only sized, never resolved: no reference stands in them.
+DEPTH_ONLY = ("inputs", "validate.schema")
+
+
+def step_fields(step: Step) -> list[tuple[str, Any]]:
+    """A step's fields that hold user JSON, by name (the caps and the checks walk these)."""
     fields: list[tuple[str, Any]] = [("input", step.input)]
-    for name, value in (
-        ("fallback_input", step.fallback_input),
-        ("when", step.when),
-        ("for_each", step.for_each),
-        ("concurrency.key", step.concurrency.key if step.concurrency else None),
-    ):
-        if value is not None:
-            fields.append((name, value))
+    if step.fallback_input is not None:
+        fields.append(("fallback_input", step.fallback_input))
+    if step.when is not None:
+        fields.append(("when", step.when))
+    if step.for_each is not None:
+        fields.append(("for_each", step.for_each))
+    if step.validate_ is not None:
+        fields.append(("validate.schema", step.validate_.schema_))
+    if step.concurrency is not None:
+        fields.append(("concurrency.key", step.concurrency.key))
     return fields
 
 
@@ -266,6 +266,7 @@ def step_problems(spec: PipelineSpec, workers: Mapping[str, WorkerSpec | None]) 
     """Every problem of the steps' inputs and references under the workers' specs
     (a worker without a spec, or unknown, is checked by name only, elsewhere)."""
     out: list[Problem] = []
+    steps = {s.id: s for s in spec.steps}
     for i, step in enumerate(spec.steps):
         calls = [("input", step.worker, step.input)]
         if step.fallback is not None:
@@ -282,13 +283,15 @@ def step_problems(spec: PipelineSpec, workers: Mapping[str, WorkerSpec | None]) 
             if not found:
                 found = _schema_problems(step, i, field, worker_id, value)
             out.extend(p for p in found if p not in out)
-        for field, value in _referring_fields(step):
-            out.extend(_ref_problems(spec, workers, (step.id, i), field, value))
-    out.extend(_ref_problems(spec, workers, (None, None), "output", spec.output))
+        for field, value in step_fields(step):
+            if field in DEPTH_ONLY:
+                continue
+            out.extend(_ref_problems(spec, steps, workers, (step.id, i), field, value))
+    out.extend(_ref_problems(spec, steps, workers, (None, None), "output", spec.output))
     if spec.concurrency is not None:
         key = spec.concurrency.key
-        out.extend(_ref_problems(spec, workers, (None, None), "concurrency.key", key))
+        out.extend(_ref_problems(spec, steps, workers, (None, None), "concurrency.key", key))
     return out
 
 
-__all__ = ["SCHEMA_INPUTS", "step_problems"]
+__all__ = ["DEPTH_ONLY", "SCHEMA_INPUTS", "step_fields", "step_problems"]

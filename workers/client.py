@@ -344,8 +344,14 @@ class PipelineClient:
             raise RedriveError(f"{workflow_id} is a {desc.workflow_type} workflow, not a pipeline")
         if desc.status == WorkflowExecutionStatus.RUNNING:
             raise RedriveError(f"{workflow_id} is still running; cancel it or wait")
-        history = await handle.fetch_history()
-        first = history.events[0].workflow_execution_started_event_attributes
+        # Only the first event holds the pipeline: one page of one event, not the
+        # whole history (a for_each parent's can run to megabytes).
+        first = None
+        async for event in handle.fetch_history_events(page_size=1):
+            first = event.workflow_execution_started_event_attributes
+            break
+        if first is None:
+            raise RedriveError(f"{workflow_id} has no history to redrive from")
         decoded = await self.temporal.data_converter.decode(first.input.payloads)
         pipeline = dict(decoded[0])
         if tenant is not None and pipeline.get("tenant", names.DEFAULT_TENANT) != tenant:

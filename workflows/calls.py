@@ -51,7 +51,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerRequest,
         WorkerResponse,
     )
-    from aiworker.schemas.spec import WorkerSpec, json_path
+    from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.budget import Admission
 
@@ -261,7 +261,7 @@ def foreign_failure(
         first = e.errors(include_url=False)[0]
         message += (
             f" (its ErrorInfo detail is malformed and ignored: "
-            f"{json_path(first['loc'])}: {first['msg']})"
+            f"{messages.json_path(first['loc'])}: {first['msg']})"
         )
         return code, {}, message
     return code, info.model_dump(mode="json"), message
@@ -279,7 +279,11 @@ def check_external_response(worker: WorkerSpec, raw: RawValue) -> WorkerResponse
         response = WorkerResponse.model_validate(doc)
     except ValidationError as e:
         reasons = [
-            {"path": json_path(err["loc"]), "message": err["msg"], "validator": err["type"]}
+            {
+                "path": messages.json_path(err["loc"]),
+                "message": err["msg"],
+                "validator": err["type"],
+            }
             for err in e.errors(include_url=False)[:100]
         ]
         return _malformed(worker, attempt, "the response envelope is malformed", reasons)
