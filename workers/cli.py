@@ -12,6 +12,7 @@ aiworker workers             list the worker specs (the published contracts)
 aiworker artifacts WF_ID     list the artifacts a workflow wrote (lineage)
 aiworker schemas export|check  write or check schemas/json/ and docs/reference/
 aiworker conformance WORKER_ID  check a live worker against its spec through Temporal
+aiworker schedule create FILE --cron|--interval ...  a pipeline on a Temporal Schedule
 
 The grammar is :mod:`aiworker.workers.cli_parser`; pipelines are reached
 through :class:`aiworker.workers.client.PipelineClient`, processes run by
@@ -317,6 +318,13 @@ async def cmd_conformance(args: argparse.Namespace) -> int:
     return EXIT_OK if report.passed else EXIT_FAILED
 
 
+async def cmd_schedule(args: argparse.Namespace) -> int:
+    """``aiworker schedule create|list|describe|pause|unpause|trigger|delete``."""
+    from aiworker.workers.schedule_commands import run_schedule_command
+
+    return await run_schedule_command(args)
+
+
 async def cmd_schemas(args: argparse.Namespace) -> int:
     """``aiworker schemas export|check``: ``schemas/json/`` and ``docs/reference/``."""
     from aiworker.schemas.export import check_all, export_all
@@ -343,6 +351,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "redrive": cmd_redrive,
     "review": cmd_review,
     "run": cmd_run,
+    "schedule": cmd_schedule,
     "schemas": cmd_schemas,
     "worker": cmd_worker,
     "workers": cmd_workers,

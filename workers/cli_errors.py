@@ -3,7 +3,7 @@
 Every exception a command lets escape comes through :func:`explain`, in
 ``cli.main``: what Temporal answers (no such workflow, a workflow that has
 ended, a refused Update or query, an unreachable frontend, a refused request)
-and aiworker's own start-up and redrive errors become one sentence a person
+and aiworker's own start-up, redrive and schedule errors become one sentence a person
 reads, with an exit code of :mod:`aiworker.workers.cli_common`. Anything else
 is a bug: one line too, saying so; ``aiworker --debug`` prints the traceback.
 :func:`exit_process` is how every process that used a Temporal client ends.
@@ -52,7 +52,10 @@ _REFUSED = (
 
 
 def _subject(args: argparse.Namespace) -> str:
-    """The workflow a command was about, as a message names it."""
+    """The workflow (or schedule) a command was about, as a message names it."""
+    if args.command == "schedule":
+        sid = getattr(args, "schedule_id", None)
+        return f"schedule {sid!r}" if sid else "the schedule"
     wid = getattr(args, "workflow_id", None) or getattr(args, "id", None)
     return f"workflow {wid!r}" if wid else "the workflow"
 
@@ -65,6 +68,12 @@ def _rpc(e: RPCError, args: argparse.Namespace) -> Failure:
             f"{_subject(args)} has already ended; only a running pipeline takes "
             f"`aiworker {args.command}` (see `aiworker list`)",
             EXIT_FAILED,
+        )
+    if e.status == RPCStatusCode.NOT_FOUND and args.command == "schedule":
+        # Temporal names the schedule's internal workflow; the id is what a person gave.
+        return Failure(
+            f"{_subject(args)} not found in this namespace (see `aiworker schedule list`)",
+            EXIT_NOT_FOUND,
         )
     if e.status == RPCStatusCode.NOT_FOUND:
         return Failure(
@@ -88,8 +97,14 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
         The message (without the ``aiworker:`` prefix) and the exit code.
     """
     from aiworker.workers.client import RedriveError
+    from aiworker.workers.schedule_specs import ScheduleSpecError
+    from aiworker.workers.schedules import ScheduleExistsError
 
     if isinstance(e, (StartupError, DevServerError)):
+        return Failure(str(e), EXIT_USAGE)
+    if isinstance(e, ScheduleSpecError):
+        return Failure(f"invalid schedule: {e}", EXIT_USAGE)
+    if isinstance(e, ScheduleExistsError):
         return Failure(str(e), EXIT_USAGE)
     if isinstance(e, RedriveError):
         return Failure(f"cannot redrive: {e}", EXIT_USAGE)

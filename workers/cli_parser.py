@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from aiworker.schemas.names import TENANT_PATTERN
 
@@ -33,6 +34,22 @@ def tenant_name(value: str) -> str:
             "starting with a letter or digit"
         )
     return value
+
+
+def _schedule_value(parse_name: str) -> Callable[[str], Any]:
+    """An ``argparse`` type from a parser of :mod:`aiworker.workers.schedule_specs`
+    (imported when a schedule flag is given, not for every command)."""
+
+    def parse(value: str) -> Any:
+        from aiworker.workers import schedule_specs
+
+        try:
+            return getattr(schedule_specs, parse_name)(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = parse_name
+    return parse
 
 
 class Parser(argparse.ArgumentParser):
@@ -166,10 +183,100 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cf.add_argument("--json", action="store_true", help="print the report as JSON")
     conn(cf)
+    schedule_parsers = add_schedule_commands(sub, conn)
     # Every command takes --debug after its name too; SUPPRESS keeps the global
     # flag's value when the command does not repeat it.
-    for command in sub.choices.values():
+    for command in [*sub.choices.values(), *schedule_parsers]:
         command.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
         )
     return p
+
+
+def add_schedule_commands(
+    sub: argparse._SubParsersAction[Parser],
+    conn: Callable[[argparse.ArgumentParser], None],
+) -> list[argparse.ArgumentParser]:
+    """``aiworker schedule create|list|describe|pause|unpause|trigger|delete``; the
+    flags of ``create`` are ``temporal schedule create``'s. Returns the parsers."""
+    sch = sub.add_parser(
+        "schedule",
+        help="run a pipeline on a Temporal Schedule",
+        description="Pipelines on a Temporal Schedule: the Temporal UI's Schedules page and "
+        "`temporal schedule ...` show and change them too.",
+    )
+    actions = sch.add_subparsers(dest="action", required=True)
+    overlap = _schedule_value("overlap_policy")
+    duration = _schedule_value("parse_duration")
+
+    cr = actions.add_parser(
+        "create",
+        help="check a pipeline file and create a schedule that runs it",
+        description="Check FILE as `aiworker run` does (exit 2, nothing created, when it is "
+        "invalid), then create a schedule whose runs start it as workflow "
+        "<workflow id>-<nominal time>. Give --cron, --interval or both.",
+    )
+    cr.add_argument("file", help="pipeline JSON file, or - for stdin")
+    cr.add_argument("-s", "--schedule-id", help="the schedule id (default: the pipeline's name)")
+    cr.add_argument(
+        "--cron",
+        action="append",
+        help='a cron line, e.g. "30 2 * * *" or @daily (repeatable)',
+    )
+    cr.add_argument(
+        "--interval",
+        action="append",
+        type=_schedule_value("parse_interval"),
+        help="EVERY[/OFFSET], e.g. 15m or 6h/5h (repeatable)",
+    )
+    cr.add_argument("--time-zone", help="IANA time zone of the cron lines (default UTC)")
+    cr.add_argument("--jitter", type=duration, help="start each run up to this much later")
+    cr.add_argument(
+        "--catchup-window",
+        type=duration,
+        help="how late a missed run may still start (default: the server's, a year)",
+    )
+    cr.add_argument(
+        "--overlap-policy",
+        type=overlap,
+        default="Skip",
+        help="Skip (default), BufferOne, BufferAll, CancelOther, TerminateOther or AllowAll",
+    )
+    cr.add_argument(
+        "--pause-on-failure", action="store_true", help="pause when a run's workflow fails"
+    )
+    cr.add_argument("--notes", help="the schedule's note")
+    cr.add_argument("--paused", action="store_true", help="create it paused")
+    cr.add_argument(
+        "--workflow-id", help="each run's workflow id before its time (default: the schedule id)"
+    )
+    conn(cr)
+
+    ls = actions.add_parser("list", help="one line per pipeline schedule")
+    ls.add_argument("--tenant", type=tenant_name)
+    ls.add_argument("--pipeline", help="pipeline name")
+    ls.add_argument("--json", action="store_true")
+    conn(ls)
+
+    made: list[argparse.ArgumentParser] = [cr, ls]
+    for name, helptext in (
+        ("describe", "a schedule's spec, state, recent runs and next runs"),
+        ("pause", "stop a schedule's runs until unpaused"),
+        ("unpause", "resume a paused schedule"),
+        ("trigger", "start one run now"),
+        ("delete", "delete a schedule (the runs it started go on)"),
+    ):
+        a = actions.add_parser(name, help=helptext)
+        a.add_argument("schedule_id", nargs="?", metavar="SCHEDULE_ID")
+        a.add_argument("-s", "--schedule-id", dest="schedule_id_flag", help="the schedule id")
+        if name == "describe":
+            a.add_argument("--json", action="store_true")
+        if name in ("pause", "unpause"):
+            a.add_argument("--note", help="why (kept as the schedule's note)")
+        if name == "trigger":
+            a.add_argument(
+                "--overlap-policy", type=overlap, help="this run's policy (default the schedule's)"
+            )
+        conn(a)
+        made.append(a)
+    return made

@@ -186,16 +186,25 @@ class PipelineClient:
         if check:
             self.check(pipeline)
         name = str(pipeline.get("name") or "pipeline")
-        tenant = str(pipeline.get("tenant") or "default")
         return await self.temporal.start_workflow(
             PipelineWorkflow.run,
             dict(pipeline),
             id=workflow_id or f"{name}-{uuid.uuid4().hex[:12]}",
-            task_queue=self.settings.queue(names.PIPELINES_QUEUE),
-            search_attributes=names.pipeline_search_attributes("queued", tenant, name),
-            static_summary=f"pipeline {name} (tenant {tenant})",
             id_reuse_policy=id_reuse_policy,
+            **self.start_options(pipeline),
         )
+
+    def start_options(self, pipeline: Mapping[str, Any]) -> dict[str, Any]:
+        """How every run of ``pipeline`` starts, by :meth:`start` or by a schedule's
+        action (:mod:`aiworker.workers.schedules`): its task queue, search
+        attributes and summary, as keyword arguments of ``Client.start_workflow``."""
+        name = str(pipeline.get("name") or "pipeline")
+        tenant = str(pipeline.get("tenant") or names.DEFAULT_TENANT)
+        return {
+            "task_queue": self.settings.queue(names.PIPELINES_QUEUE),
+            "search_attributes": names.pipeline_search_attributes("queued", tenant, name),
+            "static_summary": f"pipeline {name} (tenant {tenant})",
+        }
 
     def get_handle(self, workflow_id: str, run_id: str | None = None) -> PipelineHandle:
         """The typed handle of a pipeline started earlier (the latest run unless ``run_id``)."""
