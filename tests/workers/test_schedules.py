@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,13 @@ from support.procs import run_cli_module, worker_env
 from support.standins import fail, standin
 from support.waiting import wait_until
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import (
+    Client,
+    ScheduleCalendarSpec,
+    ScheduleIntervalSpec,
+    ScheduleRange,
+    ScheduleSpec,
+)
 from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.activities.publish import Publish
@@ -31,7 +38,14 @@ from aiworker.schemas.settings import Settings
 from aiworker.workers.cli_common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
 from aiworker.workers.client import PipelineClient
 from aiworker.workers.devserver import temporal_cli_path
-from aiworker.workers.schedule_specs import ScheduleOptions, parse_interval
+from aiworker.workers.schedule_specs import (
+    ScheduleOptions,
+    calendar_text,
+    format_duration,
+    parse_duration,
+    parse_interval,
+    spec_text,
+)
 from aiworker.workers.schedules import create_schedule, describe_schedule, trigger_schedule
 
 # A run's id: the schedule's workflow id and the run's nominal time (whole seconds, UTC).
@@ -353,3 +367,53 @@ async def test_refusals_are_one_line_with_an_exit_code(stack: Stack, tmp_path: P
     missing = await cli(stack, "pause")
     assert missing.returncode == EXIT_USAGE
     assert "give the schedule id (SCHEDULE_ID or -s ID)" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds", "written"),
+    [
+        ("90s", 90, "1m30s"),
+        ("1h30m", 5400, "1h30m"),
+        ("500ms", 0.5, "500ms"),
+        ("2d", 172800, "2d"),
+        ("1.5s", 1.5, "1.5s"),
+        ("0", 0, "0s"),
+    ],
+)
+def test_durations_read_and_write_as_temporal_writes_them(
+    text: str, seconds: float, written: str
+) -> None:
+    assert parse_duration(text) == timedelta(seconds=seconds)
+    assert format_duration(parse_duration(text)) == written
+
+
+@pytest.mark.parametrize("text", ["", "5", "1x", "h", "1h 30m", "-5s"])
+def test_a_bad_duration_says_what_one_looks_like(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a duration like 90s, 15m, 1h30m or 500ms"):
+        parse_duration(text)
+
+
+def test_a_calendar_reads_as_the_cron_line_it_stands_for() -> None:
+    # As the server keeps `--cron "*/15 9-17 * * 1-5"` (and as the UI writes one).
+    cal = ScheduleCalendarSpec(
+        second=[ScheduleRange(0)],
+        minute=[ScheduleRange(0, 59, 15)],
+        hour=[ScheduleRange(9, 17)],
+        day_of_month=[ScheduleRange(1, 31)],
+        month=[ScheduleRange(1, 12)],
+        day_of_week=[ScheduleRange(1, 5)],
+    )
+    assert calendar_text(cal) == "*/15 9-17 * * 1-5"
+    every_ten_seconds = ScheduleCalendarSpec(
+        second=[ScheduleRange(0, 59, 10)],
+        minute=[ScheduleRange(0, 59)],
+        hour=[ScheduleRange(0, 23)],
+    )
+    assert calendar_text(every_ten_seconds) == "*/10 * * * * *"
+    spec = ScheduleSpec(
+        calendars=[cal],
+        intervals=[ScheduleIntervalSpec(timedelta(hours=6), timedelta(hours=5))],
+        time_zone_name="US/Central",
+    )
+    assert spec_text(spec) == "cron */15 9-17 * * 1-5; every 6h/5h (US/Central)"
+    assert parse_interval("6h/5h") == ScheduleIntervalSpec(timedelta(hours=6), timedelta(hours=5))
