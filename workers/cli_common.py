@@ -5,7 +5,7 @@ Exit codes are part of the command line's contract (docs/cli.md): 0 done (a
 pipeline that succeeded), 1 failed (a pipeline that did not succeed, Temporal
 unreachable, a refused review, an unexpected error), 2 bad usage (a bad file,
 flag, setting or plugin, a pipeline that cannot be redriven), 3 not found (no
-workflow with that id), 130 Ctrl-C. How errors map to them:
+workflow or schedule with that id), 130 Ctrl-C. How errors map to them:
 :mod:`aiworker.workers.cli_errors`.
 """
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3  # the workflow id names no workflow in the namespace
+EXIT_NOT_FOUND = 3  # the workflow (or schedule) id names nothing in the namespace
 EXIT_INTERRUPTED = 130  # stopped with Ctrl-C: 128 + SIGINT, as shells report it
 
 
