@@ -17,7 +17,13 @@ from pydantic import ConfigDict, Field
 from aiworker.schemas.base import Model
 from aiworker.schemas.caps import HARD_MAX_STEPS
 from aiworker.schemas.causes import ErrorCause, PipelineError, without_outputs
-from aiworker.schemas.names import DEFAULT_TENANT, OK_STATUSES, TENANT_PATTERN
+from aiworker.schemas.names import (
+    DEFAULT_TENANT,
+    OK_STATUSES,
+    PRIORITY_HIGHEST,
+    PRIORITY_LOWEST,
+    TENANT_PATTERN,
+)
 from aiworker.schemas.protocol import Usage
 from aiworker.schemas.refs import find_refs
 
@@ -239,6 +245,14 @@ class PipelineSpec(Model):
     concurrency: Concurrency | None = Field(
         default=None,
         description="at most `limit` pipelines with the same key (from inputs) run at once",
+    )
+    priority: int | None = Field(
+        default=None,
+        ge=PRIORITY_HIGHEST,
+        le=PRIORITY_LOWEST,
+        strict=True,
+        description="Temporal's task priority, 1 (highest) to 5 (lowest), for the pipeline "
+        "and every activity and child it starts; unset: the server's default (3)",
     )
 
 

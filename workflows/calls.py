@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RawValue
+from temporalio.common import Priority, RawValue
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -103,8 +103,12 @@ async def call_worker(
     max_attempts: int | None = None,
     queue_suffix: str = "",
     summary: str | None = None,
+    priority: Priority = Priority.default,
 ) -> StepResult:
     """Call ``worker`` once (Temporal retries inside); never raises on worker failure.
+
+    ``priority`` is the run's task priority (``PipelineRun.priority``); the
+    default leaves the command as it was before priorities.
 
     Returns how the call ended: ``succeeded``/``partial`` with outputs, warnings,
     artifacts and usage, or ``failed`` with the error code, message and reasons.
@@ -142,6 +146,7 @@ async def call_worker(
             # an external worker's reply is checked here, not trusted to decode
             result_type=RawValue if external else WorkerResponse,
             summary=summary or worker.worker_id,
+            priority=priority,
             **options,
         )
     except ActivityError as e:

@@ -213,6 +213,7 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
                 id=f"{info.workflow_id}/{step.id}/{k}",
                 task_queue=info.task_queue,
                 static_summary=f"{step.id} items {chunk[0].index}..{chunk[-1].index}",
+                priority=run.priority,
             )
 
     tasks = [asyncio.create_task(run_chunk(k, c)) for k, c in enumerate(chunks)]

@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import Priority
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
@@ -107,6 +108,9 @@ class PipelineRun:
     terminal: TerminalStatus | None = None
     # A redrive's plan (what is reused, what runs again), None for a first run.
     redrive: Redrive | None = None
+    # What every activity and child carries (schemas.priority.task_priority);
+    # the default (nothing) unless the run or its spec has a priority key.
+    priority: Priority = Priority.default
 
     @property
     def tenant(self) -> str:
