@@ -191,6 +191,29 @@ async def test_without_priority_the_tenant_is_the_fairness_key_and_commands_are_
     assert (await _priorities(client, globex.id))["started"] == [(0, "globex", 1.0)]
 
 
+async def test_aiworker_run_starts_a_pipeline_with_its_priority_and_the_tenant_weight(
+    client: Client, tmp_path: Path
+) -> None:
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(REGISTRY.model_dump_json())
+    settings = stack_settings(tmp_path, tenants=REGISTRY)
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(_pipeline("cli-prio", 1, tenant="acme")))
+    workflow_id = f"cli-prio-{uuid.uuid4().hex[:8]}"
+    env = _clean_env() | {
+        "TEMPORAL_ADDRESS": client.service_client.config.target_host,
+        "AIWORKER_TASK_QUEUE_SUFFIX": settings.task_queue_suffix,
+        "AIWORKER_TENANTS_FILE": str(tenants),
+    }
+    async with running_stack(client, settings):
+        proc = await asyncio.to_thread(run_cli_module, ["run", str(f), "--id", workflow_id], env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status"] == "succeeded"
+    seen = await _priorities(client, workflow_id)
+    assert seen["started"] == [(1, "acme", 3.0)]
+    assert seen["activities"] == [(1, "acme", 3.0)]
+
+
 @pytest.mark.parametrize("priority", [0, 6, "1", True, 2.0])
 async def test_a_priority_out_of_range_is_refused_at_start(stack: Stack, priority: Any) -> None:
     pipeline = _pipeline("bad-prio", 1) | {"priority": priority}
