@@ -20,6 +20,9 @@ else happens here or beside it, the same way for every worker:
 - failures to stable codes, without secrets
   (:func:`~aiworker.activities.errors.map_failures`);
 - usage across attempts (:mod:`~aiworker.activities.usage`);
+- the step cache, for a request that carries one
+  (:mod:`~aiworker.activities.step_cache`): looked up once the input is
+  checked, a succeeded response stored;
 - telemetry (:mod:`~aiworker.activities.call_telemetry`), which the runtime
   only feeds: the span, the log line and the metrics of a call belong to
   the interceptor that wraps its activity.
@@ -58,6 +61,7 @@ from aiworker.activities.errors import (
 from aiworker.activities.jsonschema_cache import SchemaError, describe, errors_of
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.redaction import Redactor
+from aiworker.activities.step_cache import StepCache
 from aiworker.activities.tenancy import admit
 from aiworker.activities.toolbox import Toolbox, tool_secrets
 from aiworker.activities.tools.egress import tenant_egress
@@ -73,6 +77,7 @@ from aiworker.schemas.protocol import (
 from aiworker.schemas.refs import ReferenceLimitError, json_depth
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
+from aiworker.schemas.step_inputs import cache_refusal
 
 
 @dataclass
@@ -211,11 +216,14 @@ class WorkerRuntime:
         *,
         tools: Mapping[str, Any] | None = None,
         metrics: WorkerMetrics | None = None,
+        cache: StepCache | None = None,
     ) -> None:
         self.settings = settings
         self.specs = specs
         self.tools: dict[str, Any] = dict(tools or {})
         self.metrics = metrics
+        # beside the artifacts: the same bucket, or the same data directory
+        self.cache = cache or StepCache.beside(self.tools.get("artifact_store"), settings.data_dir)
         self.redactor = Redactor([*settings.secret_values(), *tool_secrets(self.tools)])
 
     def interceptor(self) -> CallTelemetryInterceptor:
@@ -294,11 +302,19 @@ class WorkerRuntime:
             policy = admit(self.settings, request)
             depth = self.settings.caps.max_json_depth
             conform(spec.input_schema, request.input, "input", depth)
+            if request.cache is not None and (why := cache_refusal(spec)) is not None:
+                raise InvalidInputError(why, field="cache")
+            hit = await self.cache.lookup(request, spec.version) if request.cache else None
+            if hit is not None:
+                return hit.response(spec, call, usage.total())
             ctx = self._enforce_constraints(spec, request, call, usage)
             with tenant_egress(policy.egress_allow if policy is not None else None):
                 result = await self._execute(worker, ctx, call)
             conform(spec.output_schema, result.outputs, "output", depth)
-            return self._respond(ctx, result, call)
+            response = self._respond(ctx, result, call)
+            if request.cache is not None:
+                await self.cache.store(request, response)
+            return response
 
     def _enforce_constraints(
         self, spec: WorkerSpec, request: WorkerRequest, call: WorkerCall, usage: UsageBook

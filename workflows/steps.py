@@ -275,6 +275,7 @@ class StepRunner:
                 max_attempts=step_max_attempts(step),
                 queue_suffix=run.queue_suffix,
                 summary=label,
+                cache=step.cache,
             )
         finally:
             run.board.external.pop(step.id, None)
