@@ -1,9 +1,13 @@
 """The worker runtime: one wrapper runs every AI worker.
 
+The module is long on purpose: the whole path of one call reads top to
+bottom in :meth:`WorkerRuntime.run`; each part's mechanism has its own module.
+
 Order, as in ARCHITECTURE.md's path of a request, and as :meth:`WorkerRuntime.run` reads::
 
-    request -> validate input -> enforce constraints -> execute
-            -> validate output -> response
+    request -> validate input -> [step cache hit -> response]
+            -> enforce constraints -> execute -> validate output
+            -> [store in the step cache] -> response
     (log line, metrics, span: emitted around it by the activity interceptor)
 
 A worker module holds only its domain logic (:class:`Worker`); everything
@@ -20,9 +24,7 @@ else happens here or beside it, the same way for every worker:
 - failures to stable codes, without secrets
   (:func:`~aiworker.activities.errors.map_failures`);
 - usage across attempts (:mod:`~aiworker.activities.usage`);
-- the step cache, for a request that carries one
-  (:mod:`~aiworker.activities.step_cache`): looked up once the input is
-  checked, a succeeded response stored;
+- the step cache of a request with one (:mod:`~aiworker.activities.step_cache`);
 - telemetry (:mod:`~aiworker.activities.call_telemetry`), which the runtime
   only feeds: the span, the log line and the metrics of a call belong to
   the interceptor that wraps its activity.
@@ -77,7 +79,6 @@ from aiworker.schemas.protocol import (
 from aiworker.schemas.refs import ReferenceLimitError, json_depth
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
-from aiworker.schemas.step_inputs import cache_refusal
 
 
 @dataclass
@@ -222,7 +223,6 @@ class WorkerRuntime:
         self.specs = specs
         self.tools: dict[str, Any] = dict(tools or {})
         self.metrics = metrics
-        # beside the artifacts: the same bucket, or the same data directory
         self.cache = cache or StepCache.beside(self.tools.get("artifact_store"), settings.data_dir)
         self.redactor = Redactor([*settings.secret_values(), *tool_secrets(self.tools)])
 
@@ -280,7 +280,8 @@ class WorkerRuntime:
         """Run one attempt of ``worker`` on the request ``raw``; raise ``ApplicationError``.
 
         The steps of the runtime, in order: parse the request, validate
-        input, enforce constraints, execute, validate output, respond. Every
+        input, (a step cache hit responds here), enforce constraints, execute,
+        validate output, respond (a cached call stores the response). Every
         failure leaves as an ``ApplicationError`` whose type is a stable error
         code and whose ``ErrorInfo`` carries the call's usage so far; what the
         call tells its telemetry goes to the :class:`WorkerCall` the activity
@@ -302,18 +303,17 @@ class WorkerRuntime:
             policy = admit(self.settings, request)
             depth = self.settings.caps.max_json_depth
             conform(spec.input_schema, request.input, "input", depth)
-            if request.cache is not None and (why := cache_refusal(spec)) is not None:
-                raise InvalidInputError(why, field="cache")
-            hit = await self.cache.lookup(request, spec.version) if request.cache else None
-            if hit is not None:
-                return hit.response(spec, call, usage.total())
             ctx = self._enforce_constraints(spec, request, call, usage)
+            hit = await self.cache.lookup(request, spec)
+            if hit is not None:  # no tokens, no external calls: nothing for the budget
+                call.note({"cached": True})
+                kept = WorkerResult(hit.outputs, warnings=hit.warnings, artifacts=hit.artifacts)
+                return self._respond(ctx, kept, call).model_copy(update={"cached": True})
             with tenant_egress(policy.egress_allow if policy is not None else None):
                 result = await self._execute(worker, ctx, call)
             conform(spec.output_schema, result.outputs, "output", depth)
             response = self._respond(ctx, result, call)
-            if request.cache is not None:
-                await self.cache.store(request, response)
+            await self.cache.store(request, response)
             return response
 
     def _enforce_constraints(

@@ -52,24 +52,24 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import Field
 
 from aiworker.activities.artifacts import atomic_write, tenant_dir
-from aiworker.activities.call_telemetry import WorkerCall
+from aiworker.activities.errors import InvalidInputError
 from aiworker.schemas.base import Model
 from aiworker.schemas.protocol import (
     MAX_CACHE_TTL_SECONDS,
     ArtifactRef,
-    Observability,
-    Usage,
     WarningInfo,
     WorkerRequest,
     WorkerResponse,
 )
 from aiworker.schemas.spec import WorkerSpec
+from aiworker.schemas.step_inputs import cache_refusal
 
 if TYPE_CHECKING:
     # The AWS SDK loads only in processes configured for S3.
@@ -105,29 +105,6 @@ class CachedResult(Model):
     warnings: list[WarningInfo] = Field(default_factory=list)
     artifacts: list[ArtifactRef] = Field(default_factory=list)
 
-    def response(self, spec: WorkerSpec, call: WorkerCall, usage: Usage) -> WorkerResponse:
-        """The response of a hit: the stored outputs, ``cached: true``, this attempt's
-        observability and ``usage`` (earlier attempts' only: a hit costs nothing)."""
-        call.note({"cached": True})
-        call.completed(status="succeeded", input_tokens=0, output_tokens=0, model="")
-        return WorkerResponse(
-            worker_id=spec.worker_id,
-            version=spec.version,
-            status="succeeded",
-            outputs=self.outputs,
-            warnings=self.warnings,
-            artifacts=self.artifacts,
-            usage=usage,
-            observability=Observability(
-                trace_id=call.trace_id,
-                span_id=call.span_id,
-                worker_id=spec.worker_id,
-                attempt=call.attempt,
-                duration_ms=round(call.elapsed() * 1000, 3),
-            ),
-            cached=True,
-        )
-
 
 class CacheBackend(Protocol):
     """Where entries live: raw bytes by tenant and key."""
@@ -136,8 +113,9 @@ class CacheBackend(Protocol):
         """The entry stored under ``key`` for ``tenant``, or None."""
         ...
 
-    async def write(self, tenant: str, key: str, data: bytes, expires_at: float) -> None:
-        """Store (or overwrite) the entry, and prune expired ones nearby."""
+    async def write(self, tenant: str, key: str, data: bytes, *, now: float, ttl: int) -> None:
+        """Store (or overwrite) the entry, stored ``now`` for ``ttl`` seconds, and
+        prune expired ones nearby."""
         ...
 
 
@@ -161,38 +139,32 @@ class FileCacheBackend:
         except FileNotFoundError:
             return None
 
-    async def write(self, tenant: str, key: str, data: bytes, expires_at: float) -> None:
-        await asyncio.to_thread(self._write, self.path_for(tenant, key), data, expires_at)
+    async def write(self, tenant: str, key: str, data: bytes, *, now: float, ttl: int) -> None:
+        await asyncio.to_thread(self._write, self.path_for(tenant, key), data, now, now + ttl)
 
     @staticmethod
-    def _write(path: Path, data: bytes, expires_at: float) -> None:
+    def _write(path: Path, data: bytes, now: float, expires_at: float) -> None:
         atomic_write(path, data)
         # The mtime is the expiry: pruning needs a stat, never a read.
         os.utime(path, (expires_at, expires_at))
-        now = time.time()
         for other in path.parent.glob("*.json"):
             with contextlib.suppress(OSError):  # another process may prune it first
                 if other.stat().st_mtime <= now:
                     other.unlink()
 
 
+@dataclass
 class S3CacheBackend:
-    """Entries at ``<prefix>/_cache/<tenant>/<key[:2]>/<key>.json`` in the artifact bucket.
+    """Entries at ``<prefix>/_cache/<tenant>/<key[:2]>/<key>.json`` in the artifact
+    bucket, through the artifact store's S3 client (its ``connection``)."""
 
-    Args:
-        connection: the process's S3 client (shared with the artifact store).
-        bucket: the artifact bucket.
-        prefix: the artifact prefix.
-    """
-
-    def __init__(self, connection: S3Connection, bucket: str, prefix: str = "") -> None:
-        self.connection = connection
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
+    connection: S3Connection
+    bucket: str
+    prefix: str = ""
 
     def key_for(self, tenant: str, key: str) -> str:
         """The object key of ``key`` for ``tenant``."""
-        parts = (self.prefix, "_cache", tenant_dir(tenant), key[:2], f"{key}.json")
+        parts = (self.prefix.strip("/"), "_cache", tenant_dir(tenant), key[:2], f"{key}.json")
         return "/".join(p for p in parts if p)
 
     async def read(self, tenant: str, key: str) -> bytes | None:
@@ -209,7 +181,7 @@ class S3CacheBackend:
             raise
         return data
 
-    async def write(self, tenant: str, key: str, data: bytes, expires_at: float) -> None:
+    async def write(self, tenant: str, key: str, data: bytes, *, now: float, ttl: int) -> None:
         s3 = await self.connection.client()
         object_key = self.key_for(tenant, key)
         await s3.put_object(
@@ -218,7 +190,7 @@ class S3CacheBackend:
         # Listing gives no metadata, only the age: prune what no TTL can still use.
         shard = object_key.rsplit("/", 1)[0] + "/"
         page = await s3.list_objects_v2(Bucket=self.bucket, Prefix=shard)
-        oldest = time.time() - MAX_CACHE_TTL_SECONDS
+        oldest = now - MAX_CACHE_TTL_SECONDS
         stale: list[ObjectIdentifierTypeDef] = [
             {"Key": o["Key"]}
             for o in page.get("Contents", [])
@@ -252,12 +224,20 @@ class StepCache:
             return cls(S3CacheBackend(connection, bucket, getattr(store, "prefix", "")))
         return cls(FileCacheBackend(data_dir))
 
-    async def lookup(self, request: WorkerRequest, version: str) -> CachedResult | None:
-        """The stored result of this call if one is younger than the request's TTL."""
+    async def lookup(self, request: WorkerRequest, spec: WorkerSpec) -> CachedResult | None:
+        """The stored result of this call if one is younger than the request's TTL.
+
+        Raises:
+            InvalidInputError: the request asks a worker that may not be cached
+                (side effects) for a cache.
+        """
         policy = request.cache
         if policy is None:
             return None
-        key = cache_key(request.worker_id, version, request.tenant, request.input)
+        why = cache_refusal(spec)
+        if why is not None:
+            raise InvalidInputError(why, field="cache")
+        key = cache_key(request.worker_id, spec.version, request.tenant, request.input)
         try:
             raw = await self.backend.read(request.tenant, key)
             entry = json.loads(raw) if raw is not None else None
@@ -296,7 +276,7 @@ class StepCache:
         }
         try:
             await self.backend.write(
-                request.tenant, key, canonical_json(entry), now + policy.ttl_seconds
+                request.tenant, key, canonical_json(entry), now=now, ttl=policy.ttl_seconds
             )
         except Exception as e:  # the result stands; only its reuse is lost
             log.warning("step cache write failed: %s", e, extra={"cache_key": key})
