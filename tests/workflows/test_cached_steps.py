@@ -277,3 +277,9 @@ def test_the_ttl_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         assert cli.main(["check", str(path)]) == 2
         out = capsys.readouterr().out
         assert "step 'echo': field 'cache.ttl_seconds': must be" in out, out
+
+
+def test_the_documented_example_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "pipelines" / "cached.json"
+    assert cli.main(["check", str(example)]) == 0
+    assert "(2 steps)" in capsys.readouterr().out
