@@ -28,7 +28,7 @@ from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.protocol import Observability, WorkerRequest, WorkerResponse
 from aiworker.schemas.spec import WorkerSpec
 
-SPEC = WorkerSpec.model_validate(Echo.spec)
+SPEC: WorkerSpec = Echo.spec
 
 
 class Clock:
@@ -111,6 +111,18 @@ async def test_a_worker_with_side_effects_refuses_a_cache(tmp_path: Path) -> Non
         await cache.lookup(_request(), builtin_spec(names.PUBLISH))
     assert ei.value.field == "cache"
     assert "worker 'publish' has side effects" in str(ei.value)
+
+
+async def test_an_external_worker_refuses_a_cache(tmp_path: Path) -> None:
+    external = WorkerSpec.model_validate(
+        {
+            **SPEC.model_dump(mode="json", by_alias=True, exclude_unset=True),
+            "worker_id": "ext",
+            "implementation": {"kind": "external"},
+        }
+    )
+    with pytest.raises(InvalidInputError, match="worker 'ext' is external"):
+        await StepCache(FileCacheBackend(tmp_path)).lookup(_request(), external)
 
 
 async def test_a_damaged_entry_is_a_miss_and_is_overwritten(tmp_path: Path) -> None:
