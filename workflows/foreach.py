@@ -106,6 +106,7 @@ class PipelineForEachWorkflow(PermitSignals):
                         max_attempts=chunk.max_attempts,
                         queue_suffix=chunk.queue_suffix,
                         summary=f"{chunk.step_id}[{item.index}] ({worker.worker_id})",
+                        cache=chunk.cache,
                         priority=priority,
                     )
                 finally:
@@ -119,6 +120,7 @@ class PipelineForEachWorkflow(PermitSignals):
                     attempts=result.attempts,
                     error_code=result.error_code,
                     error_message=result.error_message,
+                    cached=result.cached,
                 )
 
         results = await asyncio.gather(*(one(i) for i in chunk.items))

@@ -276,6 +276,7 @@ class StepRunner:
                 max_attempts=step_max_attempts(step),
                 queue_suffix=run.queue_suffix,
                 summary=label,
+                cache=step.cache,
                 priority=run.priority,
             )
         finally:
