@@ -1,9 +1,9 @@
 """The ``aiworker`` command line: one function per command.
 
 aiworker dev                 embedded Temporal server + UI + a worker
-aiworker demo [--exit]       dev stack, run the sample pipeline, print the result
+aiworker demo [--exit]       dev stack, run the sample pipeline, print a table of its steps
 aiworker worker [-q QUEUE]   a worker process polling task queues
-aiworker run FILE|-          start a pipeline, wait, print the result JSON
+aiworker run FILE|-          start a pipeline, show its progress and a summary (--json: the result)
 aiworker check FILE|-        check a pipeline without running it (exit 0 valid, 2 invalid)
 aiworker review ID DECISION  approve|reject|retry an escalated step (Workflow Update)
 aiworker list [--status S]   pipelines by status, tenant, name (visibility query)
@@ -46,10 +46,12 @@ from aiworker.workers.cli_common import (
     print_outcome,
     process_catalog,
     read_pipeline,
+    warn_duplicates,
 )
 from aiworker.workers.cli_parser import build_parser
 
 if TYPE_CHECKING:
+    from aiworker.schemas.settings import Settings
     from aiworker.workers.client import PipelineClient, PipelineHandle
     from aiworker.workers.supervisor import DevOptions
 
@@ -72,7 +74,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         )
         # read_pipeline checked it against this process's catalog already
         handle = await pipelines.start(raw, workflow_id=args.id, check=False)
-        return await _print_or_wait(pipelines, handle, args.no_wait)
+        return await _print_or_wait(pipelines, handle, args, raw, settings)
 
 
 async def cmd_check(args: argparse.Namespace) -> int:
@@ -80,15 +82,36 @@ async def cmd_check(args: argparse.Namespace) -> int:
     return check_pipeline_file(args.file, as_json=args.json)
 
 
-async def _print_or_wait(pipelines: PipelineClient, handle: PipelineHandle, no_wait: bool) -> int:
-    """Print the workflow id (``--no-wait``) or wait and print the outcome JSON,
-    saying on stderr meanwhile what a step has long waited for (a rate limit, ...)."""
-    from aiworker.workers.waits import outcome_telling_waits
-
-    if no_wait:
+async def _print_or_wait(
+    pipelines: PipelineClient,
+    handle: PipelineHandle,
+    args: argparse.Namespace,
+    pipeline: dict[str, Any],
+    settings: Settings,
+) -> int:
+    """Print the workflow id (``--no-wait``), or wait for the outcome and show it:
+    with ``--json`` the outcome JSON (and on stderr meanwhile what a step has long
+    waited for); otherwise the run's progress (a live line on a terminal, plain
+    lines elsewhere) and a summary table (:mod:`aiworker.workers.watch`)."""
+    if args.no_wait:
         print(handle.id)
         return EXIT_OK
-    return print_outcome(await outcome_telling_waits(pipelines, handle, err))
+    if args.json:
+        from aiworker.workers.waits import outcome_telling_waits
+
+        return print_outcome(await outcome_telling_waits(pipelines, handle, err))
+    from aiworker.workers.progress import ui_base, workflow_link
+    from aiworker.workers.watch import choose_view, follow
+
+    temporal = pipelines.temporal
+    base = ui_base(settings.ui_url, temporal.service_client.config.target_host)
+    link = workflow_link(base, temporal.namespace, handle.id)
+    name = str(pipeline.get("name"))
+    workers = {str(s.get("id")): str(s.get("worker")) for s in pipeline.get("steps") or ()}
+    print(f"{name}: started {handle.id}" + (f"  {link}" if link else ""), flush=True)
+    doc = await follow(pipelines, handle, choose_view(sys.stdout, name, link, workers))
+    warn_duplicates(doc)
+    return outcome_code(doc)
 
 
 async def cmd_review(args: argparse.Namespace) -> int:
@@ -163,7 +186,7 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
         pipeline = await pipelines.redrive_input(args.workflow_id)
         handle = await pipelines.start_redrive(pipeline)
         err(f"redriving {args.workflow_id} as {handle.id}: {describe_redrive(pipeline)}")
-        return await _print_or_wait(pipelines, handle, args.no_wait)
+        return await _print_or_wait(pipelines, handle, args, pipeline, settings)
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
@@ -192,6 +215,7 @@ def _dev_options(args: argparse.Namespace) -> DevOptions:
         ui_port=None if args.headless else args.ui_port,
         fast_poll=args.fast_poll,
         exit_after_pipeline=getattr(args, "exit", False),
+        json_result=getattr(args, "json", False),
     )
 
 

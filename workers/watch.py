@@ -1,0 +1,184 @@
+"""Following a pipeline while ``aiworker run`` (and ``redrive``, ``demo``) waits.
+
+Three output modes, chosen by :func:`choose_view`:
+
+- a terminal (stdout is a TTY): :class:`LiveView` redraws one line in place
+  (:func:`~aiworker.workers.progress.progress_line`) ten times a second from
+  the latest snapshot, then clears it;
+- anything else (a pipe, a file, a CI log): :class:`PlainView` prints one line
+  per step status change and per wait that lasted long enough, no escape codes;
+- ``--json``: no view; the result JSON alone on stdout, long waits on stderr
+  (:func:`~aiworker.workers.waits.report_waits`).
+
+The views end with the :func:`~aiworker.workers.progress.summary` table.
+The loop here is thin: it polls the ``progress`` query once a second (at most
+:data:`~aiworker.workers.waits.MAX_POLLS` times) and hands each snapshot to
+the view; what is drawn is decided by the pure functions of
+:mod:`aiworker.workers.progress`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections.abc import Mapping
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+from temporalio.exceptions import TemporalError
+
+from aiworker.workers.progress import Snapshot, progress_line, step_events, summary
+from aiworker.workers.waits import MAX_POLLS, POLL_SECONDS, WaitNotices, snapshot
+
+if TYPE_CHECKING:
+    from aiworker.workers.client import PipelineClient, PipelineHandle
+
+# The live line's redraw period (the spinner and the clock move between polls).
+FRAME_SECONDS = 0.1
+
+
+class View(Protocol):
+    """Where a followed run shows: a live line, plain lines."""
+
+    frame_seconds: float
+
+    def update(self, snap: Snapshot, elapsed: float) -> None:
+        """A new snapshot from the ``progress`` query."""
+
+    def tick(self, elapsed: float) -> None:
+        """Time passed (redraw what moves)."""
+
+    def close(self, doc: dict[str, Any] | None, elapsed: float) -> None:
+        """The run ended (``doc``, its outcome) or the watch stopped (``None``)."""
+
+
+class PlainView:
+    """One line per step status change and per long wait: for pipes and logs."""
+
+    frame_seconds = POLL_SECONDS
+
+    def __init__(
+        self,
+        out: IO[str],
+        name: str,
+        link: str | None = None,
+        workers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.out, self.name, self.link, self.workers = out, name, link, workers
+        self.last: Snapshot | None = None
+        self.notices = WaitNotices()
+
+    def _say(self, elapsed: float, line: str) -> None:
+        print(f"[{elapsed:6.1f}s] {line}", file=self.out, flush=True)
+
+    def update(self, snap: Snapshot, elapsed: float) -> None:
+        """Say what changed since the last snapshot, and the waits now worth a line."""
+        for line in step_events(self.last, snap):
+            self._say(elapsed, line)
+        for line in self.notices.seen(snap.waits, time.monotonic()):
+            self._say(elapsed, line)
+        self.last = snap
+
+    def tick(self, elapsed: float) -> None:
+        """Nothing moves between polls in plain lines."""
+
+    def close(self, doc: dict[str, Any] | None, elapsed: float) -> None:
+        """The summary table: the last word on every step (changes after the last
+        poll show there, not as lines of their own)."""
+        if doc is None:
+            return
+        print(
+            summary(doc, name=self.name, workers=self.workers, elapsed=elapsed, link=self.link),
+            file=self.out,
+        )
+        self.out.flush()
+
+
+class LiveView:
+    """One line redrawn in place on a terminal, cleared when the run ends."""
+
+    frame_seconds = FRAME_SECONDS
+
+    def __init__(
+        self,
+        out: IO[str],
+        name: str,
+        link: str | None = None,
+        workers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.out, self.name, self.link, self.workers = out, name, link, workers
+        self.snap: Snapshot | None = None
+        self.frame = 0
+        encoding = getattr(out, "encoding", None) or "ascii"
+        try:
+            "⠋·…".encode(encoding)
+            self.ascii_only = False
+        except (UnicodeEncodeError, LookupError):
+            self.ascii_only = True
+
+    def update(self, snap: Snapshot, elapsed: float) -> None:
+        """Keep the latest snapshot; the next tick draws it."""
+        self.snap = snap
+
+    def tick(self, elapsed: float) -> None:
+        """Redraw the line: carriage return, the line, erase to the end of the line."""
+        width = shutil.get_terminal_size((80, 24)).columns - 1
+        line = progress_line(
+            self.name, self.snap, elapsed, self.frame, width=width, ascii_only=self.ascii_only
+        )
+        self.frame += 1
+        self.out.write(f"\r{line}\x1b[K")
+        self.out.flush()
+
+    def close(self, doc: dict[str, Any] | None, elapsed: float) -> None:
+        """Clear the line; then the summary table."""
+        self.out.write("\r\x1b[K")
+        if doc is not None:
+            self.out.write(
+                summary(doc, name=self.name, workers=self.workers, elapsed=elapsed, link=self.link)
+                + "\n"
+            )
+        self.out.flush()
+
+
+def choose_view(
+    out: IO[str], name: str, link: str | None, workers: Mapping[str, str] | None = None
+) -> View:
+    """A live line on a terminal, plain lines anywhere else."""
+    isatty = getattr(out, "isatty", None)
+    if isatty is not None and isatty():
+        return LiveView(out, name, link, workers)
+    return PlainView(out, name, link, workers)
+
+
+async def _watch(pipelines: PipelineClient, workflow_id: str, view: View, start: float) -> None:
+    """Poll the run's snapshot every :data:`POLL_SECONDS` (at most
+    :data:`MAX_POLLS` polls) and tick the view between polls, until cancelled."""
+    polls, next_poll = 0, start
+    frames = int(MAX_POLLS * POLL_SECONDS / view.frame_seconds)
+    for _ in range(frames):
+        clock = time.monotonic()
+        if polls < MAX_POLLS and clock >= next_poll:
+            polls += 1
+            next_poll = clock + POLL_SECONDS
+            with contextlib.suppress(TemporalError):  # not started yet, or ended: next poll
+                view.update(await snapshot(pipelines.temporal, workflow_id), clock - start)
+        view.tick(time.monotonic() - start)
+        await asyncio.sleep(view.frame_seconds)
+
+
+async def follow(pipelines: PipelineClient, handle: PipelineHandle, view: View) -> dict[str, Any]:
+    """:meth:`PipelineClient.outcome` of ``handle``, shown on ``view`` as it runs
+    and summed up when it ends."""
+    start = time.monotonic()
+    watch = asyncio.create_task(_watch(pipelines, handle.id, view, start))
+    doc: dict[str, Any] | None = None
+    try:
+        doc = await pipelines.outcome(handle.id, handle.result_run_id)
+        return doc
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        view.close(doc, time.monotonic() - start)
