@@ -43,15 +43,12 @@ from aiworker.workers.cli_common import (
     err,
     load_settings,
     outcome_code,
-    print_outcome,
     process_catalog,
     read_pipeline,
-    warn_duplicates,
 )
 from aiworker.workers.cli_parser import build_parser
 
 if TYPE_CHECKING:
-    from aiworker.schemas.settings import Settings
     from aiworker.workers.client import PipelineClient, PipelineHandle
     from aiworker.workers.supervisor import DevOptions
 
@@ -74,12 +71,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         )
         # read_pipeline checked it against this process's catalog already
         handle = await pipelines.start(raw, workflow_id=args.id, check=False)
-        return await _print_or_wait(pipelines, handle, args, raw, settings)
-
-
-async def cmd_check(args: argparse.Namespace) -> int:
-    """``aiworker check FILE|-``: every problem of a pipeline, before anything runs."""
-    return check_pipeline_file(args.file, as_json=args.json)
+        return await _print_or_wait(pipelines, handle, args, raw, settings.ui_url)
 
 
 async def _print_or_wait(
@@ -87,31 +79,18 @@ async def _print_or_wait(
     handle: PipelineHandle,
     args: argparse.Namespace,
     pipeline: dict[str, Any],
-    settings: Settings,
+    ui_url: str | None,
 ) -> int:
-    """Print the workflow id (``--no-wait``), or wait for the outcome and show it:
-    with ``--json`` the outcome JSON (and on stderr meanwhile what a step has long
-    waited for); otherwise the run's progress (a live line on a terminal, plain
-    lines elsewhere) and a summary table (:mod:`aiworker.workers.watch`)."""
-    if args.no_wait:
-        print(handle.id)
-        return EXIT_OK
-    if args.json:
-        from aiworker.workers.waits import outcome_telling_waits
+    from aiworker.workers.watch import wait_and_show
 
-        return print_outcome(await outcome_telling_waits(pipelines, handle, err))
-    from aiworker.workers.progress import ui_base, workflow_link
-    from aiworker.workers.watch import choose_view, follow
+    return await wait_and_show(
+        pipelines, handle, pipeline, ui_url, no_wait=args.no_wait, as_json=args.json
+    )
 
-    temporal = pipelines.temporal
-    base = ui_base(settings.ui_url, temporal.service_client.config.target_host)
-    link = workflow_link(base, temporal.namespace, handle.id)
-    name = str(pipeline.get("name"))
-    workers = {str(s.get("id")): str(s.get("worker")) for s in pipeline.get("steps") or ()}
-    print(f"{name}: started {handle.id}" + (f"  {link}" if link else ""), flush=True)
-    doc = await follow(pipelines, handle, choose_view(sys.stdout, name, link, workers))
-    warn_duplicates(doc)
-    return outcome_code(doc)
+
+async def cmd_check(args: argparse.Namespace) -> int:
+    """``aiworker check FILE|-``: every problem of a pipeline, before anything runs."""
+    return check_pipeline_file(args.file, as_json=args.json)
 
 
 async def cmd_review(args: argparse.Namespace) -> int:
@@ -186,7 +165,7 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
         pipeline = await pipelines.redrive_input(args.workflow_id)
         handle = await pipelines.start_redrive(pipeline)
         err(f"redriving {args.workflow_id} as {handle.id}: {describe_redrive(pipeline)}")
-        return await _print_or_wait(pipelines, handle, args, pipeline, settings)
+        return await _print_or_wait(pipelines, handle, args, pipeline, settings.ui_url)
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:

@@ -23,26 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from aiworker.schemas.names import OK_STATUSES
+from aiworker.schemas.names import ENDED_STEP_STATUSES as ENDED
 
 # (step or "" for the pipeline, kind of permit, whether for_each items wait)
 Wait = tuple[str, str, bool]
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 ASCII_SPINNER = "|/-\\"
-
-# Step statuses after which a step no longer changes.
-ENDED = frozenset(
-    (
-        *OK_STATUSES,
-        "failed",
-        "skipped",
-        "blocked",
-        "rejected",
-        "cancelled",
-        "escalation_timed_out",
-    )
-)
 
 _KIND = {"rate": "at rate limit", "concurrency": "for a concurrency slot"}
 # The output's one line in the summary stops here: the full result is --json's.

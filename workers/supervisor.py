@@ -317,7 +317,7 @@ async def _run_pipeline(
     ``json_result`` the result JSON), unless the stack stops first."""
     from aiworker.workers.client import PipelineClient
     from aiworker.workers.progress import workflow_link
-    from aiworker.workers.watch import choose_view, follow
+    from aiworker.workers.watch import show_run
 
     pipelines = PipelineClient(client, settings)
     # the command read it with read_pipeline, which checked it
@@ -329,9 +329,7 @@ async def _run_pipeline(
     if json_result:
         outcome = asyncio.create_task(pipelines.outcome(handle.id, handle.result_run_id))
     else:
-        workers = {s["id"]: s["worker"] for s in pipeline["steps"]}
-        view = choose_view(sys.stdout, pipeline["name"], link, workers)
-        outcome = asyncio.create_task(follow(pipelines, handle, view))
+        outcome = asyncio.create_task(show_run(pipelines, handle, pipeline, link))
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait([outcome, stopped, worker], return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()

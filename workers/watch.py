@@ -22,16 +22,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import sys
 import time
 from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from temporalio.exceptions import TemporalError
 
-from aiworker.workers.progress import Snapshot, progress_line, step_events, summary
-from aiworker.workers.waits import MAX_POLLS, POLL_SECONDS, WaitNotices, snapshot
+from aiworker.workers.cli_common import (
+    EXIT_OK,
+    err,
+    outcome_code,
+    print_outcome,
+    warn_duplicates,
+)
+from aiworker.workers.progress import (
+    Snapshot,
+    progress_line,
+    step_events,
+    summary,
+    ui_base,
+    workflow_link,
+)
+from aiworker.workers.waits import (
+    MAX_POLLS,
+    POLL_SECONDS,
+    WaitNotices,
+    outcome_telling_waits,
+    snapshot,
+)
 
 if TYPE_CHECKING:
+    from temporalio.client import Client
+
     from aiworker.workers.client import PipelineClient, PipelineHandle
 
 # The live line's redraw period (the spinner and the clock move between polls).
@@ -53,10 +76,9 @@ class View(Protocol):
         """The run ended (``doc``, its outcome) or the watch stopped (``None``)."""
 
 
-class PlainView:
-    """One line per step status change and per long wait: for pipes and logs."""
-
-    frame_seconds = POLL_SECONDS
+class _Output:
+    """Where a view writes, and what its summary names: the pipeline, its steps'
+    workers, the UI link."""
 
     def __init__(
         self,
@@ -66,6 +88,19 @@ class PlainView:
         workers: Mapping[str, str] | None = None,
     ) -> None:
         self.out, self.name, self.link, self.workers = out, name, link, workers
+
+    def summary(self, doc: dict[str, Any], elapsed: float) -> str:
+        """The run's :func:`~aiworker.workers.progress.summary` table."""
+        return summary(doc, name=self.name, workers=self.workers, elapsed=elapsed, link=self.link)
+
+
+class PlainView(_Output):
+    """One line per step status change and per long wait: for pipes and logs."""
+
+    frame_seconds = POLL_SECONDS
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
         self.last: Snapshot | None = None
         self.notices = WaitNotices()
 
@@ -88,29 +123,19 @@ class PlainView:
         poll show there, not as lines of their own)."""
         if doc is None:
             return
-        print(
-            summary(doc, name=self.name, workers=self.workers, elapsed=elapsed, link=self.link),
-            file=self.out,
-        )
-        self.out.flush()
+        print(self.summary(doc, elapsed), file=self.out, flush=True)
 
 
-class LiveView:
+class LiveView(_Output):
     """One line redrawn in place on a terminal, cleared when the run ends."""
 
     frame_seconds = FRAME_SECONDS
 
-    def __init__(
-        self,
-        out: IO[str],
-        name: str,
-        link: str | None = None,
-        workers: Mapping[str, str] | None = None,
-    ) -> None:
-        self.out, self.name, self.link, self.workers = out, name, link, workers
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
         self.snap: Snapshot | None = None
         self.frame = 0
-        encoding = getattr(out, "encoding", None) or "ascii"
+        encoding = getattr(self.out, "encoding", None) or "ascii"
         try:
             "⠋·…".encode(encoding)
             self.ascii_only = False
@@ -135,10 +160,7 @@ class LiveView:
         """Clear the line; then the summary table."""
         self.out.write("\r\x1b[K")
         if doc is not None:
-            self.out.write(
-                summary(doc, name=self.name, workers=self.workers, elapsed=elapsed, link=self.link)
-                + "\n"
-            )
+            self.out.write(self.summary(doc, elapsed) + "\n")
         self.out.flush()
 
 
@@ -182,3 +204,48 @@ async def follow(pipelines: PipelineClient, handle: PipelineHandle, view: View) 
         with contextlib.suppress(asyncio.CancelledError):
             await watch
         view.close(doc, time.monotonic() - start)
+
+
+def run_link(temporal: Client, ui_url: str | None, workflow_id: str) -> str | None:
+    """The UI page of a workflow on ``temporal``'s namespace (``AIWORKER_UI_URL``,
+    or the dev UI when Temporal is at the dev server's default address)."""
+    base = ui_base(ui_url, temporal.service_client.config.target_host)
+    return workflow_link(base, temporal.namespace, workflow_id)
+
+
+async def show_run(
+    pipelines: PipelineClient,
+    handle: PipelineHandle,
+    pipeline: Mapping[str, Any],
+    link: str | None,
+) -> dict[str, Any]:
+    """Follow a started pipeline on stdout (a live line or plain lines, then the
+    summary table); its outcome."""
+    name = str(pipeline.get("name"))
+    workers = {str(s.get("id")): str(s.get("worker")) for s in pipeline.get("steps") or ()}
+    return await follow(pipelines, handle, choose_view(sys.stdout, name, link, workers))
+
+
+async def wait_and_show(
+    pipelines: PipelineClient,
+    handle: PipelineHandle,
+    pipeline: Mapping[str, Any],
+    ui_url: str | None,
+    *,
+    no_wait: bool = False,
+    as_json: bool = False,
+) -> int:
+    """What ``aiworker run`` and ``redrive`` print once the pipeline started; the
+    exit code. The workflow id (``no_wait``); or the outcome JSON (``as_json``,
+    with what a step has long waited for on stderr meanwhile); or a first line
+    with the workflow id and UI link, the run's progress and the summary table."""
+    if no_wait:
+        print(handle.id)
+        return EXIT_OK
+    if as_json:
+        return print_outcome(await outcome_telling_waits(pipelines, handle, err))
+    link = run_link(pipelines.temporal, ui_url, handle.id)
+    print(f"{pipeline.get('name')}: started {handle.id}" + (f"  {link}" if link else ""))
+    doc = await show_run(pipelines, handle, pipeline, link)
+    warn_duplicates(doc)
+    return outcome_code(doc)

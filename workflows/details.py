@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from aiworker.schemas.names import ENDED_STEP_STATUSES
     from aiworker.schemas.pipeline import StepResult
 
 # Rows past this are counted, not listed: the UI's details pane is for a glance.
@@ -33,19 +34,6 @@ MAX_CHARS = 16_000
 
 # (status, attempts, cached, items done, items total): what a row shows
 Row = tuple[str, int, bool, int | None, int | None]
-
-_ENDED = frozenset(
-    (
-        "succeeded",
-        "partial",
-        "failed",
-        "skipped",
-        "blocked",
-        "rejected",
-        "cancelled",
-        "escalation_timed_out",
-    )
-)
 
 
 def row_of(result: StepResult) -> Row:
@@ -71,7 +59,7 @@ def render_table(name: str, status: str, workers: dict[str, str], rows: dict[str
         workers: step id -> worker id, in the spec's order.
         rows: step id -> :func:`row_of` of its latest result.
     """
-    ended = sum(1 for r in rows.values() if r[0] in _ENDED)
+    ended = sum(1 for r in rows.values() if r[0] in ENDED_STEP_STATUSES)
     lines = [
         f"**{_cell(name)}** · {status} · {ended}/{len(workers)} steps done",
         "",
