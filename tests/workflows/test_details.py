@@ -5,6 +5,7 @@ after a run; and the table's bounds."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from typing import Any
 
 from conftest import running_stack
@@ -15,6 +16,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from aiworker.schemas import names
 from aiworker.schemas.settings import Settings
+from aiworker.workers.devserver import temporal_cli_path
 from aiworker.workflows.details import MAX_CHARS, MAX_ROWS, render_table
 
 # The query the Temporal UI sends for a workflow's current details (and its handlers).
@@ -83,6 +85,23 @@ async def test_details_show_each_step_while_it_runs_and_after(
         result = await handle.result()
         after = await current_details(handle)  # replayed from history by the worker
         desc = await handle.describe()
+        shown = await asyncio.to_thread(
+            subprocess.run,
+            [
+                temporal_cli_path(),
+                "workflow",
+                "metadata",
+                "--address",
+                client.service_client.config.target_host,
+                "--namespace",
+                client.namespace,
+                "--workflow-id",
+                handle.id,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.status == "succeeded"
     assert during.splitlines()[0] == "**details** · running · 2/3 steps done"
     assert _rows(during) == {
@@ -92,6 +111,9 @@ async def test_details_show_each_step_while_it_runs_and_after(
     }
     assert after.splitlines()[0] == "**details** · succeeded · 3/3 steps done"
     assert _rows(after)["slow"] == ["publish", "succeeded", "1", ""]
+    # the `temporal` CLI shows them as the UI does
+    assert shown.returncode == 0, shown.stderr
+    assert "**details** · succeeded · 3/3 steps done" in shown.stdout, shown.stdout
     # current details are no part of the workflow's static user metadata
     assert not desc.raw_description.execution_config.user_metadata.details.data
 
