@@ -64,6 +64,18 @@ def pipeline_search_attributes(status: str, tenant: str, pipeline: str) -> Typed
 
 # The statuses in which a call, a step or a pipeline counts as done well.
 OK_STATUSES: Final = ("succeeded", "partial")
+# The step statuses after which a step no longer changes (progress counts them done).
+ENDED_STEP_STATUSES: Final = frozenset(
+    (
+        *OK_STATUSES,
+        "failed",
+        "skipped",
+        "blocked",
+        "rejected",
+        "cancelled",
+        "escalation_timed_out",
+    )
+)
 
 # The header in which the SDK's OpenTelemetry TracingInterceptor carries the
 # W3C trace context into workflows and activities.

@@ -250,6 +250,8 @@ class PipelineWorkflow(PermitSignals):
             )
         for step in spec.steps:
             run.steps[step.id] = StepResult(status="pending")
+        # the Temporal UI's view of the DAG (no command, no history event)
+        self._board.table.start(spec.name, {s.id: s.worker for s in spec.steps}, self._board.status)
         return run
 
     @staticmethod

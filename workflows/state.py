@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.budget import Admission, BudgetRefused, Ledger
+from aiworker.workflows.details import StepBoard, StepTable
 from aiworker.workflows.limits import PermitBook
 from aiworker.workflows.pipeline_limits import PipelineLimits
 from aiworker.workflows.review import ReviewDesk
@@ -75,17 +76,26 @@ class Ended:
 
 @dataclass
 class Board:
-    """What the handlers see: step results, the run's status, and who waits for what."""
+    """What the handlers see: step results, the run's status, and who waits for what.
 
-    steps: dict[str, StepResult] = field(default_factory=dict)
+    Every step result written and every status set also reaches :attr:`table`,
+    the step table the Temporal UI shows as the workflow's current details.
+    """
+
+    steps: StepBoard = field(default_factory=StepBoard)
     status: str = "running"
     permits: PermitBook = field(default_factory=PermitBook)
     desk: ReviewDesk = field(default_factory=ReviewDesk)
     # Steps calling an external worker now: step id -> its queue and wait bound.
     external: dict[str, dict[str, Any]] = field(default_factory=dict)
+    table: StepTable = field(default_factory=StepTable)
+
+    def __post_init__(self) -> None:
+        self.steps.on_set = self.table.note
 
     def set_status(self, status: str) -> None:
         """The run's status, upserted as the ``AiworkerStatus`` search attribute."""
+        self.table.set_status(status)
         if status != self.status or status == "running":
             self.status = status
             if search_attributes_on():
