@@ -41,9 +41,13 @@ def row_of(result: StepResult) -> Row:
     items = result.items or {}
     total = items.get("total")
     done = items.get("done", items.get("succeeded", 0) + items.get("failed", 0))
-    # `cached` arrives with the step cache; a result without the field shows nothing
-    cached = getattr(result, "cached", None) is True
-    return (result.status, result.attempts, cached, done if total is not None else None, total)
+    return (
+        result.status,
+        result.attempts,
+        result.cached,
+        done if total is not None else None,
+        total,
+    )
 
 
 def _cell(text: str) -> str:

@@ -19,6 +19,7 @@ from conftest import Stack, installed_workers, running_stack
 from support import cache_workers
 from support.loopback import upstream
 from support.pipelines import refused
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 
 from aiworker.activities.tools import scrape_tools
@@ -75,6 +76,9 @@ async def _run(stack: Stack, pipeline: dict[str, Any]) -> tuple[Any, dict[str, A
     handle = await stack.start(pipeline)
     result = await handle.result()
     progress = await handle.query("progress")
+    progress["details"] = (
+        await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    ).current_details
     return result, progress
 
 
@@ -90,6 +94,9 @@ async def test_a_second_run_reuses_the_result_and_progress_says_cached(
     assert second.steps["echo"].cached is True
     assert progress["steps"]["echo"]["cached"] is True
     assert progress["steps"]["check"]["cached"] is False  # no cache declared
+    # the Temporal UI's step table marks the cached step, and only it
+    assert "| echo | cache-echo | succeeded (cached) |" in progress["details"]
+    assert "| check | validator | succeeded |" in progress["details"]
     # downstream references read the cached outputs as they read fresh ones
     assert second.output == first.output == {"reply": "hello"}
     assert second.steps["check"].outputs == first.steps["check"].outputs
