@@ -50,6 +50,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from aiworker.schemas import catalog, names
 from aiworker.schemas.causes import PipelineError
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
+from aiworker.schemas.priority import start_priority
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers import visibility
@@ -197,13 +198,16 @@ class PipelineClient:
     def start_options(self, pipeline: Mapping[str, Any]) -> dict[str, Any]:
         """How every run of ``pipeline`` starts, by :meth:`start` or by a schedule's
         action (:mod:`aiworker.workers.schedules`): its task queue, search
-        attributes and summary, as keyword arguments of ``Client.start_workflow``."""
+        attributes, summary and priority (the spec's, with the tenant as fairness
+        key), as keyword arguments of ``Client.start_workflow``."""
         name = str(pipeline.get("name") or "pipeline")
         tenant = str(pipeline.get("tenant") or names.DEFAULT_TENANT)
         return {
             "task_queue": self.settings.queue(names.PIPELINES_QUEUE),
             "search_attributes": names.pipeline_search_attributes("queued", tenant, name),
             "static_summary": f"pipeline {name} (tenant {tenant})",
+            # for the pipeline's tasks too: its activities and children inherit it
+            "priority": start_priority(pipeline, self.settings.tenants),
         }
 
     def get_handle(self, workflow_id: str, run_id: str | None = None) -> PipelineHandle:

@@ -105,7 +105,7 @@ async def test_a_schedule_runs_the_pipeline_under_ids_from_its_time(
 ) -> None:
     sid = f"every-{uuid.uuid4().hex[:8]}"
     f = tmp_path / "p.json"
-    f.write_text(json.dumps(publish_pipeline("scheduled", "scheduled.jsonl")))
+    f.write_text(json.dumps({**publish_pipeline("scheduled", "scheduled.jsonl"), "priority": 2}))
     created = await cli(stack, "create", str(f), "--schedule-id", sid, "--interval", "1s")
     try:
         assert created.returncode == EXIT_OK, created.stderr
@@ -124,6 +124,10 @@ async def test_a_schedule_runs_the_pipeline_under_ids_from_its_time(
     assert desc.task_queue == stack.pipelines_queue
     assert desc.typed_search_attributes.get(names.TENANT_KEY) == "acme"
     assert desc.typed_search_attributes.get(names.PIPELINE_KEY) == "scheduled"
+    async for event in stack.client.get_workflow_handle(ids[0]).fetch_history_events():
+        priority = event.workflow_execution_started_event_attributes.priority
+        assert (priority.priority_key, priority.fairness_key) == (2, "acme")
+        break
     # Each run published under its own key: `<run id>/notify`.
     keys = sink_keys(stack.settings, "scheduled.jsonl")
     assert {f"{wid}/notify" for wid in ids} <= set(keys)
