@@ -380,7 +380,8 @@ def create_app(door: FrontDoor) -> FastAPI:
             raise ApiError(
                 403,
                 ErrorCode.ACCESS_DENIED,
-                f"this API key acts for tenant {key.tenant!r}; the body names {canonical(tenant)}",
+                f"this API key acts for tenant {canonical(key.tenant)}; "
+                f"the body names {canonical(tenant)}",
             )
         raw["tenant"] = key.tenant
         idem = request.headers.get("idempotency-key")
