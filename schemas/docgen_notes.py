@@ -2,6 +2,9 @@
 happens and what to do, what each setting means, the errors each built-in
 worker raises and an example of its outputs.
 
+Long on purpose (a little over 400 lines): tables of prose, one entry per
+code, setting and worker, kept in one place so that none ships undocumented.
+
 Kept beside the generator so that a new error code, setting, cap or built-in
 worker without its line here fails ``aiworker schemas check`` (and the docs
 test) instead of shipping undocumented; example outputs are validated against

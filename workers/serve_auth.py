@@ -43,9 +43,17 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from aiworker.schemas.names import TENANT_PATTERN
 from aiworker.schemas.spec import parse_rate
@@ -61,6 +69,15 @@ MIN_KEY_CHARS = 24
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
+def _checked_rate(text: str) -> str:
+    parse_rate(text)  # raises ValueError naming the form
+    return text
+
+
+RateText = Annotated[str, AfterValidator(_checked_rate)]
+"""A rate such as ``60/min``, checked where it is read."""
+
+
 class ServeConfigError(StartupError):
     """The keys or hooks file cannot start the front door; the message names file and field."""
 
@@ -72,7 +89,7 @@ class ApiKey(BaseModel):
     name: str = Field(min_length=1, max_length=100, description="who holds the key (logs)")
     tenant: str = Field(pattern=TENANT_PATTERN, description="the tenant the key acts for")
     sha256: str = Field(description="hex SHA-256 of the key (aiworker keys add)")
-    rate_limit: str | None = Field(
+    rate_limit: RateText | None = Field(
         default=None, description="requests per period, e.g. 60/min (AIWORKER_SERVE_RATE_LIMIT)"
     )
 
@@ -81,13 +98,6 @@ class ApiKey(BaseModel):
     def _hex(cls, v: str) -> str:
         if not _HEX64.match(v):
             raise ValueError("expected 64 lower-case hex digits (aiworker keys add)")
-        return v
-
-    @field_validator("rate_limit")
-    @classmethod
-    def _rate(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_rate(v)
         return v
 
 
@@ -121,7 +131,7 @@ class Hook(BaseModel):
         description="header with the delivery id (default X-GitHub-Delivery for github; "
         "none for stripe: the body's hash)",
     )
-    rate_limit: str | None = None
+    rate_limit: RateText | None = None
 
     @model_validator(mode="after")
     def _one_secret(self) -> Hook:
