@@ -26,6 +26,7 @@ from support.waiting import wait_until
 
 GITHUB_SECRET = "gh-secret-0123456789abcdef"
 STRIPE_SECRET = "whsec_0123456789abcdef0123"
+DOCS_SECRET = "docs-secret-0123456789abcdef"
 # Keys as `aiworker keys add` draws them would do; fixed ones keep failures readable.
 KEYS = {
     "ci": ("acme", "aiw_ci-key-0123456789abcdefghijklmnop", None),
@@ -74,6 +75,13 @@ def write_config(directory: Path) -> dict[str, str]:
             "signature": "github",
             "secret": GITHUB_SECRET,
         },
+        {  # the hook docs/serve.md sends to
+            "name": "github-push",
+            "pipeline": "on-event.json",
+            "tenant": "acme",
+            "signature": "github",
+            "secret_env": "GITHUB_WEBHOOK_SECRET",
+        },
         {
             "name": "pay",
             "pipeline": "on-event.json",
@@ -89,6 +97,7 @@ def write_config(directory: Path) -> dict[str, str]:
         "AIWORKER_HOOKS_FILE": str(directory / "hooks.json"),
         "AIWORKER_SERVE_MAX_BODY_BYTES": str(MAX_BODY),
         "TEST_STRIPE_SECRET": STRIPE_SECRET,
+        "GITHUB_WEBHOOK_SECRET": DOCS_SECRET,
     }
 
 

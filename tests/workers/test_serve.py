@@ -3,7 +3,10 @@ Temporal dev server and a worker stack, driven with httpx."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,6 +18,8 @@ import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
 from support.front_door import (
+    DOCS_SECRET,
+    KEYS,
     MAX_BODY,
     Door,
     bearer,
@@ -314,3 +319,41 @@ async def test_temporal_unreachable_is_503(tmp_path: Path, stack: Stack) -> None
         r = await http.post("/v1/pipelines", json=pipeline, headers=bearer("ci"))
         assert "127.0.0.1:9" in error(r, 503, "upstream_error")
         assert r.headers["retry-after"] == "5"
+
+
+def docs_blocks(*needles: str) -> list[str]:
+    """The shell blocks of docs/serve.md that hold every one of ``needles``."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "serve.md").read_text()
+    blocks = re.findall(r"^```sh\n(.*?)^```", text, re.S | re.M)
+    return [b for b in blocks if all(n in b for n in needles)]
+
+
+async def test_the_curl_examples_of_the_docs_run_as_written(
+    door: Door, http: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    pipeline = one_step_pipeline("from-the-docs")
+    (tmp_path / "pipeline.json").write_text(json.dumps(pipeline))
+    env = {"PATH": "/usr/bin:/bin", "KEY": KEYS["ci"][1], "GITHUB_WEBHOOK_SECRET": DOCS_SECRET}
+    answers = []
+    for needles in (("Idempotency-Key", "--data @pipeline.json"), ("X-Hub-Signature-256",)):
+        (block,) = docs_blocks(*needles)
+        script = block.replace("http://localhost:8000", door.url)
+        done = await asyncio.to_thread(
+            subprocess.run,
+            ["bash", "-euo", "pipefail", "-c", script],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        answers.append(json.loads(done.stdout))
+    for answer in answers:
+        assert answer["tenant"] == "acme" and answer["workflow_id"], answer
+        r = await http.get(
+            f"/v1/pipelines/{answer['workflow_id']}/result",
+            params={"timeout": 30},
+            headers=bearer("ci"),
+        )
+        assert r.status_code == 200 and r.json()["status"] == "succeeded", r.text
