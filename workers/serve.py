@@ -43,7 +43,7 @@ from temporalio.service import RPCError
 from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.settings import Settings
 from aiworker.workers.client import PipelineClient
-from aiworker.workers.serve_auth import ApiKey, KeyRing, RateLimiter, load_hooks
+from aiworker.workers.serve_auth import ApiKey, KeyRing, RateLimiter, ServeConfigError, load_hooks
 from aiworker.workers.serve_http import ApiError, install_error_handlers, read_body, unavailable
 from aiworker.workers.serve_service import (
     MAX_RESULT_WAIT_SECONDS,
@@ -195,6 +195,15 @@ async def serve(
 
     keys = KeyRing.load(settings.api_keys_file)
     hooks = load_hooks(settings.hooks_file, env)
+    if settings.tenants is not None:
+        # A key or hook for a tenant the registry lacks could never start anything.
+        named = {k.tenant for k in keys.keys} | {h.hook.tenant for h in hooks.values()}
+        unknown = sorted(named - set(settings.tenants.tenants))
+        if unknown:
+            raise ServeConfigError(
+                f"API keys or hooks name tenants that AIWORKER_TENANTS_FILE lacks: "
+                f"{', '.join(unknown)}"
+            )
     pipelines = await PipelineClient.connect(
         profile, target_host=address, settings=settings, lazy=True
     )

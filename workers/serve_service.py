@@ -63,6 +63,7 @@ SPEC_LEVELS = 8
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 # Temporal answers a describe or query in milliseconds; a hung one must not hold a request.
 RPC_TIMEOUT = timedelta(seconds=10)
+ENDED_QUERY_TIMEOUT = timedelta(seconds=3)
 
 
 @dataclass
@@ -195,6 +196,12 @@ class Service:
                 ) from None
             desc = await pipelines.get_handle(workflow_id).describe(rpc_timeout=RPC_TIMEOUT)
             return _started(_summary(desc), 200)
+        log.info(
+            "started pipeline %s as %s for tenant %s",
+            pipeline.get("name"),
+            handle.id,
+            pipeline.get("tenant"),
+        )
         doc = {
             "workflow_id": handle.id,
             "run_id": handle.result_run_id,
@@ -227,9 +234,11 @@ class Service:
         """Describe plus the ``progress`` query (null when the workflow does not answer)."""
         desc = await self.owned(workflow_id, key)
         doc = _summary(desc)
+        # An ended run answers only when a worker replays it: do not hold the caller long.
+        running = desc.status == WorkflowExecutionStatus.RUNNING
         try:
             doc["progress"] = await self.door.pipelines.get_handle(workflow_id).query(
-                names.PROGRESS_QUERY, rpc_timeout=RPC_TIMEOUT
+                names.PROGRESS_QUERY, rpc_timeout=RPC_TIMEOUT if running else ENDED_QUERY_TIMEOUT
             )
         except (RPCError, RPCTimeoutOrCancelledError) as e:
             if isinstance(e, RPCError) and e.status == RPCStatusCode.UNAVAILABLE:
@@ -284,7 +293,6 @@ class Service:
         ready = self.door.hooks.get(name)
         if ready is None:
             raise ApiError(404, ErrorCode.NOT_FOUND, f"no webhook named {name!r}")
-        self.limit(f"hook:{name}", ready.hook.rate_limit)
         body = await read_body(request, self.door.settings.serve_max_body_bytes)
         try:
             if ready.hook.signature == "github":
@@ -294,6 +302,8 @@ class Service:
                 verify_stripe(ready.secret, body, header, ready.hook.tolerance_seconds)
         except SignatureError as e:
             raise ApiError(401, ErrorCode.ACCESS_DENIED, f"webhook {name!r}: {e}") from None
+        # After the signature: forged deliveries must not use up the sender's rate.
+        self.limit(f"hook:{name}", ready.hook.rate_limit)
         payload = parse_json(body, self.max_depth)
         header = ready.delivery_header
         delivery = request.headers.get(header) if header else None

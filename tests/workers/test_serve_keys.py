@@ -111,6 +111,19 @@ def test_serve_refuses_to_start_with_a_bad_keys_or_hooks_file(
     assert says in err and "Traceback" not in err
 
 
+def test_serve_refuses_keys_for_tenants_the_registry_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "tenants.json").write_text(json.dumps({"tenants": {"acme": {}}}))
+    keys = [{"name": "b", "tenant": "beta", "sha256": "0" * 64}]
+    (tmp_path / "keys.json").write_text(json.dumps({"keys": keys}))
+    monkeypatch.setenv("AIWORKER_TENANTS_FILE", str(tmp_path / "tenants.json"))
+    monkeypatch.setenv("AIWORKER_API_KEYS_FILE", str(tmp_path / "keys.json"))
+    monkeypatch.setenv("TEMPORAL_ADDRESS", "127.0.0.1:9")
+    assert cli.main(["serve", "--host", "127.0.0.1", "--port", "0"]) == EXIT_USAGE
+    assert "lacks: beta" in capsys.readouterr().err
+
+
 def test_a_hook_secret_comes_from_its_variable(tmp_path: Path) -> None:
     (tmp_path / "p.json").write_text(json.dumps({"name": "p", "steps": []}))
     hook = {"name": "h", "pipeline": "p.json", "tenant": "acme", "signature": "stripe"}
