@@ -25,6 +25,17 @@ def positive_seconds(value: str) -> float:
     return seconds
 
 
+def port_number(value: str) -> int:
+    """A TCP port in [0, 65535] (0: any free one), for ``argparse``."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not between 0 and 65535")
+    return port
+
+
 def tenant_name(value: str) -> str:
     """A tenant name (``TENANT_PATTERN``), for ``argparse``."""
     if re.fullmatch(TENANT_PATTERN.strip("^$"), value) is None:
@@ -175,7 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--host", help="address to listen on (default AIWORKER_SERVE_HOST or 0.0.0.0)")
     sv.add_argument(
-        "--port", type=int, help="port to listen on (default AIWORKER_SERVE_PORT or 8000; 0: any)"
+        "--port",
+        type=port_number,
+        help="port to listen on (default AIWORKER_SERVE_PORT or 8000; 0: any)",
     )
     conn(sv)
 

@@ -55,7 +55,7 @@ from aiworker.workers.serve_service import (
 _bearer = HTTPBearer(auto_error=False, description="an API key (aiworker keys add)")
 
 
-def _caller(
+async def _caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> ApiKey:

@@ -143,3 +143,22 @@ def test_the_token_bucket_refills_at_its_rate() -> None:
     assert 0 < wait <= 0.5
     assert limiter.take("other") == 0  # buckets are per key
     assert [limiter.take("own", "3/min") for _ in range(4)][3] > 1  # a key's own rate
+
+
+def test_the_front_door_settings_are_checked_at_start() -> None:
+    from aiworker.schemas.settings import Settings, SettingsError
+
+    s = Settings.from_env(
+        {
+            "AIWORKER_SERVE_PORT": "9000",
+            "AIWORKER_SERVE_RATE_LIMIT": "10/s",
+            "AIWORKER_API_KEYS_FILE": "/etc/keys.json",
+            "AIWORKER_SERVE_MAX_BODY_BYTES": "2048",
+        }
+    )
+    assert (s.serve_port, s.serve_rate_limit, s.serve_max_body_bytes) == (9000, "10/s", 2048)
+    assert str(s.api_keys_file) == "/etc/keys.json" and s.hooks_file is None
+    with pytest.raises(SettingsError, match="AIWORKER_SERVE_RATE_LIMIT"):
+        Settings.from_env({"AIWORKER_SERVE_RATE_LIMIT": "lots"})
+    with pytest.raises(SettingsError, match="AIWORKER_SERVE_PORT"):
+        Settings.from_env({"AIWORKER_SERVE_PORT": "70000"})
