@@ -1,9 +1,13 @@
 """The worker runtime: one wrapper runs every AI worker.
 
+The module is long on purpose: the whole path of one call reads top to
+bottom in :meth:`WorkerRuntime.run`; each part's mechanism has its own module.
+
 Order, as in ARCHITECTURE.md's path of a request, and as :meth:`WorkerRuntime.run` reads::
 
-    request -> validate input -> enforce constraints -> execute
-            -> validate output -> response
+    request -> validate input -> [step cache hit -> response]
+            -> enforce constraints -> execute -> validate output
+            -> [store in the step cache] -> response
     (log line, metrics, span: emitted around it by the activity interceptor)
 
 A worker module holds only its domain logic (:class:`Worker`); everything
@@ -20,6 +24,7 @@ else happens here or beside it, the same way for every worker:
 - failures to stable codes, without secrets
   (:func:`~aiworker.activities.errors.map_failures`);
 - usage across attempts (:mod:`~aiworker.activities.usage`);
+- the step cache of a request with one (:mod:`~aiworker.activities.step_cache`);
 - telemetry (:mod:`~aiworker.activities.call_telemetry`), which the runtime
   only feeds: the span, the log line and the metrics of a call belong to
   the interceptor that wraps its activity.
@@ -58,6 +63,7 @@ from aiworker.activities.errors import (
 from aiworker.activities.jsonschema_cache import SchemaError, describe, errors_of
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.redaction import Redactor
+from aiworker.activities.step_cache import StepCache
 from aiworker.activities.tenancy import admit
 from aiworker.activities.toolbox import Toolbox, tool_secrets
 from aiworker.activities.tools.egress import tenant_egress
@@ -211,11 +217,13 @@ class WorkerRuntime:
         *,
         tools: Mapping[str, Any] | None = None,
         metrics: WorkerMetrics | None = None,
+        cache: StepCache | None = None,
     ) -> None:
         self.settings = settings
         self.specs = specs
         self.tools: dict[str, Any] = dict(tools or {})
         self.metrics = metrics
+        self.cache = cache or StepCache.beside(self.tools.get("artifact_store"), settings.data_dir)
         self.redactor = Redactor([*settings.secret_values(), *tool_secrets(self.tools)])
 
     def interceptor(self) -> CallTelemetryInterceptor:
@@ -272,7 +280,8 @@ class WorkerRuntime:
         """Run one attempt of ``worker`` on the request ``raw``; raise ``ApplicationError``.
 
         The steps of the runtime, in order: parse the request, validate
-        input, enforce constraints, execute, validate output, respond. Every
+        input, (a step cache hit responds here), enforce constraints, execute,
+        validate output, respond (a cached call stores the response). Every
         failure leaves as an ``ApplicationError`` whose type is a stable error
         code and whose ``ErrorInfo`` carries the call's usage so far; what the
         call tells its telemetry goes to the :class:`WorkerCall` the activity
@@ -295,10 +304,17 @@ class WorkerRuntime:
             depth = self.settings.caps.max_json_depth
             conform(spec.input_schema, request.input, "input", depth)
             ctx = self._enforce_constraints(spec, request, call, usage)
+            hit = await self.cache.lookup(request, spec)
+            if hit is not None:  # no tokens, no external calls: nothing for the budget
+                call.note({"cached": True})
+                kept = WorkerResult(hit.outputs, warnings=hit.warnings, artifacts=hit.artifacts)
+                return self._respond(ctx, kept, call).model_copy(update={"cached": True})
             with tenant_egress(policy.egress_allow if policy is not None else None):
                 result = await self._execute(worker, ctx, call)
             conform(spec.output_schema, result.outputs, "output", depth)
-            return self._respond(ctx, result, call)
+            response = self._respond(ctx, result, call)
+            await self.cache.store(request, response)
+            return response
 
     def _enforce_constraints(
         self, spec: WorkerSpec, request: WorkerRequest, call: WorkerCall, usage: UsageBook

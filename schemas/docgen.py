@@ -47,7 +47,7 @@ from aiworker.schemas.pipeline import (
     TerminalStatus,
     Validation,
 )
-from aiworker.schemas.protocol import Usage
+from aiworker.schemas.protocol import CachePolicy, Usage
 from aiworker.schemas.settings import ENV_PREFIX, Settings, SettingsError
 from aiworker.schemas.spec import WorkerSpec
 
@@ -91,7 +91,16 @@ def pipeline_page() -> str:
         "Unknown fields are an error (`invalid_input` naming the field). "
         f"A pipeline holds at most {HARD_MAX_STEPS} steps.\n",
     ]
-    for model in (PipelineSpec, Step, Budget, Validation, StepRetry, Concurrency, ResumeFrom):
+    for model in (
+        PipelineSpec,
+        Step,
+        Budget,
+        Validation,
+        StepRetry,
+        Concurrency,
+        CachePolicy,
+        ResumeFrom,
+    ):
         parts.append(model_section(model))
     parts.append(
         "## ReviewDecision\n\nThe argument of the `review` Workflow Update "

@@ -45,6 +45,11 @@ PIPELINE_KEY: Final = SearchAttributeKey.for_keyword(SA_PIPELINE)
 TENANT_PATTERN: Final = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 DEFAULT_TENANT: Final = "default"
 
+# Temporal's task priority keys as a pipeline's ``priority`` takes them: the server's
+# default ``matching.priorityLevels`` (5) levels, 1 first; unset is the middle one (3).
+PRIORITY_HIGHEST: Final = 1
+PRIORITY_LOWEST: Final = 5
+
 
 def pipeline_search_attributes(status: str, tenant: str, pipeline: str) -> TypedSearchAttributes:
     """The search attributes a pipeline workflow carries: status, tenant, pipeline name."""
@@ -59,6 +64,18 @@ def pipeline_search_attributes(status: str, tenant: str, pipeline: str) -> Typed
 
 # The statuses in which a call, a step or a pipeline counts as done well.
 OK_STATUSES: Final = ("succeeded", "partial")
+# The step statuses after which a step no longer changes (progress counts them done).
+ENDED_STEP_STATUSES: Final = frozenset(
+    (
+        *OK_STATUSES,
+        "failed",
+        "skipped",
+        "blocked",
+        "rejected",
+        "cancelled",
+        "escalation_timed_out",
+    )
+)
 
 # The header in which the SDK's OpenTelemetry TracingInterceptor carries the
 # W3C trace context into workflows and activities.

@@ -17,8 +17,14 @@ from pydantic import ConfigDict, Field
 from aiworker.schemas.base import Model
 from aiworker.schemas.caps import HARD_MAX_STEPS
 from aiworker.schemas.causes import ErrorCause, PipelineError, without_outputs
-from aiworker.schemas.names import DEFAULT_TENANT, OK_STATUSES, TENANT_PATTERN
-from aiworker.schemas.protocol import Usage
+from aiworker.schemas.names import (
+    DEFAULT_TENANT,
+    OK_STATUSES,
+    PRIORITY_HIGHEST,
+    PRIORITY_LOWEST,
+    TENANT_PATTERN,
+)
+from aiworker.schemas.protocol import CachePolicy, Usage
 from aiworker.schemas.refs import find_refs
 
 TerminalStatus = Literal[
@@ -186,6 +192,12 @@ class Step(Model):
         le=1000,
         description="for_each items per child workflow (keeps every history bounded)",
     )
+    cache: CachePolicy | None = Field(
+        default=None,
+        description='{"ttl_seconds": N}: reuse the stored result of an earlier call with the '
+        "same worker, spec version, tenant and resolved input (for_each: per item); refused "
+        "on a worker with side_effects",
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -240,6 +252,14 @@ class PipelineSpec(Model):
         default=None,
         description="at most `limit` pipelines with the same key (from inputs) run at once",
     )
+    priority: int | None = Field(
+        default=None,
+        ge=PRIORITY_HIGHEST,
+        le=PRIORITY_LOWEST,
+        strict=True,
+        description="Temporal's task priority, 1 (highest) to 5 (lowest), for the pipeline "
+        "and every activity and child it starts; unset: the server's default (3)",
+    )
 
 
 class StepResult(Model):
@@ -264,12 +284,18 @@ class StepResult(Model):
     validation_attempts: int = Field(default=0, description="runs of the validation loop")
     fallback_used: bool = Field(default=False, description="the fallback worker produced it")
     reused_from: str | None = Field(default=None, description="workflow id of a redriven run")
+    cached: bool = Field(
+        default=False,
+        description="the outputs came from the step cache (for_each: every item's did)",
+    )
     review: dict[str, Any] | None = Field(
         default=None,
         description="the human review decision: decision, reviewer, note, step, update_id, at",
     )
     items: dict[str, int] | None = Field(
-        default=None, description="for_each counts: total, succeeded, failed, skipped"
+        default=None,
+        description="for_each counts: total, succeeded, failed, skipped; cached (items from "
+        "the step cache) when any were",
     )
     cause: list[ErrorCause] = Field(
         default_factory=list,
@@ -321,6 +347,7 @@ class ChunkInput(Model):
     max_parallel: int = Field(ge=1)
     timeout_seconds: float | None = None
     max_attempts: int | None = None
+    cache: CachePolicy | None = Field(default=None, description="the step's cache, per item")
     allowance: ChunkAllowance = Field(default_factory=ChunkAllowance)
     rate_limited: bool = Field(default=True, description="items wait for rate-limit permits")
     concurrency_limit: int | None = Field(
@@ -336,6 +363,7 @@ class ItemResult(Model):
     status: Literal["succeeded", "partial", "failed"]
     outputs: Any = None
     attempts: int = 0
+    cached: bool = False
     error_code: str | None = None
     error_message: str | None = None
 

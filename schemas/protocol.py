@@ -66,6 +66,21 @@ class RequestConstraints(Model):
     max_external_calls: int | None = Field(default=None, ge=0)
 
 
+# The longest a step may keep reusing a cached result: 30 days.
+MAX_CACHE_TTL_SECONDS = 30 * 24 * 3600
+
+
+class CachePolicy(Model):
+    """A step's cache: reuse a stored result of the same worker, spec version,
+    tenant and input for ``ttl_seconds``."""
+
+    ttl_seconds: int = Field(
+        ge=1,
+        le=MAX_CACHE_TTL_SECONDS,
+        description="how long a stored result is reused, in seconds (1 to 2592000, 30 days)",
+    )
+
+
 class WorkerRequest(Model):
     """One call of one worker."""
 
@@ -83,6 +98,11 @@ class WorkerRequest(Model):
     trace: TraceContext | None = None
     input: dict[str, Any] = Field(default_factory=dict)
     constraints: RequestConstraints = Field(default_factory=RequestConstraints)
+    cache: CachePolicy | None = Field(
+        default=None,
+        description="the step's cache: a stored result within the TTL is returned without "
+        "running the worker; a succeeded result is stored",
+    )
 
 
 class WarningInfo(Model):
@@ -141,6 +161,10 @@ class WorkerResponse(Model):
     artifacts: list[ArtifactRef] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
     observability: Observability
+    cached: bool = Field(
+        default=False,
+        description="the outputs come from the step cache (the worker did not run)",
+    )
 
 
 class ErrorInfo(Model):

@@ -66,6 +66,7 @@ class Settings(BaseModel):
     allow_private_networks: bool = False
     egress_allow: tuple[str, ...] = ()
     llm_base_url: str | None = None
+    ui_url: str | None = None
     llm_model: str | None = None
     llm_api_key: SecretStr | None = None
     llm_provider: Literal["openai", "anthropic"] = "openai"
@@ -152,6 +153,7 @@ class Settings(BaseModel):
             "ALLOW_PRIVATE_NETWORKS",
             "EGRESS_ALLOW",
             "LLM_BASE_URL",
+            "UI_URL",
             "LLM_MODEL",
             "LLM_API_KEY",
             "LLM_PROVIDER",
@@ -218,6 +220,7 @@ class Settings(BaseModel):
         for name, key in (
             ("METRICS_HOST", "metrics_host"),
             ("LLM_BASE_URL", "llm_base_url"),
+            ("UI_URL", "ui_url"),
             ("LLM_MODEL", "llm_model"),
             ("LLM_API_KEY", "llm_api_key"),
             ("LLM_PROVIDER", "llm_provider"),

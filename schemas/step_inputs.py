@@ -18,6 +18,10 @@ parse_pipeline` in the CLI, the Python client and at workflow start:
   ``steps.<id>.outputs.<path>`` must be a place the worker's ``output_schema``
   allows; checked only where the schema forbids other keys, so a reference
   is refused only when it cannot resolve.
+- **A step cache** (``cache``) on a worker that may not have one: one with
+  ``side_effects`` (publish: a skipped call would skip its effect), or an
+  external one (the cache lives in aiworker's worker runtime, which another
+  process's worker does not run); the step's ``fallback`` worker alike.
 - **What workers compile**: a web-scrape step's CSS selectors and ``regex``
   fields (the worker's own compile step,
   :mod:`~aiworker.schemas.extraction_spec`), and literal JSON Schemas given to
@@ -262,6 +266,21 @@ def step_fields(step: Step) -> list[tuple[str, Any]]:
     return fields
 
 
+def cache_refusal(worker: WorkerSpec) -> str | None:
+    """Why calls of ``worker`` cannot be cached (None: they can)."""
+    if worker.side_effects:
+        return (
+            f'worker {worker.worker_id!r} has side effects ("side_effects": true in its '
+            'spec): a cached result would skip them; remove "cache"'
+        )
+    if worker.kind == "external":
+        return (
+            f"worker {worker.worker_id!r} is external (another process runs it): the step "
+            'cache works only for workers aiworker runs; remove "cache"'
+        )
+    return None
+
+
 def step_problems(spec: PipelineSpec, workers: Mapping[str, WorkerSpec | None]) -> list[Problem]:
     """Every problem of the steps' inputs and references under the workers' specs
     (a worker without a spec, or unknown, is checked by name only, elsewhere)."""
@@ -277,6 +296,10 @@ def step_problems(spec: PipelineSpec, workers: Mapping[str, WorkerSpec | None]) 
             worker = workers.get(worker_id)
             if worker is None:
                 continue
+            why = cache_refusal(worker) if step.cache is not None else None
+            if why is not None:
+                whose = "" if worker_id == step.worker else "fallback "
+                out.append(Problem(step.id, "cache", whose + why, index=i))
             found = _input_problems(step, i, field, value, worker)
             if not found and worker_id == names.WEB_SCRAPE:
                 found = _extraction_problems(step, i, field, value)
@@ -294,4 +317,4 @@ def step_problems(spec: PipelineSpec, workers: Mapping[str, WorkerSpec | None]) 
     return out
 
 
-__all__ = ["DEPTH_ONLY", "SCHEMA_INPUTS", "step_fields", "step_problems"]
+__all__ = ["DEPTH_ONLY", "SCHEMA_INPUTS", "cache_refusal", "step_fields", "step_problems"]

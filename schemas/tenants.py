@@ -28,7 +28,8 @@ budget ceiling and the allowed workers at pipeline start, from the
 ``limiter-plan`` answer (``workflows/pipeline_limits.py``); allowed workers and
 the egress allow-list again in the worker runtime for every call
 (``activities/runtime.py``), so a call that does not come from a pipeline is
-held to them too. The fairness weight is stored for Temporal's fairness keys.
+held to them too. The fairness weight goes with the tenant as the Temporal
+fairness key of its pipelines (``schemas/priority.py``).
 """
 
 from __future__ import annotations
@@ -126,7 +127,11 @@ class TenantPolicy(Model):
         description="domains its calls may reach, on top of AIWORKER_EGRESS_ALLOW",
     )
     fairness_weight: float = Field(
-        default=1.0, gt=0, le=1000, allow_inf_nan=False, description="its share under contention"
+        default=1.0,
+        gt=0,
+        le=1000,
+        allow_inf_nan=False,
+        description="its share under contention: the weight of its Temporal fairness key",
     )
 
     @field_validator("rate_limits")

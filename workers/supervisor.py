@@ -31,7 +31,7 @@ from typing import IO, TYPE_CHECKING, Any
 from temporalio.client import Client
 
 from aiworker.schemas.settings import Settings
-from aiworker.workers.cli_common import print_outcome
+from aiworker.workers.cli_common import print_outcome, warn_duplicates
 from aiworker.workers.errors import StartupError
 
 if TYPE_CHECKING:
@@ -155,12 +155,15 @@ class DevOptions:
         ui_port: the Web UI port; ``None`` for no UI.
         fast_poll: lower idle latency at some cost of peak throughput.
         exit_after_pipeline: stop the stack once the pipeline ended (``demo --exit``).
+        json_result: print the pipeline's whole result JSON, not its progress and
+            a summary table (``demo --json``).
     """
 
     port: int = 7233
     ui_port: int | None = 8233
     fast_poll: bool = False
     exit_after_pipeline: bool = False
+    json_result: bool = False
 
 
 def dev_log_file(data_dir: Path) -> IO[str]:
@@ -231,7 +234,7 @@ async def run_dev_stack(
                 pipeline = _point_at_demo_site(pipeline, site.url, settings)
             if pipeline is not None:
                 outcome = await _run_pipeline(
-                    client, settings, server.ui_url, pipeline, stop, worker
+                    client, settings, server.ui_url, pipeline, stop, worker, options.json_result
                 )
                 if options.exit_after_pipeline:
                     stop.set()
@@ -308,17 +311,25 @@ async def _run_pipeline(
     pipeline: dict[str, Any],
     stop: asyncio.Event,
     worker: asyncio.Task[None],
+    json_result: bool = False,
 ) -> dict[str, Any] | None:
-    """Start ``pipeline`` and print its outcome, unless the stack stops first."""
+    """Start ``pipeline`` and show it (progress, then a summary table; with
+    ``json_result`` the result JSON), unless the stack stops first."""
     from aiworker.workers.client import PipelineClient
+    from aiworker.workers.progress import workflow_link
+    from aiworker.workers.watch import show_run
 
     pipelines = PipelineClient(client, settings)
     # the command read it with read_pipeline, which checked it
     handle = await pipelines.start(pipeline, check=False)
     print(f"Started pipeline {pipeline['name']}: workflow id {handle.id}", flush=True)
-    if ui_url:
-        print(f"  {ui_url}/namespaces/default/workflows/{handle.id}", flush=True)
-    outcome = asyncio.create_task(pipelines.outcome(handle.id, handle.result_run_id))
+    link = workflow_link(ui_url, client.namespace, handle.id)
+    if link:
+        print(f"  {link}", flush=True)
+    if json_result:
+        outcome = asyncio.create_task(pipelines.outcome(handle.id, handle.result_run_id))
+    else:
+        outcome = asyncio.create_task(show_run(pipelines, handle, pipeline, link))
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait([outcome, stopped, worker], return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
@@ -326,5 +337,8 @@ async def _run_pipeline(
         outcome.cancel()
         return None
     doc = outcome.result()
-    print_outcome(doc)
+    if json_result:
+        print_outcome(doc)
+    else:
+        warn_duplicates(doc)
     return doc

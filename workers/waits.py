@@ -2,9 +2,11 @@
 
 A run that stands at a limiter (a worker's rate limit, a concurrency key, the
 pipeline's own concurrency slot) shows it only in its ``progress`` query.
-:func:`report_waits` polls that query (and, for a for_each, the progress of
-its running chunk workflows) and says one line per step and kind once the
-step has waited :data:`WAIT_NOTICE_SECONDS`.
+:func:`snapshot` reads that query (and, for a for_each, the progress of its
+running chunk workflows); :class:`WaitNotices` picks the waits that have lasted
+:data:`WAIT_NOTICE_SECONDS`, and :func:`report_waits` says one line per step
+and kind of them (``aiworker run --json``, on stderr). The live display and
+the plain lines of :mod:`aiworker.workers.watch` poll the same snapshot.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from temporalio.client import Client
 from temporalio.exceptions import TemporalError
 
 from aiworker.schemas import names
+from aiworker.workers.progress import Snapshot, Wait
 
 if TYPE_CHECKING:
     from aiworker.workers.client import PipelineClient, PipelineHandle
@@ -47,12 +51,9 @@ def wait_line(step: str, kind: str, seconds: float, items: int | None = None) ->
     return f"step {step!r} has waited {seconds:.0f}s {why}{count}; it goes on when a permit comes"
 
 
-# (step or "" for the pipeline, kind, whether for_each items wait)
-Wait = tuple[str, str, bool]
-
-
-async def _waiting_now(temporal: Client, workflow_id: str) -> Counter[Wait]:
-    """Who waits now, and how many: the pipeline's own waits and its chunks' items."""
+async def snapshot(temporal: Client, workflow_id: str) -> Snapshot:
+    """The run's ``progress`` now, with who waits and how many: the pipeline's own
+    waits and, for a running for_each, the waits of its chunks' items."""
     handle = temporal.get_workflow_handle(workflow_id)
     progress: dict[str, Any] = await handle.query(names.PROGRESS_QUERY)
     now: Counter[Wait] = Counter()
@@ -61,7 +62,7 @@ async def _waiting_now(temporal: Client, workflow_id: str) -> Counter[Wait]:
     steps = progress.get("steps") or {}
     # a for_each's items wait in its chunk workflows (its step shows `running`)
     if not any(s.get("status") == "running" for s in steps.values()):
-        return now
+        return Snapshot.of(progress, now)
     desc = await handle.describe()
     for child in list(desc.raw_description.pending_children)[:MAX_CHUNKS]:
         chunk_id = child.workflow_id
@@ -72,7 +73,27 @@ async def _waiting_now(temporal: Client, workflow_id: str) -> Counter[Wait]:
             chunk = await temporal.get_workflow_handle(chunk_id).query(names.PROGRESS_QUERY)
             for kind in (chunk.get("waiting") or {}).values():
                 now[(step, kind, True)] += 1
-    return now
+    return Snapshot.of(progress, now)
+
+
+@dataclass
+class WaitNotices:
+    """Which waits have lasted ``notice_after`` seconds: each told once."""
+
+    notice_after: float = WAIT_NOTICE_SECONDS
+    since: dict[Wait, float] = field(default_factory=dict)  # when each wait was first seen
+    told: set[Wait] = field(default_factory=set)
+
+    def seen(self, now: Counter[Wait], clock: float) -> list[str]:
+        """The waits of one poll at ``clock`` (monotonic seconds); the lines to say."""
+        self.since = {key: self.since.get(key, clock) for key in now}
+        lines = []
+        for key, first in self.since.items():
+            if key not in self.told and clock - first >= self.notice_after:
+                self.told.add(key)
+                step, kind, items = key
+                lines.append(wait_line(step, kind, clock - first, now[key] if items else None))
+        return lines
 
 
 async def report_waits(
@@ -87,21 +108,15 @@ async def report_waits(
     ``notice_after`` seconds, once each; runs until cancelled or
     :data:`MAX_POLLS` polls. A query that fails (the run has not started its
     first task yet, or has ended) is tried again at the next poll."""
-    since: dict[Wait, float] = {}  # when each wait was first seen
-    told: set[Wait] = set()
+    notices = WaitNotices(notice_after)
     for _ in range(MAX_POLLS):
         await asyncio.sleep(poll)
         try:
-            now = await _waiting_now(temporal, workflow_id)
+            snap = await snapshot(temporal, workflow_id)
         except TemporalError:  # RPC errors and refused queries: advice only, try again
             continue
-        clock = time.monotonic()
-        since = {key: since.get(key, clock) for key in now}
-        for key, first in since.items():
-            if key not in told and clock - first >= notice_after:
-                told.add(key)
-                step, kind, items = key
-                say(wait_line(step, kind, clock - first, now[key] if items else None))
+        for line in notices.seen(snap.waits, time.monotonic()):
+            say(line)
 
 
 async def outcome_telling_waits(

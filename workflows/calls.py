@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RawValue
+from temporalio.common import Priority, RawValue
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.options import activity_options
     from aiworker.schemas.pipeline import StepResult
     from aiworker.schemas.protocol import (
+        CachePolicy,
         ErrorInfo,
         RequestConstraints,
         TraceContext,
@@ -103,11 +104,18 @@ async def call_worker(
     max_attempts: int | None = None,
     queue_suffix: str = "",
     summary: str | None = None,
+    cache: CachePolicy | None = None,
+    priority: Priority = Priority.default,
 ) -> StepResult:
     """Call ``worker`` once (Temporal retries inside); never raises on worker failure.
 
     Returns how the call ended: ``succeeded``/``partial`` with outputs, warnings,
-    artifacts and usage, or ``failed`` with the error code, message and reasons.
+    artifacts and usage (``cached`` when the step cache answered), or ``failed``
+    with the error code, message and reasons. ``cache`` goes in the request: the
+    worker runtime looks the call up before the worker runs
+    (:mod:`~aiworker.activities.step_cache`), so a step without one pays nothing.
+    ``priority`` is the run's task priority (``PipelineRun.priority``); the
+    default leaves the command as it was before priorities.
     """
     timeout = timeout_seconds
     if admission is not None and admission.timeout_seconds is not None:
@@ -126,6 +134,7 @@ async def call_worker(
         trace=TraceContext(trace_id=trace_id, span_id=workflow.uuid4().hex[:16]),
         input=input,
         constraints=constraints,
+        cache=cache,
     )
     external = worker.kind == "external"
     options = activity_options(
@@ -142,6 +151,7 @@ async def call_worker(
             # an external worker's reply is checked here, not trusted to decode
             result_type=RawValue if external else WorkerResponse,
             summary=summary or worker.worker_id,
+            priority=priority,
             **options,
         )
     except ActivityError as e:
@@ -193,6 +203,7 @@ async def call_worker(
         warnings=[w.model_dump(mode="json") for w in response.warnings],
         artifacts=[a.model_dump(mode="json") for a in response.artifacts],
         usage=response.usage,
+        cached=response.cached,
     )
 
 

@@ -68,6 +68,7 @@ class FanOut:
     usage: Usage = field(default_factory=Usage)
     budget_hit: bool = False
     kept: int = 0  # items whose outputs a redrive kept from the earlier run
+    cached: int = 0  # items the step cache answered
 
     def keep(self, index: int, outputs: Any) -> None:
         """Book an item a redrive does not run again: its earlier outputs."""
@@ -88,6 +89,7 @@ class FanOut:
         self.usage = self.usage + chunk.usage
         for it in chunk.items:
             self.done += 1
+            self.cached += it.cached
             if it.status in names.OK_STATUSES:
                 self.results[it.index] = it.outputs
                 continue
@@ -131,7 +133,9 @@ class FanOut:
                 "succeeded": ok,
                 "failed": self.failed,
                 **({"reused": self.kept} if self.kept else {}),
+                **({"cached": self.cached} if self.cached else {}),
             },
+            cached=bool(self.total) and self.cached == self.total,
         )
 
 
@@ -196,6 +200,7 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
         max_parallel=min(step.max_parallel, step.chunk_size),
         timeout_seconds=step.timeout_seconds,
         max_attempts=step_max_attempts(step),
+        cache=step.cache,
         rate_limited=limits.rate_limited,
         concurrency_limit=step.concurrency.limit if step.concurrency else None,
         lease_seconds=limits.lease_seconds,
@@ -213,6 +218,7 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
                 id=f"{info.workflow_id}/{step.id}/{k}",
                 task_queue=info.task_queue,
                 static_summary=f"{step.id} items {chunk[0].index}..{chunk[-1].index}",
+                priority=run.priority,
             )
 
     tasks = [asyncio.create_task(run_chunk(k, c)) for k, c in enumerate(chunks)]

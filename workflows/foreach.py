@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import catalog, names
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import Budget, ChunkInput, ChunkItem, ChunkResult, ItemResult
+    from aiworker.schemas.priority import task_priority
     from aiworker.schemas.protocol import Usage
 
 from aiworker.workflows.budget import BudgetRefused, Deadline, Ledger
@@ -55,6 +56,8 @@ class PipelineForEachWorkflow(PermitSignals):
         )
         slots = asyncio.Semaphore(chunk.max_parallel)
         me = workflow.info().workflow_id
+        # The parent's priority, passed on so each item's history shows it (none: nothing).
+        priority = task_priority(workflow.info().priority, None, chunk.tenant)
 
         def refused(item: ChunkItem, code: str, message: str) -> ItemResult:
             self._done += 1
@@ -103,6 +106,8 @@ class PipelineForEachWorkflow(PermitSignals):
                         max_attempts=chunk.max_attempts,
                         queue_suffix=chunk.queue_suffix,
                         summary=f"{chunk.step_id}[{item.index}] ({worker.worker_id})",
+                        cache=chunk.cache,
+                        priority=priority,
                     )
                 finally:
                     await self._permits.release_all(leases)
@@ -115,6 +120,7 @@ class PipelineForEachWorkflow(PermitSignals):
                     attempts=result.attempts,
                     error_code=result.error_code,
                     error_message=result.error_message,
+                    cached=result.cached,
                 )
 
         results = await asyncio.gather(*(one(i) for i in chunk.items))

@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import PipelineResult, PipelineSpec, StepResult
     from aiworker.schemas.pipeline_check import PipelineSpecError, cap_problems, parse_pipeline
+    from aiworker.schemas.priority import task_priority
     from aiworker.schemas.protocol import TraceContext, Usage
     from aiworker.schemas.spec import WorkerSpec
 
@@ -180,6 +181,13 @@ class PipelineWorkflow(PermitSignals):
                 problems = [str(p) for p in found]
                 raise invalid_input("invalid pipeline: " + "; ".join(problems), problems)
             run.limits.hold_to_tenant(spec, run.ledger)
+            policy = planned.tenant
+            run.priority = task_priority(
+                workflow.info().priority,
+                spec.priority,
+                spec.tenant,
+                policy.fairness_weight if policy is not None else None,
+            )
             slot = await run.limits.pipeline_slot(spec)
             if isinstance(slot, str):
                 result = self._not_run(run, slot)
@@ -242,6 +250,8 @@ class PipelineWorkflow(PermitSignals):
             )
         for step in spec.steps:
             run.steps[step.id] = StepResult(status="pending")
+        # the Temporal UI's view of the DAG (no command, no history event)
+        self._board.table.start(spec.name, {s.id: s.worker for s in spec.steps}, self._board.status)
         return run
 
     @staticmethod

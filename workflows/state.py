@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import Priority
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
@@ -36,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.budget import Admission, BudgetRefused, Ledger
+from aiworker.workflows.details import StepBoard, StepTable
 from aiworker.workflows.limits import PermitBook
 from aiworker.workflows.pipeline_limits import PipelineLimits
 from aiworker.workflows.review import ReviewDesk
@@ -74,17 +76,26 @@ class Ended:
 
 @dataclass
 class Board:
-    """What the handlers see: step results, the run's status, and who waits for what."""
+    """What the handlers see: step results, the run's status, and who waits for what.
 
-    steps: dict[str, StepResult] = field(default_factory=dict)
+    Every step result written and every status set also reaches :attr:`table`,
+    the step table the Temporal UI shows as the workflow's current details.
+    """
+
+    steps: StepBoard = field(default_factory=StepBoard)
     status: str = "running"
     permits: PermitBook = field(default_factory=PermitBook)
     desk: ReviewDesk = field(default_factory=ReviewDesk)
     # Steps calling an external worker now: step id -> its queue and wait bound.
     external: dict[str, dict[str, Any]] = field(default_factory=dict)
+    table: StepTable = field(default_factory=StepTable)
+
+    def __post_init__(self) -> None:
+        self.steps.on_set = self.table.note
 
     def set_status(self, status: str) -> None:
         """The run's status, upserted as the ``AiworkerStatus`` search attribute."""
+        self.table.set_status(status)
         if status != self.status or status == "running":
             self.status = status
             if search_attributes_on():
@@ -107,6 +118,9 @@ class PipelineRun:
     terminal: TerminalStatus | None = None
     # A redrive's plan (what is reused, what runs again), None for a first run.
     redrive: Redrive | None = None
+    # What every activity and child carries (schemas.priority.task_priority);
+    # the default (nothing) unless the run or its spec has a priority key.
+    priority: Priority = Priority.default
 
     @property
     def tenant(self) -> str:

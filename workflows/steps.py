@@ -230,6 +230,7 @@ class StepRunner:
             input={"data": call.outputs, "schema": v.schema_},
             queue_suffix=self.run.queue_suffix,
             summary=f"{self.step.id} validate",
+            priority=self.run.priority,
         )
         found = verdict.outputs if isinstance(verdict.outputs, dict) else {}
         if verdict.ok and found.get("valid"):
@@ -275,6 +276,8 @@ class StepRunner:
                 max_attempts=step_max_attempts(step),
                 queue_suffix=run.queue_suffix,
                 summary=label,
+                cache=step.cache,
+                priority=run.priority,
             )
         finally:
             run.board.external.pop(step.id, None)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from fixtures.s3 import MotoS3, moto_s3  # noqa: F401  (module fixture)
+from fixtures.s3 import MotoS3, bucket, conn, moto_s3  # noqa: F401  (fixtures)
 
 from aiworker.activities import lineage
 from aiworker.activities.artifacts_s3 import (
@@ -21,22 +19,6 @@ from aiworker.activities.artifacts_s3 import (
 from aiworker.activities.errors import AccessDeniedError, InvalidInputError, NotFoundError
 from aiworker.activities.lineage import RecordingArtifactStore
 from aiworker.schemas.errors import ErrorCode
-
-
-@pytest.fixture(scope="module")
-def bucket(moto_s3: MotoS3) -> str:
-    name = f"art-{uuid.uuid4().hex[:8]}"
-    moto_s3.client().create_bucket(Bucket=name)
-    return name
-
-
-@pytest_asyncio.fixture
-async def conn(moto_s3: MotoS3) -> AsyncIterator[S3Connection]:
-    c = S3Connection()  # endpoint, credentials and region from the AWS variables
-    try:
-        yield c
-    finally:
-        await c.aclose()
 
 
 def objects(moto_s3: MotoS3, bucket: str, prefix: str) -> list[dict[str, Any]]:

@@ -44,8 +44,8 @@ async def test_a_second_run_with_the_same_id_says_it_published_nothing(
     f.write_text(json.dumps({"name": "rerun", "steps": [step]}))
     wid = f"rerun-{uuid.uuid4().hex[:8]}"
     env = cli_env(stack)
-    first = await run_cli(["run", str(f), "--id", wid], env)
-    second = await run_cli(["run", str(f), "--id", wid], env)
+    first = await run_cli(["run", str(f), "--id", wid, "--json"], env)
+    second = await run_cli(["run", str(f), "--id", wid, "--json"], env)
     assert first.returncode == EXIT_OK, first.stderr
     assert first.stderr == ""
     assert json.loads(first.stdout)["steps"]["notify"]["warnings"] == []
@@ -81,7 +81,7 @@ async def test_redrive_says_what_it_reuses_and_runs_again(stack: Stack) -> None:
     }
     first = await stack.start(pipeline)
     before = await first.result()
-    proc = await run_cli(["redrive", first.id], cli_env(stack))
+    proc = await run_cli(["redrive", first.id, "--json"], cli_env(stack))
     assert before.status == "partial"  # the gate did not pass: `after` is blocked
     assert proc.returncode == EXIT_FAILED, proc.stderr
     assert proc.stderr.splitlines()[0] == (
@@ -121,15 +121,29 @@ async def test_run_says_when_a_step_waits_at_a_rate_limit(
     async with running_stack(client, settings) as stack:
         proc = await run_cli(["run", str(f)], cli_env(stack))
     assert proc.returncode == EXIT_OK, proc.stderr
-    lines = proc.stderr.splitlines()
+    # piped: plain lines on stdout, `[ elapsed] <what changed>`, no escape codes
+    lines = [line.split("] ", 1)[-1] for line in proc.stdout.splitlines()]
+    assert "\x1b" not in proc.stdout and "\r" not in proc.stdout
     assert any(
-        line.startswith("aiworker: step 'b' has waited ") and "at its worker's rate limit" in line
+        line.startswith("step 'b' has waited ") and "at its worker's rate limit" in line
         for line in lines
-    ), proc.stderr
+    ), proc.stdout
     assert any(
-        line.startswith("aiworker: step 'each' has waited") and "2 of its for_each items" in line
+        line.startswith("step 'each' has waited") and "2 of its for_each items" in line
         for line in lines
-    ), proc.stderr
+    ), proc.stdout
+    # one line per step status change the polls saw (a ended before b's 7 s wait)
+    assert lines.count("b: waiting") == 1, proc.stdout
+    assert len([x for x in lines if x.startswith("a: succeeded (1 attempt, ")]) == 1, proc.stdout
+    # then the summary table has every step
+    summary = lines[lines.index(next(x for x in lines if x.startswith("waits succeeded in "))) :]
+    assert [row.split()[:3] for row in summary[1:5]] == [
+        ["step", "worker", "status"],
+        ["a", "validator", "succeeded"],
+        ["b", "validator", "succeeded"],
+        ["each", "validator", "succeeded"],
+    ], proc.stdout
+    assert proc.stderr == ""
     # the worker says it once per step
     logged = [r.getMessage() for r in caplog.records if "for a rate permit of" in r.getMessage()]
     assert [m.split(" waited")[0] for m in logged] == ["step 'b'", "step 'each' (for_each items)"]

@@ -348,7 +348,7 @@ async def test_installed_plugin_runs_in_a_pipeline_started_by_the_temporal_cli(
         # 2. `aiworker run` in that environment checks the pipeline against the
         # full set (the plugin included) and runs it.
         ran = await asyncio.to_thread(
-            _run, [str(plugin_env.aiworker), "run", str(pipeline_file)], env, 90
+            _run, [str(plugin_env.aiworker), "run", str(pipeline_file), "--json"], env, 90
         )
         assert ran.returncode == 0, ran.stdout + ran.stderr
         assert json.loads(ran.stdout)["output"]["text"] == REDACTED

@@ -242,7 +242,13 @@ async def test_aiworker_run_roots_the_pipeline_trace(
             # `aiworker run` owns its event loop; give it a thread of its own.
             code = await asyncio.to_thread(
                 cli.main,
-                ["run", str(pipeline), "--address", env.client.service_client.config.target_host],
+                [
+                    "run",
+                    str(pipeline),
+                    "--json",
+                    "--address",
+                    env.client.service_client.config.target_host,
+                ],
             )
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
@@ -333,7 +339,13 @@ async def test_aiworker_redrive_roots_the_new_runs_trace(
             assert (await first.result()).status == "failed"
             code = await asyncio.to_thread(
                 cli.main,
-                ["redrive", first.id, "--address", env.client.service_client.config.target_host],
+                [
+                    "redrive",
+                    first.id,
+                    "--json",
+                    "--address",
+                    env.client.service_client.config.target_host,
+                ],
             )
     assert code == 1  # the redriven run fails the same way
     doc = json.loads(capsys.readouterr().out)

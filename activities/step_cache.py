@@ -1,0 +1,293 @@
+"""The step cache: a worker's succeeded result reused across runs, for a TTL.
+
+A step that declares ``cache: {"ttl_seconds": N}`` sends that policy in its
+:class:`~aiworker.schemas.protocol.WorkerRequest`. The worker runtime looks
+the call up *inside the activity*, after the request, the tenant and the
+input have been checked and before the worker runs:
+
+- **key**: sha256 of the canonical JSON (sorted keys, no whitespace, UTF-8)
+  of the worker id, its spec version, the tenant and the sha256 of the
+  canonical resolved input (:func:`cache_key`). A for_each item is one call,
+  so each item has its own key; a validation retry carries the validator's
+  reasons in its input, so it has another key than the attempt it repeats.
+- **hit**: an entry younger than the request's TTL. The response is built
+  from it with ``cached: true``, no usage (no external call, no token:
+  nothing counts toward the budget) and this attempt's observability.
+- **miss**: the worker runs; a ``succeeded`` response is stored (``partial``
+  results and failures never are). A store that fails is logged and the
+  call still succeeds: the cache is an optimisation, never a new way to fail.
+
+Why inside the activity: a step without ``cache`` pays nothing (no extra
+activity, history event or round trip: the request carries ``"cache":
+null``), and a cached step costs one activity either way, its outputs in
+the history exactly as a fresh result's, so ``steps.<id>.outputs`` and
+replay work unchanged. The price is that a hit still goes through the
+workflow's limiter first (it takes a rate or concurrency permit like any
+call): deciding a hit before the limiter would need a lookup activity, one
+more round trip on every cached step, to save a permit that is held only for
+the time of one read. The budget does not count a hit (its usage is zero),
+though the ledger's admission still runs before the call.
+
+Entries live beside the artifacts, in the store ``AIWORKER_ARTIFACT_STORE``
+names, scoped by tenant the same way (:func:`~aiworker.activities.artifacts.tenant_dir`):
+
+- ``file``: ``<data_dir>/cache/<tenant>/<key[:2]>/<key>.json``, written
+  atomically; the file's modification time is set to the entry's expiry, so
+  each store prunes its shard's expired entries from a ``stat`` alone;
+- ``s3://bucket/prefix``: ``<prefix>/_cache/<tenant>/<key[:2]>/<key>.json``
+  (no tenant name starts with ``_``); each store deletes the shard's objects
+  older than the longest TTL (30 days); a bucket lifecycle rule on
+  ``<prefix>/_cache/`` does the same without requests.
+
+An entry is overwritten whenever its key is stored again (after it expired,
+or by a run with a shorter TTL), so the store holds one entry per key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import Field
+
+from aiworker.activities.artifacts import atomic_write, tenant_dir
+from aiworker.activities.errors import InvalidInputError
+from aiworker.schemas.base import Model
+from aiworker.schemas.protocol import (
+    MAX_CACHE_TTL_SECONDS,
+    ArtifactRef,
+    WarningInfo,
+    WorkerRequest,
+    WorkerResponse,
+)
+from aiworker.schemas.spec import WorkerSpec
+from aiworker.schemas.step_inputs import cache_refusal
+
+if TYPE_CHECKING:
+    # The AWS SDK loads only in processes configured for S3.
+    from types_aiobotocore_s3.type_defs import ObjectIdentifierTypeDef
+
+    from aiworker.activities.artifacts_s3 import S3Connection
+
+log = logging.getLogger("aiworker.step_cache")
+
+# The entry format; an entry of another format is a miss (and overwritten).
+_FORMAT = 1
+_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+
+
+def canonical_json(value: Any) -> bytes:
+    """``value`` as canonical JSON: sorted keys, no whitespace, UTF-8."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+def cache_key(worker_id: str, version: str, tenant: str, input: Any) -> str:
+    """The cache key of one call: worker, spec version, tenant and resolved input."""
+    input_hash = hashlib.sha256(canonical_json(input)).hexdigest()
+    doc = {"worker_id": worker_id, "version": version, "tenant": tenant, "input": input_hash}
+    return hashlib.sha256(canonical_json(doc)).hexdigest()
+
+
+class CachedResult(Model):
+    """What an entry keeps of a response: the rest is the new attempt's own."""
+
+    outputs: dict[str, Any] = Field(default_factory=dict)
+    warnings: list[WarningInfo] = Field(default_factory=list)
+    artifacts: list[ArtifactRef] = Field(default_factory=list)
+
+
+class CacheBackend(Protocol):
+    """Where entries live: raw bytes by tenant and key."""
+
+    async def read(self, tenant: str, key: str) -> bytes | None:
+        """The entry stored under ``key`` for ``tenant``, or None."""
+        ...
+
+    async def write(self, tenant: str, key: str, data: bytes, *, now: float, ttl: int) -> None:
+        """Store (or overwrite) the entry, stored ``now`` for ``ttl`` seconds, and
+        prune expired ones nearby."""
+        ...
+
+
+class FileCacheBackend:
+    """Entries under ``<root>/cache/<tenant>/<key[:2]>/<key>.json``.
+
+    Args:
+        root: the data directory (``settings.data_dir``).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.base = (Path(root) / "cache").resolve()
+
+    def path_for(self, tenant: str, key: str) -> Path:
+        """The file of ``key`` for ``tenant``."""
+        return self.base / tenant_dir(tenant) / key[:2] / f"{key}.json"
+
+    async def read(self, tenant: str, key: str) -> bytes | None:
+        try:
+            return await asyncio.to_thread(self.path_for(tenant, key).read_bytes)
+        except FileNotFoundError:
+            return None
+
+    async def write(self, tenant: str, key: str, data: bytes, *, now: float, ttl: int) -> None:
+        await asyncio.to_thread(self._write, self.path_for(tenant, key), data, now, now + ttl)
+
+    @staticmethod
+    def _write(path: Path, data: bytes, now: float, expires_at: float) -> None:
+        atomic_write(path, data)
+        # The mtime is the expiry: pruning needs a stat, never a read.
+        os.utime(path, (expires_at, expires_at))
+        for other in path.parent.glob("*.json"):
+            with contextlib.suppress(OSError):  # another process may prune it first
+                if other.stat().st_mtime <= now:
+                    other.unlink()
+
+
+@dataclass
+class S3CacheBackend:
+    """Entries at ``<prefix>/_cache/<tenant>/<key[:2]>/<key>.json`` in the artifact
+    bucket, through the artifact store's S3 client (its ``connection``)."""
+
+    connection: S3Connection
+    bucket: str
+    prefix: str = ""
+
+    def key_for(self, tenant: str, key: str) -> str:
+        """The object key of ``key`` for ``tenant``."""
+        parts = (self.prefix.strip("/"), "_cache", tenant_dir(tenant), key[:2], f"{key}.json")
+        return "/".join(p for p in parts if p)
+
+    async def read(self, tenant: str, key: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        s3 = await self.connection.client()
+        try:
+            resp = await s3.get_object(Bucket=self.bucket, Key=self.key_for(tenant, key))
+            async with resp["Body"] as body:
+                data: bytes = await body.read()
+        except ClientError as e:
+            if str(e.response.get("Error", {}).get("Code")) in _NOT_FOUND:
+                return None
+            raise
+        return data
+
+    async def write(self, tenant: str, key: str, data: bytes, *, now: float, ttl: int) -> None:
+        s3 = await self.connection.client()
+        object_key = self.key_for(tenant, key)
+        await s3.put_object(
+            Bucket=self.bucket, Key=object_key, Body=data, ContentType="application/json"
+        )
+        # Listing gives no metadata, only the age: prune what no TTL can still use.
+        shard = object_key.rsplit("/", 1)[0] + "/"
+        page = await s3.list_objects_v2(Bucket=self.bucket, Prefix=shard)
+        oldest = now - MAX_CACHE_TTL_SECONDS
+        stale: list[ObjectIdentifierTypeDef] = [
+            {"Key": o["Key"]}
+            for o in page.get("Contents", [])
+            if o["LastModified"].timestamp() < oldest
+        ]
+        if stale:
+            await s3.delete_objects(Bucket=self.bucket, Delete={"Objects": stale})
+
+
+class StepCache:
+    """Looks calls up and stores their results (see the module docstring).
+
+    Args:
+        backend: where the entries live.
+        clock: POSIX seconds now (tests may pass their own).
+    """
+
+    def __init__(self, backend: CacheBackend, clock: Any = time.time) -> None:
+        self.backend = backend
+        self.clock = clock
+
+    @classmethod
+    def beside(cls, artifact_store: Any, data_dir: Path) -> StepCache:
+        """The cache in the same place as ``artifact_store`` (the ``artifact_store``
+        tool, possibly wrapped for lineage): its S3 bucket and prefix, else the data
+        directory."""
+        store = getattr(artifact_store, "store", artifact_store)
+        connection = getattr(store, "connection", None)
+        bucket = getattr(store, "bucket", None)
+        if connection is not None and isinstance(bucket, str):
+            return cls(S3CacheBackend(connection, bucket, getattr(store, "prefix", "")))
+        return cls(FileCacheBackend(data_dir))
+
+    async def lookup(self, request: WorkerRequest, spec: WorkerSpec) -> CachedResult | None:
+        """The stored result of this call if one is younger than the request's TTL.
+
+        Raises:
+            InvalidInputError: the request asks a worker that may not be cached
+                (side effects) for a cache.
+        """
+        policy = request.cache
+        if policy is None:
+            return None
+        why = cache_refusal(spec)
+        if why is not None:
+            raise InvalidInputError(why, field="cache")
+        key = cache_key(request.worker_id, spec.version, request.tenant, request.input)
+        try:
+            raw = await self.backend.read(request.tenant, key)
+            entry = json.loads(raw) if raw is not None else None
+        except Exception as e:  # an unreadable entry is a miss, not a failed call
+            log.warning("step cache read failed: %s", e, extra={"cache_key": key})
+            return None
+        if not isinstance(entry, dict) or entry.get("format") != _FORMAT:
+            return None
+        stored_at = entry.get("stored_at")
+        if entry.get("key") != key or not isinstance(stored_at, (int, float)):
+            return None
+        if self.clock() - stored_at >= policy.ttl_seconds:
+            return None  # expired: the next store overwrites it
+        try:
+            return CachedResult.model_validate(entry.get("result"))
+        except ValueError:  # a damaged entry is a miss (and overwritten)
+            return None
+
+    async def store(self, request: WorkerRequest, response: WorkerResponse) -> None:
+        """Keep a ``succeeded`` response of a cached call; anything else is not kept."""
+        policy = request.cache
+        if policy is None or response.status != "succeeded":
+            return
+        key = cache_key(request.worker_id, response.version, request.tenant, request.input)
+        now = self.clock()
+        entry = {
+            "format": _FORMAT,
+            "key": key,
+            "worker_id": response.worker_id,
+            "version": response.version,
+            "stored_at": now,
+            "expires_at": now + policy.ttl_seconds,
+            "result": response.model_dump(
+                mode="json", include={"outputs", "warnings", "artifacts"}
+            ),
+        }
+        try:
+            await self.backend.write(
+                request.tenant, key, canonical_json(entry), now=now, ttl=policy.ttl_seconds
+            )
+        except Exception as e:  # the result stands; only its reuse is lost
+            log.warning("step cache write failed: %s", e, extra={"cache_key": key})
+
+
+__all__ = [
+    "CacheBackend",
+    "CachedResult",
+    "FileCacheBackend",
+    "S3CacheBackend",
+    "StepCache",
+    "cache_key",
+    "canonical_json",
+]

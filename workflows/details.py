@@ -1,0 +1,141 @@
+"""The pipeline's current details: a Markdown table of its steps, for the Temporal UI.
+
+The Temporal UI shows a workflow's *current details* (the Markdown it reads
+through the built-in ``__temporal_workflow_metadata`` query) on the workflow's
+page, so a person sees the DAG's state without asking the ``progress`` query.
+``workflow.set_current_details`` only keeps a string in the workflow's memory:
+it schedules no command and writes no history event, so updating it changes
+neither the history nor replay. :class:`StepBoard` notes every step result the
+run writes; :class:`StepTable` renders again only when a step's row changed
+(status, attempts, cached, for_each items) and sets the details only when the
+Markdown changed.
+
+Bounded: at most :data:`MAX_ROWS` steps get a row, in the spec's order (past
+that, one line counts the rest by status and points at the ``progress`` query),
+and the text never passes :data:`MAX_CHARS`. Deterministic code only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from aiworker.schemas.names import ENDED_STEP_STATUSES
+    from aiworker.schemas.pipeline import StepResult
+
+# Rows past this are counted, not listed: the UI's details pane is for a glance.
+MAX_ROWS = 50
+# A hard ceiling on the Markdown (it travels in every metadata query's answer).
+MAX_CHARS = 16_000
+
+# (status, attempts, cached, items done, items total): what a row shows
+Row = tuple[str, int, bool, int | None, int | None]
+
+
+def row_of(result: StepResult) -> Row:
+    """What a step's row shows of its result."""
+    items = result.items or {}
+    total = items.get("total")
+    done = items.get("done", items.get("succeeded", 0) + items.get("failed", 0))
+    return (
+        result.status,
+        result.attempts,
+        result.cached,
+        done if total is not None else None,
+        total,
+    )
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_table(name: str, status: str, workers: dict[str, str], rows: dict[str, Row]) -> str:
+    """The Markdown the UI shows: a headline, then one row per step (spec order).
+
+    Args:
+        name: the pipeline's name.
+        status: the run's status (``running``, ``waiting``, a terminal status).
+        workers: step id -> worker id, in the spec's order.
+        rows: step id -> :func:`row_of` of its latest result.
+    """
+    ended = sum(1 for r in rows.values() if r[0] in ENDED_STEP_STATUSES)
+    lines = [
+        f"**{_cell(name)}** · {status} · {ended}/{len(workers)} steps done",
+        "",
+        "| step | worker | status | attempts | items |",
+        "| --- | --- | --- | ---: | ---: |",
+    ]
+    size = sum(len(x) + 1 for x in lines)
+    rest: Counter[str] = Counter()
+    for n, (sid, worker) in enumerate(workers.items()):
+        st, attempts, cached, done, total = rows.get(sid, ("pending", 0, False, None, None))
+        line = (
+            f"| {sid} | {_cell(worker)} | {st}{' (cached)' if cached else ''} | {attempts} | "
+            f"{'' if total is None else f'{done}/{total}'} |"
+        )
+        if n >= MAX_ROWS or size + len(line) + 200 > MAX_CHARS:
+            rest[st] += 1
+            continue
+        lines.append(line)
+        size += len(line) + 1
+    if rest:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(rest.items()))
+        lines += ["", f"… {sum(rest.values())} more steps ({counts}): the `progress` query has all"]
+    return "\n".join(lines)
+
+
+@dataclass
+class StepTable:
+    """The run's step table: rows as steps change, the details set when they differ."""
+
+    name: str = ""
+    status: str = "running"
+    workers: dict[str, str] = field(default_factory=dict)
+    rows: dict[str, Row] = field(default_factory=dict)
+    shown: str = ""
+    started: bool = False
+
+    def start(self, name: str, workers: dict[str, str], status: str) -> None:
+        """The spec is checked: name the steps and show the first table."""
+        self.name, self.workers, self.status, self.started = name, workers, status, True
+        self.show()
+
+    def note(self, step_id: str, result: StepResult) -> None:
+        """A step's result was written; show the table again if its row changed."""
+        row = row_of(result)
+        if self.rows.get(step_id) != row:
+            self.rows[step_id] = row
+            self.show()
+
+    def set_status(self, status: str) -> None:
+        """The run's status changed."""
+        if status != self.status:
+            self.status = status
+            self.show()
+
+    def show(self) -> None:
+        """Set the workflow's current details, when the Markdown changed."""
+        if not self.started:  # before the spec is checked there is no table
+            return
+        text = render_table(self.name, self.status, self.workers, self.rows)
+        if text != self.shown:
+            self.shown = text
+            workflow.set_current_details(text)
+
+
+class StepBoard(dict[str, StepResult]):
+    """The run's step results: a dict that tells ``on_set`` of every result written."""
+
+    def __init__(self, on_set: Callable[[str, StepResult], None] | None = None) -> None:
+        super().__init__()
+        self.on_set = on_set
+
+    def __setitem__(self, key: str, value: StepResult) -> None:
+        super().__setitem__(key, value)
+        if self.on_set is not None:
+            self.on_set(key, value)
