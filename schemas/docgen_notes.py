@@ -2,6 +2,9 @@
 happens and what to do, what each setting means, the errors each built-in
 worker raises and an example of its outputs.
 
+Long on purpose (a little over 400 lines): tables of prose, one entry per
+code, setting and worker, kept in one place so that none ships undocumented.
+
 Kept beside the generator so that a new error code, setting, cap or built-in
 worker without its line here fails ``aiworker schemas check`` (and the docs
 test) instead of shipping undocumented; example outputs are validated against
@@ -50,12 +53,15 @@ ERRORS: dict[str, tuple[str, str]] = {
         "retried by itself; check the site, then redrive the pipeline",
     ),
     "upstream_error": (
-        "a model provider answered 5xx or something that is no reply",
-        "retried by itself; check the provider's status and AIWORKER_LLM_BASE_URL",
+        "a model provider answered 5xx or something that is no reply, or the front door "
+        "could not reach Temporal (HTTP 503)",
+        "retried by itself; check the provider's status and AIWORKER_LLM_BASE_URL (the "
+        "front door: retry after a while; check TEMPORAL_ADDRESS)",
     ),
     "access_denied": (
-        "robots.txt disallows the URL, the site answered 401 or 403, or a tenant read "
-        "another tenant's artifact",
+        "robots.txt disallows the URL, the site answered 401 or 403, a tenant read "
+        "another tenant's artifact, or the front door refused an API key, a tenant or a "
+        "webhook signature (HTTP 401/403)",
         "use a URL you may fetch (respect_robots: false only for sites you own)",
     ),
     "not_found": (
@@ -129,6 +135,15 @@ SETTINGS: dict[str, str] = {
     "worker_modules": "comma list of importable modules with a `WORKERS` iterable",
     "worker_specs": "comma list of directories of prompt and external worker spec files",
     "tenants_file": "the tenant registry (JSON); with one, only its tenants exist",
+    "serve_host": "address `aiworker serve` (the HTTP front door) listens on",
+    "serve_port": "port of `aiworker serve`",
+    "api_keys_file": "the front door's API keys (JSON: name, tenant, sha256 of the key, "
+    "optional rate_limit); `aiworker keys add` writes it",
+    "hooks_file": "the front door's webhooks (JSON: name, pipeline file, secret or secret_env, "
+    "signature `github` or `stripe`, tenant)",
+    "serve_rate_limit": "requests per API key and per webhook the front door accepts, e.g. "
+    "`120/min` (a token bucket per process; a key's own rate_limit wins)",
+    "serve_max_body_bytes": "the largest request body the front door reads (413 beyond it)",
 }
 
 # Settings fields that are not variables of their own.

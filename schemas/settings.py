@@ -96,6 +96,14 @@ class Settings(BaseModel):
     tenants: TenantRegistry | None = None
     # Caps on fan-out, nesting and references (schemas/caps.py), AIWORKER_MAX_*.
     caps: Caps = Caps()
+    # The HTTP front door (`aiworker serve`, workers/serve.py): its address, the
+    # hashed API keys and the webhooks it accepts, a rate per key and a body cap.
+    serve_host: str = "0.0.0.0"
+    serve_port: int = Field(default=8000, ge=0, le=65535)
+    api_keys_file: Path | None = None
+    hooks_file: Path | None = None
+    serve_rate_limit: str = "120/min"
+    serve_max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
 
     @field_validator("task_queue_suffix")
     @classmethod
@@ -113,6 +121,12 @@ class Settings(BaseModel):
         if v.startswith("s3://") and v[len("s3://") :].split("/", 1)[0]:
             return v.rstrip("/")
         raise ValueError("expected 'file' or 's3://bucket[/prefix]'")
+
+    @field_validator("serve_rate_limit")
+    @classmethod
+    def _serve_rate(cls, v: str) -> str:
+        parse_rate(v)
+        return v
 
     @field_validator("egress_allow")
     @classmethod
@@ -160,6 +174,12 @@ class Settings(BaseModel):
             "WORKER_MODULES",
             "WORKER_SPECS",
             "TENANTS_FILE",
+            "SERVE_HOST",
+            "SERVE_PORT",
+            "API_KEYS_FILE",
+            "HOOKS_FILE",
+            "SERVE_RATE_LIMIT",
+            "SERVE_MAX_BODY_BYTES",
             *(name.removeprefix(ENV_PREFIX) for name in SETTING_OF.values()),
         }
         # Variables consumed by other parts (tests, dev server) are not settings.
@@ -192,6 +212,8 @@ class Settings(BaseModel):
             ("BREAKER_FAILURE_THRESHOLD", "breaker_failure_threshold"),
             ("BREAKER_WINDOW_SECONDS", "breaker_window_seconds"),
             ("BREAKER_OPEN_SECONDS", "breaker_open_seconds"),
+            ("SERVE_PORT", "serve_port"),
+            ("SERVE_MAX_BODY_BYTES", "serve_max_body_bytes"),
         ):
             if (v := get(name)) is not None:
                 raw[key] = v
@@ -207,6 +229,10 @@ class Settings(BaseModel):
             ("DEPLOYMENT_NAME", "deployment_name"),
             ("BUILD_ID", "build_id"),
             ("ARTIFACT_STORE", "artifact_store"),
+            ("SERVE_HOST", "serve_host"),
+            ("API_KEYS_FILE", "api_keys_file"),
+            ("HOOKS_FILE", "hooks_file"),
+            ("SERVE_RATE_LIMIT", "serve_rate_limit"),
         ):
             if (v := get(name)) is not None:
                 raw[key] = v

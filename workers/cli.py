@@ -12,6 +12,8 @@ aiworker workers             list the worker specs (the published contracts)
 aiworker artifacts WF_ID     list the artifacts a workflow wrote (lineage)
 aiworker schemas export|check  write or check schemas/json/ and docs/reference/
 aiworker conformance WORKER_ID  check a live worker against its spec through Temporal
+aiworker serve               the HTTP front door (start, status, result, review, webhooks)
+aiworker keys add NAME       a new API key for the front door, stored hashed
 
 The grammar is :mod:`aiworker.workers.cli_parser`; pipelines are reached
 through :class:`aiworker.workers.client.PipelineClient`, processes run by
@@ -47,6 +49,8 @@ from aiworker.workers.cli_common import (
     read_pipeline,
 )
 from aiworker.workers.cli_parser import build_parser
+from aiworker.workers.cli_serve import cmd_keys, cmd_serve
+from aiworker.workers.schedule_commands import cmd_schedule
 
 if TYPE_CHECKING:
     from aiworker.workers.client import PipelineClient, PipelineHandle
@@ -320,13 +324,6 @@ async def cmd_conformance(args: argparse.Namespace) -> int:
     return EXIT_OK if report.passed else EXIT_FAILED
 
 
-async def cmd_schedule(args: argparse.Namespace) -> int:
-    """``aiworker schedule create|list|describe|pause|unpause|trigger|delete``."""
-    from aiworker.workers.schedule_commands import run_schedule_command
-
-    return await run_schedule_command(args)
-
-
 async def cmd_schemas(args: argparse.Namespace) -> int:
     """``aiworker schemas export|check``: ``schemas/json/`` and ``docs/reference/``."""
     from aiworker.schemas.export import check_all, export_all
@@ -355,6 +352,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "run": cmd_run,
     "schedule": cmd_schedule,
     "schemas": cmd_schemas,
+    "serve": cmd_serve,
+    "keys": cmd_keys,
     "worker": cmd_worker,
     "workers": cmd_workers,
 }

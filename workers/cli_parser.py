@@ -26,6 +26,17 @@ def positive_seconds(value: str) -> float:
     return seconds
 
 
+def port_number(value: str) -> int:
+    """A TCP port in [0, 65535] (0: any free one), for ``argparse``."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not between 0 and 65535")
+    return port
+
+
 def tenant_name(value: str) -> str:
     """A tenant name (``TENANT_PATTERN``), for ``argparse``."""
     if re.fullmatch(TENANT_PATTERN.strip("^$"), value) is None:
@@ -193,11 +204,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cf.add_argument("--json", action="store_true", help="print the report as JSON")
     conn(cf)
+    sv = sub.add_parser(
+        "serve",
+        help="the HTTP front door: start, watch and review pipelines, webhooks",
+        description="Serve the HTTP API (docs/serve.md) on AIWORKER_SERVE_HOST:"
+        "AIWORKER_SERVE_PORT, with the keys of AIWORKER_API_KEYS_FILE and the hooks of "
+        "AIWORKER_HOOKS_FILE, until SIGTERM or Ctrl-C.",
+    )
+    sv.add_argument("--host", help="address to listen on (default AIWORKER_SERVE_HOST or 0.0.0.0)")
+    sv.add_argument(
+        "--port",
+        type=port_number,
+        help="port to listen on (default AIWORKER_SERVE_PORT or 8000; 0: any)",
+    )
+    conn(sv)
+
+    ks = sub.add_parser("keys", help="manage the front door's API keys (stored hashed)")
+    ks_sub = ks.add_subparsers(dest="keys_action", required=True)
+    ka = ks_sub.add_parser(
+        "add",
+        help="draw a new API key, store its hash, print the key once",
+        description="Draw a new API key (or read one from stdin with --stdin), add its "
+        "SHA-256 to the keys file under NAME for TENANT, and print the key on stdout: it "
+        "is not stored anywhere else.",
+    )
+    ka.add_argument("name", help="who holds the key (unique in the file)")
+    ka.add_argument("--tenant", type=tenant_name, required=True, help="the tenant it acts for")
+    ka.add_argument("--file", help="the keys file (default AIWORKER_API_KEYS_FILE)")
+    ka.add_argument("--rate-limit", help="this key's rate, e.g. 60/min (default the setting's)")
+    ka.add_argument(
+        "--stdin", action="store_true", help="hash the key read from stdin instead of a new one"
+    )
+    for command in ks_sub.choices.values():
+        command.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
+        )
+
     schedule_parsers = add_schedule_commands(sub, conn)
     # Every command takes --debug after its name too; SUPPRESS keeps the global
     # flag's value when the command does not repeat it.
-    for command in [*sub.choices.values(), *schedule_parsers]:
-        command.add_argument(
+    for each in [*sub.choices.values(), *schedule_parsers]:
+        each.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
         )
     return p

@@ -336,6 +336,22 @@ class PipelineClient:
             )
         return out
 
+    async def started_input(
+        self, workflow_id: str, run_id: str | None = None
+    ) -> dict[str, Any] | None:
+        """The pipeline a run was started with (its first history event's input),
+        or None when the run has no history.
+
+        Only the first event is read: one page of one event, not the whole
+        history (a for_each parent's can run to megabytes).
+        """
+        handle = self.get_handle(workflow_id, run_id)
+        async for event in handle.fetch_history_events(page_size=1):
+            first = event.workflow_execution_started_event_attributes
+            decoded = await self.temporal.data_converter.decode(first.input.payloads)
+            return dict(decoded[0]) if decoded and isinstance(decoded[0], dict) else None
+        return None
+
     async def redrive_input(self, workflow_id: str, tenant: str | None = None) -> dict[str, Any]:
         """The input of a new run that reuses the steps a failed run finished.
 
@@ -357,16 +373,10 @@ class PipelineClient:
             raise RedriveError(f"{workflow_id} is a {desc.workflow_type} workflow, not a pipeline")
         if desc.status == WorkflowExecutionStatus.RUNNING:
             raise RedriveError(f"{workflow_id} is still running; cancel it or wait")
-        # Only the first event holds the pipeline: one page of one event, not the
-        # whole history (a for_each parent's can run to megabytes).
-        first = None
-        async for event in handle.fetch_history_events(page_size=1):
-            first = event.workflow_execution_started_event_attributes
-            break
-        if first is None:
+        started = await self.started_input(workflow_id, desc.run_id)
+        if started is None:
             raise RedriveError(f"{workflow_id} has no history to redrive from")
-        decoded = await self.temporal.data_converter.decode(first.input.payloads)
-        pipeline = dict(decoded[0])
+        pipeline = started
         if tenant is not None and pipeline.get("tenant", names.DEFAULT_TENANT) != tenant:
             raise RedriveError(f"{workflow_id} is not a pipeline of tenant {tenant!r}")
         steps: dict[str, Any] = {}

@@ -1,6 +1,8 @@
 """``aiworker schedule create|list|describe|pause|unpause|trigger|delete``.
 
-The commands over :mod:`aiworker.workers.schedules`: each prints a line a
+Beside :mod:`aiworker.workers.cli` (which lists :func:`cmd_schedule` in its
+``COMMANDS``); the Temporal client and the schedule modules load inside each
+command. The commands over :mod:`aiworker.workers.schedules`: each prints a line a
 person reads (or JSON with ``--json``); what Temporal refuses (no such
 schedule, an id that exists, a bad cron line) ends in one line and an exit
 code through :mod:`aiworker.workers.cli_errors`, like every other command.
@@ -11,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiworker.workers.cli_common import (
     EXIT_FAILED,
@@ -22,19 +24,16 @@ from aiworker.workers.cli_common import (
     load_settings,
     read_pipeline,
 )
-from aiworker.workers.client import PipelineClient
-from aiworker.workers.schedules import (
-    ScheduleOptions,
-    create_schedule,
-    describe_schedule,
-    list_schedules,
-    trigger_schedule,
-)
+
+if TYPE_CHECKING:
+    from aiworker.workers.client import PipelineClient
 
 
 async def _client(args: argparse.Namespace, *, storage: bool = False) -> PipelineClient:
     """The pipeline client; with ``storage``, reading and writing large payloads in
     the configured external storage (the pipeline a schedule starts may be large)."""
+    from aiworker.workers.client import PipelineClient
+
     settings = load_settings()
     configure_logs(settings)
     return await PipelineClient.connect(
@@ -45,6 +44,8 @@ async def _client(args: argparse.Namespace, *, storage: bool = False) -> Pipelin
 async def schedule_create(args: argparse.Namespace) -> int:
     """``aiworker schedule create FILE``: check the pipeline, then create its schedule."""
     from aiworker.workers.resources import close_connections
+    from aiworker.workers.schedule_specs import ScheduleOptions
+    from aiworker.workers.schedules import create_schedule, describe_schedule
 
     pipeline = read_pipeline(args.file)  # exit 2 naming each problem: nothing created
     schedule_id = args.schedule_id or str(pipeline["name"])
@@ -78,6 +79,8 @@ async def schedule_create(args: argparse.Namespace) -> int:
 
 async def schedule_list(args: argparse.Namespace) -> int:
     """``aiworker schedule list``: one line per pipeline schedule, or JSON."""
+    from aiworker.workers.schedules import list_schedules
+
     pipelines = await _client(args)
     rows = await list_schedules(pipelines.temporal, tenant=args.tenant, pipeline=args.pipeline)
     if args.json:
@@ -121,6 +124,8 @@ def render_description(doc: dict[str, Any]) -> str:
 
 async def schedule_describe(args: argparse.Namespace) -> int:
     """``aiworker schedule describe ID``: the schedule, its recent and next runs."""
+    from aiworker.workers.schedules import describe_schedule
+
     pipelines = await _client(args)
     doc = await describe_schedule(pipelines.temporal, args.schedule_id)
     print(json.dumps(doc, indent=2) if args.json else render_description(doc))
@@ -141,6 +146,8 @@ async def schedule_pause(args: argparse.Namespace) -> int:
 
 async def schedule_trigger(args: argparse.Namespace) -> int:
     """``aiworker schedule trigger ID``: one run now, under the overlap policy."""
+    from aiworker.workers.schedules import trigger_schedule
+
     pipelines = await _client(args)
     done = await trigger_schedule(pipelines.temporal, args.schedule_id, overlap=args.overlap_policy)
     if done.skipped:
@@ -173,9 +180,10 @@ ACTIONS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
 }
 
 
-async def run_schedule_command(args: argparse.Namespace) -> int:
-    """Run ``aiworker schedule <action>``; the schedule id may come as an argument
-    or, as ``temporal schedule`` takes it, as ``-s/--schedule-id``."""
+async def cmd_schedule(args: argparse.Namespace) -> int:
+    """``aiworker schedule create|list|describe|pause|unpause|trigger|delete``; the
+    schedule id may come as an argument or, as ``temporal schedule`` takes it, as
+    ``-s/--schedule-id``."""
     if args.action not in ("create", "list"):
         args.schedule_id = args.schedule_id or args.schedule_id_flag
         if not args.schedule_id:
@@ -184,4 +192,4 @@ async def run_schedule_command(args: argparse.Namespace) -> int:
     return await ACTIONS[args.action](args)
 
 
-__all__ = ["render_description", "run_schedule_command"]
+__all__ = ["cmd_schedule", "render_description"]

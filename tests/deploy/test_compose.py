@@ -64,6 +64,7 @@ def test_services_of_the_stack(compose: dict[str, Any]) -> None:
         "prometheus",
         "grafana",
         "jaeger",
+        "aiworker-serve",
         *WORKER_SERVICES,
     ):
         assert name in services, name
@@ -96,6 +97,28 @@ def test_one_worker_service_per_task_queue(compose: dict[str, Any]) -> None:
         deps = svc["depends_on"]
         assert deps["temporal"]["condition"] == "service_healthy"
         assert deps["temporal-setup"]["condition"] == "service_completed_successfully"
+
+
+def test_the_front_door_serves_with_its_keys_and_hooks(compose: dict[str, Any]) -> None:
+    svc = compose["services"]["aiworker-serve"]
+    assert svc["entrypoint"] == ["aiworker", "serve"]
+    env = svc["environment"]
+    settings = Settings.from_env({k: v for k, v in env.items() if k.startswith("AIWORKER_")})
+    assert settings.serve_port == 8000
+    assert {(p["target"], p["published"]) for p in svc["ports"]} == {(8000, "8000")}
+    assert "8000/healthz" in " ".join(svc["healthcheck"]["test"])
+    assert svc["depends_on"]["temporal"]["condition"] == "service_healthy"
+    (mount,) = [v for v in svc["volumes"] if v["type"] == "bind"]
+    assert mount["read_only"] is True
+    # The files the settings name are the mounted ones, and a door would start with them.
+    from aiworker.workers.serve_auth import KeyRing, load_hooks
+
+    for path in (settings.api_keys_file, settings.hooks_file):
+        assert path is not None and str(path).startswith(mount["target"] + "/")
+        local = ROOT / mount["source"] / path.name
+        assert local.exists(), local
+    KeyRing.load(ROOT / mount["source"] / "keys.json")
+    load_hooks(ROOT / mount["source"] / "hooks.json", {})
 
 
 def test_startup_order_and_health_checks(compose: dict[str, Any]) -> None:

@@ -46,6 +46,8 @@ CRD_GROUPS = ("monitoring.coreos.com/",)
 DOCUMENTED = "acme"
 SPECS_DIR = "/etc/aiworker/workers"
 PLUGIN_IMAGE = "ghcr.io/acme/aiworker-pii:1.0.0"
+# The HTTP front door's Deployment (no task queue: it only talks to Temporal).
+SERVE = "aiworker-serve"
 
 
 @functools.cache
@@ -167,7 +169,7 @@ def test_strict_validation_rejects_an_unknown_field() -> None:
 def test_one_deployment_per_task_queue(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     _, docs = rendered
     deployments = of_kind(docs, "Deployment")
-    assert set(deployments) == set(QUEUES)
+    assert set(deployments) == {*QUEUES, SERVE}
     settings_env = _configmap_env(docs)
     for name, queue in QUEUES.items():
         pod = deployments[name]["spec"]["template"]["spec"]
@@ -198,7 +200,8 @@ def test_drain_outlasts_the_longest_activity(rendered: tuple[str, list[dict[str,
         assert settings.shutdown_grace_seconds >= timeout, spec.worker_id
     # Temporal's start-to-close timeout adds 5 s past the worker's own deadline.
     assert settings.shutdown_grace_seconds >= longest + 5
-    for name, d in of_kind(docs, "Deployment").items():
+    for name in QUEUES:
+        d = of_kind(docs, "Deployment")[name]
         grace = d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert grace > settings.shutdown_grace_seconds, name
 
@@ -253,6 +256,10 @@ def test_network_policy_limits_egress(rendered: tuple[str, list[dict[str, Any]]]
         rules = []
         for p in policies:
             if p["spec"]["podSelector"]["matchLabels"].items() <= labels.items():
+                # An ingress-only policy (the front door's) says nothing about egress.
+                if p["spec"]["policyTypes"] == ["Ingress"]:
+                    assert "egress" not in p["spec"]
+                    continue
                 assert "Egress" in p["spec"]["policyTypes"]
                 rules += p["spec"].get("egress", [])
         return rules
@@ -287,18 +294,63 @@ def test_settings_come_from_a_configmap_and_keys_from_secrets(
     rendered: tuple[str, list[dict[str, Any]]],
 ) -> None:
     overlay, docs = rendered
-    (cm_name,) = of_kind(docs, "ConfigMap")
+    (cm_name,) = [n for n in of_kind(docs, "ConfigMap") if n.startswith("aiworker-settings")]
     for name, d in of_kind(docs, "Deployment").items():
         (c,) = d["spec"]["template"]["spec"]["containers"]
         assert {"configMapRef": {"name": cm_name}} in c["envFrom"]
         for e in c["env"]:
-            if "KEY" in e["name"]:
+            if "KEY" in e["name"] and not e["name"].endswith("_FILE"):  # a file's path
                 assert "secretKeyRef" in e["valueFrom"], f"{name}: {e['name']} is not a Secret"
     assert not of_kind(docs, "Secret"), "secrets are referenced, never rendered from git"
     llm = of_kind(docs, "Deployment")["aiworker-llm"]["spec"]["template"]["spec"]
     key = next(e for e in llm["containers"][0]["env"] if e["name"] == "AIWORKER_LLM_API_KEY")
     # prod does not start without the key; dev may run without one.
     assert key["valueFrom"]["secretKeyRef"]["optional"] is (overlay == "dev")
+
+
+def test_the_front_door_runs_with_probes_limits_and_its_keys(
+    rendered: tuple[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    from aiworker.workers.serve_auth import KeyRing, load_hooks
+
+    _, docs = rendered
+    pod = of_kind(docs, "Deployment")[SERVE]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["aiworker", "serve"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    plain = {k: v for k, v in {**_configmap_env(docs), **env}.items() if v is not None}
+    settings = Settings.from_env(plain)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"http": settings.serve_port}
+    probes = {p: c[p]["httpGet"] for p in ("livenessProbe", "readinessProbe")}
+    assert probes["livenessProbe"] == {"path": "/healthz", "port": "http"}
+    assert probes["readinessProbe"] == {"path": "/readyz", "port": "http"}
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    # Keys and hooks: a ConfigMap mounted read-only where the settings point;
+    # hook secrets come from a Secret that is referenced, never rendered.
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "serve-config")
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == "serve-config")
+    files = of_kind(docs, "ConfigMap")[volume["configMap"]["name"]]["data"]
+    for path in (settings.api_keys_file, settings.hooks_file):
+        assert path is not None and path.parent == Path(mount["mountPath"]) and path.name in files
+        (tmp_path / path.name).write_text(files[path.name])
+    KeyRing.load(tmp_path / "keys.json")
+    load_hooks(tmp_path / "hooks.json", {})
+    assert {"secretRef": {"name": "aiworker-serve-hooks", "optional": True}} in c["envFrom"]
+    # Reachable through its Service on the http port, and the network lets it in.
+    service = of_kind(docs, "Service")[SERVE]
+    assert service["spec"]["selector"].items() <= pod_labels(docs, SERVE).items()
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    ingress = of_kind(docs, "NetworkPolicy")["aiworker-serve-ingress"]["spec"]["ingress"]
+    assert {"protocol": "TCP", "port": settings.serve_port} in ingress[0]["ports"]
+
+
+def pod_labels(docs: list[dict[str, Any]], deployment: str) -> dict[str, str]:
+    labels: dict[str, str] = of_kind(docs, "Deployment")[deployment]["spec"]["template"][
+        "metadata"
+    ]["labels"]
+    return labels
 
 
 def test_service_monitor_selects_the_metrics_service() -> None:
@@ -330,7 +382,8 @@ def test_worker_specs_component_mounts_the_same_specs_in_every_pod(
     (settings_cm,) = [n for n in maps if n.startswith("aiworker-settings-")]
     assert maps[settings_cm]["data"]["AIWORKER_WORKER_SPECS"] == SPECS_DIR
     deployments = of_kind(documented, "Deployment")
-    assert set(deployments) == set(QUEUES)
+    assert set(deployments) == {*QUEUES, SERVE}
+    del deployments[SERVE]  # mounts no worker specs: it runs no worker
     polled: set[str] = set()
     for name, d in deployments.items():
         pod = d["spec"]["template"]["spec"]
@@ -367,5 +420,5 @@ def test_worker_specs_component_mounts_the_same_specs_in_every_pod(
 
 
 def _configmap_env(docs: list[dict[str, Any]]) -> dict[str, str]:
-    (cm,) = of_kind(docs, "ConfigMap").values()
+    (cm,) = [c for n, c in of_kind(docs, "ConfigMap").items() if n.startswith("aiworker-settings")]
     return dict(cm["data"])

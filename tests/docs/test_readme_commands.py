@@ -118,6 +118,12 @@ async def _awaiting_review(pipelines: PipelineClient) -> None:
     await wait_until(listed, "review-run to be listed as awaiting_review", timeout=30)
 
 
+def _succeeded_with(doc: Any, output: dict[str, Any]) -> None:
+    assert doc["status"] == "succeeded", doc
+    assert doc["output"] == output
+    assert doc["workflow_id"].startswith("hello-")
+
+
 # README command (comment and spacing dropped) -> (wait before it, what it must do)
 EXPECT: dict[str, tuple[Before | None, Check]] = {
     # without --json `aiworker run` shows progress lines and a summary table
@@ -131,6 +137,10 @@ EXPECT: dict[str, tuple[Before | None, Check]] = {
             r'^output: \{"valid": true, "published": true\}$',
             r"^workflow: hello-",
         ),
+    ),
+    ".venv/bin/aiworker run examples/pipelines/hello.json --json": (
+        None,
+        ok_json(lambda doc: _succeeded_with(doc, {"valid": True, "published": True})),
     ),
     ".venv/bin/aiworker run - --no-wait < examples/pipelines/hello.json": (
         None,
@@ -268,15 +278,15 @@ async def test_readme_pipeline_commands_run_as_written(client: Client, tmp_path:
         result = await pipelines.result("my-run")
         save = result.steps["save"].outputs
         assert save["duplicate"] is True and save["published"] is False, save
-        # two `aiworker run`s (ids of their own; the --no-wait one may still be
+        # three `aiworker run`s (ids of their own; the --no-wait one may still be
         # running) and my-run once, not twice
         sink = settings.data_dir / "sinks" / "demo" / "hello.jsonl"
 
         def records() -> int:
             return len(sink.read_text("utf-8").splitlines()) if sink.exists() else 0
 
-        await wait_until(lambda: records() >= 3, "three hello records", timeout=30)
-    assert records() == 3
+        await wait_until(lambda: records() >= 4, "four hello records", timeout=30)
+    assert records() == 4
     reviewed = settings.data_dir / "sinks" / "demo" / "reviewed.jsonl"
     assert len(reviewed.read_text("utf-8").splitlines()) == 1
 
