@@ -206,7 +206,9 @@ async def test_aiworker_run_starts_a_pipeline_with_its_priority_and_the_tenant_w
         "AIWORKER_TENANTS_FILE": str(tenants),
     }
     async with running_stack(client, settings):
-        proc = await asyncio.to_thread(run_cli_module, ["run", str(f), "--id", workflow_id], env)
+        proc = await asyncio.to_thread(
+            run_cli_module, ["run", str(f), "--id", workflow_id, "--json"], env
+        )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["status"] == "succeeded"
     seen = await _priorities(client, workflow_id)
