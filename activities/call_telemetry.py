@@ -40,6 +40,7 @@ import logging
 import time
 from collections.abc import Container, Iterator, Mapping
 from contextvars import ContextVar
+from decimal import Decimal
 from typing import Any
 
 from opentelemetry import trace
@@ -156,6 +157,12 @@ class WorkerCall:
         """Count one external call through ``tool`` (the toolbox calls this)."""
         if self.metrics:
             self.metrics.external_calls.labels(self.worker_id, tool).inc()
+
+    def cost(self, model: str, usd: Decimal) -> None:
+        """Count ``usd`` a model call of this attempt cost, as soon as it is booked:
+        money is spent whatever the attempt's outcome."""
+        if self.metrics:
+            self.metrics.cost_usd.labels(self.tenant, model).inc(float(usd))
 
     def completed(self, *, status: str, input_tokens: int, output_tokens: int, model: str) -> None:
         """Note a successful outcome (``succeeded`` or ``partial``) and the tokens it used."""

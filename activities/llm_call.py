@@ -122,12 +122,12 @@ class LlmCall(Worker):
         reply = await lm.complete(
             request, deadline_seconds=ctx.remaining() - _DEADLINE_MARGIN_SECONDS
         )
-        ctx.spend(reply.usage.input_tokens, reply.usage.output_tokens)
+        cfg = lm.resolve(request.alias)
+        ctx.spend_usage(reply.usage, model=cfg.model)
         usage = {
             "input_tokens": reply.usage.input_tokens,
             "output_tokens": reply.usage.output_tokens,
         }
-        cfg = lm.resolve(request.alias)
         outputs: dict[str, Any] = {
             "text": reply.text,
             "finish_reason": reply.finish_reason,

@@ -71,6 +71,15 @@ class WorkerMetrics:
             ["worker_id", "model", "direction"],
             registry=registry,
         )
+        # model: the alias's model name, as on aiworker_tokens (bounded by the models
+        # file); tenant as on aiworker_requests.
+        self.cost_usd = Counter(
+            "aiworker_cost_usd",
+            "US dollars model calls cost, priced from the model alias's prices, by tenant "
+            "and model (every attempt that got a reply counted).",
+            ["tenant", "model"],
+            registry=registry,
+        )
         self.external_calls = Counter(
             "aiworker_external_calls",
             "External calls made through tools.",

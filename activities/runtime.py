@@ -72,6 +72,7 @@ from aiworker.schemas import names
 from aiworker.schemas.protocol import (
     ArtifactRef,
     Observability,
+    Usage,
     WarningInfo,
     WorkerRequest,
     WorkerResponse,
@@ -129,6 +130,11 @@ class WorkerContext:
         """Book tokens a provider billed in this attempt as soon as they are known,
         so that they count against the budget even if the attempt then fails."""
         self.usage.spend(input_tokens, output_tokens)
+
+    def spend_usage(self, usage: Usage, model: str = "") -> None:
+        """Book a model reply's whole usage (tokens, cached tokens and ``cost_usd``) as
+        soon as it is known; ``model`` labels the ``aiworker_cost_usd`` metric."""
+        self.usage.spend_usage(usage, model)
 
     def remaining(self) -> float:
         """Seconds left before this attempt's deadline."""
@@ -328,6 +334,7 @@ class WorkerRuntime:
             limits.max_external_calls,
             on_external_call=call.external_call,
         )
+        usage.on_cost = call.cost
         info = call.info
         return WorkerContext(
             request=request,

@@ -3,8 +3,10 @@
 A pipeline's budget counts tokens and external calls even when an attempt
 fails and Temporal retries it, so each attempt's usage must reach the next:
 
-- a worker books tokens as soon as a provider bills them (``ctx.spend``),
-  before anything else can fail; the toolbox counts external calls;
+- a worker books tokens as soon as a provider bills them (``ctx.spend``, or
+  ``ctx.spend_usage`` with a priced reply's whole usage: cached tokens and
+  ``cost_usd`` too), before anything else can fail; the toolbox counts
+  external calls;
 - a failure carries the call's usage so far (every attempt) in its
   ``ErrorInfo``, and in the heartbeat details, which Temporal keeps for the
   next attempt (:meth:`UsageBook.book`);
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from decimal import Decimal
 from typing import Any
 
 from pydantic import ValidationError
@@ -42,7 +45,12 @@ class UsageBook:
         self.prior = prior if prior is not None else Usage()
         self.input_tokens = 0
         self.output_tokens = 0
+        self.cached_input_tokens = 0
+        self.cache_write_tokens = 0
+        self.cost_usd = Decimal(0)
         self.toolbox: Toolbox | None = None
+        # Told each priced spend as it is booked: (model, US dollars); the call's metric.
+        self.on_cost: Callable[[str, Decimal], None] | None = None
 
     @classmethod
     def of(cls, info: activity.Info | None) -> UsageBook:
@@ -60,12 +68,28 @@ class UsageBook:
         self.input_tokens += max(0, input_tokens)
         self.output_tokens += max(0, output_tokens)
 
+    def spend_usage(self, usage: Usage, model: str = "") -> None:
+        """Book a model reply's whole usage (tokens, cached tokens, ``cost_usd``)
+        billed in this attempt; ``model`` labels its cost metric."""
+        self.spend(usage.input_tokens, usage.output_tokens)
+        self.cached_input_tokens += usage.cached_input_tokens
+        self.cache_write_tokens += usage.cache_write_tokens
+        self.cost_usd += usage.cost_usd
+        if usage.cost_usd and self.on_cost is not None:
+            self.on_cost(model, usage.cost_usd)
+
+    def _extras(self) -> dict[str, Any]:
+        return {
+            "cached_input_tokens": self.cached_input_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "cost_usd": self.cost_usd,
+            "external_calls": self.toolbox.external_calls if self.toolbox else 0,
+        }
+
     def this_attempt(self) -> Usage:
         """What the running attempt has consumed so far."""
         return Usage(
-            input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens,
-            external_calls=self.toolbox.external_calls if self.toolbox else 0,
+            input_tokens=self.input_tokens, output_tokens=self.output_tokens, **self._extras()
         )
 
     def total(self, input_tokens: int = 0, output_tokens: int = 0) -> Usage:
@@ -77,7 +101,7 @@ class UsageBook:
         return self.prior + Usage(
             input_tokens=max(input_tokens, self.input_tokens),
             output_tokens=max(output_tokens, self.output_tokens),
-            external_calls=self.toolbox.external_calls if self.toolbox else 0,
+            **self._extras(),
         )
 
     def book(self, failure: ApplicationError) -> ApplicationError:

@@ -24,7 +24,7 @@ from aiworker.schemas.names import (
     PRIORITY_LOWEST,
     TENANT_PATTERN,
 )
-from aiworker.schemas.protocol import CachePolicy, Usage
+from aiworker.schemas.protocol import CachePolicy, Usage, Usd
 from aiworker.schemas.refs import find_refs
 
 TerminalStatus = Literal[
@@ -72,6 +72,12 @@ class Budget(Model):
         gt=0,
         description="seconds from the pipeline's start after which no step is started; "
         "unset: no deadline",
+    )
+    max_cost_usd: Usd | None = Field(
+        default=None,
+        description="US dollars the model calls of the whole pipeline may cost (a number "
+        "or a decimal string), priced from the model aliases' prices; once spent, no step "
+        "that may use tokens is started; unset: no limit",
     )
 
 

@@ -8,9 +8,10 @@ details=[ErrorInfo])``. Models evolve by adding optional fields only.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from decimal import Decimal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, PlainSerializer, field_validator
 
 from aiworker.schemas.base import Model
 from aiworker.schemas.errors import ErrorCode
@@ -122,18 +123,58 @@ class ArtifactRef(Model):
     media_type: str = "application/octet-stream"
 
 
+def usd_text(value: Decimal) -> str:
+    """``value`` as a plain decimal string: no exponent, no trailing zeros (``"0.00042"``)."""
+    text = format(value, "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text if text not in ("", "-0") else "0"
+
+
+# Money is a Decimal, summed exactly across any number of steps and attempts
+# (binary floats drift: 0.1 + 0.2 != 0.3), and written to JSON as a decimal
+# string: a JSON number would be read back as a float by most clients (jq,
+# JavaScript, json.loads), losing the exactness the sum kept. Input takes a
+# JSON number or a decimal string.
+Usd = Annotated[
+    Decimal,
+    Field(ge=0, allow_inf_nan=False),
+    PlainSerializer(usd_text, return_type=str, when_used="json"),
+]
+
+
 class Usage(Model):
     """What a call consumed; summed by the pipeline's budget ledger."""
 
     input_tokens: int = Field(default=0, ge=0)
     output_tokens: int = Field(default=0, ge=0)
     external_calls: int = Field(default=0, ge=0)
+    cached_input_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="input tokens the provider read from its prompt cache (part of "
+        "input_tokens), priced at the cached-input price",
+    )
+    cache_write_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="input tokens the provider wrote to its prompt cache (Anthropic; part of "
+        "input_tokens), priced at the cache-write price",
+    )
+    cost_usd: Usd = Field(
+        default=Decimal(0),
+        description="what the model calls cost in US dollars, from the model alias's prices "
+        "(a decimal string; 0 for an alias without prices)",
+    )
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
             external_calls=self.external_calls + other.external_calls,
+            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            cost_usd=self.cost_usd + other.cost_usd,
         )
 
 

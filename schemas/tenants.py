@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
+from decimal import Decimal
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 
@@ -85,7 +86,10 @@ def tighter_rate(
     return a if a[0] / a[1] <= b[0] / b[1] else b
 
 
-def _lower(a: float | None, b: float | None) -> float | None:
+_N = TypeVar("_N", int, float, Decimal)
+
+
+def _lower(a: _N | None, b: _N | None) -> _N | None:
     return a if b is None else b if a is None else min(a, b)
 
 
@@ -97,6 +101,7 @@ def tighten_budget(budget: Budget, ceiling: Budget) -> Budget:
         max_tokens=None if tokens is None else int(tokens),
         max_external_calls=None if calls is None else int(calls),
         deadline_seconds=_lower(budget.deadline_seconds, ceiling.deadline_seconds),
+        max_cost_usd=_lower(budget.max_cost_usd, ceiling.max_cost_usd),
     )
 
 

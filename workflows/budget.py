@@ -1,4 +1,4 @@
-"""The budget ledger of a pipeline: tokens, external calls and a deadline.
+"""The budget ledger of a pipeline: tokens, external calls, money and a deadline.
 
 Before a step is scheduled it asks the ledger for an admission. The ledger
 refuses (``BudgetRefused``) when a limit is already spent or the deadline
@@ -9,6 +9,11 @@ steps together never overspend, and the worker itself stops at its share.
 When the step ends, the reservation is released and the real usage
 booked. Usage comes from activity results recorded in history, so a replay
 rebuilds the same ledger and never counts twice. Pure and deterministic.
+
+Money (``max_cost_usd``) is priced in the worker process, from model prices
+the workflow never sees, so it cannot be cut into shares as tokens are: a
+step that may use tokens is refused once the cost budget is spent, and the
+step that crosses the limit finishes (its money is already spent).
 
 The pipeline's deadline is one :class:`Deadline` (the only place its arithmetic
 lives): the ledger refuses steps past it and caps their timeouts by it, an
@@ -21,13 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
 
 from temporalio import workflow
 
 # The models must be the very classes the workflow passes through the sandbox.
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.pipeline import Budget
-    from aiworker.schemas.protocol import Usage
+    from aiworker.schemas.protocol import Usage, usd_text
     from aiworker.schemas.spec import WorkerSpec
     from aiworker.schemas.tenants import tighten_budget
 
@@ -117,6 +123,12 @@ class Ledger:
             0, self.budget.max_external_calls - self.used.external_calls - self.reserved_calls
         )
 
+    def cost_left(self) -> Decimal | None:
+        """US dollars left of ``max_cost_usd`` (None: no cost limit)."""
+        if self.budget.max_cost_usd is None:
+            return None
+        return max(Decimal(0), self.budget.max_cost_usd - self.used.cost_usd)
+
     def admit(
         self, worker: WorkerSpec, now: float, timeout: float | None = None, calls: int = 1
     ) -> Admission:
@@ -150,6 +162,14 @@ class Ledger:
             )
         else:
             n_calls = None
+        cost_left = self.cost_left()
+        # Only tokens cost money: a worker whose spec allows none runs on a spent budget.
+        if cost_left is not None and cost_left <= 0 and c.max_tokens != 0:
+            raise BudgetRefused(
+                "cost_usd",
+                f"cost budget of {usd_text(self.budget.max_cost_usd or Decimal(0))} USD is "
+                f"spent ({usd_text(self.used.cost_usd)} USD used)",
+            )
         self.reserved_tokens += tokens or 0
         self.reserved_calls += n_calls or 0
         limit = timeout
@@ -177,5 +197,6 @@ class Ledger:
             "used": self.used.model_dump(mode="json"),
             "tokens_left": self.tokens_left(),
             "external_calls_left": self.calls_left(),
+            "cost_usd_left": None if (left := self.cost_left()) is None else usd_text(left),
             "deadline": self.deadline,
         }

@@ -28,6 +28,7 @@ pass through :meth:`LanguageModel.redact` first.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import time
@@ -51,6 +52,7 @@ from aiworker.activities.errors import (
     WorkerTimeoutError,
 )
 from aiworker.activities.limits import RateLimiter
+from aiworker.activities.llm._pricing import priced
 from aiworker.activities.llm._providers import PROVIDERS, Provider, schema_instruction
 from aiworker.activities.llm._registry import ModelConfig, ModelRegistry
 from aiworker.activities.llm._types import ChatReply, ChatRequest
@@ -219,6 +221,7 @@ class LanguageModel:
                     reservation.release()
                     raise
                 reply = await self._call(cfg, provider, req, max_tokens, deadline_seconds)
+                reply = dataclasses.replace(reply, usage=priced(reply.usage, cfg.prices))
                 reservation.settle(reply.usage.input_tokens + reply.usage.output_tokens)
                 self._learn(cfg, req, reply)
                 outcome = "ok"

@@ -47,10 +47,20 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
-def _usage(inp: int | None, out: int | None) -> ReplyUsage:
-    """A reply's tokens as the provider reported them (0 and ``estimated`` where it did not)."""
+def _usage(
+    inp: int | None, out: int | None, cached: int | None = None, written: int | None = None
+) -> ReplyUsage:
+    """A reply's tokens as the provider reported them (0 and ``estimated`` where it did not).
+
+    ``inp`` counts every prompt token; ``cached`` and ``written`` are the parts of
+    it read from and written to the provider's prompt cache.
+    """
     return ReplyUsage(
-        input_tokens=inp or 0, output_tokens=out or 0, estimated=inp is None or out is None
+        input_tokens=inp or 0,
+        output_tokens=out or 0,
+        cached_input_tokens=min(cached or 0, inp or 0),
+        cache_write_tokens=min(written or 0, inp or 0),
+        estimated=inp is None or out is None,
     )
 
 
@@ -146,12 +156,15 @@ class OpenAIProvider:
         raw_usage = doc.get("usage")
         usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
         inp, out = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+        # prompt_tokens includes the cached ones; their count is a breakdown beside it.
+        details = usage.get("prompt_tokens_details")
+        cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
         model = doc.get("model")
         return ChatReply(
             text=content,
             finish_reason=str(finish) if finish else "stop",
             model=model if isinstance(model, str) and model else cfg.model,
-            usage=_usage(inp, out),
+            usage=_usage(inp, out, cached),
             max_tokens=max_tokens,
         )
 
@@ -233,13 +246,19 @@ class AnthropicProvider:
         raw_usage = doc.get("usage")
         usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
         inp, out = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
+        # Anthropic's input_tokens leaves out the prompt tokens read from and written to
+        # its cache (each billed at its own price); every prompt token counts here.
+        read = _int(usage.get("cache_read_input_tokens")) or 0
+        written = _int(usage.get("cache_creation_input_tokens")) or 0
+        if inp is not None:
+            inp += read + written
         model = doc.get("model")
         text = json.dumps(structured, ensure_ascii=False) if has_structured else "".join(texts)
         return ChatReply(
             text=text,
             finish_reason=finish,
             model=model if isinstance(model, str) and model else cfg.model,
-            usage=_usage(inp, out),
+            usage=_usage(inp, out, read, written),
             structured=structured,
             has_structured=has_structured,
             max_tokens=max_tokens,

@@ -10,7 +10,8 @@ more aliases from the JSON file ``AIWORKER_MODELS_FILE``::
       "small": {"provider": "openai", "base_url": "https://api.openai.com/v1",
                 "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY",
                 "context_window": 128000, "max_output_tokens": 16384,
-                "rpm": 500, "tpm": 200000},
+                "rpm": 500, "tpm": 200000,
+                "usd_per_million_tokens": {"input": 0.15, "cached_input": 0.075, "output": 0.6}},
       "claude": {"provider": "anthropic", "model": "claude-3-5-haiku-latest",
                  "api_key_file": "/run/secrets/anthropic", "context_window": 200000}
     }}
@@ -34,6 +35,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from aiworker.activities.constraints import min_optional
+from aiworker.activities.llm._pricing import Prices
 from aiworker.schemas.settings import Settings
 
 DEFAULT_BASE_URLS = {
@@ -83,6 +85,11 @@ class ModelEntry(BaseModel):
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = Field(
         default="max_tokens",
         description="OpenAI's newer models take max_completion_tokens instead of max_tokens",
+    )
+    usd_per_million_tokens: Prices | None = Field(
+        default=None,
+        description="prices in US dollars per million tokens (input, output, cached_input, "
+        "cache_write); absent: calls cost 0",
     )
 
     @model_validator(mode="after")
@@ -142,6 +149,7 @@ class ModelConfig:
     structured_output: str = "json_schema"
     anthropic_version: str = "2023-06-01"
     max_tokens_field: str = "max_tokens"
+    prices: Prices | None = None
 
     @property
     def target(self) -> str:
@@ -218,6 +226,7 @@ def _resolve(alias: str, e: ModelEntry, env: Mapping[str, str]) -> ModelConfig:
         or ("json_schema" if e.provider == "openai" else "tool"),
         anthropic_version=e.anthropic_version,
         max_tokens_field=e.max_tokens_field,
+        prices=e.usd_per_million_tokens,
     )
 
 
@@ -233,7 +242,7 @@ def parse_models_file(text: str, source: str = "models file") -> ModelsFile:
         problems = []
         for err in e.errors()[:5]:
             loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-            problems.append(f"{loc}: {err['msg']}")
+            problems.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
         raise ModelsFileError(f"{source}: " + "; ".join(problems)) from None
     for alias in parsed.models:
         if not _ALIAS.match(alias):
