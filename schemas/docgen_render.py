@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from decimal import Decimal
 from enum import Enum
 from pathlib import PurePath
 from typing import Any
@@ -139,7 +140,7 @@ def jsonable(value: Any) -> Any:
         return "(secret)"
     if isinstance(value, Enum):
         return value.value
-    if isinstance(value, PurePath):
+    if isinstance(value, PurePath | Decimal):  # money is written as a decimal string
         return str(value)
     if isinstance(value, tuple | list):
         return [jsonable(v) for v in value]
