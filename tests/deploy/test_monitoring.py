@@ -129,6 +129,7 @@ def test_dashboard_shows_what_operators_ask() -> None:
         "histogram_quantile(0.99,",
         "aiworker_retries_total",
         "aiworker_tokens_total",
+        "aiworker_cost_usd_total",
         "aiworker_pipelines_total",
         "error_code, tenant",
     ):
