@@ -338,6 +338,9 @@ class ChunkAllowance(Model):
     max_tokens: int | None = None
     max_external_calls: int | None = None
     deadline: float | None = Field(default=None, description="POSIX seconds, workflow time")
+    max_cost_usd: Usd | None = Field(
+        default=None, description="US dollars the chunk's items may cost before it refuses more"
+    )
 
 
 class ChunkInput(Model):

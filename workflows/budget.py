@@ -78,6 +78,8 @@ class Admission:
     # What was left of the pipeline deadline when the step was admitted: bounds how
     # long a call may wait for a worker to poll its queue (external workers).
     deadline_seconds: float | None = None
+    # What was left of max_cost_usd: shared out to for_each chunks, never reserved.
+    cost_usd: Decimal | None = None
 
 
 def _share(left: int, cap: int | None) -> int:
@@ -182,6 +184,7 @@ class Ledger:
             max_external_calls=n_calls,
             timeout_seconds=limit,
             deadline_seconds=remaining_time,
+            cost_usd=cost_left,
         )
 
     def settle(self, admission: Admission, usage: Usage) -> None:

@@ -289,8 +289,10 @@ def _allowance(admission: Admission, items: int, of: int, deadline: float | None
     def share(cap: int | None) -> int | None:
         return None if cap is None else (cap * items) // max(1, of)
 
+    cost = admission.cost_usd
     return ChunkAllowance(
         max_tokens=share(admission.max_tokens),
         max_external_calls=share(admission.max_external_calls),
         deadline=deadline,
+        max_cost_usd=None if cost is None else cost * items / max(1, of),
     )

@@ -50,7 +50,11 @@ class PipelineForEachWorkflow(PermitSignals):
         a = chunk.allowance
         # The pipeline's own deadline, as it is: a chunk started after it refuses every item.
         ledger = Ledger(
-            Budget(max_tokens=a.max_tokens, max_external_calls=a.max_external_calls),
+            Budget(
+                max_tokens=a.max_tokens,
+                max_external_calls=a.max_external_calls,
+                max_cost_usd=a.max_cost_usd,
+            ),
             started_at=workflow.now().timestamp(),
             ends=Deadline(a.deadline),
         )

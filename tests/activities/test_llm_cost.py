@@ -220,6 +220,24 @@ async def test_max_cost_usd_refuses_the_next_step_and_ends_budget_exhausted(
     assert result.status == "succeeded" and result.usage.cost_usd == 0
 
 
+async def test_a_for_each_chunk_stops_its_items_once_its_share_is_spent(
+    costs: CostStack,
+) -> None:
+    each = ask("each", "gpt", for_each="${{ inputs.people }}", max_parallel=1)
+    each["input"]["prompt"] = "who is ${{ item }}?"
+    people = ["ada", "alan", "grace", "edsger"]
+    result, _ = await costs.run([each], inputs={"people": people}, budget={"max_cost_usd": 0.01})
+    assert result.status == "budget_exhausted"
+    step = result.steps["each"]
+    # one chunk holds the whole 0.01: two items spend 0.01225, the other two are refused
+    assert step.items == {"total": 4, "succeeded": 2, "failed": 2}
+    assert step.outputs is not None
+    codes = [e["error_code"] for e in step.outputs["errors"]]
+    assert codes == ["budget_exceeded", "budget_exceeded"]
+    assert step.usage.cost_usd == result.usage.cost_usd == 2 * GPT_CALL
+    assert len(costs.fake.seen(costs.model("gpt"))) == 2
+
+
 def _models(prices: Any) -> dict[str, Any]:
     return {"models": {"gpt": {"model": "m", "usd_per_million_tokens": prices}}}
 

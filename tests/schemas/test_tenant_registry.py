@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,8 @@ def test_the_tighter_rate_and_budget_win() -> None:
         max_tokens=50, max_external_calls=3, deadline_seconds=30
     )
     assert tighten_budget(spec, Budget()) == spec
+    # money: the tighter of the two, exactly
+    cheap = Budget(max_cost_usd="0.25")
+    assert tighten_budget(Budget(max_cost_usd=1), cheap).max_cost_usd == Decimal("0.25")
+    assert tighten_budget(Budget(max_cost_usd="0.1"), cheap).max_cost_usd == Decimal("0.1")
+    assert tighten_budget(Budget(), cheap).max_cost_usd == Decimal("0.25")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -45,6 +46,22 @@ def test_tokens_left_become_the_request_limit() -> None:
     assert e.value.resource == "tokens"
     assert ledger.admit(validator, now=0.0).max_tokens is None
     assert ledger.view()["tokens_left"] == 0
+
+
+def test_spent_money_refuses_steps_that_may_use_tokens_and_sums_exactly() -> None:
+    llm = load_specs()["llm-call"]
+    validator = load_specs()["validator"]  # allows no tokens: costs nothing, never refused
+    ledger = Ledger(Budget(max_cost_usd=Decimal("0.3")), started_at=0.0)
+    for _ in range(3):  # 0.1 three times is 0.3 exactly (as floats it would be 0.30000000000000004)
+        ledger.settle(ledger.admit(llm, now=0.0), Usage(cost_usd=Decimal("0.1")))
+    assert ledger.used.cost_usd == Decimal("0.3")
+    with pytest.raises(BudgetRefused) as e:
+        ledger.admit(llm, now=0.0)
+    assert e.value.resource == "cost_usd"
+    assert e.value.message == "cost budget of 0.3 USD is spent (0.3 USD used)"
+    assert ledger.admit(validator, now=0.0).cost_usd == 0
+    assert ledger.view()["cost_usd_left"] == "0"
+    assert ledger.view()["used"]["cost_usd"] == "0.3"  # type: ignore[index]
 
 
 def test_deadline_refuses_and_caps_the_timeout() -> None:

@@ -135,6 +135,7 @@ async def test_the_registry_budget_ceiling_tightens_the_spec_budget(tenanted: St
         "max_tokens": 10,
         "max_external_calls": 0,
         "deadline_seconds": 600.0,
+        "max_cost_usd": None,
     }
     assert "publish" not in await history.scheduled_activities(handle)
 
