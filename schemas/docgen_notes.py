@@ -83,8 +83,8 @@ ERRORS: dict[str, tuple[str, str]] = {
         "a bug in the worker or its spec: add the tool to tools_allowed or stop calling it",
     ),
     "budget_exceeded": (
-        "a step would exceed the pipeline's tokens, external calls or deadline; the pipeline "
-        "ends budget_exhausted",
+        "a step would exceed the pipeline's tokens, external calls, cost (max_cost_usd) or "
+        "deadline; the pipeline ends budget_exhausted",
         "raise the pipeline's budget (within the tenant's ceiling) or make the steps cheaper",
     ),
     "validation_failed": (
