@@ -35,22 +35,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import Priority
-from temporalio.exceptions import ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import catalog, messages, names, safe_schema
     from aiworker.schemas.agent import (
         MAX_TEXT_CHARS,
         MAX_TOOL_RESULT_CHARS,
-        STEP_BOUNDS,
         AgentInput,
         Tool,
         allow_list,
         tool_definition,
     )
     from aiworker.schemas.errors import ErrorCode
-    from aiworker.schemas.pipeline import Budget, ChunkAllowance, StepResult
+    from aiworker.schemas.pipeline import Budget, StepResult
     from aiworker.schemas.priority import task_priority
     from aiworker.schemas.protocol import Usage
     from aiworker.schemas.spec import WorkerSpec
@@ -251,7 +248,7 @@ class Agent:
             return self._tool_error(
                 reply,
                 ErrorCode.INVALID_INPUT.value,
-                f"the arguments of {name!r} must be a JSON object, got {_json_type(args)}",
+                f"the arguments of {name!r} must be a JSON object, got {_got(args)}",
             )
         problems = messages.reasons(
             safe_schema.errors(safe_schema.validator(tool.spec.input_schema), args)
@@ -354,74 +351,9 @@ def _bounded(text: str) -> str:
     return text[:MAX_TOOL_RESULT_CHARS] + f"... [{cut} more characters cut]"
 
 
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string (not valid JSON)"
-    return "array" if isinstance(value, list) else type(value).__name__
+def _got(value: Any) -> str:
+    # arguments the model sent as text are text that is not JSON (else decoded)
+    return "text that is not JSON" if isinstance(value, str) else messages.type_name(value)
 
 
-def ends_pipeline(result: StepResult) -> bool:
-    """Whether a step's ``budget_exceeded`` spent the pipeline's budget (tokens,
-    external calls, its deadline) rather than a bound of the agent's own."""
-    if result.error_code != _BUDGET:
-        return False
-    first = result.reasons[0] if result.reasons else {}
-    return first.get("resource") not in STEP_BOUNDS
-
-
-async def run_agent(
-    worker: WorkerSpec,
-    *,
-    child_id: str,
-    key: str,
-    step_id: str,
-    tenant: str,
-    trace_id: str,
-    input: dict[str, Any],
-    admission: Admission,
-    deadline: float | None,
-    queue_suffix: str,
-    summary: str,
-    priority: Priority,
-) -> StepResult:
-    """Run an llm-agent call as ``AgentWorkflow``; its result (never raises on failure)."""
-    req = AgentInput(
-        step_id=step_id,
-        key=key,
-        tenant=tenant,
-        trace_id=trace_id,
-        queue_suffix=queue_suffix,
-        input=input,
-        allowance=ChunkAllowance(
-            max_tokens=admission.max_tokens,
-            max_external_calls=admission.max_external_calls,
-            deadline=deadline,
-        ),
-        timeout_seconds=admission.timeout_seconds,
-    )
-    try:
-        return await workflow.execute_child_workflow(
-            AgentWorkflow.run,
-            req,
-            id=child_id,
-            task_queue=workflow.info().task_queue,
-            static_summary=f"{summary} ({worker.worker_id})",
-            priority=priority,
-        )
-    except ChildWorkflowError as e:
-        cause = e.cause
-        return StepResult(
-            status="failed",
-            attempts=1,
-            error_code=ErrorCode.INTERNAL.value,
-            error_message=f"step {step_id!r}: the agent workflow failed: {cause or e}",
-        )
-
-
-__all__ = ["AgentWorkflow", "ends_pipeline", "run_agent"]
+__all__ = ["AgentWorkflow"]

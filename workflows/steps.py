@@ -29,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, resolve
     from aiworker.schemas.spec import WorkerSpec
 
-from aiworker.workflows.agent import ends_pipeline, run_agent
+from aiworker.workflows.agent_step import ends_pipeline, run_agent
 from aiworker.workflows.calls import call_worker, external_wait, with_feedback
 from aiworker.workflows.fanout import run_for_each
 from aiworker.workflows.limits import Lease, WaitExpired

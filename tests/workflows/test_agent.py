@@ -270,7 +270,7 @@ async def test_tool_errors_go_back_to_the_model_and_the_run_completes(
         errors[1]["code"] == "invalid_input"
         and "$: missing required key 'schema'" in errors[1]["message"]
     )
-    assert "string (not valid JSON)" in errors[2]["message"]
+    assert "got text that is not JSON" in errors[2]["message"]
     assert errors[3]["code"] == "not_found"
     # what the model saw on its last turn: the four errors as tool messages
     last = agents.model.seen(agents.name)[-1].body["messages"]
