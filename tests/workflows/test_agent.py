@@ -388,3 +388,29 @@ async def test_an_unknown_tool_in_the_allow_list_is_invalid_input_before_any_tur
     assert "'input.tools[0]'" in (step.error_message or "")
     assert "unknown worker 'no-such-worker'" in (step.error_message or "")
     assert agents.model.seen(agents.name) == []
+
+
+def test_aiworker_check_refuses_an_agent_step_it_cannot_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiworker.workers import cli
+
+    doc = {
+        "name": "bad-agent",
+        "steps": [
+            {
+                "id": "agent",
+                "worker": "llm-agent",
+                "for_each": [1, 2],
+                "input": {"prompt": "x", "tools": ["validator", "no-such", "llm-agent"]},
+            }
+        ],
+    }
+    file = tmp_path / "p.json"
+    file.write_text(json.dumps(doc), "utf-8")
+    assert cli.main(["check", str(file)]) == 2
+    captured = capsys.readouterr()
+    err = captured.out + captured.err
+    assert "step 'agent': field 'for_each': an llm-agent step runs as a child workflow" in err
+    assert "field 'input.tools[1]': unknown worker 'no-such'" in err
+    assert "field 'input.tools[2]': 'llm-agent' runs as a workflow and cannot be a tool" in err
