@@ -4,7 +4,8 @@ The model is ``fixtures/agent_model.py`` (OpenAI tool calling and Anthropic
 tool use on loopback), the tools are the real built-in workers (web-scrape on
 a loopback page that logs its hits, validator), the worker process is the
 real stack with the real ``language_model`` tool, and one pipeline is started
-with the ``temporal`` CLI as a user would.
+with the ``temporal`` CLI as a user would. Long on purpose: one place for
+the agent's whole behaviour (the task, tool errors, each bound, both formats).
 """
 
 from __future__ import annotations
