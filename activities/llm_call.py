@@ -2,8 +2,17 @@
 
 Input: ``messages`` (or ``prompt`` + ``system``), ``model`` (an alias of the
 model registry), ``max_tokens``, ``temperature``, ``stop``, ``seed``,
-``response_schema`` and ``feedback``. Output: ``text``, ``json`` (with a
-schema), ``finish_reason``, ``model``, ``alias`` and ``usage``.
+``response_schema``, ``feedback`` and ``tools``. Output: ``text``, ``json``
+(with a schema), ``finish_reason``, ``model``, ``alias``, ``usage`` and
+``tool_calls`` (when the model asked for some).
+
+Tool use (what ``llm-agent`` drives, one turn per call): ``tools`` are
+``{name, description, parameters}``; a reply that calls tools returns them
+in ``tool_calls`` (``{id, name, arguments}``) and is not checked against
+``response_schema`` (it is no answer yet); the conversation goes on with an
+``assistant`` message carrying those ``tool_calls`` and one ``tool`` message
+per call (``tool_call_id``, ``content``, ``is_error``). The wire formats of
+both providers are in :mod:`activities.llm._tools`.
 
 ``max_tokens`` sent is the smallest of the spec's, the request constraint's
 (what the pipeline budget has left), the input's and the model's own limit;
@@ -33,7 +42,14 @@ from aiworker.activities.jsonschema_cache import (
     schema_problem,
     validator_for,
 )
-from aiworker.activities.llm import ChatRequest, LanguageModel, Message
+from aiworker.activities.llm import (
+    ChatRequest,
+    LanguageModel,
+    Message,
+    call_to_json,
+    message_from_json,
+    tool_def_from_json,
+)
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.schemas.catalog import builtin_spec
@@ -52,7 +68,7 @@ def build_messages(input: dict[str, Any]) -> tuple[Message, ...]:
     if input.get("system"):
         out.append(Message("system", input["system"]))
     if "messages" in input:
-        out.extend(Message(m["role"], m["content"]) for m in input["messages"])
+        out.extend(message_from_json(m) for m in input["messages"])
     else:
         out.append(Message("user", input["prompt"]))
     feedback = input.get("feedback") or []
@@ -117,6 +133,7 @@ class LlmCall(Worker):
             stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
             seed=input.get("seed"),
             response_schema=schema,
+            tools=tuple(tool_def_from_json(t) for t in input.get("tools") or ()),
         )
         lm: LanguageModel = ctx.tools.use(TOOL)
         reply = await lm.complete(
@@ -145,7 +162,10 @@ class LlmCall(Worker):
         }
         status = "succeeded"
         warnings: list[WarningInfo] = []
-        if schema is not None:
+        if reply.tool_calls:
+            outputs["tool_calls"] = [call_to_json(c) for c in reply.tool_calls]
+            log_fields["tool_calls"] = len(reply.tool_calls)
+        elif schema is not None:
             outputs["json"] = self._structured(schema, reply, usage, cfg.alias)
         elif reply.finish_reason == "length":
             status = "partial"

@@ -324,6 +324,46 @@ WORKERS: dict[str, WorkerNotes] = {
         note="`model` names an alias (`default` from AIWORKER_LLM_*, more from "
         "AIWORKER_MODELS_FILE), never a provider or a key.",
     ),
+    "llm-agent": WorkerNotes(
+        errors={
+            "budget_exceeded": "a bound was reached: max_turns, a tool's max_calls, the step's "
+            "token or external-call share, or the deadline (`reasons[0].resource` names it; "
+            "the transcript so far is in the outputs)",
+            "invalid_input": "the input fails the schema, or `tools` names an unknown worker",
+            "invalid_output": "never for the answer itself: a final answer that misses "
+            "response_schema goes back to the model as one more turn",
+            "upstream_error": "a model turn failed after its retries (as llm-call)",
+            "timeout": "a model turn ran out of its own time after its retries",
+        },
+        output={
+            "answer": "The page says the kettle costs 39.90.",
+            "stopped": "answer",
+            "turns": 3,
+            "tool_calls": 2,
+            "tool_errors": 0,
+            "calls": {"web-scrape": 1, "validator": 1},
+            "errors": {},
+            "transcript": [
+                {"role": "user", "content": "What does the kettle cost?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": "call_1", "name": "web-scrape", "arguments": {"url": "..."}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "name": "web-scrape", "content": "..."},
+            ],
+        },
+        fields={
+            "input.tools": "the allow-list: each a worker id, or `{worker, max_calls}`",
+        },
+        note="Runs as a child workflow, not an activity: each model turn is an llm-call "
+        "activity and each tool call the tool worker's own activity (its contract, retries "
+        "and idempotency key `<step key>/turn-<n>/call-<i>`). A tool the model names that is "
+        "not allowed, or arguments that fail the tool's input schema, come back to the model "
+        "as a tool error. See [the agent guide](../../agent.md).",
+    ),
     "validator": WorkerNotes(
         errors={
             "invalid_input": "the schema is no valid JSON Schema, or fetches a remote $ref",

@@ -22,6 +22,8 @@ LLM_QUEUE: Final = "aiworker-llm"
 # Workflow types.
 PIPELINE_WORKFLOW: Final = "PipelineWorkflow"
 FOREACH_WORKFLOW: Final = "PipelineForEachWorkflow"
+# An llm-agent step: its model turns and tool calls, each an activity of its own.
+AGENT_WORKFLOW: Final = "AgentWorkflow"
 
 # Activity names are the worker ids; never renamed once released.
 VALIDATOR: Final = "validator"
@@ -29,6 +31,8 @@ AGGREGATOR: Final = "aggregator"
 WEB_SCRAPE: Final = "web-scrape"
 LLM_CALL: Final = "llm-call"
 PUBLISH: Final = "publish"
+# Not an activity: a step of this worker runs as AgentWorkflow (a child workflow).
+LLM_AGENT: Final = "llm-agent"
 
 # Custom search attributes (Keyword) registered by `aiworker dev` and tests.
 SA_STATUS: Final = "AiworkerStatus"

@@ -27,13 +27,15 @@ is ``aiworker.workers.pipeline_settings``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError
 
-from aiworker.schemas import safe_schema
+from aiworker.schemas import names, safe_schema
+from aiworker.schemas.agent import allow_list
 from aiworker.schemas.caps import SETTING_OF, Caps
 from aiworker.schemas.messages import suggest
 from aiworker.schemas.pipeline import Concurrency, PipelineSpec, Step
@@ -251,6 +253,20 @@ def check_pipeline(
                 "the validation loop needs a single step, "
                 "not a for_each (validate the items in a later step)",
             )
+        if step.for_each is not None and step.worker == names.LLM_AGENT:
+            add(
+                "for_each",
+                "an llm-agent step runs as a child workflow of its own and takes no for_each "
+                "(give the items to the agent in its prompt, or use llm-call)",
+            )
+        if step.worker == names.LLM_AGENT and specs is not None:
+            tools = step.input.get("tools") if isinstance(step.input, dict) else None
+            known_specs = {k: v for k, v in specs.items() if v is not None}
+            for t_i, tool in enumerate(tools if isinstance(tools, list) else []):
+                # a reference is resolved at run time, where the agent checks it
+                if isinstance(tool, (str, dict)) and "${{" not in json.dumps(tool):
+                    for _, message in allow_list([tool], known_specs)[1]:
+                        add(f"input.tools[{t_i}]", message)
         if step.fallback_input is not None and step.fallback is None:
             add("fallback_input", "set without 'fallback'")
         for field, value in fields:

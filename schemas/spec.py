@@ -11,7 +11,9 @@ time is refused when it is read. :meth:`WorkerSpec.from_file` reads one file;
 - ``prompt``: no code; a system/user template run by the llm-call machinery,
   its ``output_schema`` the structured-output schema;
 - ``external``: another process, in any language, polls ``task_queue`` and
-  answers ``worker_id`` with the protocol's envelope; aiworker only calls it.
+  answers ``worker_id`` with the protocol's envelope; aiworker only calls it;
+- ``workflow``: a built-in whose step runs as a child workflow, not an
+  activity (``llm-agent``: each model turn and tool call an activity of its own).
 """
 
 from __future__ import annotations
@@ -157,10 +159,17 @@ class ExternalImplementation(Model):
     kind: Literal["external"]
 
 
-_KINDS = ("python", "prompt", "external")
+class WorkflowImplementation(Model):
+    """A built-in whose step runs as a child workflow (``llm-agent``); only aiworker's
+    own specs have it: a plugin cannot add a workflow to the pipeline queue."""
+
+    kind: Literal["workflow"]
+
+
+_KINDS = ("python", "prompt", "external", "workflow")
 
 Implementation = Annotated[
-    PythonImplementation | PromptImplementation | ExternalImplementation,
+    PythonImplementation | PromptImplementation | ExternalImplementation | WorkflowImplementation,
     Field(discriminator="kind"),
 ]
 
@@ -244,7 +253,7 @@ class WorkerSpec(Model):
 
     @property
     def kind(self) -> str:
-        """``python``, ``prompt`` or ``external``."""
+        """``python``, ``prompt``, ``external`` or ``workflow``."""
         return self.implementation.kind
 
     @classmethod

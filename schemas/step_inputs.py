@@ -273,6 +273,11 @@ def cache_refusal(worker: WorkerSpec) -> str | None:
             f'worker {worker.worker_id!r} has side effects ("side_effects": true in its '
             'spec): a cached result would skip them; remove "cache"'
         )
+    if worker.kind == "workflow":
+        return (
+            f"worker {worker.worker_id!r} runs as a workflow whose turns and tool calls "
+            'are its own activities: its result is not cached; remove "cache"'
+        )
     if worker.kind == "external":
         return (
             f"worker {worker.worker_id!r} is external (another process runs it): the step "

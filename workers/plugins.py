@@ -36,7 +36,7 @@ from aiworker.activities.builtins import builtin_workers
 from aiworker.activities.prompt import PromptWorker
 from aiworker.activities.sdk import Worker, workers_in
 from aiworker.schemas import catalog
-from aiworker.schemas.catalog import Catalog, CatalogEntry, load_spec_dir
+from aiworker.schemas.catalog import Catalog, CatalogEntry, load_spec_dir, load_specs
 from aiworker.schemas.settings import Settings
 
 ENTRY_POINT_GROUP = "aiworker.plugins"
@@ -134,9 +134,9 @@ def load_workers(
                 f"{origin}: worker {w.worker_id!r} is a {type(w).__qualname__}, so its "
                 f"spec's implementation.kind must be {kind!r}, not {w.spec.kind!r}"
             )
-    entries = [CatalogEntry(w.spec, origin) for w, origin in found]
+    entries = [CatalogEntry(w.spec, origin) for w, origin in found] + workflow_entries()
     served: dict[str, Worker] = {}
-    defined: dict[str, str] = {}  # worker id -> where, for the duplicate's message
+    defined: dict[str, str] = {e.worker_id: "builtin" for e in workflow_entries()}
     for w, origin in found:
         _claim(defined, w.worker_id, _described(w, origin))
         served[w.worker_id] = w
@@ -147,6 +147,11 @@ def load_workers(
             raise PluginError(f"{e} (AIWORKER_WORKER_SPECS)") from None
         for spec, path in files:
             origin = f"file {path}"
+            if spec.kind == "workflow":
+                raise PluginError(
+                    f"worker spec {path}: implementation.kind 'workflow' is aiworker's own "
+                    "(llm-agent); spec directories hold 'prompt' and 'external' workers"
+                )
             if spec.kind == "python":
                 raise PluginError(
                     f"worker spec {path}: implementation.kind is 'python', but a python "
@@ -177,11 +182,17 @@ def _described(w: Worker, origin: str) -> str:
     return f"{origin} ({getattr(module, '__file__', None) or type(w).__module__})"
 
 
+def workflow_entries() -> list[CatalogEntry]:
+    """The built-ins whose steps run as child workflows (``llm-agent``): in every
+    catalog, served by no activity (the pipeline queue runs their workflow)."""
+    return [CatalogEntry(s, "builtin") for s in load_specs().values() if s.kind == "workflow"]
+
+
 def builtin_set() -> WorkerSet:
     """The built-ins alone (scripts and tests that load no plugins)."""
     workers = builtin_workers()
     return WorkerSet(
-        Catalog(CatalogEntry(w.spec, "builtin") for w in workers),
+        Catalog([CatalogEntry(w.spec, "builtin") for w in workers] + workflow_entries()),
         MappingProxyType({w.worker_id: w for w in workers}),
     )
 

@@ -16,6 +16,7 @@ from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import names
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.plugins import WorkerSet
+from aiworker.workflows.agent import AgentWorkflow
 from aiworker.workflows.breakers import SharedBreakerWorkflow
 from aiworker.workflows.foreach import PipelineForEachWorkflow
 from aiworker.workflows.limits import LimiterWorkflow
@@ -25,6 +26,7 @@ WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {
     names.PIPELINES_QUEUE: [
         PipelineWorkflow,
         PipelineForEachWorkflow,
+        AgentWorkflow,
         LimiterWorkflow,
         SharedBreakerWorkflow,
     ],

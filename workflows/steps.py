@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, resolve
     from aiworker.schemas.spec import WorkerSpec
 
+from aiworker.workflows.agent_step import ends_pipeline, run_agent
 from aiworker.workflows.calls import call_worker, external_wait, with_feedback
 from aiworker.workflows.fanout import run_for_each
 from aiworker.workflows.limits import Lease, WaitExpired
@@ -181,7 +182,11 @@ class StepRunner:
                 return tally.succeeded(result).model_copy(update={"fallback_used": True})
             last = after_primary(step.fallback, result, worker_id, last)
         fallback_used = step.fallback is not None and self.run.terminal is None
-        return tally.failed(last, fallback_used)
+        failed = tally.failed(last, fallback_used)
+        if self.worker.kind == "workflow" and step.fallback is None and last is not None:
+            # an agent stopped by a bound keeps its transcript so far in its outputs
+            failed = failed.model_copy(update={"outputs": last.outputs})
+        return failed
 
     async def fallback(self, worker_id: str, base: str, tally: Tally) -> StepResult | Ended:
         """The fallback worker's call (validated like the step's own), once."""
@@ -265,25 +270,41 @@ class StepRunner:
         if wait is not None:
             run.board.external[step.id] = wait
         try:
-            result = await call_worker(
-                worker,
-                key=key,
-                step_id=step.id,
-                tenant=run.tenant,
-                trace_id=run.trace_id,
-                input=step_input,
-                admission=admission,
-                max_attempts=step_max_attempts(step),
-                queue_suffix=run.queue_suffix,
-                summary=label,
-                cache=step.cache,
-                priority=run.priority,
-            )
+            if worker.kind == "workflow":  # llm-agent: its turns and tool calls in a child
+                result = await run_agent(
+                    worker,
+                    child_id=workflow.info().workflow_id + key[len(run.key_base) :],
+                    key=key,
+                    step_id=step.id,
+                    tenant=run.tenant,
+                    trace_id=run.trace_id,
+                    input=step_input,
+                    admission=admission,
+                    deadline=run.ledger.deadline,
+                    queue_suffix=run.queue_suffix,
+                    summary=label,
+                    priority=run.priority,
+                )
+            else:
+                result = await call_worker(
+                    worker,
+                    key=key,
+                    step_id=step.id,
+                    tenant=run.tenant,
+                    trace_id=run.trace_id,
+                    input=step_input,
+                    admission=admission,
+                    max_attempts=step_max_attempts(step),
+                    queue_suffix=run.queue_suffix,
+                    summary=label,
+                    cache=step.cache,
+                    priority=run.priority,
+                )
         finally:
             run.board.external.pop(step.id, None)
             await run.limits.permits.release_all(leases)
         run.ledger.settle(admission, result.usage)
-        if result.error_code == ErrorCode.BUDGET_EXCEEDED.value:
+        if ends_pipeline(result):
             run.terminal = "budget_exhausted"
         return result
 

@@ -5,7 +5,8 @@ the model registry (:func:`load_registry`, :class:`ModelRegistry`,
 :class:`ModelConfig`, :class:`ModelsFileError`), the per-endpoint
 :class:`RateLimiter`, and the provider-neutral :class:`ChatRequest` /
 :class:`ChatReply` (whose usage is the protocol's ``Usage`` plus an
-``estimated`` flag, :class:`ReplyUsage`).
+``estimated`` flag, :class:`ReplyUsage`), with tool use (:class:`ToolDef`,
+:class:`ToolCall`; each wire format in ``_tools``).
 """
 
 from aiworker.activities.limits import RateLimiter
@@ -20,7 +21,15 @@ from aiworker.activities.llm._registry import (
     load_registry,
     parse_models_file,
 )
-from aiworker.activities.llm._types import ChatReply, ChatRequest, Message, ReplyUsage
+from aiworker.activities.llm._tools import call_to_json, message_from_json, tool_def_from_json
+from aiworker.activities.llm._types import (
+    ChatReply,
+    ChatRequest,
+    Message,
+    ReplyUsage,
+    ToolCall,
+    ToolDef,
+)
 from aiworker.activities.retry_after import parse_duration, retry_after
 
 __all__ = [
@@ -39,9 +48,14 @@ __all__ = [
     "OpenAIProvider",
     "RateLimiter",
     "ReplyUsage",
+    "ToolCall",
+    "ToolDef",
+    "call_to_json",
     "estimate_tokens",
     "load_registry",
+    "message_from_json",
     "parse_duration",
     "parse_models_file",
     "retry_after",
+    "tool_def_from_json",
 ]

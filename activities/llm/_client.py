@@ -55,6 +55,7 @@ from aiworker.activities.limits import RateLimiter
 from aiworker.activities.llm._pricing import priced
 from aiworker.activities.llm._providers import PROVIDERS, Provider, schema_instruction
 from aiworker.activities.llm._registry import ModelConfig, ModelRegistry
+from aiworker.activities.llm._tools import tool_chars
 from aiworker.activities.llm._types import ChatReply, ChatRequest
 from aiworker.activities.metrics import DURATION_BUCKETS
 from aiworker.activities.retry_after import retry_after
@@ -104,7 +105,7 @@ def _chars(req: ChatRequest) -> int:
     n = sum(len(m.content) for m in req.messages)
     if req.response_schema is not None:
         n += len(schema_instruction(req.response_schema))
-    return n
+    return n + tool_chars(req)
 
 
 class LanguageModel:

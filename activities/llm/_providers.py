@@ -18,6 +18,7 @@ import json
 import re
 from typing import Any, Protocol
 
+from aiworker.activities.llm import _tools
 from aiworker.activities.llm._registry import ModelConfig
 from aiworker.activities.llm._types import ChatReply, ChatRequest, Message, ReplyUsage
 
@@ -121,7 +122,9 @@ class OpenAIProvider:
                 if mode == "json_object":
                     body["response_format"] = {"type": "json_object"}
                 messages.insert(0, Message("system", schema_instruction(schema)))
-        body["messages"] = [{"role": m.role, "content": m.content} for m in messages]
+        body["messages"] = _tools.openai_messages(messages)
+        if req.tools:
+            body["tools"] = _tools.openai_tools(req.tools)
         if req.temperature is not None:
             body["temperature"] = req.temperature
         if req.stop:
@@ -152,6 +155,7 @@ class OpenAIProvider:
             content = ""
         if not isinstance(content, str):
             raise ValueError("choices[0].message.content is not a string")
+        tool_calls = _tools.openai_tool_calls(message)
         finish = choice.get("finish_reason")
         raw_usage = doc.get("usage")
         usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
@@ -166,6 +170,7 @@ class OpenAIProvider:
             model=model if isinstance(model, str) and model else cfg.model,
             usage=_usage(inp, out, cached),
             max_tokens=max_tokens,
+            tool_calls=tool_calls,
         )
 
     def error_text(self, doc: Any) -> tuple[str, str]:
@@ -193,13 +198,14 @@ class AnthropicProvider:
         body: dict[str, Any] = {
             "model": cfg.model,
             "max_tokens": max_tokens,
-            "messages": [
-                {"role": m.role, "content": m.content} for m in req.messages if m.role != "system"
-            ],
+            "messages": _tools.anthropic_messages(m for m in req.messages if m.role != "system"),
         }
+        if req.tools:
+            body["tools"] = _tools.anthropic_tools(req.tools)
         schema = req.response_schema
         if schema is not None:
-            if cfg.structured_output == "tool" and _is_object_schema(schema):
+            # With the caller's tools the model must be free to call them: no forced tool.
+            if cfg.structured_output == "tool" and _is_object_schema(schema) and not req.tools:
                 body["tools"] = [
                     {
                         "name": _TOOL_NAME,
@@ -232,13 +238,16 @@ class AnthropicProvider:
         texts: list[str] = []
         structured: Any = None
         has_structured = False
-        for block in doc["content"]:
+        calls = []
+        for i, block in enumerate(doc["content"]):
             if not isinstance(block, dict):
                 raise ValueError("a content block is not an object")
             if block.get("type") == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
             elif block.get("type") == "tool_use" and block.get("name") == _TOOL_NAME:
                 structured, has_structured = block.get("input"), True
+            elif block.get("type") == "tool_use":
+                calls.append(_tools.anthropic_tool_call(block, i))
         stop = doc.get("stop_reason")
         finish = _ANTHROPIC_FINISH.get(str(stop), str(stop) if stop else "stop")
         if has_structured and finish == "tool_calls":
@@ -262,6 +271,7 @@ class AnthropicProvider:
             structured=structured,
             has_structured=has_structured,
             max_tokens=max_tokens,
+            tool_calls=tuple(calls),
         )
 
     def error_text(self, doc: Any) -> tuple[str, str]:

@@ -7,15 +7,40 @@ from typing import Any, Literal
 
 from aiworker.schemas.protocol import Usage
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True)
+class ToolDef:
+    """A tool the model may call: ``parameters`` is a JSON Schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model asked for. ``arguments`` is the decoded JSON, or the raw
+    text when the model sent something that is not JSON (the caller reports it)."""
+
+    id: str
+    name: str
+    arguments: Any
 
 
 @dataclass(frozen=True)
 class Message:
-    """One chat message (text content only)."""
+    """One chat message: text, and for tool use the assistant's ``tool_calls`` or a
+    ``tool`` message answering ``tool_call_id`` (``is_error`` when the call failed).
+    Wire formats: :mod:`~aiworker.activities.llm._tools`."""
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    is_error: bool = False
 
 
 @dataclass(frozen=True)
@@ -33,6 +58,7 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     response_schema: dict[str, Any] | None = None
+    tools: tuple[ToolDef, ...] = ()
 
 
 class ReplyUsage(Usage):
@@ -63,3 +89,4 @@ class ChatReply:
     has_structured: bool = False
     max_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    tool_calls: tuple[ToolCall, ...] = ()

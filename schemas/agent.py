@@ -1,0 +1,87 @@
+"""The ``llm-agent`` step's contract with its child workflow, and its tools.
+
+A step whose worker is ``llm-agent`` runs as ``AgentWorkflow``
+(``workflows/agent.py``): the pipeline admits it once through its budget and
+hands the child an :class:`AgentInput` (the resolved step input, the
+idempotency key of the call, and the admission as an allowance with the
+deadline). The child's tools are worker specs: :func:`tool_definition` turns
+one into what the model sees (name = worker id, description = purpose,
+parameters = input schema), :func:`allow_list` reads the step's ``tools``.
+Pure: no I/O, safe inside a workflow task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field
+
+from aiworker.schemas.base import Model
+from aiworker.schemas.names import TENANT_PATTERN
+from aiworker.schemas.pipeline import ChunkAllowance
+from aiworker.schemas.spec import WorkerSpec
+
+# What the model sees of one tool result; the rest is cut with a note, so the
+# transcript (sent again every turn, and kept in history) stays bounded.
+MAX_TOOL_RESULT_CHARS = 8000
+# The model's own words per message in the transcript (its reply is bounded by
+# max_tokens anyway; this guards a provider that ignores it).
+MAX_TEXT_CHARS = 32000
+# The bounds that are the step's own: reaching one fails the step, not the
+# pipeline's budget (tokens, external calls and the deadline are the pipeline's).
+STEP_BOUNDS = ("max_turns", "max_calls")
+
+
+class AgentInput(Model):
+    """The input of ``AgentWorkflow``: one llm-agent call of a pipeline step."""
+
+    step_id: str
+    key: str = Field(description="the call's idempotency key; turn n is <key>/turn-<n>")
+    tenant: str = Field(pattern=TENANT_PATTERN)
+    trace_id: str
+    queue_suffix: str = ""
+    input: dict[str, Any] = Field(description="the step's resolved input")
+    allowance: ChunkAllowance = Field(default_factory=ChunkAllowance)
+    timeout_seconds: float | None = Field(
+        default=None, description="the hard stop: no turn or tool call starts after it"
+    )
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One allowed tool: its worker's spec and how often the model may call it."""
+
+    spec: WorkerSpec
+    max_calls: int | None
+
+
+def tool_definition(spec: WorkerSpec) -> dict[str, Any]:
+    """What the model sees of a worker (llm-call's ``tools`` item)."""
+    params = {k: v for k, v in spec.input_schema.items() if k not in ("$schema", "$id")}
+    return {"name": spec.worker_id, "description": spec.purpose, "parameters": params}
+
+
+def allow_list(
+    tools: list[Any], specs: Mapping[str, WorkerSpec]
+) -> tuple[dict[str, Tool], list[tuple[str, str]]]:
+    """The step's ``tools`` as worker id -> :class:`Tool`, and the problems found
+    (``(field, message)``: an unknown worker, an agent, a tool named twice)."""
+    out: dict[str, Tool] = {}
+    problems: list[tuple[str, str]] = []
+    for i, item in enumerate(tools):
+        field = f"input.tools[{i}]"
+        wid = item if isinstance(item, str) else item.get("worker")
+        max_calls = None if isinstance(item, str) else item.get("max_calls")
+        spec = specs.get(wid) if isinstance(wid, str) else None
+        if spec is None:
+            known = ", ".join(sorted(k for k, s in specs.items() if s.kind != "workflow"))
+            problems.append((field, f"unknown worker {wid!r} (known: {known})"))
+        elif spec.kind == "workflow":
+            problems.append((field, f"{wid!r} runs as a workflow and cannot be a tool"))
+        elif wid in out:
+            problems.append((field, f"tool {wid!r} is listed twice"))
+        else:
+            out[wid] = Tool(spec, max_calls)
+    return out, problems

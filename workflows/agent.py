@@ -1,0 +1,359 @@
+"""``AgentWorkflow``: an ``llm-agent`` step, a model in a bounded loop with tools.
+
+An activity cannot start activities, so the agent is a child workflow of the
+pipeline (:func:`run_agent` starts it from the step runner): each model turn
+is an ``llm-call`` activity (the transcript as ``messages``, the allowed
+tools as ``tools``) and each tool call the tool worker's own activity through
+:func:`~aiworker.workflows.calls.call_worker`, with its contract, retry
+policy and an idempotency key ``<step key>/turn-<n>[/call-<i>]``. Every turn
+and tool call is an entry in this workflow's history, so a worker process
+killed mid-loop costs only the call in flight: on replay the finished ones
+are read back, never run again.
+
+The bounds, each checked before anything is scheduled: ``max_turns`` (model
+calls), a tool's ``max_calls``, and the pipeline's budget share (tokens,
+external calls) through the same :class:`~aiworker.workflows.budget.Ledger`
+as a for_each chunk, plus the deadline (the step's admitted timeout and the
+pipeline's, whichever comes first), which also cuts a call in flight.
+Reaching one ends the step ``failed`` with ``budget_exceeded`` (the reason
+names the bound) and the transcript so far in its outputs.
+
+What the model gets wrong comes back to it as a tool error (a ``tool``
+message with ``is_error``), counted, never a crash: a tool outside the
+allow-list (``tool_not_allowed``), arguments that fail the tool's input
+schema or are no JSON object (``invalid_input`` with the paths), a tool
+worker's failure (its code and message). With ``response_schema`` a final
+answer that misses it goes back to the model with the reasons, as one more
+turn. The answer is the model's last text. Deterministic code only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from aiworker.schemas import catalog, messages, names, safe_schema
+    from aiworker.schemas.agent import (
+        MAX_TEXT_CHARS,
+        MAX_TOOL_RESULT_CHARS,
+        AgentInput,
+        Tool,
+        allow_list,
+        tool_definition,
+    )
+    from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.pipeline import Budget, StepResult
+    from aiworker.schemas.priority import task_priority
+    from aiworker.schemas.protocol import Usage
+    from aiworker.schemas.spec import WorkerSpec
+
+from aiworker.workflows.budget import Admission, BudgetRefused, Deadline, Ledger
+from aiworker.workflows.calls import call_worker
+
+_BUDGET = ErrorCode.BUDGET_EXCEEDED.value
+
+
+class _Stop(Exception):
+    """A bound is reached: ``resource`` names it (caught in :meth:`Agent.run`)."""
+
+    def __init__(self, resource: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.message = message
+        self.extra = extra
+
+
+@dataclass
+class AgentState:
+    """Where the loop stands: the transcript and the counts the result reports."""
+
+    transcript: list[dict[str, Any]] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    calls: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def outputs(self, stopped: str, answer: str | None, parsed: Any = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "answer": answer,
+            "stopped": stopped,
+            "turns": self.turns,
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+            "calls": dict(self.calls),
+            "errors": dict(self.errors),
+            "transcript": list(self.transcript),
+        }
+        if parsed is not None:
+            out["json"] = parsed
+        return out
+
+
+@workflow.defn(name=names.AGENT_WORKFLOW)
+class AgentWorkflow:
+    """Runs one llm-agent step: model turns and tool calls, each an activity."""
+
+    def __init__(self) -> None:
+        self._state = AgentState()
+
+    @workflow.query(name=names.PROGRESS_QUERY)
+    def progress(self) -> dict[str, Any]:
+        """Turns and tool calls so far."""
+        s = self._state
+        return {"turns": s.turns, "tool_calls": s.tool_calls, "tool_errors": s.tool_errors}
+
+    @workflow.run
+    async def run(self, req: AgentInput) -> StepResult:
+        """The loop; every ending (answer, bound, failure) is a ``StepResult``."""
+        return await Agent(req, self._state).run()
+
+
+class Agent:
+    """One run of the loop (the workflow's state lives in :class:`AgentState`)."""
+
+    def __init__(self, req: AgentInput, state: AgentState) -> None:
+        self.req = req
+        self.state = state
+        with workflow.unsafe.sandbox_unrestricted():
+            self.specs = catalog.current_specs()
+        self.llm = self.specs[names.LLM_CALL]
+        a = req.allowance
+        start = workflow.now().timestamp()
+        ends = a.deadline
+        if req.timeout_seconds is not None:
+            own = start + req.timeout_seconds
+            ends = own if ends is None else min(ends, own)
+        self.ledger = Ledger(
+            Budget(max_tokens=a.max_tokens, max_external_calls=a.max_external_calls),
+            started_at=start,
+            ends=Deadline(ends),
+        )
+        self.priority = task_priority(workflow.info().priority, None, req.tenant)
+        self.tools: dict[str, Tool] = {}
+
+    def _fail(
+        self, code: str, message: str, reasons: list[dict[str, Any]] | None = None
+    ) -> StepResult:
+        return StepResult(
+            status="failed",
+            attempts=1,
+            error_code=code,
+            error_message=f"step {self.req.step_id!r}: {message}",
+            reasons=reasons or [],
+        )
+
+    async def run(self) -> StepResult:
+        spec = self.specs[names.LLM_AGENT]
+        problems = messages.reasons(
+            safe_schema.errors(safe_schema.validator(spec.input_schema), self.req.input)
+        )
+        if problems:
+            first = problems[0]
+            field_name = "input" + first["path"][1:]
+            return self._fail(
+                ErrorCode.INVALID_INPUT.value, f"field {field_name!r}: {first['message']}", problems
+            )
+        inp = self.req.input
+        self.tools, bad = allow_list(inp["tools"], self.specs)
+        if bad:
+            return self._fail(ErrorCode.INVALID_INPUT.value, f"field {bad[0][0]!r}: {bad[0][1]}")
+        if inp.get("system"):
+            self.state.transcript.append({"role": "system", "content": inp["system"]})
+        self.state.transcript.append({"role": "user", "content": inp["prompt"]})
+        try:
+            result = await self.loop(int(inp.get("max_turns", 8)))
+        except _Stop as stop:
+            result = self._stopped(stop)
+        return result.model_copy(update={"usage": self.ledger.used})
+
+    def _stopped(self, stop: _Stop) -> StepResult:
+        reasons = [{"resource": stop.resource, "message": stop.message, **stop.extra}]
+        return self._fail(_BUDGET, stop.message, reasons).model_copy(
+            update={"outputs": self.state.outputs(stop.resource, None)}
+        )
+
+    async def loop(self, max_turns: int) -> StepResult:
+        inp, state = self.req.input, self.state
+        definitions = [tool_definition(t.spec) for t in self.tools.values()]
+        for turn in range(1, max_turns + 1):
+            admission = self._admit(self.llm, inp.get("turn_timeout_seconds"))
+            call: dict[str, Any] = {
+                "messages": state.transcript,
+                "model": inp.get("model", "default"),
+                "tools": definitions,
+            }
+            for k in ("max_tokens", "temperature", "response_schema"):
+                if k in inp:
+                    call[k] = inp[k]
+            state.turns = turn
+            result = await self._call(
+                self.llm, f"{self.req.key}/turn-{turn}", call, admission, f"turn {turn}"
+            )
+            if not result.ok:
+                if (
+                    result.error_code == ErrorCode.INVALID_OUTPUT.value
+                    and "response_schema" in inp
+                    and result.reasons
+                ):
+                    state.transcript.append({"role": "user", "content": _rejected(result.reasons)})
+                    continue
+                return self._fail(
+                    result.error_code or ErrorCode.INTERNAL.value,
+                    f"turn {turn}: {result.error_message}",
+                    result.reasons,
+                ).model_copy(update={"outputs": state.outputs("error", None)})
+            out = result.outputs
+            text = str(out.get("text") or "")[:MAX_TEXT_CHARS]
+            calls = list(out.get("tool_calls") or [])
+            said: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                said["tool_calls"] = calls
+            state.transcript.append(said)
+            if not calls:
+                return StepResult(
+                    status="succeeded",
+                    attempts=1,
+                    outputs=state.outputs("answer", text, out.get("json")),
+                )
+            for i, tc in enumerate(calls):
+                state.transcript.append(await self.tool_call(turn, i, tc))
+        raise _Stop(
+            "max_turns",
+            f"{max_turns} turns (max_turns) passed without a final answer",
+            limit=max_turns,
+        )
+
+    async def tool_call(self, turn: int, index: int, tc: dict[str, Any]) -> dict[str, Any]:
+        """Run one tool call the model asked for; its ``tool`` message (an error one
+        when the call is not allowed, its arguments are wrong or the tool failed)."""
+        state = self.state
+        state.tool_calls += 1
+        name, args = str(tc.get("name")), tc.get("arguments")
+        reply = {"role": "tool", "tool_call_id": str(tc.get("id")), "name": name}
+        tool = self.tools.get(name)
+        if tool is None:
+            allowed = ", ".join(self.tools)
+            return self._tool_error(
+                reply,
+                ErrorCode.TOOL_NOT_ALLOWED.value,
+                f"tool {name!r} is not allowed; the allowed tools are: {allowed}",
+            )
+        if not isinstance(args, dict):
+            return self._tool_error(
+                reply,
+                ErrorCode.INVALID_INPUT.value,
+                f"the arguments of {name!r} must be a JSON object, got {_got(args)}",
+            )
+        problems = messages.reasons(
+            safe_schema.errors(safe_schema.validator(tool.spec.input_schema), args)
+        )
+        if problems:
+            detail = "; ".join(f"{p['path']}: {p['message']}" for p in problems[:5])
+            return self._tool_error(
+                reply,
+                ErrorCode.INVALID_INPUT.value,
+                f"the arguments of {name!r} fail its input schema: {detail}",
+            )
+        made = state.calls.get(name, 0)
+        if tool.max_calls is not None and made >= tool.max_calls:
+            raise _Stop(
+                "max_calls",
+                f"tool {name!r} was called {made} times (its max_calls) and the model "
+                "asked for another",
+                tool=name,
+                limit=tool.max_calls,
+            )
+        admission = self._admit(tool.spec, None)
+        state.calls[name] = made + 1
+        key = f"{self.req.key}/turn-{turn}/call-{index}"
+        result = await self._call(tool.spec, key, args, admission, f"turn {turn} {name}")
+        if not result.ok:
+            return self._tool_error(
+                reply, result.error_code or ErrorCode.INTERNAL.value, result.error_message or ""
+            )
+        body = {"status": result.status, "outputs": result.outputs}
+        return {
+            **reply,
+            "content": _bounded(json.dumps(body, ensure_ascii=False)),
+            "is_error": False,
+        }
+
+    def _tool_error(self, reply: dict[str, Any], code: str, message: str) -> dict[str, Any]:
+        self.state.tool_errors += 1
+        self.state.errors[code] = self.state.errors.get(code, 0) + 1
+        content = json.dumps({"error": {"code": code, "message": message}}, ensure_ascii=False)
+        return {**reply, "content": _bounded(content), "is_error": True}
+
+    def _admit(self, worker: WorkerSpec, timeout: float | None) -> Admission:
+        try:
+            return self.ledger.admit(worker, workflow.now().timestamp(), timeout)
+        except BudgetRefused as e:
+            what = "the step's deadline has passed" if e.resource == "deadline" else e.message
+            raise _Stop(e.resource, f"{what} (before {worker.worker_id})") from None
+
+    async def _call(
+        self,
+        worker: WorkerSpec,
+        key: str,
+        call_input: dict[str, Any],
+        admission: Admission,
+        what: str,
+    ) -> StepResult:
+        """One activity, cut at the deadline; its usage booked either way."""
+        req = self.req
+        call = call_worker(
+            worker,
+            key=key,
+            step_id=req.step_id,
+            tenant=req.tenant,
+            trace_id=req.trace_id,
+            input=call_input,
+            admission=admission,
+            queue_suffix=req.queue_suffix,
+            summary=f"{req.step_id} {what}",
+            priority=self.priority,
+        )
+        left = self.ledger.ends.left(workflow.now().timestamp())
+        if left is None:
+            result = await call
+        else:
+            task = asyncio.ensure_future(call)
+            done, _ = await workflow.wait([task], timeout=max(0.001, left))
+            if not done:
+                # call_worker turns the cancellation into a result; that is not ours
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                self.ledger.settle(admission, Usage())  # what the cut call used is unknown
+                raise _Stop("deadline", f"the step's deadline passed during {what}")
+            result = task.result()
+        self.ledger.settle(admission, result.usage)
+        return result
+
+
+def _rejected(reasons: list[dict[str, Any]]) -> str:
+    lines = "\n".join(f"- {r.get('path', '$')}: {r.get('message', r)}" for r in reasons[:20])
+    return (
+        "Your answer was rejected: it does not match the required JSON Schema. "
+        "Answer again and fix every one of these:\n" + lines
+    )
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= MAX_TOOL_RESULT_CHARS:
+        return text
+    cut = len(text) - MAX_TOOL_RESULT_CHARS
+    return text[:MAX_TOOL_RESULT_CHARS] + f"... [{cut} more characters cut]"
+
+
+def _got(value: Any) -> str:
+    # arguments the model sent as text are text that is not JSON (else decoded)
+    return "text that is not JSON" if isinstance(value, str) else messages.type_name(value)
+
+
+__all__ = ["AgentWorkflow"]

@@ -1,0 +1,87 @@
+"""The parent's side of an ``llm-agent`` step: start ``AgentWorkflow``, read its end.
+
+The step runner admits the step through the pipeline's budget as for any
+worker, then :func:`run_agent` hands the child the admission (tokens, external
+calls, the timeout) and the pipeline's deadline; :func:`ends_pipeline` tells a
+spent pipeline budget from a bound of the agent's own (``max_turns``,
+``max_calls``), which fails the step but leaves the pipeline's status to the
+step's ``on_failure``. Deterministic code only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import Priority
+from temporalio.exceptions import ChildWorkflowError
+
+with workflow.unsafe.imports_passed_through():
+    from aiworker.schemas.agent import STEP_BOUNDS, AgentInput
+    from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.pipeline import ChunkAllowance, StepResult
+    from aiworker.schemas.spec import WorkerSpec
+
+from aiworker.workflows.agent import AgentWorkflow
+from aiworker.workflows.budget import Admission
+
+
+def ends_pipeline(result: StepResult) -> bool:
+    """Whether a step's ``budget_exceeded`` spent the pipeline's budget (tokens,
+    external calls, its deadline) rather than a bound of the agent's own."""
+    if result.error_code != ErrorCode.BUDGET_EXCEEDED.value:
+        return False
+    first = result.reasons[0] if result.reasons else {}
+    return first.get("resource") not in STEP_BOUNDS
+
+
+async def run_agent(
+    worker: WorkerSpec,
+    *,
+    child_id: str,
+    key: str,
+    step_id: str,
+    tenant: str,
+    trace_id: str,
+    input: dict[str, Any],
+    admission: Admission,
+    deadline: float | None,
+    queue_suffix: str,
+    summary: str,
+    priority: Priority,
+) -> StepResult:
+    """Run an llm-agent call as ``AgentWorkflow``; its result (never raises on failure)."""
+    req = AgentInput(
+        step_id=step_id,
+        key=key,
+        tenant=tenant,
+        trace_id=trace_id,
+        queue_suffix=queue_suffix,
+        input=input,
+        allowance=ChunkAllowance(
+            max_tokens=admission.max_tokens,
+            max_external_calls=admission.max_external_calls,
+            deadline=deadline,
+        ),
+        timeout_seconds=admission.timeout_seconds,
+    )
+    try:
+        return await workflow.execute_child_workflow(
+            AgentWorkflow.run,
+            req,
+            id=child_id,
+            task_queue=workflow.info().task_queue,
+            static_summary=f"{summary} ({worker.worker_id})",
+            priority=priority,
+        )
+    except ChildWorkflowError as e:
+        cause = e.cause
+        return StepResult(
+            status="failed",
+            attempts=1,
+            error_code=ErrorCode.INTERNAL.value,
+            error_message=f"step {step_id!r}: the agent workflow failed: {cause or e}",
+        )
+
+
+__all__ = ["ends_pipeline", "run_agent"]
