@@ -2,8 +2,10 @@
 
 Input: ``messages`` (or ``prompt`` + ``system``), ``model`` (an alias of the
 model registry), ``max_tokens``, ``temperature``, ``stop``, ``seed``,
-``response_schema`` and ``feedback``. Output: ``text``, ``json`` (with a
-schema), ``finish_reason``, ``model``, ``alias`` and ``usage``.
+``response_schema``, ``feedback`` and ``stream`` (read the reply as the
+provider streams it, heartbeating the partial text: ``activities.llm._stream``).
+Output: ``text``, ``json`` (with a schema), ``finish_reason``, ``model``,
+``alias`` and ``usage``.
 
 ``max_tokens`` sent is the smallest of the spec's, the request constraint's
 (what the pipeline budget has left), the input's and the model's own limit;
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from aiworker.activities.errors import InvalidInputError, InvalidOutputError
@@ -33,11 +36,11 @@ from aiworker.activities.jsonschema_cache import (
     schema_problem,
     validator_for,
 )
-from aiworker.activities.llm import ChatRequest, LanguageModel, Message
+from aiworker.activities.llm import ChatRequest, LanguageModel, Message, StreamProgress
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.schemas.catalog import builtin_spec
-from aiworker.schemas.protocol import WarningInfo
+from aiworker.schemas.protocol import Usage, WarningInfo
 
 TOOL = "language_model"
 # Leaves the runtime's own deadline to fire only for a call that ignores ours.
@@ -88,6 +91,22 @@ def parse_reply_json(text: str) -> Any:
         return json.loads(m.group(1))
 
 
+def _heartbeat(ctx: WorkerContext) -> Callable[[StreamProgress], None]:
+    """What a streaming call heartbeats: its partial text beside the call's usage so
+    far, earlier attempts included (the details object of ``activities.llm._stream``)."""
+
+    def beat(progress: StreamProgress) -> None:
+        streamed = progress.billed() or Usage()
+        so_far = (
+            ctx.usage.prior
+            + ctx.usage.this_attempt()
+            + Usage(input_tokens=streamed.input_tokens, output_tokens=streamed.output_tokens)
+        )
+        ctx.heartbeat(progress.details(ctx.step_id, so_far))
+
+    return beat
+
+
 def _reason(message: str, validator: str) -> dict[str, str]:
     return {"path": "$", "message": message, "validator": validator, "schema_path": ""}
 
@@ -117,11 +136,22 @@ class LlmCall(Worker):
             stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
             seed=input.get("seed"),
             response_schema=schema,
+            stream=bool(input.get("stream")),
         )
         lm: LanguageModel = ctx.tools.use(TOOL)
-        reply = await lm.complete(
-            request, deadline_seconds=ctx.remaining() - _DEADLINE_MARGIN_SECONDS
-        )
+        progress = StreamProgress(_heartbeat(ctx) if request.stream else None)
+        try:
+            reply = await lm.complete(
+                request,
+                deadline_seconds=ctx.remaining() - _DEADLINE_MARGIN_SECONDS,
+                progress=progress,
+            )
+        except BaseException:
+            # What the provider billed before the failure (a stream cut mid-way, a reply
+            # it could not finish): booked once, here; the failure carries it on.
+            if (billed := progress.billed()) is not None:
+                ctx.spend(billed.input_tokens, billed.output_tokens)
+            raise
         ctx.spend(reply.usage.input_tokens, reply.usage.output_tokens)
         usage = {
             "input_tokens": reply.usage.input_tokens,

@@ -5,7 +5,8 @@ the model registry (:func:`load_registry`, :class:`ModelRegistry`,
 :class:`ModelConfig`, :class:`ModelsFileError`), the per-endpoint
 :class:`RateLimiter`, and the provider-neutral :class:`ChatRequest` /
 :class:`ChatReply` (whose usage is the protocol's ``Usage`` plus an
-``estimated`` flag, :class:`ReplyUsage`).
+``estimated`` flag, :class:`ReplyUsage`), and :class:`StreamProgress`, what a
+streaming call has received so far.
 """
 
 from aiworker.activities.limits import RateLimiter
@@ -20,6 +21,7 @@ from aiworker.activities.llm._registry import (
     load_registry,
     parse_models_file,
 )
+from aiworker.activities.llm._stream import StreamProgress
 from aiworker.activities.llm._types import ChatReply, ChatRequest, Message, ReplyUsage
 from aiworker.activities.retry_after import parse_duration, retry_after
 
@@ -39,6 +41,7 @@ __all__ = [
     "OpenAIProvider",
     "RateLimiter",
     "ReplyUsage",
+    "StreamProgress",
     "estimate_tokens",
     "load_registry",
     "parse_duration",
