@@ -101,6 +101,8 @@ def stream_text(step: str, stream: Mapping[str, Any], *, ascii_only: bool = Fals
     tail = text[-STREAM_TAIL_CHARS:]
     chars = stream.get("chars")
     cut = len(text) > len(tail) or (isinstance(chars, int) and chars > len(partial))
+    if len(text) > len(tail) and " " in tail:  # start at a word, not inside one
+        tail = tail[tail.index(" ") + 1 :]
     ellipsis = ("..." if ascii_only else "…") if cut else ""
     n = stream.get("tokens")
     n = n if isinstance(n, int) else 0
