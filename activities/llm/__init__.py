@@ -11,6 +11,7 @@ streaming call has received so far.
 
 from aiworker.activities.limits import RateLimiter
 from aiworker.activities.llm._client import LanguageModel, LlmMetrics, estimate_tokens
+from aiworker.activities.llm._progress import StreamProgress
 from aiworker.activities.llm._providers import PROVIDERS, AnthropicProvider, OpenAIProvider
 from aiworker.activities.llm._registry import (
     ModelConfig,
@@ -21,7 +22,6 @@ from aiworker.activities.llm._registry import (
     load_registry,
     parse_models_file,
 )
-from aiworker.activities.llm._stream import StreamProgress
 from aiworker.activities.llm._types import ChatReply, ChatRequest, Message, ReplyUsage
 from aiworker.activities.retry_after import parse_duration, retry_after
 

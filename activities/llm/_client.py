@@ -1,5 +1,8 @@
 """The ``language_model`` tool: one model call under limits, breaker and span.
 
+Long on purpose (a little over 400 lines): one call's whole path, from the
+limits to the error table, reads top to bottom in one place.
+
 Order of one call: resolve the alias -> fit ``max_tokens`` to the model's
 output limit and context window (a prompt that cannot fit is
 ``budget_exceeded`` before anything is sent) -> the client-side
@@ -24,9 +27,6 @@ Errors, by what the provider did:
 API keys travel only in request headers; provider messages quoted in errors
 pass through :meth:`LanguageModel.redact` first. A ``stream`` call branches
 into :mod:`._stream` for its body and shares the rest of this path.
-
-Long on purpose (a little over 400 lines): one call's whole path, limits to
-error table, reads top to bottom in one place.
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ from aiworker.activities.errors import (
     WorkerTimeoutError,
 )
 from aiworker.activities.limits import RateLimiter
+from aiworker.activities.llm._progress import StreamProgress, reported_usage
 from aiworker.activities.llm._providers import PROVIDERS, Provider, schema_instruction
 from aiworker.activities.llm._registry import ModelConfig, ModelRegistry
-from aiworker.activities.llm._stream import StreamProgress, read_stream, reported_usage
+from aiworker.activities.llm._stream import read_stream
 from aiworker.activities.llm._types import ChatReply, ChatRequest
 from aiworker.activities.metrics import DURATION_BUCKETS
 from aiworker.activities.retry_after import retry_after
