@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -36,6 +37,7 @@ from aiworker.activities.llm import LanguageModel, load_registry
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.protocol import Usage
 from aiworker.schemas.settings import Settings
+from aiworker.workers.devserver import temporal_cli_path
 from aiworker.workers.progress import progress_line, stream_events
 from aiworker.workers.waits import snapshot
 
@@ -171,6 +173,28 @@ async def test_describe_reads_the_partial_text_while_the_model_streams(
     (act,) = desc.raw_description.pending_activities
     (details,) = await client.data_converter.decode(act.heartbeat_details.payloads)
     assert set(details) == {"step", "partial_text", "chars", "tokens", "usage"}
+    # and the temporal CLI, as docs/streaming.md shows it
+    described = await asyncio.to_thread(
+        subprocess.run,
+        [
+            temporal_cli_path(),
+            "workflow",
+            "describe",
+            "--workflow-id",
+            handle.id,
+            "--output",
+            "json",
+            "--address",
+            client.service_client.config.target_host,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert described.returncode == 0, described.stderr
+    (pending,) = json.loads(described.stdout)["pendingActivities"]
+    assert pending["activityType"]["name"] == "llm-call"
+    assert SLOW_TEXT.startswith(pending["heartbeatDetails"][0]["partial_text"])
     result: PipelineResult = await handle.result()
     step = result.steps["ask"]
     assert result.status == "succeeded", step
