@@ -286,8 +286,23 @@ class LanguageModel:
             try:
                 async with asyncio.timeout(budget):
                     if req.stream:
+
+                        async def plain(resp: httpx.Response) -> ChatReply:
+                            raw = await self._read(resp)
+                            return self._interpret(
+                                cfg,
+                                provider,
+                                resp.status_code,
+                                resp.headers,
+                                raw,
+                                max_tokens,
+                                progress,
+                            )
+
                         call = (url, headers, body, limits)
-                        reply = await read_stream(self, cfg, provider, call, max_tokens, progress)
+                        reply = await read_stream(
+                            self, cfg, provider, call, max_tokens, progress, plain
+                        )
                     else:
                         status, resp_headers, raw = await self._post(
                             url, headers, body, cfg.query, limits

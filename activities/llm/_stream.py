@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import httpx
@@ -220,18 +221,9 @@ class Client(Protocol):
     max_reply_bytes: int
     meter: bodies.BodyMeter | None
 
-    async def _read(self, resp: httpx.Response) -> bytes: ...
 
-    def _interpret(
-        self,
-        cfg: ModelConfig,
-        provider: Provider,
-        status: int,
-        headers: httpx.Headers,
-        raw: bytes,
-        max_tokens: int,
-        progress: StreamProgress,
-    ) -> ChatReply: ...
+# Reads a reply that is no event stream whole and maps it as a plain call's.
+Plain = Callable[[httpx.Response], Awaitable[ChatReply]]
 
 
 async def read_stream(
@@ -241,13 +233,13 @@ async def read_stream(
     call: tuple[str, dict[str, str], dict[str, Any], httpx.Timeout],
     max_tokens: int,
     progress: StreamProgress,
+    plain: Plain,
 ) -> ChatReply:
     """Send the streaming version of ``call`` (URL, headers, body and timeouts of
     the plain call) and fold its event stream into a reply.
 
     A reply that is not an event stream (an error status, a JSON reply from a
-    server that ignored ``stream``, an HTML page) is read whole and mapped as
-    a plain call's reply would be.
+    server that ignored ``stream``, an HTML page) goes to ``plain``.
     """
     url, headers, body, limits = call
     stream_body = {**body, "stream": True}
@@ -269,10 +261,7 @@ async def read_stream(
     try:
         ctype = resp.headers.get("content-type", "").lower()
         if not (200 <= resp.status_code < 300) or "text/event-stream" not in ctype:
-            raw = await lm._read(resp)
-            return lm._interpret(
-                cfg, provider, resp.status_code, resp.headers, raw, max_tokens, progress
-            )
+            return await plain(resp)
         progress.started = True
         fold: _Fold = (_AnthropicFold if cfg.provider == "anthropic" else _OpenAIFold)(progress)
         try:
