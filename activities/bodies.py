@@ -235,6 +235,30 @@ async def read_body(
         CorruptBodyError: bytes invalid for the encoding, or cut short.
         httpx.HTTPError: what the network did, unchanged.
     """
+    chunks: list[bytes] = []
+    async with contextlib.aclosing(
+        iter_body(resp, cap, truncate=truncate, decode=decode, meter=meter)
+    ) as pieces:
+        async for piece in pieces:
+            chunks.append(piece)
+    return b"".join(chunks)
+
+
+async def iter_body(
+    resp: httpx.Response,
+    cap: int,
+    *,
+    truncate: bool = False,
+    decode: bool = True,
+    meter: BodyMeter | None = None,
+) -> AsyncGenerator[bytes, None]:
+    """The body of a streamed ``resp`` as it arrives: decoded pieces of at most
+    :data:`CHUNK` bytes, never more than ``cap`` bytes in all (an event stream
+    is read this way: each piece as soon as the network delivers it).
+
+    Arguments and errors as for :func:`read_body`; close the generator
+    (``contextlib.aclosing``) when leaving early.
+    """
     declared = resp.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > cap and not truncate:
         raise BodyTooLargeError(f"declares {declared} bytes, over the {cap}-byte limit", limit=cap)
@@ -242,7 +266,6 @@ async def read_body(
     if resp.is_stream_consumed:
         # Built from bytes (``MockTransport`` in tests): httpx read and decoded it already.
         decoder = _Identity()
-    chunks: list[bytes] = []
     raw = size = 0
     try:
         async with contextlib.aclosing(_raw(resp)) as stream:
@@ -256,12 +279,11 @@ async def read_body(
                             raise BodyTooLargeError(
                                 f"body passed the {cap}-byte limit", limit=cap
                             ) from None
-                        chunks.append(piece[: cap - (size - len(piece))])
-                        return b"".join(chunks)
-                    chunks.append(piece)
+                        yield piece[: cap - (size - len(piece))]
+                        return
+                    yield piece
         if raw:
             decoder.finish()
-        return b"".join(chunks)
     finally:
         if meter is not None:
             meter._read(cap, raw, size)

@@ -2,9 +2,11 @@
 
 Input: ``messages`` (or ``prompt`` + ``system``), ``model`` (an alias of the
 model registry), ``max_tokens``, ``temperature``, ``stop``, ``seed``,
-``response_schema``, ``feedback`` and ``tools``. Output: ``text``, ``json``
-(with a schema), ``finish_reason``, ``model``, ``alias``, ``usage`` and
-``tool_calls`` (when the model asked for some).
+``response_schema``, ``feedback``, ``tools`` and ``stream`` (read the reply
+as the provider streams it, heartbeating the partial text:
+``activities.llm._stream``). Output: ``text``, ``json`` (with a schema),
+``finish_reason``, ``model``, ``alias``, ``usage`` and ``tool_calls`` (when
+the model asked for some).
 
 Tool use (what ``llm-agent`` drives, one turn per call): ``tools`` are
 ``{name, description, parameters}``; a reply that calls tools returns them
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from aiworker.activities.errors import InvalidInputError, InvalidOutputError
@@ -46,14 +49,16 @@ from aiworker.activities.llm import (
     ChatRequest,
     LanguageModel,
     Message,
+    StreamProgress,
     call_to_json,
     message_from_json,
     tool_def_from_json,
 )
+from aiworker.activities.llm._pricing import priced
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.schemas.catalog import builtin_spec
-from aiworker.schemas.protocol import WarningInfo
+from aiworker.schemas.protocol import Usage, WarningInfo
 
 TOOL = "language_model"
 # Leaves the runtime's own deadline to fire only for a call that ignores ours.
@@ -104,6 +109,22 @@ def parse_reply_json(text: str) -> Any:
         return json.loads(m.group(1))
 
 
+def _heartbeat(ctx: WorkerContext) -> Callable[[StreamProgress], None]:
+    """What a streaming call heartbeats: its partial text beside the call's usage so
+    far, earlier attempts included (the details object of ``activities.llm._stream``)."""
+
+    def beat(progress: StreamProgress) -> None:
+        streamed = progress.billed() or Usage()
+        so_far = (
+            ctx.usage.prior
+            + ctx.usage.this_attempt()
+            + Usage(input_tokens=streamed.input_tokens, output_tokens=streamed.output_tokens)
+        )
+        ctx.heartbeat(progress.details(ctx.step_id, so_far))
+
+    return beat
+
+
 def _reason(message: str, validator: str) -> dict[str, str]:
     return {"path": "$", "message": message, "validator": validator, "schema_path": ""}
 
@@ -123,6 +144,12 @@ class LlmCall(Worker):
                     f"input.response_schema: {schema_problem(e)}",
                     field="input.response_schema",
                 ) from None
+        if input.get("stream") and input.get("tools"):
+            # a streamed reply is read as text; tool calls arrive whole (llm-agent's turns)
+            raise InvalidInputError(
+                "input.stream: a call with tools is not streamed; remove stream or tools",
+                field="input.stream",
+            )
         caps = [c for c in (ctx.max_tokens, input.get("max_tokens")) if c is not None]
         stop = input.get("stop")
         request = ChatRequest(
@@ -134,11 +161,24 @@ class LlmCall(Worker):
             seed=input.get("seed"),
             response_schema=schema,
             tools=tuple(tool_def_from_json(t) for t in input.get("tools") or ()),
+            stream=bool(input.get("stream")),
         )
         lm: LanguageModel = ctx.tools.use(TOOL)
-        reply = await lm.complete(
-            request, deadline_seconds=ctx.remaining() - _DEADLINE_MARGIN_SECONDS
-        )
+        progress = StreamProgress(_heartbeat(ctx) if request.stream else None)
+        try:
+            reply = await lm.complete(
+                request,
+                deadline_seconds=ctx.remaining() - _DEADLINE_MARGIN_SECONDS,
+                progress=progress,
+            )
+        except BaseException:
+            # What the provider billed before the failure (a stream cut mid-way, a reply
+            # it could not finish): booked once, here, at the alias's prices; the
+            # failure carries it on.
+            if (billed := progress.billed()) is not None:
+                cfg = lm.resolve(request.alias)
+                ctx.spend_usage(priced(billed, cfg.prices), model=cfg.model)
+            raise
         cfg = lm.resolve(request.alias)
         ctx.spend_usage(reply.usage, model=cfg.model)
         usage = {

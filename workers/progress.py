@@ -8,6 +8,10 @@ without a terminal or a server:
   from a :class:`Snapshot` of the ``progress`` query and the time elapsed;
 - :func:`step_events`: the plain lines of what changed between two snapshots
   (one per step whose status changed), for a log or a pipe;
+- :func:`stream_events`: the plain lines of the steps whose model reply is
+  streaming (``summarize: 84 tokens "…the kettle is a gooseneck"``), which
+  the live line shows too; read from the running attempts' heartbeat details
+  (:func:`stream_of`);
 - :func:`summary`: the short table a run ends with (each step's status,
   attempts and duration, the output on one line, the error, the UI link).
 
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -34,6 +38,8 @@ ASCII_SPINNER = "|/-\\"
 _KIND = {"rate": "at rate limit", "concurrency": "for a concurrency slot"}
 # The output's one line in the summary stops here: the full result is --json's.
 OUTPUT_CHARS = 160
+# The end of a streaming reply a progress line quotes.
+STREAM_TAIL_CHARS = 32
 
 
 @dataclass(frozen=True)
@@ -46,23 +52,70 @@ class Snapshot:
             ``duration_ms``, ``items`` for a for_each).
         waits: who waits at a limiter now, and how many (:data:`Wait` keys).
         awaiting_review: the steps waiting for a human decision.
+        streams: step id -> the heartbeat details of its streaming model call
+            (``partial_text``, ``chars``, ``tokens``, ``usage``: :func:`stream_of`).
     """
 
     status: str = "running"
     steps: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     waits: Counter[Wait] = field(default_factory=Counter)
     awaiting_review: tuple[str, ...] = ()
+    streams: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, progress: Mapping[str, Any], waits: Counter[Wait] | None = None) -> Snapshot:
-        """A snapshot of a ``progress`` answer (or a result document) and its waits."""
+    def of(
+        cls,
+        progress: Mapping[str, Any],
+        waits: Counter[Wait] | None = None,
+        streams: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> Snapshot:
+        """A snapshot of a ``progress`` answer (or a result document), its waits and
+        its streaming steps."""
         steps = progress.get("steps")
         return cls(
             status=str(progress.get("status") or "running"),
             steps=steps if isinstance(steps, Mapping) else {},
             waits=waits or Counter(),
             awaiting_review=tuple(progress.get("awaiting_review") or ()),
+            streams=streams or {},
         )
+
+
+def stream_of(details: Sequence[Any]) -> Mapping[str, Any] | None:
+    """The streaming progress in a running attempt's decoded heartbeat details
+    (the one object ``{"step", "partial_text", "chars", "tokens", "usage"}``), or None."""
+    for d in details:
+        if (
+            isinstance(d, Mapping)
+            and isinstance(d.get("partial_text"), str)
+            and isinstance(d.get("chars"), int)
+        ):
+            return d
+    return None
+
+
+def stream_text(step: str, stream: Mapping[str, Any], *, ascii_only: bool = False) -> str:
+    """``<step>: <n> tokens "…<the last words>"``: what a streaming step has said so far."""
+    partial = str(stream.get("partial_text") or "")
+    text = " ".join(partial.split())
+    tail = text[-STREAM_TAIL_CHARS:]
+    chars = stream.get("chars")
+    cut = len(text) > len(tail) or (isinstance(chars, int) and chars > len(partial))
+    if len(text) > len(tail) and " " in tail:  # start at a word, not inside one
+        tail = tail[tail.index(" ") + 1 :]
+    ellipsis = ("..." if ascii_only else "…") if cut else ""
+    n = stream.get("tokens")
+    n = n if isinstance(n, int) else 0
+    return f'{step}: {n} token{"" if n == 1 else "s"} "{ellipsis}{tail.lstrip(" …")}"'
+
+
+def _running(snap: Snapshot) -> list[str]:
+    """The running steps that are not streaming (those show their text instead)."""
+    return [
+        sid
+        for sid, s in snap.steps.items()
+        if s.get("status") == "running" and sid not in snap.streams
+    ]
 
 
 def _items(step: Mapping[str, Any]) -> tuple[int, int] | None:
@@ -89,7 +142,7 @@ def _waiting(snap: Snapshot) -> str:
         return "waiting: " + ", ".join(parts)
     if snap.awaiting_review:
         return "awaiting review: " + ", ".join(snap.awaiting_review)
-    running = [sid for sid, s in snap.steps.items() if s.get("status") == "running"]
+    running = _running(snap)
     return "running: " + ", ".join(running) if running else ""
 
 
@@ -121,6 +174,9 @@ def progress_line(
             parts.append(f"for_each {sum(d for d, _ in counts)}/{sum(t for _, t in counts)} items")
         if what := _waiting(snap):
             parts.append(what)
+        parts.extend(
+            stream_text(sid, st, ascii_only=ascii_only) for sid, st in snap.streams.items()
+        )
     parts.append(f"{elapsed:.1f}s")
     line = f"{spin} {name}  " + dot.join(parts)
     if width is not None and len(line) > width:
@@ -156,6 +212,16 @@ def step_events(before: Snapshot | None, after: Snapshot) -> list[str]:
         old = before.steps.get(sid, {}).get("status") if before else "pending"
         if step.get("status") != old:
             lines.append(_describe(sid, step))
+    return lines
+
+
+def stream_events(before: Snapshot | None, after: Snapshot) -> list[str]:
+    """One line per streaming step whose reply grew from ``before`` to ``after``."""
+    lines = []
+    for sid, st in after.streams.items():
+        old = before.streams.get(sid) if before else None
+        if old is None or old.get("chars") != st.get("chars"):
+            lines.append(stream_text(sid, st))
     return lines
 
 

@@ -6,7 +6,9 @@ pipeline's own concurrency slot) shows it only in its ``progress`` query.
 running chunk workflows); :class:`WaitNotices` picks the waits that have lasted
 :data:`WAIT_NOTICE_SECONDS`, and :func:`report_waits` says one line per step
 and kind of them (``aiworker run --json``, on stderr). The live display and
-the plain lines of :mod:`aiworker.workers.watch` poll the same snapshot.
+the plain lines of :mod:`aiworker.workers.watch` poll the same snapshot, which
+also carries what streaming steps have said so far (their running attempts'
+heartbeat details, from the same ``describe`` call).
 """
 
 from __future__ import annotations
@@ -15,15 +17,15 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionDescription
 from temporalio.exceptions import TemporalError
 
 from aiworker.schemas import names
-from aiworker.workers.progress import Snapshot, Wait
+from aiworker.workers.progress import Snapshot, Wait, stream_of
 
 if TYPE_CHECKING:
     from aiworker.workers.client import PipelineClient, PipelineHandle
@@ -35,6 +37,8 @@ POLL_SECONDS = 1.0
 MAX_POLLS = 3600
 # Running chunk workflows queried per poll (a for_each's waits show in its chunks).
 MAX_CHUNKS = 10
+# Running activities whose heartbeat details one poll decodes (streaming steps).
+MAX_ACTIVITIES = 20
 
 _WHY = {
     "rate": "at its worker's rate limit (the spec's rate_limit, or AIWORKER_RATE_LIMITS)",
@@ -64,6 +68,7 @@ async def snapshot(temporal: Client, workflow_id: str) -> Snapshot:
     if not any(s.get("status") == "running" for s in steps.values()):
         return Snapshot.of(progress, now)
     desc = await handle.describe()
+    streams = await _streams(temporal, desc)
     for child in list(desc.raw_description.pending_children)[:MAX_CHUNKS]:
         chunk_id = child.workflow_id
         if not chunk_id.startswith(workflow_id + "/"):
@@ -73,7 +78,25 @@ async def snapshot(temporal: Client, workflow_id: str) -> Snapshot:
             chunk = await temporal.get_workflow_handle(chunk_id).query(names.PROGRESS_QUERY)
             for kind in (chunk.get("waiting") or {}).values():
                 now[(step, kind, True)] += 1
-    return Snapshot.of(progress, now)
+    return Snapshot.of(progress, now, streams)
+
+
+async def _streams(
+    temporal: Client, desc: WorkflowExecutionDescription
+) -> dict[str, Mapping[str, Any]]:
+    """Step id -> the streaming progress its running attempt heartbeats (the
+    pending activities' last heartbeat details, decoded with the data converter)."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for act in list(desc.raw_description.pending_activities)[:MAX_ACTIVITIES]:
+        if not act.heartbeat_details.payloads:
+            continue
+        try:
+            details = await temporal.data_converter.decode(act.heartbeat_details.payloads)
+        except (TemporalError, ValueError, TypeError):  # not ours to read: no line for it
+            continue
+        if (stream := stream_of(details)) is not None:
+            out[str(stream.get("step") or act.activity_type.name)] = stream
+    return out
 
 
 @dataclass

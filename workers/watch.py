@@ -6,7 +6,9 @@ Three output modes, chosen by :func:`choose_view`:
   (:func:`~aiworker.workers.progress.progress_line`) ten times a second from
   the latest snapshot, then clears it;
 - anything else (a pipe, a file, a CI log): :class:`PlainView` prints one line
-  per step status change and per wait that lasted long enough, no escape codes;
+  per step status change and per wait that lasted long enough, and a line
+  every :data:`STREAM_LINE_SECONDS` for a step whose model reply streams
+  (its tokens so far and last words), no escape codes;
 - ``--json``: no view; the result JSON alone on stdout, long waits on stderr
   (:func:`~aiworker.workers.waits.report_waits`).
 
@@ -40,6 +42,7 @@ from aiworker.workers.progress import (
     Snapshot,
     progress_line,
     step_events,
+    stream_events,
     summary,
     ui_base,
     workflow_link,
@@ -59,6 +62,8 @@ if TYPE_CHECKING:
 
 # The live line's redraw period (the spinner and the clock move between polls).
 FRAME_SECONDS = 0.1
+# A streaming step's plain line repeats at most this often (the live line moves each poll).
+STREAM_LINE_SECONDS = 5.0
 
 
 class View(Protocol):
@@ -103,6 +108,8 @@ class PlainView(_Output):
         super().__init__(*args, **kw)
         self.last: Snapshot | None = None
         self.notices = WaitNotices()
+        self.streamed: Snapshot | None = None
+        self.streamed_at = float("-inf")
 
     def _say(self, elapsed: float, line: str) -> None:
         print(f"[{elapsed:6.1f}s] {line}", file=self.out, flush=True)
@@ -113,6 +120,12 @@ class PlainView(_Output):
             self._say(elapsed, line)
         for line in self.notices.seen(snap.waits, time.monotonic()):
             self._say(elapsed, line)
+        if snap.streams and elapsed - self.streamed_at >= STREAM_LINE_SECONDS:
+            lines = stream_events(self.streamed, snap)
+            for line in lines:
+                self._say(elapsed, line)
+            if lines:
+                self.streamed, self.streamed_at = snap, elapsed
         self.last = snap
 
     def tick(self, elapsed: float) -> None:

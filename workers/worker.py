@@ -182,6 +182,9 @@ def build_workers(
                 max_concurrent_activity_task_polls=settings.pollers,
                 max_concurrent_workflow_task_polls=settings.pollers,
                 graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
+                # An activity without a heartbeat timeout (a streaming llm-call) would
+                # reach the server every 30 s; its progress is read live (describe).
+                default_heartbeat_throttle_interval=timedelta(seconds=1),
             )
         )
     return out

@@ -6,11 +6,13 @@ the model registry (:func:`load_registry`, :class:`ModelRegistry`,
 :class:`RateLimiter`, and the provider-neutral :class:`ChatRequest` /
 :class:`ChatReply` (whose usage is the protocol's ``Usage`` plus an
 ``estimated`` flag, :class:`ReplyUsage`), with tool use (:class:`ToolDef`,
-:class:`ToolCall`; each wire format in ``_tools``).
+:class:`ToolCall`; each wire format in ``_tools``), and
+:class:`StreamProgress`, what a streaming call has received so far.
 """
 
 from aiworker.activities.limits import RateLimiter
 from aiworker.activities.llm._client import LanguageModel, LlmMetrics, estimate_tokens
+from aiworker.activities.llm._progress import StreamProgress
 from aiworker.activities.llm._providers import PROVIDERS, AnthropicProvider, OpenAIProvider
 from aiworker.activities.llm._registry import (
     ModelConfig,
@@ -48,6 +50,7 @@ __all__ = [
     "OpenAIProvider",
     "RateLimiter",
     "ReplyUsage",
+    "StreamProgress",
     "ToolCall",
     "ToolDef",
     "call_to_json",

@@ -1,5 +1,8 @@
 """The ``language_model`` tool: one model call under limits, breaker and span.
 
+Long on purpose (a little over 400 lines): one call's whole path, from the
+limits to the error table, reads top to bottom in one place.
+
 Order of one call: resolve the alias -> fit ``max_tokens`` to the model's
 output limit and context window (a prompt that cannot fit is
 ``budget_exceeded`` before anything is sent) -> the client-side
@@ -22,7 +25,8 @@ Errors, by what the provider did:
   (no such model or endpoint); 413 -> ``payload_too_large``.
 
 API keys travel only in request headers; provider messages quoted in errors
-pass through :meth:`LanguageModel.redact` first.
+pass through :meth:`LanguageModel.redact` first. A ``stream`` call branches
+into :mod:`._stream` for its body and shares the rest of this path.
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ from aiworker.activities.errors import (
 )
 from aiworker.activities.limits import RateLimiter
 from aiworker.activities.llm._pricing import priced
+from aiworker.activities.llm._progress import StreamProgress, reported_usage
 from aiworker.activities.llm._providers import PROVIDERS, Provider, schema_instruction
 from aiworker.activities.llm._registry import ModelConfig, ModelRegistry
+from aiworker.activities.llm._stream import read_stream
 from aiworker.activities.llm._tools import tool_chars
 from aiworker.activities.llm._types import ChatReply, ChatRequest
 from aiworker.activities.metrics import DURATION_BUCKETS
@@ -199,10 +205,23 @@ class LanguageModel:
             cap = min(cap, room)
         return cap, est
 
-    async def complete(self, req: ChatRequest, *, deadline_seconds: float) -> ChatReply:
-        """Make one call within ``deadline_seconds``; raise a ``WorkerError`` on failure."""
+    async def complete(
+        self,
+        req: ChatRequest,
+        *,
+        deadline_seconds: float,
+        progress: StreamProgress | None = None,
+    ) -> ChatReply:
+        """Make one call within ``deadline_seconds``; raise a ``WorkerError`` on failure.
+
+        ``progress`` sees what arrives (the text of a ``stream`` call as it
+        streams, the usage a provider reported), so that a failed call's
+        caller can book what the provider billed before the failure.
+        """
         cfg = self.resolve(req.alias)
         max_tokens, est = self.plan(cfg, req)
+        progress = progress if progress is not None else StreamProgress()
+        progress.input_estimate = est
         provider = PROVIDERS[cfg.provider]
         started = time.monotonic()
         outcome = "internal"
@@ -221,7 +240,7 @@ class LanguageModel:
                 except (WorkerError, asyncio.CancelledError):
                     reservation.release()
                     raise
-                reply = await self._call(cfg, provider, req, max_tokens, deadline_seconds)
+                reply = await self._call(cfg, provider, req, max_tokens, deadline_seconds, progress)
                 reply = dataclasses.replace(reply, usage=priced(reply.usage, cfg.prices))
                 reservation.settle(reply.usage.input_tokens + reply.usage.output_tokens)
                 self._learn(cfg, req, reply)
@@ -261,6 +280,7 @@ class LanguageModel:
         req: ChatRequest,
         max_tokens: int,
         deadline_seconds: float,
+        progress: StreamProgress,
     ) -> ChatReply:
         url, headers, body = provider.build(cfg, req, max_tokens)
         budget = max(0.01, deadline_seconds)
@@ -269,9 +289,31 @@ class LanguageModel:
         try:
             try:
                 async with asyncio.timeout(budget):
-                    status, resp_headers, raw = await self._post(
-                        url, headers, body, cfg.query, limits
-                    )
+                    if req.stream:
+
+                        async def plain(resp: httpx.Response) -> ChatReply:
+                            raw = await self._read(resp)
+                            return self._interpret(
+                                cfg,
+                                provider,
+                                resp.status_code,
+                                resp.headers,
+                                raw,
+                                max_tokens,
+                                progress,
+                            )
+
+                        call = (url, headers, body, limits)
+                        reply = await read_stream(
+                            self, cfg, provider, call, max_tokens, progress, plain
+                        )
+                    else:
+                        status, resp_headers, raw = await self._post(
+                            url, headers, body, cfg.query, limits
+                        )
+                        reply = self._interpret(
+                            cfg, provider, status, resp_headers, raw, max_tokens, progress
+                        )
             except TimeoutError:
                 raise WorkerTimeoutError(
                     f"model alias {cfg.alias!r} did not reply within {budget:.1f}s",
@@ -296,7 +338,6 @@ class LanguageModel:
                     f"{type(e).__name__}: {self.redact(str(e))[:200]}",
                     model=cfg.alias,
                 ) from None
-            reply = self._interpret(cfg, provider, status, resp_headers, raw, max_tokens)
             failed = False
             return reply
         except (RateLimitedError, InvalidInputError, AccessDeniedError, BudgetExceededError):
@@ -325,18 +366,21 @@ class LanguageModel:
         async with self.http.stream(
             "POST", url, headers=headers, json=body, params=dict(query) or None, timeout=limits
         ) as resp:
-            try:
-                raw = await bodies.read_body(resp, self.max_reply_bytes, meter=self.meter)
-            except bodies.BodyTooLargeError:
-                raise UpstreamError(
-                    f"the provider's reply is over {self.max_reply_bytes} bytes",
-                    status_code=resp.status_code,
-                ) from None
-            except bodies.BodyError as e:
-                raise UpstreamError(
-                    f"the provider's reply cannot be read: {e}", status_code=resp.status_code
-                ) from None
-            return resp.status_code, resp.headers, raw
+            return resp.status_code, resp.headers, await self._read(resp)
+
+    async def _read(self, resp: httpx.Response) -> bytes:
+        """A whole reply body under ``max_reply_bytes``; ``upstream_error`` past it."""
+        try:
+            return await bodies.read_body(resp, self.max_reply_bytes, meter=self.meter)
+        except bodies.BodyTooLargeError:
+            raise UpstreamError(
+                f"the provider's reply is over {self.max_reply_bytes} bytes",
+                status_code=resp.status_code,
+            ) from None
+        except bodies.BodyError as e:
+            raise UpstreamError(
+                f"the provider's reply cannot be read: {e}", status_code=resp.status_code
+            ) from None
 
     def _interpret(
         self,
@@ -346,6 +390,7 @@ class LanguageModel:
         headers: httpx.Headers,
         raw: bytes,
         max_tokens: int,
+        progress: StreamProgress,
     ) -> ChatReply:
         try:
             doc: Any = json.loads(raw)
@@ -353,11 +398,16 @@ class LanguageModel:
             doc = None
         if 200 <= status < 300:
             if doc is None:
+                ctype = headers.get("content-type", "no content type").split(";")[0]
+                snippet = " ".join(raw[:300].decode("utf-8", "replace").split())[:120]
                 raise UpstreamError(
-                    f"model alias {cfg.alias!r}: the provider's reply is not JSON",
+                    f"model alias {cfg.alias!r}: the provider's reply is not JSON "
+                    f"({ctype}: {self.redact(snippet)!r})",
                     status_code=status,
                     model=cfg.alias,
                 )
+            # Tokens the provider says it billed count even if the rest is unusable.
+            progress.report(*reported_usage(doc))
             try:
                 return provider.parse(cfg, doc, max_tokens)
             except ValueError as e:

@@ -49,6 +49,7 @@ class ChatRequest:
 
     ``max_tokens`` is the caller's cap; the language model lowers it further
     to the model's output limit and what is left of its context window.
+    ``stream`` asks the provider for an event stream (``activities.llm._stream``).
     """
 
     messages: tuple[Message, ...]
@@ -59,6 +60,7 @@ class ChatRequest:
     seed: int | None = None
     response_schema: dict[str, Any] | None = None
     tools: tuple[ToolDef, ...] = ()
+    stream: bool = False
 
 
 class ReplyUsage(Usage):
