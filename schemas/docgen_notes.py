@@ -132,6 +132,14 @@ SETTINGS: dict[str, str] = {
     "open its circuit breaker",
     "breaker_window_seconds": "the sliding window those failures are counted in",
     "breaker_open_seconds": "how long an open breaker fails calls fast before one probe",
+    "scrape_min_delay_seconds": "the least delay between request starts to one host (the "
+    "floor; a robots.txt Crawl-delay above it wins)",
+    "scrape_max_delay_seconds": "the most delay the autothrottle sets between request starts to "
+    "one host, and the longest Retry-After it holds a host for",
+    "autothrottle": "per-host delay follows the host's latency and 429/503 replies (Scrapy's "
+    "AutoThrottle); false keeps the floor and Crawl-delay only",
+    "autothrottle_target_concurrency": "requests the autothrottle aims to keep in flight per "
+    "host: the delay tends to latency / this",
     "worker_modules": "comma list of importable modules with a `WORKERS` iterable",
     "worker_specs": "comma list of directories of prompt and external worker spec files",
     "tenants_file": "the tenant registry (JSON); with one, only its tenants exist",

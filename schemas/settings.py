@@ -86,6 +86,13 @@ class Settings(BaseModel):
     breaker_failure_threshold: int = Field(default=5, ge=1)
     breaker_window_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     breaker_open_seconds: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    # Politeness per host (activities/tools/autothrottle.py): the delay between request
+    # starts to one host follows its latency and 429/503 replies between a floor and a
+    # ceiling, as Scrapy's AutoThrottle does; robots.txt Crawl-delay is a floor too.
+    scrape_min_delay_seconds: float = Field(default=0.0, ge=0, le=3600, allow_inf_nan=False)
+    scrape_max_delay_seconds: float = Field(default=30.0, ge=0, le=3600, allow_inf_nan=False)
+    autothrottle: bool = True
+    autothrottle_target_concurrency: float = Field(default=4.0, gt=0, le=1000, allow_inf_nan=False)
     # Workers beyond the built-ins (besides the `aiworker.plugins` entry points):
     # importable modules with a WORKERS iterable, and directories of spec files
     # (prompt and external workers).
@@ -180,6 +187,10 @@ class Settings(BaseModel):
             "HOOKS_FILE",
             "SERVE_RATE_LIMIT",
             "SERVE_MAX_BODY_BYTES",
+            "SCRAPE_MIN_DELAY_SECONDS",
+            "SCRAPE_MAX_DELAY_SECONDS",
+            "AUTOTHROTTLE",
+            "AUTOTHROTTLE_TARGET_CONCURRENCY",
             *(name.removeprefix(ENV_PREFIX) for name in SETTING_OF.values()),
         }
         # Variables consumed by other parts (tests, dev server) are not settings.
@@ -214,6 +225,9 @@ class Settings(BaseModel):
             ("BREAKER_OPEN_SECONDS", "breaker_open_seconds"),
             ("SERVE_PORT", "serve_port"),
             ("SERVE_MAX_BODY_BYTES", "serve_max_body_bytes"),
+            ("SCRAPE_MIN_DELAY_SECONDS", "scrape_min_delay_seconds"),
+            ("SCRAPE_MAX_DELAY_SECONDS", "scrape_max_delay_seconds"),
+            ("AUTOTHROTTLE_TARGET_CONCURRENCY", "autothrottle_target_concurrency"),
         ):
             if (v := get(name)) is not None:
                 raw[key] = v
@@ -241,6 +255,7 @@ class Settings(BaseModel):
         raw["allow_private_networks"] = _bool(
             ENV_PREFIX + "ALLOW_PRIVATE_NETWORKS", get("ALLOW_PRIVATE_NETWORKS"), False
         )
+        raw["autothrottle"] = _bool(ENV_PREFIX + "AUTOTHROTTLE", get("AUTOTHROTTLE"), True)
         raw["egress_allow"] = tuple(_csv(get("EGRESS_ALLOW")))
         raw["worker_modules"] = tuple(_csv(get("WORKER_MODULES")))
         raw["worker_specs"] = tuple(Path(p) for p in _csv(get("WORKER_SPECS")))

@@ -13,6 +13,7 @@ from aiworker.activities.artifacts import FileArtifactStore
 from aiworker.activities.bodies import BodyMeter
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.metrics import WorkerMetrics
+from aiworker.activities.tools.autothrottle import AutoThrottle
 from aiworker.activities.tools.egress import EgressPolicy
 from aiworker.activities.tools.extract import HtmlParser
 from aiworker.activities.tools.fetch import FetchLimits, FetchResult, FetchTool
@@ -43,7 +44,7 @@ def scrape_tools(
             egress or EgressPolicy.from_settings(settings),
             limits=limits,
             robots=robots,
-            politeness=politeness,
+            politeness=politeness if politeness is not None else politeness_for(settings),
             breakers=(
                 breakers
                 if breakers is not None
@@ -56,7 +57,21 @@ def scrape_tools(
     }
 
 
+def politeness_for(settings: Settings) -> Politeness:
+    """Per-host politeness as ``settings`` configure it, with this process's autothrottle."""
+    return Politeness(
+        min_delay_seconds=settings.scrape_min_delay_seconds,
+        throttle=AutoThrottle(
+            target_concurrency=settings.autothrottle_target_concurrency,
+            floor_seconds=settings.scrape_min_delay_seconds,
+            ceiling_seconds=settings.scrape_max_delay_seconds,
+            enabled=settings.autothrottle,
+        ),
+    )
+
+
 __all__ = [
+    "AutoThrottle",
     "EgressPolicy",
     "FetchLimits",
     "FetchResult",
@@ -64,5 +79,6 @@ __all__ = [
     "HtmlParser",
     "Politeness",
     "RobotsCache",
+    "politeness_for",
     "scrape_tools",
 ]

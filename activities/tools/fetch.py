@@ -298,8 +298,16 @@ class FetchTool:
             request = self._client.build_request(
                 "GET", url, headers={"User-Agent": ua}, timeout=timeout
             )
+            sent = time.monotonic()
             resp = await self._client.send(request, stream=True)
             healthy = resp.status_code < 500
+            retry_after = resp.headers.get("retry-after")
+            self.politeness.observe(
+                hostport,
+                time.monotonic() - sent,
+                resp.status_code,
+                parse_retry_after(retry_after) if retry_after else None,
+            )
             return resp
         except EgressDeniedError:
             healthy = True  # the policy said no; the host did nothing wrong

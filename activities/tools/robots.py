@@ -12,7 +12,8 @@ tie, paths are compared percent-encoded.
 
 :class:`Politeness` bounds concurrent requests per host and keeps a minimum
 delay between request starts to the same host (the larger of the configured
-delay and the site's ``Crawl-delay``).
+delay and the site's ``Crawl-delay``); with an :class:`AutoThrottle` that delay
+follows the host's latency and errors (``activities/tools/autothrottle.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from protego import Protego
+
+from aiworker.activities.tools.autothrottle import AutoThrottle
 
 # (url) -> (status_code, body text); raises WorkerError subclasses on failure.
 RobotsLoader = Callable[[str], Awaitable[tuple[int, str]]]
@@ -93,36 +96,65 @@ def crawl_delay(value: float | None) -> float | None:
 
 
 class Politeness:
-    """At most ``max_concurrent`` requests per host and ``min_delay`` between starts."""
+    """At most ``max_concurrent`` requests per host and a delay between their starts.
 
-    def __init__(self, max_concurrent: int = 8, min_delay_seconds: float = 0.0) -> None:
+    The delay is ``min_delay_seconds`` and the site's Crawl-delay, or, with a
+    ``throttle``, what the throttle says for the host (which includes both).
+    """
+
+    def __init__(
+        self,
+        max_concurrent: int = 8,
+        min_delay_seconds: float = 0.0,
+        throttle: AutoThrottle | None = None,
+    ) -> None:
         self.max_concurrent = max_concurrent
         self.min_delay_seconds = min_delay_seconds
+        self.throttle = throttle
         self._slots: dict[str, asyncio.Semaphore] = {}
-        self._next_start: dict[str, float] = {}
+        self._last_start: dict[str, float] = {}
         self._users: dict[str, int] = {}
+
+    def observe(
+        self, host: str, latency: float | None, status: int | None, retry_after: float | None
+    ) -> None:
+        """Tell the throttle (if any) how ``host`` answered."""
+        if self.throttle is not None:
+            self.throttle.observe(host, latency, status, retry_after)
 
     @contextlib.asynccontextmanager
     async def slot(self, host: str, crawl_delay: float | None = None) -> AsyncIterator[None]:
-        """Hold one of ``host``'s request slots, after its minimum delay."""
+        """Hold one of ``host``'s request slots, after its delay."""
         sem = self._slots.setdefault(host, asyncio.Semaphore(self.max_concurrent))
         self._users[host] = self._users.get(host, 0) + 1
         try:
             async with sem:
-                delay = max(self.min_delay_seconds, crawl_delay or 0.0)
-                if delay > 0:
+                delay = self._delay(host, crawl_delay)
+                hold = self.throttle.hold(host) if self.throttle is not None else 0.0
+                if delay > 0 or hold > 0:
                     now = time.monotonic()
-                    start = max(now, self._next_start.get(host, 0.0))
+                    # The delay as it is now, counted from the last start: a delay the
+                    # throttle raised meanwhile applies to the next request already.
+                    start = max(now + hold, self._last_start.get(host, -math.inf) + delay)
                     # Reserve the start time before sleeping so concurrent waiters queue up.
-                    self._next_start[host] = start + delay
+                    self._last_start[host] = start
                     if start > now:
                         await asyncio.sleep(start - now)
+                else:
+                    self._last_start[host] = time.monotonic()
                 yield
         finally:
-            # Forget idle hosts so a long-running process does not grow per host seen.
+            # Forget idle hosts so a long-running process does not grow per host seen
+            # (the throttle keeps its own bounded memory of each host's delay).
             self._users[host] -= 1
             if self._users[host] == 0:
                 del self._users[host]
                 del self._slots[host]
-                if self._next_start.get(host, 0.0) <= time.monotonic():
-                    self._next_start.pop(host, None)
+                last = self._last_start.get(host)
+                if last is not None and last + self._delay(host, crawl_delay) <= time.monotonic():
+                    del self._last_start[host]
+
+    def _delay(self, host: str, crawl_delay: float | None) -> float:
+        if self.throttle is not None:
+            return max(self.min_delay_seconds, self.throttle.delay(host, crawl_delay))
+        return max(self.min_delay_seconds, crawl_delay or 0.0)
