@@ -1,7 +1,8 @@
 """The ``web-scrape`` worker: fetch a page, extract what a spec asks, normalize it.
 
-Input ``{url, extraction_spec, user_agent?, respect_robots?, allow_domains?}``;
-output ``{data, source, warnings}``. The extraction spec is compiled before
+Input ``{url, extraction_spec?, discover?, user_agent?, respect_robots?,
+allow_domains?}``; output ``{data, source, warnings}``; ``discover`` adds
+``data.urls`` (``activities/tools/discover.py``). The extraction spec is compiled before
 any fetch (a bad spec is ``invalid_input`` and costs no request). The raw
 page goes to the artifact store and travels as an ``ArtifactRef``, never
 inline. Fetch failures carry their codes from the ``fetch_url`` tool; a page
@@ -12,15 +13,18 @@ missing field.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from aiworker.activities.artifacts import ArtifactStore
 from aiworker.activities.errors import InvalidInputError
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
-from aiworker.activities.tools.extract import HtmlParser
+from aiworker.activities.tools.discover import discover_urls
+from aiworker.activities.tools.extract import Extraction, HtmlParser
 from aiworker.activities.tools.fetch import FetchTool
 from aiworker.schemas.catalog import builtin_spec
+from aiworker.schemas.discover_spec import compile_discover
 from aiworker.schemas.extraction_spec import SpecError
 from aiworker.schemas.protocol import WarningInfo
 
@@ -40,34 +44,72 @@ class WebScrape(Worker):
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
         parser: HtmlParser = ctx.tools.use("parse_html")
         try:
-            spec = parser.compile(input["extraction_spec"])
+            spec = parser.compile(input["extraction_spec"]) if "extraction_spec" in input else None
+            find = compile_discover(input["discover"]) if "discover" in input else None
         except SpecError as e:
             raise InvalidInputError(
                 f"input.{e.path}: {e.message}", field=f"input.{e.path}"
             ) from None
+        if spec is None and find is None:
+            raise InvalidInputError(
+                "input: a web-scrape step needs extraction_spec, discover or both", field="input"
+            )
+        if find is not None and spec is not None and any(f.name == "urls" for f in spec.fields):
+            raise InvalidInputError(
+                "input.extraction_spec.fields.urls: with discover, data.urls holds the URLs found",
+                field="input.extraction_spec.fields.urls",
+            )
         store: ArtifactStore = ctx.tools.use("artifact_store")
         fetcher: FetchTool = ctx.tools.use("fetch_url")
         remaining = ctx.remaining()
         margin = min(_MAX_MARGIN_SECONDS, max(_MIN_MARGIN_SECONDS, remaining * _DEADLINE_MARGIN))
+        budget = max(0.001, remaining - margin)
+        started = time.monotonic()
+        if find is not None and not find.links and spec is None:
+            # Sitemaps only: the page itself is not fetched.
+            urls, found = await discover_urls(fetcher, find, input, None, budget)
+            return WorkerResult(
+                outputs={
+                    "data": {"urls": urls},
+                    "source": found.sitemap_source(),
+                    "warnings": found.warnings,
+                },
+                status="partial" if found.incomplete else "succeeded",
+                warnings=[WarningInfo(**w) for w in found.warnings],
+                log_fields={"urls": len(urls), "discover_fetches": found.fetches},
+            )
         page = await fetcher.fetch(
             input["url"],
-            timeout=max(0.001, remaining - margin),
+            timeout=budget,
             user_agent=input.get("user_agent"),
             respect_robots=input.get("respect_robots", True),
             allow_domains=input.get("allow_domains"),
         )
         media_type = page.content_type.split(";", 1)[0].strip() or "text/html"
         ref = await store.put(ctx.request.tenant, page.body, media_type)
-        if len(page.text) > _INLINE_PARSE_CHARS:
-            # Big pages parse in a thread so the event loop keeps serving other activities.
-            result = await asyncio.to_thread(parser.extract, page.text, spec, page.final_url)
-        else:
-            result = parser.extract(page.text, spec, page.final_url)
+        result = Extraction(data={})
+        if spec is not None:
+            if len(page.text) > _INLINE_PARSE_CHARS:
+                # Big pages parse in a thread so the event loop keeps serving other activities.
+                result = await asyncio.to_thread(parser.extract, page.text, spec, page.final_url)
+            else:
+                result = parser.extract(page.text, spec, page.final_url)
         source = page.source()
         source["redirects"] = page.redirects
+        status = "partial" if result.missing_required else "succeeded"
+        outputs = {"data": result.data, "source": source, "warnings": result.warnings}
+        log_fields: dict[str, Any] = {}
+        if find is not None:
+            soup = parser.parse(page.text)
+            left = max(0.001, budget - (time.monotonic() - started))
+            urls, found = await discover_urls(fetcher, find, input, (soup, page), left)
+            result.data["urls"] = urls
+            result.warnings.extend(found.warnings)
+            status = "partial" if found.incomplete else status
+            log_fields = {"urls": len(urls), "discover_fetches": found.fetches}
         return WorkerResult(
-            outputs={"data": result.data, "source": source, "warnings": result.warnings},
-            status="partial" if result.missing_required else "succeeded",
+            outputs=outputs,
+            status=status,
             warnings=[WarningInfo(**w) for w in result.warnings],
             artifacts=[ref],
             log_fields={
@@ -75,5 +117,6 @@ class WebScrape(Worker):
                 "status_code": page.status_code,
                 "bytes": len(page.body),
                 "missing_fields": len(result.missing_required),
+                **log_fields,
             },
         )

@@ -279,7 +279,22 @@ WORKERS: dict[str, WorkerNotes] = {
             "input.extraction_spec.metadata": "add `data.metadata`: title, description, canonical "
             "URL, language, OpenGraph, JSON-LD",
             "input.user_agent": "the User-Agent header (printable ASCII)",
-            "output.data": "the extracted fields by name (and `metadata`)",
+            "input.discover": "find URLs for a `for_each` (`data.urls`): sitemaps and/or the "
+            "page's links; see docs/scrape-discovery.md",
+            "input.discover.sitemap": "`true`: the sitemaps robots.txt names, else /sitemap.xml; "
+            "a URL: that sitemap (plain or gzip; an index's child sitemaps are read, one level)",
+            "input.discover.links": '`true`: every `a[href]` of the page; `{"selector": CSS}`: '
+            "the `href` of each match (or of the links inside it)",
+            "input.discover.links.selector": "CSS selector of the link elements",
+            "input.discover.pattern": "RE2 regular expression each absolute URL must contain a "
+            "match of",
+            "input.discover.same_site": "keep only URLs on the page's host (`www.` aside); "
+            "default true",
+            "input.discover.max_urls": "the most URLs returned (default 1000, at most 10000); "
+            "reading stops there with a warning",
+            "output.data": "the extracted fields by name (and `metadata`; `urls` with discover)",
+            "output.data.urls": "with discover: the URLs found, in order, without duplicates, "
+            "robots.txt applied",
             "output.source": "how the page was fetched",
             "output.source.url": "the URL asked for",
             "output.source.final_url": "the URL after redirects",

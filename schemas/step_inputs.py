@@ -24,7 +24,8 @@ parse_pipeline` in the CLI, the Python client and at workflow start:
   process's worker does not run); the step's ``fallback`` worker alike.
 - **What workers compile**: a web-scrape step's CSS selectors and ``regex``
   fields (the worker's own compile step,
-  :mod:`~aiworker.schemas.extraction_spec`), and literal JSON Schemas given to
+  :mod:`~aiworker.schemas.extraction_spec`), its ``discover``
+  (:mod:`~aiworker.schemas.discover_spec`), and literal JSON Schemas given to
   a validator (``schema``) or llm-call (``response_schema``), checked as
   :mod:`~aiworker.schemas.safe_schema` applies them.
 
@@ -39,6 +40,7 @@ from typing import Any
 from jsonschema.exceptions import SchemaError, _Error
 
 from aiworker.schemas import names, safe_schema
+from aiworker.schemas.discover_spec import compile_discover
 from aiworker.schemas.extraction_spec import SpecError, compile_selector, compile_spec
 from aiworker.schemas.messages import issues, json_path, suggest
 from aiworker.schemas.patterns import PatternError, compile_pattern
@@ -152,6 +154,24 @@ def _extraction_problems(step: Step, i: int, field: str, value: Any) -> list[Pro
         except SpecError as e:
             return [Problem(step.id, f"{field}.{e.path}", e.message, index=i)]
     return out
+
+
+def _discover_problems(step: Step, i: int, field: str, value: Any) -> list[Problem]:
+    """A web-scrape input names extraction_spec, discover or both; a literal
+    ``discover`` compiles as the worker compiles it."""
+    if not isinstance(value, dict):
+        return []
+    if "extraction_spec" not in value and "discover" not in value:
+        why = "a web-scrape step needs extraction_spec, discover or both"
+        return [Problem(step.id, field, why, index=i)]
+    found = value.get("discover")
+    if found is None or _may_vary(found):
+        return []
+    try:
+        compile_discover(found)
+    except SpecError as e:
+        return [Problem(step.id, f"{field}.{e.path}", e.message, index=i)]
+    return []
 
 
 def _schema_problems(step: Step, i: int, field: str, worker: str, value: Any) -> list[Problem]:
@@ -308,6 +328,7 @@ def step_problems(spec: PipelineSpec, workers: Mapping[str, WorkerSpec | None]) 
             found = _input_problems(step, i, field, value, worker)
             if not found and worker_id == names.WEB_SCRAPE:
                 found = _extraction_problems(step, i, field, value)
+                found = found or _discover_problems(step, i, field, value)
             if not found:
                 found = _schema_problems(step, i, field, worker_id, value)
             out.extend(p for p in found if p not in out)

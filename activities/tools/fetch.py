@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -37,6 +37,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpcore
 import httpx
+from protego import Protego
 
 from aiworker.activities import bodies
 from aiworker.activities.breakers import BreakerRegistry
@@ -339,28 +340,61 @@ class FetchTool:
         self, resp: httpx.Response, url: str, cap: int, truncate: bool = False
     ) -> bytes:
         """The decoded body, streamed raw and decoded with bounded output (``bodies``)."""
-        try:
+        with _body_errors(url, cap):
             return await bodies.read_body(resp, cap, truncate=truncate, meter=self.meter)
-        except bodies.BodyTooLargeError as e:
-            raise PayloadTooLargeError(f"{url} {e}", url=url, limit_bytes=cap) from None
-        except bodies.UnsupportedEncodingError as e:
-            # Not retried: the same server sends the same coding again, and a body
-            # this worker will not decode is one it will not read, like one over the cap.
-            raise PayloadTooLargeError(
-                f"{url}: {e}",
-                url=url,
-                limit_bytes=cap,
-                reason=e.reason,
-                content_encoding=e.encoding,
-            ) from None
-        except bodies.CorruptBodyError as e:
-            raise FetchFailedError(f"cannot decode the body of {url}: {e}", url=url) from None
-        except httpx.TimeoutException:
-            raise FetchTimeoutError(f"timed out reading {url}", url=url) from None
-        except httpx.TransportError as e:
-            raise FetchFailedError(
-                f"network error reading {url}: {type(e).__name__}: {e}", url=url
-            ) from None
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        url: str,
+        *,
+        deadline: float,
+        user_agent: str | None = None,
+        respect_robots: bool = True,
+        allow_domains: Iterable[str] | None = None,
+    ) -> AsyncIterator[tuple[httpx.Response, str]]:
+        """Open ``url`` with every check of :meth:`fetch` and yield the still streaming
+        response and its final URL; read it with :meth:`iter_body`. Any content type.
+
+        Args:
+            url: what to open.
+            deadline: ``time.monotonic()`` by which connecting and redirects end.
+            user_agent: as for :meth:`fetch`.
+            respect_robots: as for :meth:`fetch`.
+            allow_domains: as for :meth:`fetch`.
+        """
+        ua = user_agent or self.user_agent
+        check_header_value(ua, "input.user_agent")
+        domains = tuple(allow_domains or ())
+        async with self._open(url, ua, domains, deadline, respect_robots) as (resp, final, _r):
+            yield resp, final
+
+    async def iter_body(
+        self, resp: httpx.Response, url: str, cap: int
+    ) -> AsyncGenerator[bytes, None]:
+        """The decoded body of a :meth:`stream` response as it arrives, at most ``cap``
+        bytes; failures carry the codes :meth:`fetch` gives them."""
+        with _body_errors(url, cap):
+            async with contextlib.aclosing(bodies.iter_body(resp, cap, meter=self.meter)) as it:
+                async for piece in it:
+                    yield piece
+
+    async def robots_rules(
+        self,
+        url: str,
+        *,
+        deadline: float,
+        user_agent: str | None = None,
+        allow_domains: Iterable[str] | None = None,
+    ) -> Protego:
+        """The robots.txt rules of ``url``'s origin (cached per process, as fetches use them)."""
+        ua = user_agent or self.user_agent
+        domains = tuple(allow_domains or ())
+        self.egress.check_url(url, domains)
+        origin, _ = _origin(url)
+        return await self.robots.rules(
+            origin, lambda robots_url: self._load_robots(robots_url, ua, domains, deadline)
+        )
 
     def _check_content_type(self, resp: httpx.Response, url: str) -> None:
         mime = resp.headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -395,6 +429,33 @@ class FetchTool:
                 url=robots_url,
                 status_code=getattr(e, "status_code", None),
             ) from None
+
+
+@contextlib.contextmanager
+def _body_errors(url: str, cap: int) -> Iterator[None]:
+    """Map what reading a body raised to the stable codes."""
+    try:
+        yield
+    except bodies.BodyTooLargeError as e:
+        raise PayloadTooLargeError(f"{url} {e}", url=url, limit_bytes=cap) from None
+    except bodies.UnsupportedEncodingError as e:
+        # Not retried: the same server sends the same coding again, and a body
+        # this worker will not decode is one it will not read, like one over the cap.
+        raise PayloadTooLargeError(
+            f"{url}: {e}",
+            url=url,
+            limit_bytes=cap,
+            reason=e.reason,
+            content_encoding=e.encoding,
+        ) from None
+    except bodies.CorruptBodyError as e:
+        raise FetchFailedError(f"cannot decode the body of {url}: {e}", url=url) from None
+    except httpx.TimeoutException:
+        raise FetchTimeoutError(f"timed out reading {url}", url=url) from None
+    except httpx.TransportError as e:
+        raise FetchFailedError(
+            f"network error reading {url}: {type(e).__name__}: {e}", url=url
+        ) from None
 
 
 _HEADER_VALUE_MAX = 1024

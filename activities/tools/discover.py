@@ -1,0 +1,411 @@
+"""URL discovery for a web-scrape step: sitemaps and a page's links, bounded.
+
+:class:`Discovery` collects the URLs a ``discover`` input asks for
+(:mod:`~aiworker.schemas.discover_spec`) in the order found, without
+duplicates, and keeps only those that pass, in this order: http(s) only,
+same site (unless ``same_site: false``), ``pattern``, robots.txt (unless the
+step has ``respect_robots: false``). Robots-disallowed URLs are dropped and
+counted in one warning.
+
+Sitemaps (sitemaps.org: ``<urlset>`` of ``<url><loc>``, ``<sitemapindex>`` of
+``<sitemap><loc>``, plain or gzip) are stream-parsed with lxml's pull parser
+while the body arrives, each finished entry cleared at once, so memory stays
+flat whatever the file's size and reading stops at ``max_urls``. The body is
+decoded through :mod:`~aiworker.activities.bodies` (HTTP ``Content-Encoding``)
+and a gzip file inside it through the same bounded decoder, both capped at
+:data:`SITEMAP_MAX_BYTES` (the protocol's own limit), so a gzip bomb stops
+there with a warning. Depth is 1: a sitemap index's child sitemaps are read,
+an index inside an index is not. One discovery makes at most
+:data:`MAX_FETCHES` fetches (sitemaps, and robots.txt of other origins).
+Entities are never resolved and nothing is loaded from the network by the
+XML parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urldefrag, urljoin, urlsplit
+
+import httpx
+from bs4 import BeautifulSoup
+from lxml import etree  # type: ignore[import-untyped]
+from protego import Protego
+
+from aiworker.activities import bodies
+from aiworker.activities.errors import (
+    FetchFailedError,
+    FetchTimeoutError,
+    PayloadTooLargeError,
+    WorkerError,
+)
+from aiworker.activities.tools.fetch import FetchResult, FetchTool
+from aiworker.schemas.discover_spec import DiscoverSpec
+
+# sitemaps.org: a sitemap file holds at most 50 MB uncompressed.
+SITEMAP_MAX_BYTES = 50 * 1024 * 1024
+# Sitemaps read plus robots.txt files of other origins, for one discovery.
+MAX_FETCHES = 20
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _local(tag: Any) -> str:
+    return etree.QName(tag).localname if isinstance(tag, str) else ""
+
+
+def _site(host: str) -> str:
+    """The site a host belongs to: itself without a leading ``www.``."""
+    host = host.lower().rstrip(".")
+    return host[4:] if host.startswith("www.") else host
+
+
+@dataclass
+class Discovery:
+    """One discovery's URLs, warnings and counts.
+
+    Args:
+        fetcher: the process's fetch tool (egress, robots, politeness, caps).
+        spec: the compiled ``discover`` input.
+        page_url: the step's ``url``: its site is the "same site".
+        deadline: ``time.monotonic()`` by which every fetch ends.
+        user_agent: the step's user agent, or None for the default.
+        respect_robots: apply robots.txt to the URLs returned (and fetches).
+        allow_domains: the step's narrower egress allow-list.
+    """
+
+    fetcher: FetchTool
+    spec: DiscoverSpec
+    page_url: str
+    deadline: float
+    user_agent: str | None = None
+    respect_robots: bool = True
+    allow_domains: tuple[str, ...] = ()
+    urls: dict[str, None] = field(default_factory=dict)
+    warnings: list[dict[str, str]] = field(default_factory=list)
+    fetches: int = 0
+    incomplete: bool = False
+    source: dict[str, Any] | None = None
+    _full: bool = False
+    _dropped: dict[str, int] = field(default_factory=dict)
+    _rules: dict[str, Protego | None] = field(default_factory=dict)
+
+    @property
+    def full(self) -> bool:
+        """Whether ``max_urls`` is reached."""
+        return self._full
+
+    def warn(self, code: str, message: str, *, incomplete: bool = False) -> None:
+        """Add a warning (under ``input.discover``); ``incomplete`` makes the step partial."""
+        self.warnings.append({"code": code, "message": message, "field": "input.discover"})
+        self.incomplete = self.incomplete or incomplete
+
+    def finish(self) -> list[str]:
+        """The URLs found, after the warnings that say what was dropped."""
+        why = {
+            "robots": "robots.txt disallows them for this user agent",
+            "robots_unchecked": "their site's robots.txt could not be read within the "
+            f"discovery's {MAX_FETCHES} fetches or was unavailable",
+            "other_site": "they are on another site (same_site: false allows them)",
+        }
+        for reason, n in self._dropped.items():
+            code = "urls_disallowed" if reason.startswith("robots") else "urls_dropped"
+            self.warn(code, f"{n} URL(s) dropped: {why[reason]}")
+        if self._full:
+            self.warn("max_urls", f"stopped at max_urls ({self.spec.max_urls}); more URLs exist")
+        return list(self.urls)
+
+    def sitemap_source(self) -> dict[str, Any]:
+        """The ``source`` block of a sitemaps-only step: the first sitemap read."""
+        if self.source is None:  # the first sitemap either opened or failed the step
+            raise FetchFailedError(
+                f"no sitemap of {self.page_url} could be read", url=self.page_url
+            )
+        return self.source
+
+    def _drop(self, reason: str) -> None:
+        self._dropped[reason] = self._dropped.get(reason, 0) + 1
+
+    async def offer(self, raw: str, base: str) -> bool:
+        """Take ``raw`` (relative to ``base``) if it passes every filter; False once full."""
+        if self._full:
+            return False
+        try:
+            url, _ = urldefrag(urljoin(base, raw.strip()))
+            parts = urlsplit(url)
+            host = parts.hostname
+        except ValueError:
+            return True  # not a URL (a bad port, a broken IPv6 literal): not one to return
+        if parts.scheme not in ("http", "https") or not host or url in self.urls:
+            return True
+        if self.spec.same_site and _site(host) != _site(urlsplit(self.page_url).hostname or ""):
+            self._drop("other_site")
+            return True
+        if self.spec.pattern is not None and not self.spec.pattern.search(url):
+            return True
+        if self.respect_robots and not await self._allowed(url):
+            return True
+        if len(self.urls) >= self.spec.max_urls:
+            self._full = True
+            return False
+        self.urls[url] = None
+        return True
+
+    async def _allowed(self, url: str) -> bool:
+        p = urlsplit(url)
+        origin = f"{p.scheme}://{p.netloc.lower()}"
+        if origin not in self._rules:
+            rules = None
+            if self._budget():
+                with contextlib.suppress(WorkerError):
+                    rules = await self.rules(url)
+            self._rules[origin] = rules
+        rules = self._rules[origin]
+        if rules is None:
+            self._drop("robots_unchecked")
+            return False
+        if not rules.can_fetch(url, self.user_agent or self.fetcher.user_agent):
+            self._drop("robots")
+            return False
+        return True
+
+    async def rules(self, url: str) -> Protego:
+        """The robots.txt rules of ``url``'s origin (the process's cache)."""
+        return await self.fetcher.robots_rules(
+            url,
+            deadline=self.deadline,
+            user_agent=self.user_agent,
+            allow_domains=self.allow_domains,
+        )
+
+    def _budget(self) -> bool:
+        if self.fetches >= MAX_FETCHES:
+            return False
+        self.fetches += 1
+        return True
+
+    # --- links -------------------------------------------------------------------------------
+
+    async def from_page(self, soup: BeautifulSoup, page_url: str) -> None:
+        """The page's links: ``href`` of every ``a[href]``, or of the selector's matches
+        (an element without ``href`` gives its descendants' links)."""
+        base_tag = soup.find("base", href=True)
+        base = urljoin(page_url, str(base_tag["href"])) if base_tag is not None else page_url
+        if self.spec.selector is None:
+            elements = soup.select("a[href]")
+        else:
+            elements = self.spec.selector.select(soup)
+        for el in elements:
+            links = [el] if el.get("href") is not None else el.select("[href]")
+            for link in links:
+                if not await self.offer(str(link.get("href")), base):
+                    return
+
+    # --- sitemaps ----------------------------------------------------------------------------
+
+    async def from_sitemaps(self, required: bool) -> None:
+        """The sitemap's URLs: the one named, else robots.txt's ``Sitemap:`` lines, else
+        ``/sitemap.xml``; the children of a sitemap index once. ``required``: a root
+        sitemap that cannot be opened raises (no other source was asked for)."""
+        named = self.spec.sitemap
+        roots = [named] if named else await self._site_sitemaps()
+        children: list[str] = []
+        for root in roots:
+            if self._full:
+                return
+            children += await self._read(root, root=True, required=required)
+        for child in children:
+            if self._full:
+                return
+            for nested in await self._read(child, root=False, required=False):
+                self.warn(
+                    "sitemap_depth",
+                    f"{child} is a sitemap index inside an index; {nested} and its "
+                    "siblings were not read (discovery reads one level)",
+                    incomplete=True,
+                )
+                break
+
+    async def _site_sitemaps(self) -> list[str]:
+        found: list[str] = []
+        if self.respect_robots:
+            with contextlib.suppress(WorkerError):
+                found = list((await self.rules(self.page_url)).sitemaps)
+        p = urlsplit(self.page_url)
+        return found[:MAX_FETCHES] or [f"{p.scheme}://{p.netloc}/sitemap.xml"]
+
+    async def _read(self, url: str, *, root: bool, required: bool) -> list[str]:
+        """Read one sitemap; return the child sitemaps it lists (an index)."""
+        if not self._budget():
+            self.warn(
+                "sitemap_budget",
+                f"{url} not read: one discovery makes at most {MAX_FETCHES} fetches",
+                incomplete=True,
+            )
+            return []
+        children: list[str] = []
+        started = time.monotonic()
+        fetched_at = _now()
+        body = _Body()
+        try:
+            async with self.fetcher.stream(
+                url,
+                deadline=self.deadline,
+                user_agent=self.user_agent,
+                respect_robots=self.respect_robots,
+                allow_domains=self.allow_domains,
+            ) as (resp, final):
+                entries = _entries(self.fetcher.iter_body(resp, url, SITEMAP_MAX_BYTES), url, body)
+                try:
+                    async with contextlib.aclosing(entries):
+                        async for el in entries:
+                            loc = el.findtext("{*}loc")
+                            if not loc:
+                                continue
+                            if _local(el.tag) == "sitemap":
+                                if len(children) < MAX_FETCHES:
+                                    children.append(urljoin(final, loc.strip()))
+                            elif not await self.offer(loc, final):
+                                break
+                except PayloadTooLargeError as e:
+                    self.warn("sitemap_truncated", f"{url}: {e.message}", incomplete=True)
+                except etree.XMLSyntaxError as e:
+                    self.warn(
+                        "sitemap_invalid", f"{url} is not a valid sitemap: {e}", incomplete=True
+                    )
+                except WorkerError as e:
+                    self.warn("sitemap_unavailable", f"{url}: {e.message}", incomplete=True)
+                if self.source is None:
+                    self.source = {
+                        "url": self.page_url,
+                        "final_url": final,
+                        "status_code": resp.status_code,
+                        "fetched_at": fetched_at,
+                        "content_type": resp.headers.get("content-type", ""),
+                        "encoding": "utf-8",
+                        "bytes": body.size,
+                        "sha256": body.sha256.hexdigest(),
+                        "elapsed_ms": round((time.monotonic() - started) * 1000, 3),
+                    }
+        except WorkerError as e:
+            if root and required and self.source is None:
+                raise  # the step's only document: its code is the step's
+            self.warn("sitemap_unavailable", f"{url}: {e.message}", incomplete=not root)
+        return children
+
+
+@dataclass
+class _Body:
+    """What was read of a sitemap's body (decoded from its Content-Encoding)."""
+
+    size: int = 0
+    sha256: Any = field(default_factory=hashlib.sha256)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def _entries(
+    pieces: AsyncGenerator[bytes, None], url: str, body: _Body
+) -> AsyncGenerator[Any, None]:
+    """Each finished ``<url>`` / ``<sitemap>`` element of a sitemap body, parsed as it
+    arrives (gunzipped when the body is a gzip file), cleared once the caller is done."""
+    parser = etree.XMLPullParser(
+        events=("end",),
+        resolve_entities=False,
+        no_network=True,
+        load_dtd=False,
+        remove_comments=True,
+        remove_pis=True,
+        huge_tree=False,
+    )
+    gunzip: Any = None
+    produced = 0
+    async with contextlib.aclosing(pieces):
+        async for piece in pieces:
+            if body.size == 0 and piece.startswith(_GZIP_MAGIC):
+                # A .gz file (served as application/gzip or x-gzip): the same bounded
+                # decoder as for Content-Encoding, with the same cap on its output.
+                gunzip = bodies.decoder_for(httpx.Headers({"content-encoding": "gzip"}))
+            body.size += len(piece)
+            body.sha256.update(piece)
+            try:
+                for data in gunzip.feed(piece) if gunzip is not None else (piece,):
+                    produced += len(data)
+                    if produced > SITEMAP_MAX_BYTES:
+                        raise PayloadTooLargeError(
+                            f"{url} decompresses past the {SITEMAP_MAX_BYTES}-byte sitemap limit",
+                            url=url,
+                            limit_bytes=SITEMAP_MAX_BYTES,
+                        )
+                    parser.feed(data)
+                    for _, el in parser.read_events():
+                        parent = el.getparent()
+                        if parent is None:
+                            continue  # the root's own end
+                        tag = _local(el.tag)
+                        if parent.getparent() is None and tag in ("url", "sitemap"):
+                            yield el
+                        elif tag == "loc" and parent.find("{*}loc") is el:
+                            continue  # its entry needs it, until the entry ends
+                        # Every other element goes as soon as it ends (an entry once read),
+                        # so the tree holds one entry at most, whatever the file holds.
+                        el.clear()
+                        parent.remove(el)
+            except bodies.CorruptBodyError as e:
+                raise FetchFailedError(f"cannot gunzip {url}: {e}", url=url) from None
+        if gunzip is not None:
+            try:
+                gunzip.finish()
+            except bodies.CorruptBodyError as e:
+                raise FetchFailedError(f"cannot gunzip {url}: {e}", url=url) from None
+    parser.close()
+
+
+async def discover_urls(
+    fetcher: FetchTool,
+    spec: DiscoverSpec,
+    input: dict[str, Any],
+    page: tuple[BeautifulSoup, FetchResult] | None,
+    budget: float,
+) -> tuple[list[str], Discovery]:
+    """Run one step's discovery within ``budget`` seconds: the page's links (when
+    ``page`` is given and links are asked for), then sitemaps. Returns the URLs
+    and the discovery (its warnings, ``incomplete``, ``source`` and fetch count).
+
+    Without a ``page`` (sitemaps only) the first sitemap read is the step's
+    ``source`` and failing to open it fails the step with its fetch code.
+    """
+    found = Discovery(
+        fetcher,
+        spec,
+        input["url"],
+        deadline=time.monotonic() + budget,
+        user_agent=input.get("user_agent"),
+        respect_robots=input.get("respect_robots", True),
+        allow_domains=tuple(input.get("allow_domains") or ()),
+    )
+    try:
+        async with asyncio.timeout(budget):
+            if page is not None and spec.links:
+                await found.from_page(page[0], page[1].final_url)
+            if spec.sitemap is not None:
+                await found.from_sitemaps(required=page is None)
+    except TimeoutError:
+        if page is None and found.source is None:
+            raise FetchTimeoutError(
+                f"discovering URLs from {input['url']} took longer than {budget:.3g}s",
+                url=input["url"],
+            ) from None
+        found.warn(
+            "discover_deadline",
+            f"the step's deadline ended discovery after {len(found.urls)} URL(s)",
+            incomplete=True,
+        )
+    return found.finish(), found
