@@ -273,13 +273,13 @@ class Discovery:
                             elif not await self.offer(loc, final):
                                 break
                 except PayloadTooLargeError as e:
-                    self.warn("sitemap_truncated", f"{url}: {e.message}", incomplete=True)
+                    self.warn("sitemap_truncated", e.message, incomplete=True)
                 except etree.XMLSyntaxError as e:
                     self.warn(
                         "sitemap_invalid", f"{url} is not a valid sitemap: {e}", incomplete=True
                     )
                 except WorkerError as e:
-                    self.warn("sitemap_unavailable", f"{url}: {e.message}", incomplete=True)
+                    self.warn("sitemap_unavailable", e.message, incomplete=True)
                 if self.source is None:
                     self.source = {
                         "url": self.page_url,
@@ -295,7 +295,7 @@ class Discovery:
         except WorkerError as e:
             if root and required and self.source is None:
                 raise  # the step's only document: its code is the step's
-            self.warn("sitemap_unavailable", f"{url}: {e.message}", incomplete=not root)
+            self.warn("sitemap_unavailable", e.message, incomplete=not root)
         return children
 
 

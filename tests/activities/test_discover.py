@@ -1,0 +1,230 @@
+"""``discover`` on web-scrape steps, end to end: a real Temporal server, the real
+worker runtime and tools, a loopback site with sitemaps (tests/fixtures/sitemap_site.py).
+
+Most behaviours run as parallel steps of one pipeline; the last test feeds a
+discovery into a ``for_each``. ``aiworker check`` refuses a bad ``discover``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from conftest import Stack, running_stack
+from fixtures.sitemap_site import MILLION, SitemapSite, sitemap_site  # noqa: F401
+from support.payloads import stack_settings
+from temporalio.client import Client
+
+from aiworker.activities.breakers import BreakerRegistry
+from aiworker.activities.tools import scrape_tools
+from aiworker.activities.tools.discover import SITEMAP_MAX_BYTES
+from aiworker.schemas.pipeline import PipelineResult
+from aiworker.schemas.settings import parse_rate_limits
+from aiworker.workers import cli
+
+H1 = {"fields": {"h1": {"selector": "h1", "required": True}}}
+
+
+@pytest.fixture(scope="module")
+def client(env: Any) -> Client:
+    c: Client = env.client
+    return c
+
+
+@pytest_asyncio.fixture(scope="module")
+async def stack(client: Client, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    settings = stack_settings(
+        tmp_path_factory.mktemp("discover"),
+        rate_limits=tuple(parse_rate_limits("web-scrape:*=100000/min")),
+    )
+    tools = scrape_tools(settings, breakers=BreakerRegistry("host", failure_threshold=10_000))
+    try:
+        async with running_stack(client, settings, tools=tools) as s:
+            yield s
+    finally:
+        await tools["fetch_url"].aclose()
+
+
+def step(sid: str, url: str, discover: dict[str, Any], **inp: Any) -> dict[str, Any]:
+    return {
+        "id": sid,
+        "worker": "web-scrape",
+        "input": {"url": url, "discover": discover, **inp},
+        "on_failure": "continue",
+    }
+
+
+async def run(stack: Stack, steps: list[dict[str, Any]], **extra: Any) -> PipelineResult:
+    pipeline = {"name": "discover-test", "tenant": "acme", "steps": steps, **extra}
+    handle = await stack.start(pipeline)
+    result: PipelineResult = await handle.result()
+    return result
+
+
+def codes(warnings: list[dict[str, Any]]) -> dict[str, str]:
+    return {w["code"]: w["message"] for w in warnings}
+
+
+async def test_sitemaps_and_links_are_discovered_filtered_and_bounded(
+    stack: Stack, sitemap_site: SitemapSite
+) -> None:
+    u = sitemap_site.url
+    result = await run(
+        stack,
+        [
+            step("index", u("/"), {"sitemap": True}),
+            step(
+                "links",
+                u("/links"),
+                {"links": {"selector": "a.product, div.product"}, "pattern": "/item/[0-9]+$"},
+            ),
+            step(
+                "any_site",
+                u("/links"),
+                {
+                    "links": {"selector": "a.product, div.product"},
+                    "pattern": "/item/[0-9]+$",
+                    "same_site": False,
+                },
+            ),
+            step("million", u("/"), {"sitemap": u("/million.xml"), "max_urls": 500}),
+            step("bomb", u("/"), {"sitemap": u("/bomb.xml.gz")}),
+            step("nested", u("/"), {"sitemap": u("/nested.xml")}),
+            step("missing", u("/"), {"sitemap": u("/nope.xml")}),
+            step("not_xml", u("/"), {"sitemap": u("/not-xml.xml")}),
+            step("shop", u("/shop"), {"links": {"selector": "a.product"}}, extraction_spec=H1),
+        ],
+    )
+    s = result.steps
+    assert {k: (v.status, v.error_code, v.attempts) for k, v in s.items()} == {
+        "index": ("succeeded", None, 1),
+        "links": ("succeeded", None, 1),
+        "any_site": ("succeeded", None, 1),
+        "million": ("succeeded", None, 1),
+        "bomb": ("partial", None, 1),
+        "nested": ("partial", None, 1),
+        "missing": ("failed", "not_found", 1),
+        "not_xml": ("partial", None, 1),
+        "shop": ("succeeded", None, 1),
+    }
+
+    # robots.txt's Sitemap: line -> an index of two gzip sitemaps (application/gzip and
+    # x-gzip); duplicates and fragments gone, order kept, the relative entries resolved.
+    index = s["index"].outputs
+    assert index["data"]["urls"] == [u(f"/p/{i}") for i in range(1, 7)]
+    warned = codes(index["warnings"])
+    assert warned["urls_disallowed"].startswith("2 URL(s) dropped: robots.txt disallows")
+    assert warned["urls_dropped"].startswith("1 URL(s) dropped: they are on another site")
+    assert index["source"]["final_url"] == u("/sitemap_index.xml")
+    assert s["index"].artifacts == []  # the page itself was not fetched
+    assert sitemap_site.count("/") == 0
+
+    # links: the selector's matches (a div gives the links inside it), the RE2 pattern,
+    # robots.txt (of the other site too, when same_site is false).
+    assert s["links"].outputs["data"]["urls"] == [u("/item/1"), u("/item/2"), u("/item/7")]
+    assert set(codes(s["links"].outputs["warnings"])) == {"urls_disallowed", "urls_dropped"}
+    other = sitemap_site.other
+    assert s["any_site"].outputs["data"]["urls"] == [
+        u("/item/1"),
+        u("/item/2"),
+        other("/item/4"),
+        u("/item/7"),
+    ]
+    warned = codes(s["any_site"].outputs["warnings"])
+    assert set(warned) == {"urls_disallowed"} and warned["urls_disallowed"].startswith("2 URL")
+
+    # a million-entry sitemap, written as it is read: reading stops at max_urls.
+    million = s["million"].outputs
+    assert million["data"]["urls"] == [u(f"/m/{i}") for i in range(500)]
+    assert "max_urls (500)" in codes(million["warnings"])["max_urls"]
+    assert sitemap_site.sent < MILLION // 2
+
+    # a gzip bomb: the decompression cap ends it; the URLs before it are kept.
+    bomb = s["bomb"]
+    assert bomb.outputs["data"]["urls"] == [u(f"/b/{i}") for i in range(3)]
+    assert f"{SITEMAP_MAX_BYTES}-byte" in codes(bomb.outputs["warnings"])["sitemap_truncated"]
+    assert sitemap_site.bomb_raw < 5 * 1024 * 1024
+    assert [w["code"] for w in bomb.warnings] == ["sitemap_truncated"]
+
+    # an index inside an index is not followed (depth 1)
+    nested = s["nested"].outputs
+    assert nested["data"]["urls"] == []
+    assert "reads one level" in codes(nested["warnings"])["sitemap_depth"]
+    assert sitemap_site.count("/sitemaps/a.xml.gz") == 1  # only through the index step
+
+    assert "is not a valid sitemap" in codes(s["not_xml"].outputs["warnings"])["sitemap_invalid"]
+    shop = s["shop"].outputs
+    assert shop["data"] == {"h1": "Shop", "urls": [u(f"/item/{i}") for i in (1, 2, 3)]}
+    assert len(s["shop"].artifacts) == 1
+
+
+async def test_a_discovery_feeds_a_for_each(stack: Stack, sitemap_site: SitemapSite) -> None:
+    u = sitemap_site.url
+    result = await run(
+        stack,
+        [
+            {
+                "id": "find",
+                "worker": "web-scrape",
+                "input": {"url": u("/shop"), "discover": {"links": True, "pattern": "/item/"}},
+            },
+            {
+                "id": "each",
+                "worker": "web-scrape",
+                "depends_on": ["find"],
+                "for_each": "${{ steps.find.outputs.data.urls }}",
+                "input": {"url": "${{ item }}", "extraction_spec": H1},
+            },
+        ],
+        output={"urls": "${{ steps.find.outputs.data.urls }}"},
+    )
+    assert result.status == "succeeded", result
+    assert result.output == {"urls": [u(f"/item/{i}") for i in (1, 2, 3)]}
+    items = result.steps["each"].outputs
+    titles = [item["data"]["h1"] for item in items["items"]] if isinstance(items, dict) else None
+    assert titles == ["Item 1", "Item 2", "Item 3"], items
+
+
+def check(
+    tmp_path: Path, inp: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> tuple[int, Any]:
+    pipeline = {
+        "name": "p",
+        "tenant": "acme",
+        "steps": [{"id": "find", "worker": "web-scrape", "input": inp}],
+    }
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(pipeline))
+    rc = cli.main(["check", "--json", str(f)])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_check_refuses_a_bad_discover_naming_its_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = "https://shop.example/"
+    rc, problems = check(
+        tmp_path, {"url": url, "discover": {"links": True, "pattern": "(a"}}, capsys
+    )
+    assert rc == 2
+    [p] = problems
+    assert p["path"] == "steps[0].input.discover.pattern" and "RE2" in p["message"]
+    rc, problems = check(tmp_path, {"url": url, "discover": {"links": {"selector": "a[["}}}, capsys)
+    assert (rc, problems[0]["path"]) == (2, "steps[0].input.discover.links.selector")
+    assert "invalid CSS selector" in problems[0]["message"]
+    rc, problems = check(tmp_path, {"url": url, "discover": {"same_site": False}}, capsys)
+    assert (rc, problems[0]["path"]) == (2, "steps[0].input.discover")
+    assert 'set "sitemap", "links" or both' in problems[0]["message"]
+    rc, problems = check(
+        tmp_path, {"url": url, "discover": {"links": True, "max_urls": 10001}}, capsys
+    )
+    assert (rc, problems[0]["path"]) == (2, "steps[0].input.discover.max_urls")
+    rc, problems = check(tmp_path, {"url": url}, capsys)
+    assert (rc, problems[0]["path"]) == (2, "steps[0].input")
+    assert "extraction_spec, discover or both" in problems[0]["message"]
+    rc, problems = check(tmp_path, {"url": url, "discover": {"sitemap": True}}, capsys)
+    assert (rc, problems) == (0, [])
