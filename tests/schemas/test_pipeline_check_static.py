@@ -211,5 +211,7 @@ def test_every_builtin_spec_takes_a_reference_for_every_field(worker: str) -> No
     value = {k: "${{ inputs.site }}" for k in required}
     if worker == "llm-call":
         value["prompt"] = "${{ inputs.site }}"
+    if worker == "web-scrape":  # extraction_spec, discover or both
+        value["extraction_spec"] = "${{ inputs.site }}"
     assert set(value) <= set(properties)
     assert problems({"id": "s", "worker": worker, "input": value}) == []
