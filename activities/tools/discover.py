@@ -8,37 +8,27 @@ step has ``respect_robots: false``). Robots-disallowed URLs are dropped and
 counted in one warning.
 
 Sitemaps (sitemaps.org: ``<urlset>`` of ``<url><loc>``, ``<sitemapindex>`` of
-``<sitemap><loc>``, plain or gzip) are stream-parsed with lxml's pull parser
-while the body arrives, each finished entry cleared at once, so memory stays
-flat whatever the file's size and reading stops at ``max_urls``. The body is
-decoded through :mod:`~aiworker.activities.bodies` (HTTP ``Content-Encoding``)
-and a gzip file inside it through the same bounded decoder, both capped at
-:data:`SITEMAP_MAX_BYTES` (the protocol's own limit), so a gzip bomb stops
-there with a warning. Depth is 1: a sitemap index's child sitemaps are read,
-an index inside an index is not. One discovery makes at most
-:data:`MAX_FETCHES` fetches (sitemaps, and robots.txt of other origins).
-Entities are never resolved and nothing is loaded from the network by the
-XML parser.
+``<sitemap><loc>``, plain or gzip) are stream-parsed while the body arrives
+(:mod:`~aiworker.activities.tools.sitemap_stream`: memory flat, gzip bombs
+capped), and reading stops at ``max_urls``. Depth is 1: a sitemap index's
+child sitemaps are read, an index inside an index is not. One discovery makes
+at most :data:`MAX_FETCHES` fetches (sitemaps, and robots.txt of other origins).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urldefrag, urljoin, urlsplit
 
-import httpx
 from bs4 import BeautifulSoup
 from lxml import etree  # type: ignore[import-untyped]
 from protego import Protego
 
-from aiworker.activities import bodies
 from aiworker.activities.errors import (
     FetchFailedError,
     FetchTimeoutError,
@@ -46,17 +36,18 @@ from aiworker.activities.errors import (
     WorkerError,
 )
 from aiworker.activities.tools.fetch import FetchResult, FetchTool
+from aiworker.activities.tools.sitemap_stream import (
+    SITEMAP_MAX_BYTES,
+    BodyRead,
+    local_name,
+)
+from aiworker.activities.tools.sitemap_stream import (
+    entries as read_entries,
+)
 from aiworker.schemas.discover_spec import DiscoverSpec
 
-# sitemaps.org: a sitemap file holds at most 50 MB uncompressed.
-SITEMAP_MAX_BYTES = 50 * 1024 * 1024
 # Sitemaps read plus robots.txt files of other origins, for one discovery.
 MAX_FETCHES = 20
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
-def _local(tag: Any) -> str:
-    return etree.QName(tag).localname if isinstance(tag, str) else ""
 
 
 def _site(host: str) -> str:
@@ -251,7 +242,7 @@ class Discovery:
         children: list[str] = []
         started = time.monotonic()
         fetched_at = _now()
-        body = _Body()
+        body = BodyRead()
         try:
             async with self.fetcher.stream(
                 url,
@@ -260,14 +251,15 @@ class Discovery:
                 respect_robots=self.respect_robots,
                 allow_domains=self.allow_domains,
             ) as (resp, final):
-                entries = _entries(self.fetcher.iter_body(resp, url, SITEMAP_MAX_BYTES), url, body)
+                pieces = self.fetcher.iter_body(resp, url, SITEMAP_MAX_BYTES)
+                entries = read_entries(pieces, url, body)
                 try:
                     async with contextlib.aclosing(entries):
                         async for el in entries:
                             loc = el.findtext("{*}loc")
                             if not loc:
                                 continue
-                            if _local(el.tag) == "sitemap":
+                            if local_name(el.tag) == "sitemap":
                                 if len(children) < MAX_FETCHES:
                                     children.append(urljoin(final, loc.strip()))
                             elif not await self.offer(loc, final):
@@ -299,73 +291,8 @@ class Discovery:
         return children
 
 
-@dataclass
-class _Body:
-    """What was read of a sitemap's body (decoded from its Content-Encoding)."""
-
-    size: int = 0
-    sha256: Any = field(default_factory=hashlib.sha256)
-
-
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-async def _entries(
-    pieces: AsyncGenerator[bytes, None], url: str, body: _Body
-) -> AsyncGenerator[Any, None]:
-    """Each finished ``<url>`` / ``<sitemap>`` element of a sitemap body, parsed as it
-    arrives (gunzipped when the body is a gzip file), cleared once the caller is done."""
-    parser = etree.XMLPullParser(
-        events=("end",),
-        resolve_entities=False,
-        no_network=True,
-        load_dtd=False,
-        remove_comments=True,
-        remove_pis=True,
-        huge_tree=False,
-    )
-    gunzip: Any = None
-    produced = 0
-    async with contextlib.aclosing(pieces):
-        async for piece in pieces:
-            if body.size == 0 and piece.startswith(_GZIP_MAGIC):
-                # A .gz file (served as application/gzip or x-gzip): the same bounded
-                # decoder as for Content-Encoding, with the same cap on its output.
-                gunzip = bodies.decoder_for(httpx.Headers({"content-encoding": "gzip"}))
-            body.size += len(piece)
-            body.sha256.update(piece)
-            try:
-                for data in gunzip.feed(piece) if gunzip is not None else (piece,):
-                    produced += len(data)
-                    if produced > SITEMAP_MAX_BYTES:
-                        raise PayloadTooLargeError(
-                            f"{url} decompresses past the {SITEMAP_MAX_BYTES}-byte sitemap limit",
-                            url=url,
-                            limit_bytes=SITEMAP_MAX_BYTES,
-                        )
-                    parser.feed(data)
-                    for _, el in parser.read_events():
-                        parent = el.getparent()
-                        if parent is None:
-                            continue  # the root's own end
-                        tag = _local(el.tag)
-                        if parent.getparent() is None and tag in ("url", "sitemap"):
-                            yield el
-                        elif tag == "loc" and parent.find("{*}loc") is el:
-                            continue  # its entry needs it, until the entry ends
-                        # Every other element goes as soon as it ends (an entry once read),
-                        # so the tree holds one entry at most, whatever the file holds.
-                        el.clear()
-                        parent.remove(el)
-            except bodies.CorruptBodyError as e:
-                raise FetchFailedError(f"cannot gunzip {url}: {e}", url=url) from None
-        if gunzip is not None:
-            try:
-                gunzip.finish()
-            except bodies.CorruptBodyError as e:
-                raise FetchFailedError(f"cannot gunzip {url}: {e}", url=url) from None
-    parser.close()
 
 
 async def discover_urls(
