@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
 from fixtures.sitemap_site import MILLION, SitemapSite, sitemap_site  # noqa: F401
+from support.loopback import Exchange, serve
 from support.payloads import stack_settings
 from temporalio.client import Client
 
@@ -26,6 +27,7 @@ from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import parse_rate_limits
 from aiworker.workers import cli
 
+ROOT = Path(__file__).resolve().parents[2]
 H1 = {"fields": {"h1": {"selector": "h1", "required": True}}}
 
 
@@ -228,3 +230,27 @@ def test_check_refuses_a_bad_discover_naming_its_path(
     assert "extraction_spec, discover or both" in problems[0]["message"]
     rc, problems = check(tmp_path, {"url": url, "discover": {"sitemap": True}}, capsys)
     assert (rc, problems) == (0, [])
+
+
+async def test_the_example_pipeline_crawls_the_sample_shop(stack: Stack) -> None:
+    """examples/pipelines/discover.json, as docs/scrape-discovery.md runs it, against
+    the bundled sample shop (served on loopback instead of python -m http.server)."""
+    site = ROOT / "workers" / "samples" / "site"
+
+    def handle(ex: Exchange) -> None:
+        page = site / ex.path.lstrip("/")
+        if ex.path.count("/") != 1 or not page.is_file():
+            return ex.send(404, b"nope")
+        ctype = "text/plain" if page.suffix == ".txt" else "text/html; charset=utf-8"
+        ex.send(200, page.read_bytes(), ctype)
+
+    pipeline = json.loads((ROOT / "examples" / "pipelines" / "discover.json").read_text())
+    with serve(handle) as server:
+        pipeline["inputs"]["url"] = server.url("/index.html")
+        handle_ = await stack.start(pipeline)
+        result: PipelineResult = await handle_.result()
+    assert result.status == "succeeded", result
+    pages = ["espresso.html", "grinder.html", "kettle.html"]
+    assert result.output["urls"] == [server.url(f"/{p}") for p in pages]
+    names = [item["data"]["name"] for item in result.output["products"]["items"]]
+    assert names == ["Espresso machine", "Burr grinder", "Gooseneck kettle"]
