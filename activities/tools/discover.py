@@ -85,6 +85,10 @@ class Discovery:
     _full: bool = False
     _dropped: dict[str, int] = field(default_factory=dict)
     _rules: dict[str, Protego | None] = field(default_factory=dict)
+    _home: str = ""
+
+    def __post_init__(self) -> None:
+        self._home = _site(urlsplit(self.page_url).hostname or "")
 
     @property
     def full(self) -> bool:
@@ -134,7 +138,7 @@ class Discovery:
             return True  # not a URL (a bad port, a broken IPv6 literal): not one to return
         if parts.scheme not in ("http", "https") or not host or url in self.urls:
             return True
-        if self.spec.same_site and _site(host) != _site(urlsplit(self.page_url).hostname or ""):
+        if self.spec.same_site and _site(host) != self._home:
             self._drop("other_site")
             return True
         if self.spec.pattern is not None and not self.spec.pattern.search(url):

@@ -96,6 +96,7 @@ async def test_sitemaps_and_links_are_discovered_filtered_and_bounded(
             step("million", u("/"), {"sitemap": u("/million.xml"), "max_urls": 500}),
             step("bomb", u("/"), {"sitemap": u("/bomb.xml.gz")}),
             step("nested", u("/"), {"sitemap": u("/nested.xml")}),
+            step("encoded", u("/"), {"sitemap": u("/encoded.xml")}),
             step("missing", u("/"), {"sitemap": u("/nope.xml")}),
             step("not_xml", u("/"), {"sitemap": u("/not-xml.xml")}),
             step("shop", u("/shop"), {"links": {"selector": "a.product"}}, extraction_spec=H1),
@@ -109,6 +110,7 @@ async def test_sitemaps_and_links_are_discovered_filtered_and_bounded(
         "million": ("succeeded", None, 1),
         "bomb": ("partial", None, 1),
         "nested": ("partial", None, 1),
+        "encoded": ("succeeded", None, 1),
         "missing": ("failed", "not_found", 1),
         "not_xml": ("partial", None, 1),
         "shop": ("succeeded", None, 1),
@@ -158,6 +160,7 @@ async def test_sitemaps_and_links_are_discovered_filtered_and_bounded(
     assert "reads one level" in codes(nested["warnings"])["sitemap_depth"]
     assert sitemap_site.count("/sitemaps/a.xml.gz") == 1  # only through the index step
 
+    assert s["encoded"].outputs["data"]["urls"] == [u("/e/1"), u("/e/2")]
     assert "is not a valid sitemap" in codes(s["not_xml"].outputs["warnings"])["sitemap_invalid"]
     shop = s["shop"].outputs
     assert shop["data"] == {"h1": "Shop", "urls": [u(f"/item/{i}") for i in (1, 2, 3)]}
