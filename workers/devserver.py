@@ -168,6 +168,42 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def spawn_child(argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start a server as a child process in its own session, its output in ``log``.
+
+    Its own session (and process group): Ctrl-C in the terminal reaches us,
+    not it, and we stop it ourselves (:func:`stop_child`). A parent killed
+    with SIGKILL cannot stop it: on Linux the kernel does (:func:`die_with_parent`).
+    """
+    return subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=die_with_parent if _in_main_thread() else None,
+    )
+
+
+def _signal_group(p: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    # The child leads its own group (spawn_child): the group id is its PID.
+    # Only called before the child is reaped, so that PID is still its own.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, sig)
+
+
+def stop_child(p: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """Stop a child started by :func:`spawn_child`: SIGTERM to its process group,
+    then SIGKILL after ``timeout`` seconds; reaped either way."""
+    if p.poll() is None:
+        _signal_group(p, signal.SIGTERM)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(p, signal.SIGKILL)
+            p.wait(5)
+
+
 class DevServer:
     """One embedded Temporal dev server, owned by this process."""
 
@@ -242,15 +278,7 @@ class DevServer:
                 fast_poll=self.fast_poll,
             )
             self._log = open(self.log_path, "ab")
-            self.process = subprocess.Popen(
-                [temporal_cli_path(), *args],
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C reaches us; we stop the server ourselves
-                # A parent killed with SIGKILL cannot stop it: the kernel does.
-                preexec_fn=die_with_parent if _in_main_thread() else None,
-            )
+            self.process = spawn_child([temporal_cli_path(), *args], self._log)
             assert self._lock is not None
             self._lock.write(f"server pid {self.process.pid}\n")
             self._lock.flush()
@@ -276,14 +304,8 @@ class DevServer:
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL) and release the lock."""
-        p = self.process
-        if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        if self.process is not None:
+            stop_child(self.process, timeout)
         self.process = None
         if self._log is not None:
             self._log.close()

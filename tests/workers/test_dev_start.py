@@ -1,6 +1,6 @@
 """Starting reliably: ``aiworker worker`` and ``aiworker dev`` wait (bounded) for
 a healthy frontend, say clearly when it never is, and a dev stack killed with
-SIGKILL leaves no Temporal server behind.
+SIGKILL leaves no Temporal server and no local model server behind.
 
 Each test runs its own processes and servers on free loopback ports, and
 stops every one of them by the PID it recorded.
@@ -141,10 +141,10 @@ async def test_dev_killed_with_sigkill_leaves_no_server(tmp_path: Path) -> None:
         _env(AIWORKER_METRICS_PORT="0"),
         log,
     )
-    server_pid = None
+    server_pid = model_pid = None
     try:
         await wait_until(
-            lambda: "Worker polling:" in dev.output(),
+            lambda: "Local model:" in dev.output(),
             lambda: f"the dev stack to start: {dev.output()}",
             timeout=90,
             interval=0.5,
@@ -154,13 +154,23 @@ async def test_dev_killed_with_sigkill_leaves_no_server(tmp_path: Path) -> None:
         assert found, lock
         server_pid = int(found.group(1))
         assert _alive(server_pid)
+        found = re.search(r"llama-server pid (\d+)", dev.output())
+        assert found, dev.output()
+        model_pid = int(found.group(1))
+        assert _alive(model_pid)
         dev.kill()
         await wait_until(
             lambda: not _alive(server_pid),
             f"the Temporal server (pid {server_pid}) to exit with its parent",
             timeout=30,
         )
+        await wait_until(
+            lambda: not _alive(model_pid),
+            f"the local model server (pid {model_pid}) to exit with its parent",
+            timeout=30,
+        )
     finally:
         dev.close()
-        if server_pid is not None and _alive(server_pid):
-            os.kill(server_pid, signal.SIGKILL)
+        for pid in (server_pid, model_pid):
+            if pid is not None and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
