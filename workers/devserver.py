@@ -25,8 +25,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Self
 
 from aiworker.schemas import names
 
@@ -204,7 +205,64 @@ def stop_child(p: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
             p.wait(5)
 
 
-class DevServer:
+class ChildServer:
+    """What the embedded servers share: one child process (:func:`spawn_child`)
+    whose output is appended to ``log_path``, a bounded wait until it is ready,
+    and a stop by PID and process group (:func:`stop_child`)."""
+
+    log_path: Path
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The child's PID while it is ours (``None`` before start and after stop)."""
+        return self.process.pid if self.process is not None else None
+
+    def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self.process = spawn_child(argv, self._log)
+        return self.process
+
+    def _await_ready(self, ready: Callable[[], bool], timeout: float) -> bool:
+        """Poll ``ready`` every 0.1 s: True once it is, False when the child exited
+        or ``timeout`` seconds passed first (the caller says which)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                return False
+            if ready():
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _stop_child(self, timeout: float) -> None:
+        if self.process is not None:
+            stop_child(self.process, timeout)
+        self.process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def start(self, timeout: float = 60.0) -> Self:
+        """Start the server and wait until it is ready (bounded by ``timeout``)."""
+        raise NotImplementedError
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server (SIGTERM to its group, then SIGKILL after ``timeout``)."""
+        self._stop_child(timeout)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class DevServer(ChildServer):
     """One embedded Temporal dev server, owned by this process."""
 
     def __init__(
@@ -217,15 +275,15 @@ class DevServer:
         persistent: bool = True,
         fast_poll: bool = False,
     ) -> None:
+        super().__init__()
         self.data_dir = data_dir
+        self.log_path = data_dir / "temporal-server.log"
         self.ip = ip
         self.port = port
         self.ui_port = ui_port
         self.persistent = persistent
         self.fast_poll = fast_poll
-        self.process: subprocess.Popen[bytes] | None = None
         self._lock: IO[str] | None = None
-        self._log: IO[bytes] | None = None
 
     @property
     def address(self) -> str:
@@ -234,10 +292,6 @@ class DevServer:
     @property
     def ui_url(self) -> str | None:
         return f"http://{self.ip}:{self.ui_port}" if self.ui_port else None
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "temporal-server.log"
 
     def _acquire_lock(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -259,7 +313,7 @@ class DevServer:
         f.flush()
         self._lock = f
 
-    def start(self, timeout: float = 60.0) -> DevServer:
+    def start(self, timeout: float = 60.0) -> Self:
         """Start the server and wait until it accepts connections."""
         self._acquire_lock()
         try:
@@ -277,10 +331,9 @@ class DevServer:
                 db_file=db,
                 fast_poll=self.fast_poll,
             )
-            self._log = open(self.log_path, "ab")
-            self.process = spawn_child([temporal_cli_path(), *args], self._log)
+            process = self._spawn([temporal_cli_path(), *args])
             assert self._lock is not None
-            self._lock.write(f"server pid {self.process.pid}\n")
+            self._lock.write(f"server pid {process.pid}\n")
             self._lock.flush()
             self._wait_ready(timeout)
         except BaseException:
@@ -288,36 +341,25 @@ class DevServer:
             raise
         return self
 
+    def _listening(self) -> bool:
+        with contextlib.suppress(OSError), socket.create_connection((self.ip, self.port), 0.5):
+            return True
+        return False
+
     def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise DevServerError(
-                    f"temporal server exited with code {self.process.returncode}; "
-                    f"see {self.log_path}"
-                )
-            with contextlib.suppress(OSError), socket.create_connection((self.ip, self.port), 0.5):
-                return
-            time.sleep(0.1)
+        if self._await_ready(self._listening, timeout):
+            return
+        if self.process is not None and self.process.poll() is not None:
+            raise DevServerError(
+                f"temporal server exited with code {self.process.returncode}; see {self.log_path}"
+            )
         raise DevServerError(f"temporal server did not listen on {self.address} in {timeout:g}s")
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL) and release the lock."""
-        if self.process is not None:
-            stop_child(self.process, timeout)
-        self.process = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self._stop_child(timeout)
         if self._lock is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
             self._lock = None
-
-    def __enter__(self) -> DevServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -22,22 +22,14 @@ import asyncio
 import contextlib
 import importlib.util
 import os
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import IO
+from typing import Self
 
 from aiworker.schemas.settings import Settings
-from aiworker.workers.devserver import (
-    DevServerError,
-    free_port,
-    port_free,
-    spawn_child,
-    stop_child,
-)
+from aiworker.workers.devserver import ChildServer, DevServerError, free_port, port_free
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -141,7 +133,7 @@ def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     return " | ".join(kept) or "(empty log)"
 
 
-class ModelServer:
+class ModelServer(ChildServer):
     """One ``llama-server`` child process serving the local model on loopback.
 
     Args:
@@ -161,22 +153,17 @@ class ModelServer:
         binary: Path | None = None,
         model: Path | None = None,
     ) -> None:
+        super().__init__()
         self.log_path = log_path
         self.host = host
         self.port = port
         self.binary = binary
         self.model = model
-        self.process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
 
     @property
     def base_url(self) -> str:
         """The OpenAI-compatible API root (``.../v1``)."""
         return f"http://{self.host}:{self.port}/v1"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
 
     def spawn(self) -> ModelServer:
         """Start the process without waiting for the model to load (see :meth:`wait_ready`)."""
@@ -193,11 +180,7 @@ class ModelServer:
                 f"port {self.port} on {self.host} (local model server) is in use; free it "
                 "or choose another"
             )
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
-        self.process = spawn_child(
-            [str(binary), *server_args(model, self.host, self.port)], self._log
-        )
+        self._spawn([str(binary), *server_args(model, self.host, self.port)])
         return self
 
     def failure(self) -> str | None:
@@ -222,20 +205,17 @@ class ModelServer:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait until ``/health`` says ready; ``ModelServerError`` if it dies or is late."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            problem = self.failure()
-            if problem is not None:
-                raise ModelServerError(problem)
-            if self.healthy():
-                return
-            time.sleep(0.1)
+        if self._await_ready(self.healthy, timeout):
+            return
+        problem = self.failure()
+        if problem is not None:
+            raise ModelServerError(problem)
         raise ModelServerError(
             f"the local model server was not ready on {self.host}:{self.port} in "
             f"{timeout:g}s; last lines of {self.log_path}: {log_tail(self.log_path)}"
         )
 
-    def start(self, timeout: float = 60.0) -> ModelServer:
+    def start(self, timeout: float = 60.0) -> Self:
         """Start the server and wait until it is ready; stopped again on any failure."""
         try:
             self.spawn()
@@ -244,15 +224,6 @@ class ModelServer:
             self.stop()
             raise
         return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the server by PID and process group (SIGTERM, then SIGKILL)."""
-        if self.process is not None:
-            stop_child(self.process, timeout)
-        self.process = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
     async def watch(self, stop: asyncio.Event) -> str | None:
         """Until ``stop`` is set, notice the server stopping (killed from outside,
@@ -267,12 +238,6 @@ class ModelServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
         return None
-
-    def __enter__(self) -> ModelServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 async def end_watch(watcher: asyncio.Task[str | None]) -> None:
