@@ -258,16 +258,12 @@ def model_configured(settings: Settings) -> bool:
     configured: the worker's start reports its problem, and no local model
     hides it.
     """
-    if settings.llm_base_url or settings.llm_model or settings.llm_api_key:
-        return True
-    if settings.models_file is None:
-        return False
-    from aiworker.activities.llm import ModelsFileError, parse_models_file
+    from aiworker.activities.llm import ModelsFileError
+    from aiworker.workers.pipeline_settings import model_aliases
 
     try:
-        text = settings.models_file.read_text("utf-8")
-        return "default" in parse_models_file(text).models
-    except (OSError, ModelsFileError):
+        return "default" in (model_aliases(settings) or ())
+    except ModelsFileError:
         return True
 
 
