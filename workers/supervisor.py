@@ -280,9 +280,10 @@ def _say_summary(outcome: dict[str, Any]) -> None:
     """The demo's LLM summary: what the model said, or why it did not."""
     step = (outcome.get("steps") or {}).get("summary") or {}
     outputs = step.get("outputs") or {}
-    if step.get("status") == "succeeded" and isinstance(outputs.get("text"), str):
+    if step.get("status") in ("succeeded", "partial") and isinstance(outputs.get("text"), str):
         text = " ".join(outputs["text"].split())
-        print(f"LLM summary:     {text}", flush=True)
+        cut = " [cut at max_tokens]" if outputs.get("finish_reason") == "length" else ""
+        print(f"LLM summary:     {text}{cut}", flush=True)
     elif step.get("status") not in (None, "skipped"):
         why = step.get("error_code") or step.get("status")
         print(f"LLM summary:     {why}: {step.get('error_message') or ''}".rstrip(), flush=True)
