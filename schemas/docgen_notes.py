@@ -116,6 +116,9 @@ SETTINGS: dict[str, str] = {
     "llm_provider": "the `default` model alias: `openai` (any OpenAI-compatible server) or "
     "`anthropic`",
     "models_file": "a JSON file of more model aliases",
+    "local_model": "`aiworker dev` and `demo` start the bundled local model (llama.cpp's "
+    "llama-server with SmolLM2-135M-Instruct) as the `default` alias when no model is "
+    "configured; false turns that off (as `--no-model` does)",
     "rate_limits": "rate limits per worker and tenant, e.g. "
     "`web-scrape:acme=600/min,llm-call:*=60/min`",
     "log_level": "level of the JSON log lines on stderr",
