@@ -216,3 +216,40 @@ async def test_a_tiny_timeout_is_a_timeout(local_stack: Stack) -> None:
     step = result.steps["ask"]
     assert (result.status, step.status, step.error_code) == ("failed", "failed", "timeout"), step
     assert step.attempts == 1
+
+
+@pytest.mark.timeout(150)
+async def test_an_agent_on_the_local_model_ends_in_a_clean_terminal_state(
+    local_stack: Stack, proxy: Proxy
+) -> None:
+    """The 135M model is too small to call tools reliably: with one tool and a
+    few turns, the run only has to end cleanly, whatever the model does (an
+    answer, a bad tool call returned to it, or a bound), never `internal`."""
+    pipeline = {
+        "name": "local-agent",
+        "tenant": "acme",
+        "steps": [
+            {
+                "id": "agent",
+                "worker": "llm-agent",
+                "input": {
+                    "prompt": 'Check that {"price": 3} has a number price, then say done.',
+                    "model": "default",
+                    "tools": ["validator"],
+                    "max_turns": 3,
+                    "max_tokens": 48,
+                },
+            }
+        ],
+    }
+    handle = await local_stack.start(pipeline)
+    result: PipelineResult = await handle.result()
+    assert result.status in ("succeeded", "partial", "failed", "budget_exhausted"), result
+    step = result.steps["agent"]
+    assert step.error_code in (None, "budget_exceeded", "invalid_output"), step
+    assert step.error_code != "internal"
+    # the model was really asked (at least one turn went through the proxy)
+    assert proxy.exchanges, "no request reached the local model"
+    outputs = step.outputs or {}
+    assert 1 <= outputs.get("turns", 0) <= 3, outputs
+    assert isinstance(outputs.get("transcript"), list) and outputs["transcript"]
