@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from conftest import running_stack
 from fixtures.conditional_site import ConditionalSite, Page
 from support.loopback import serve
 from support.payloads import stack_settings
+from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.breakers import BreakerRegistry
@@ -276,3 +278,42 @@ def test_a_shard_keeps_a_bounded_number_of_entries(tmp_path: Path) -> None:
         backend._write(backend.path_for("acme", f"ab{i:062d}"), b"{}", 1000.0 + i, 5000.0 + i)
     left = sorted(p.stem[:3] + p.stem[-1] for p in (tmp_path / "revalidate").rglob("*.json"))
     assert left == ["ab02", "ab03", "ab04"]
+
+
+async def test_a_scheduled_pipeline_rerun_costs_one_304_on_temporal(
+    client: Client, settings: Settings, site: tuple[ConditionalSite, str]
+) -> None:
+    """The product-watch case: the same pipeline twice on a real Temporal server;
+    the second run asks once, conditionally, gets a 304, and its validator and
+    output read the previous extraction."""
+    s, base = site
+    pipeline = {
+        "name": "watch",
+        "tenant": "acme",
+        "inputs": {"url": base + "/etag"},
+        "steps": [
+            {"id": "scrape", "worker": "web-scrape",
+             "input": {"url": "${{ inputs.url }}", "extraction_spec": H1}},
+            {"id": "check", "worker": "validator", "depends_on": ["scrape"],
+             "input": {"data": "${{ steps.scrape.outputs.data }}",
+                       "schema": {"type": "object", "required": ["h1"]}}},
+        ],
+        "output": {"h1": "${{ steps.scrape.outputs.data.h1 }}",
+                   "unchanged": "${{ steps.scrape.outputs.source.not_modified }}"},
+    }  # fmt: skip
+    tools = scrape_tools(settings, breakers=BreakerRegistry("host", failure_threshold=10_000))
+    try:
+        async with running_stack(client, settings, tools=tools) as stack:
+            first = await (await stack.start(pipeline)).result()
+            seen = len(s.page_hits("/etag"))
+            second = await (await stack.start(pipeline)).result()
+    finally:
+        await tools["fetch_url"].aclose()
+    assert seen == 1
+    assert [(h.if_none_match, h.status) for h in s.page_hits("/etag")[seen:]] == [('"v1"', 304)]
+    assert (first.status, second.status) == ("succeeded", "succeeded")
+    assert first.output == {"h1": "version 1", "unchanged": False}
+    assert second.output == {"h1": "version 1", "unchanged": True}
+    assert second.steps["check"].status == "succeeded"
+    assert second.steps["scrape"].artifacts == first.steps["scrape"].artifacts
+    assert second.usage.external_calls == first.usage.external_calls == 1
