@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,16 +15,19 @@ import pytest
 import pytest_asyncio
 from conftest import running_stack
 from fixtures.conditional_site import ConditionalSite, Page
+from fixtures.s3 import MotoS3, bucket, conn, moto_s3  # noqa: F401  (fixtures)
 from support.loopback import serve
 from support.payloads import stack_settings
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
+from aiworker.activities.artifacts_s3 import S3ArtifactStore, S3Connection
 from aiworker.activities.breakers import BreakerRegistry
+from aiworker.activities.lineage import FileLineageIndex, RecordingArtifactStore
 from aiworker.activities.runtime import WorkerRuntime
-from aiworker.activities.step_cache import FileCacheBackend
+from aiworker.activities.step_cache import FileCacheBackend, S3CacheBackend
 from aiworker.activities.tools import scrape_tools
-from aiworker.activities.tools.revalidate import canonical_url
+from aiworker.activities.tools.revalidate import MAX_PER_SHARD, PageValidators, canonical_url
 from aiworker.activities.web_scrape import WebScrape
 from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.protocol import WorkerResponse
@@ -317,3 +321,21 @@ async def test_a_scheduled_pipeline_rerun_costs_one_304_on_temporal(
     assert second.steps["check"].status == "succeeded"
     assert second.steps["scrape"].artifacts == first.steps["scrape"].artifacts
     assert second.usage.external_calls == first.usage.external_calls == 1
+
+
+async def test_s3_entries_sit_beside_the_artifacts_bounded_per_shard(
+    moto_s3: MotoS3, bucket: str, conn: S3Connection
+) -> None:
+    store = RecordingArtifactStore(S3ArtifactStore(conn, bucket, "art"), FileLineageIndex(Path()))
+    backend = PageValidators.beside(store, Path("/nonexistent")).backend
+    assert isinstance(backend, S3CacheBackend)
+    assert (backend.area, backend.max_per_shard) == ("_revalidate", MAX_PER_SHARD)
+    backend.max_per_shard = 2
+    keys = [f"cd{i:062d}" for i in range(3)]
+    for key in keys:
+        await backend.write("acme", key, b"{}", now=time.time(), ttl=60)
+    page = moto_s3.client().list_objects_v2(Bucket=bucket, Prefix="art/_revalidate/acme/cd/")
+    left = [o["Key"].rsplit("/", 1)[1] for o in page.get("Contents", [])]
+    assert len(left) == 2 and f"{keys[-1]}.json" in left
+    assert await backend.read("acme", keys[-1]) == b"{}"
+    assert await backend.read("other", keys[-1]) is None
