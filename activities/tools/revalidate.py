@@ -122,6 +122,11 @@ def usable_validators(page: FetchResult) -> dict[str, str]:
     return out
 
 
+def _dump(value: Any) -> bytes:
+    # Not canonical_json: the outputs keep their key order, as a fresh scrape's.
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
 @dataclass
 class NotModified:
     """A ``304``: the remembered outputs with this request's ``source``."""
@@ -245,7 +250,7 @@ class Revalidation:
             "source": source,
         }
         try:
-            body = canonical_json(kept)
+            body = _dump(kept)
             if len(body) > MAX_INLINE_OUTPUTS:
                 ref = await self._owner.store.put(self.tenant, body, "application/json")
                 entry["outputs_ref"] = ref.model_dump(mode="json")
@@ -254,7 +259,7 @@ class Revalidation:
             now = self._owner.clock()
             entry["stored_at"] = now
             await self._owner.backend.write(
-                self.tenant, self.key, canonical_json(entry), now=now, ttl=KEEP_SECONDS
+                self.tenant, self.key, _dump(entry), now=now, ttl=KEEP_SECONDS
             )
         except Exception as e:  # the result stands; only the next request's condition is lost
             log.warning(
