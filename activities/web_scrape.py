@@ -75,7 +75,11 @@ class WebScrape(Worker):
                 outputs=page.outputs,
                 warnings=[WarningInfo(**w) for w in page.outputs["warnings"]],
                 artifacts=page.artifacts,
-                log_fields={"final_url": page.outputs["source"]["final_url"], "status_code": 304},
+                log_fields={
+                    "final_url": page.outputs["source"]["final_url"],
+                    "status_code": 304,
+                    "not_modified": True,
+                },
             )
         media_type = page.content_type.split(";", 1)[0].strip() or "text/html"
         ref = await store.put(ctx.request.tenant, page.body, media_type)
