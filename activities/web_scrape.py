@@ -1,17 +1,20 @@
 """The ``web-scrape`` worker: fetch a page, extract what a spec asks, normalize it.
 
-Input ``{url, extraction_spec, user_agent?, respect_robots?, allow_domains?}``;
+Input ``{url, extraction_spec, user_agent?, respect_robots?, allow_domains?, cache?}``;
 output ``{data, source, warnings}``. The extraction spec is compiled before
 any fetch (a bad spec is ``invalid_input`` and costs no request). The raw
 page goes to the artifact store and travels as an ``ArtifactRef``, never
 inline. Fetch failures carry their codes from the ``fetch_url`` tool; a page
 whose markup lost required fields returns ``partial`` with one warning per
-missing field.
+missing field. Conditional requests (``activities.tools.revalidate``): a
+page that answers ``304`` returns the previous extraction with
+``source.not_modified: true``; ``cache: "off"`` turns them off.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from aiworker.activities.artifacts import ArtifactStore
@@ -19,7 +22,8 @@ from aiworker.activities.errors import InvalidInputError
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.activities.tools.extract import HtmlParser
-from aiworker.activities.tools.fetch import FetchTool
+from aiworker.activities.tools.fetch import FetchResult, FetchTool
+from aiworker.activities.tools.revalidate import NotModified, PageValidators
 from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.extraction_spec import SpecError
 from aiworker.schemas.protocol import WarningInfo
@@ -47,15 +51,36 @@ class WebScrape(Worker):
             ) from None
         store: ArtifactStore = ctx.tools.use("artifact_store")
         fetcher: FetchTool = ctx.tools.use("fetch_url")
-        remaining = ctx.remaining()
-        margin = min(_MAX_MARGIN_SECONDS, max(_MIN_MARGIN_SECONDS, remaining * _DEADLINE_MARGIN))
-        page = await fetcher.fetch(
-            input["url"],
-            timeout=max(0.001, remaining - margin),
-            user_agent=input.get("user_agent"),
-            respect_robots=input.get("respect_robots", True),
-            allow_domains=input.get("allow_domains"),
+
+        async def fetch(conditional: tuple[str, Mapping[str, str]] | None) -> FetchResult:
+            remaining = ctx.remaining()
+            margin = min(
+                _MAX_MARGIN_SECONDS, max(_MIN_MARGIN_SECONDS, remaining * _DEADLINE_MARGIN)
+            )
+            return await fetcher.fetch(
+                input["url"],
+                timeout=max(0.001, remaining - margin),
+                user_agent=input.get("user_agent"),
+                respect_robots=input.get("respect_robots", True),
+                allow_domains=input.get("allow_domains"),
+                conditional=conditional,
+            )
+
+        revalidation = PageValidators.beside(store, ctx.settings.data_dir).session(
+            ctx.tenant, input, self.spec.version, enabled=input.get("cache", "on") != "off"
         )
+        page = await revalidation.fetch(fetch)
+        if isinstance(page, NotModified):
+            return WorkerResult(
+                outputs=page.outputs,
+                warnings=[WarningInfo(**w) for w in page.outputs["warnings"]],
+                artifacts=page.artifacts,
+                log_fields={
+                    "final_url": page.outputs["source"]["final_url"],
+                    "status_code": 304,
+                    "not_modified": True,
+                },
+            )
         media_type = page.content_type.split(";", 1)[0].strip() or "text/html"
         ref = await store.put(ctx.request.tenant, page.body, media_type)
         if len(page.text) > _INLINE_PARSE_CHARS:
@@ -65,8 +90,12 @@ class WebScrape(Worker):
             result = parser.extract(page.text, spec, page.final_url)
         source = page.source()
         source["redirects"] = page.redirects
+        source["not_modified"] = False
+        outputs = {"data": result.data, "source": source, "warnings": result.warnings}
+        if not result.missing_required:
+            await revalidation.remember(page, ref, outputs)
         return WorkerResult(
-            outputs={"data": result.data, "source": source, "warnings": result.warnings},
+            outputs=outputs,
             status="partial" if result.missing_required else "succeeded",
             warnings=[WarningInfo(**w) for w in result.warnings],
             artifacts=[ref],
