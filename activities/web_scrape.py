@@ -6,7 +6,8 @@ any fetch (a bad spec is ``invalid_input`` and costs no request). The raw
 page goes to the artifact store and travels as an ``ArtifactRef``, never
 inline. Fetch failures carry their codes from the ``fetch_url`` tool; a page
 whose markup lost required fields returns ``partial`` with one warning per
-missing field.
+missing field. ``extraction_spec.content`` adds ``data.content``, the page's
+main text as text and Markdown (:mod:`aiworker.activities.tools.content`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from aiworker.activities.artifacts import ArtifactStore
 from aiworker.activities.errors import InvalidInputError
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
+from aiworker.activities.tools.content import main_content
 from aiworker.activities.tools.extract import HtmlParser
 from aiworker.activities.tools.fetch import FetchTool
 from aiworker.schemas.catalog import builtin_spec
@@ -63,11 +65,23 @@ class WebScrape(Worker):
             result = await asyncio.to_thread(parser.extract, page.text, spec, page.final_url)
         else:
             result = parser.extract(page.text, spec, page.final_url)
+        partial = bool(result.missing_required)
+        if spec.content is not None:
+            content = await main_content(
+                page.text,
+                spec.content,
+                page.final_url,
+                max_chars=spec.max_content_chars,
+                timeout=ctx.remaining() - margin,
+            )
+            result.data["content"] = content.content
+            result.warnings.extend(content.warnings)
+            partial = partial or content.partial
         source = page.source()
         source["redirects"] = page.redirects
         return WorkerResult(
             outputs={"data": result.data, "source": source, "warnings": result.warnings},
-            status="partial" if result.missing_required else "succeeded",
+            status="partial" if partial else "succeeded",
             warnings=[WarningInfo(**w) for w in result.warnings],
             artifacts=[ref],
             log_fields={
