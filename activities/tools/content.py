@@ -91,10 +91,10 @@ def extract_content(html: str, mode: str, base_url: str) -> dict[str, Any]:
     if mode == "article":
         doc = trafilatura.bare_extraction(tree, url=base_url, **ARTICLE_OPTIONS)
         if isinstance(doc, trafilatura.settings.Document) and doc.body is not None:
-            out["markdown"] = xmltotxt(copy.deepcopy(doc.body), True).strip()
-            plain = copy.deepcopy(doc.body)
+            plain = copy.deepcopy(doc.body)  # rendering changes the tree: text from a copy
             strip_tags(plain, "ref")  # link text stays, its target goes
             out["text"] = xmltotxt(plain, False).strip()
+            out["markdown"] = xmltotxt(doc.body, True).strip()
             meta = doc
         else:
             meta = trafilatura.extract_metadata(tree, base_url)
