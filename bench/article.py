@@ -15,84 +15,63 @@ Markdown output.
 
 from __future__ import annotations
 
-import logging
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import trafilatura
-from prometheus_client import CollectorRegistry
 
 from aiworker.activities.call_telemetry import observe_call
-from aiworker.activities.metrics import WorkerMetrics
-from aiworker.activities.runtime import WorkerRuntime
-from aiworker.activities.tools import scrape_tools
 from aiworker.activities.tools.content import ARTICLE_OPTIONS
 from aiworker.activities.web_scrape import WebScrape
-from aiworker.schemas.catalog import load_specs
-from aiworker.schemas.settings import Settings
+from bench.common import interleaved, scrape_runtime
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from fixtures.article_site import FIRST, ArticleSite
+from fixtures.article_site import FIRST, handle
+from support.loopback import serve
 
 
 async def run(quick: bool = False) -> dict[str, Any]:
     pages = 40 if quick else 200
-    logging.getLogger("aiworker.worker").addHandler(logging.NullHandler())
-    logging.getLogger("aiworker.worker").propagate = False
-    site = ArticleSite().start()
-    with tempfile.TemporaryDirectory(prefix="aiworker-bench-article-") as tmp:
-        settings = Settings(data_dir=Path(tmp), metrics_port=0, allow_private_networks=True)
-        tools = scrape_tools(settings)
-        runtime = WorkerRuntime(
-            settings, load_specs(), tools=tools, metrics=WorkerMetrics(CollectorRegistry())
-        )
-        worker = WebScrape()
-        client = httpx.AsyncClient(timeout=30)
-        seq = 0
+    worker = WebScrape()
+    seq = 0
 
-        def url() -> str:
-            return site.url(f"/news/{seq}")
+    def next_page() -> None:
+        nonlocal seq
+        seq += 1  # a new page each round, the same page for both paths
 
-        async def via_worker() -> None:
-            request = {
-                "worker_id": "web-scrape",
-                "idempotency_key": f"bench-article/{seq}",
-                "tenant": "bench",
-                "input": {"url": url(), "extraction_spec": {"content": "article"}},
-            }
-            with observe_call(worker.worker_id, runtime.metrics):
-                resp = await runtime.run(worker, request)
-            assert FIRST in resp.outputs["data"]["content"]["markdown"]
+    with serve(handle) as site:
+        async with (
+            scrape_runtime("aiworker-bench-article-") as runtime,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
 
-        async def direct() -> None:
-            page = await client.get(url())
-            page.raise_for_status()
-            markdown = trafilatura.extract(
-                page.text, url=str(page.url), output_format="markdown", **ARTICLE_OPTIONS
-            )
-            assert markdown is not None and FIRST in markdown
+            async def via_worker() -> None:
+                request = {
+                    "worker_id": "web-scrape",
+                    "idempotency_key": f"bench-article/{seq}",
+                    "tenant": "bench",
+                    "input": {
+                        "url": site.url(f"/news/{seq}"),
+                        "extraction_spec": {"content": "article"},
+                    },
+                }
+                with observe_call(worker.worker_id, runtime.metrics):
+                    resp = await runtime.run(worker, request)
+                assert FIRST in resp.outputs["data"]["content"]["markdown"]
 
-        try:
-            for _ in range(10):  # warm up both paths (connections, robots.txt, imports)
-                seq += 1
-                await via_worker()
-                await direct()
-            spent = {"worker": 0.0, "direct": 0.0}
-            for i in range(pages):
-                seq += 1  # a new page each round, the same page for both paths
-                order = (("direct", direct), ("worker", via_worker))
-                for name, fn in order if i % 2 else order[::-1]:
-                    t0 = time.perf_counter()
-                    await fn()
-                    spent[name] += time.perf_counter() - t0
-        finally:
-            await client.aclose()
-            await tools["fetch_url"].aclose()
-            site.stop()
+            async def direct() -> None:
+                page = await client.get(site.url(f"/news/{seq}"))
+                page.raise_for_status()
+                markdown = trafilatura.extract(
+                    page.text, url=str(page.url), output_format="markdown", **ARTICLE_OPTIONS
+                )
+                assert markdown is not None and FIRST in markdown
+
+            paths = {"worker": via_worker, "direct": direct}
+            await interleaved(10, paths, next_page)  # warm-up: connections, robots.txt
+            spent = await interleaved(pages, paths, next_page)
     worker_ps, direct_ps = pages / spent["worker"], pages / spent["direct"]
     ratio = worker_ps / direct_ps
     print(

@@ -26,9 +26,9 @@ from fixtures.article_site import (  # noqa: F401  (module fixture)
     LINK_HREF,
     LINK_TEXT,
     LIST_ITEMS,
-    ArticleSite,
     article_site,
 )
+from support.loopback import Loopback
 from support.payloads import stack_settings
 from temporalio.client import Client
 
@@ -71,7 +71,7 @@ def scrape(sid: str, url: str, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def test_content_through_a_pipeline(stack: Stack, article_site: ArticleSite) -> None:
+async def test_content_through_a_pipeline(stack: Stack, article_site: Loopback) -> None:
     u = article_site.url
     pipeline = {
         "name": "content-test",
