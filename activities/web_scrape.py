@@ -19,7 +19,6 @@ from aiworker.activities.artifacts import ArtifactStore
 from aiworker.activities.errors import InvalidInputError
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
-from aiworker.activities.tools.content import main_content
 from aiworker.activities.tools.extract import HtmlParser
 from aiworker.activities.tools.fetch import FetchTool
 from aiworker.schemas.catalog import builtin_spec
@@ -67,6 +66,10 @@ class WebScrape(Worker):
             result = parser.extract(page.text, spec, page.final_url)
         partial = bool(result.missing_required)
         if spec.content is not None:
+            # imported on first use: trafilatura takes ~0.2 s to import, which a
+            # process whose steps never ask for content should not pay
+            from aiworker.activities.tools.content import main_content
+
             content = await main_content(
                 page.text,
                 spec.content,
