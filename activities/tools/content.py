@@ -122,6 +122,13 @@ async def main_content(
 
     Warnings (``field`` is ``content``): ``no_main_content`` and
     ``content_timeout`` make the result ``partial``; ``truncated`` does not.
+
+    Args:
+        html: the decoded page (already capped in size by the fetcher).
+        mode: ``"article"`` or ``"page"``.
+        base_url: the page's final URL, to make links absolute.
+        max_chars: ``max_content_chars``, or ``None`` for no cut.
+        timeout: seconds left for the extraction (the step's remaining time).
     """
     loop = asyncio.get_running_loop()
     try:
