@@ -9,6 +9,8 @@ whose markup lost required fields returns ``partial`` with one warning per
 missing field. Conditional requests (``activities.tools.revalidate``): a
 page that answers ``304`` returns the previous extraction with
 ``source.not_modified: true``; ``cache: "off"`` turns them off.
+``extraction_spec.content`` adds ``data.content``, the page's main text as
+text and Markdown (:mod:`aiworker.activities.tools.content`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ _MAX_MARGIN_SECONDS = 1.0
 _INLINE_PARSE_CHARS = 512 * 1024
 
 
+def _time_left(remaining: float) -> float:
+    """What a fetch or an extraction may take of the call's ``remaining`` seconds."""
+    margin = min(_MAX_MARGIN_SECONDS, max(_MIN_MARGIN_SECONDS, remaining * _DEADLINE_MARGIN))
+    return max(0.001, remaining - margin)
+
+
 class WebScrape(Worker):
     """Fetches one page and extracts the fields of an ``extraction_spec``."""
 
@@ -53,13 +61,9 @@ class WebScrape(Worker):
         fetcher: FetchTool = ctx.tools.use("fetch_url")
 
         async def fetch(conditional: tuple[str, Mapping[str, str]] | None) -> FetchResult:
-            remaining = ctx.remaining()
-            margin = min(
-                _MAX_MARGIN_SECONDS, max(_MIN_MARGIN_SECONDS, remaining * _DEADLINE_MARGIN)
-            )
             return await fetcher.fetch(
                 input["url"],
-                timeout=max(0.001, remaining - margin),
+                timeout=_time_left(ctx.remaining()),
                 user_agent=input.get("user_agent"),
                 respect_robots=input.get("respect_robots", True),
                 allow_domains=input.get("allow_domains"),
@@ -88,15 +92,31 @@ class WebScrape(Worker):
             result = await asyncio.to_thread(parser.extract, page.text, spec, page.final_url)
         else:
             result = parser.extract(page.text, spec, page.final_url)
+        partial = bool(result.missing_required)
+        if spec.content is not None:
+            # imported on first use: trafilatura takes ~0.2 s to import, which a
+            # process whose steps never ask for content should not pay
+            from aiworker.activities.tools.content import main_content
+
+            content = await main_content(
+                page.text,
+                spec.content,
+                page.final_url,
+                max_chars=spec.max_content_chars,
+                timeout=_time_left(ctx.remaining()),
+            )
+            result.data["content"] = content.content
+            result.warnings.extend(content.warnings)
+            partial = partial or content.partial
         source = page.source()
         source["redirects"] = page.redirects
         source["not_modified"] = False
         outputs = {"data": result.data, "source": source, "warnings": result.warnings}
-        if not result.missing_required:
+        if not partial:  # only a succeeded extraction is remembered
             await revalidation.remember(page, ref, outputs)
         return WorkerResult(
             outputs=outputs,
-            status="partial" if result.missing_required else "succeeded",
+            status="partial" if partial else "succeeded",
             warnings=[WarningInfo(**w) for w in result.warnings],
             artifacts=[ref],
             log_fields={

@@ -273,8 +273,13 @@ WORKERS: dict[str, WorkerNotes] = {
             "relative to it",
             "input.extraction_spec.metadata": "add `data.metadata`: title, description, canonical "
             "URL, language, OpenGraph, JSON-LD",
+            "input.extraction_spec.content": "add `data.content`: `article` the main text "
+            "(boilerplate removed), `page` all visible text; each as `text` and `markdown`, "
+            "with title, byline, published date, language",
+            "input.extraction_spec.max_content_chars": "cut `data.content.text` and `.markdown` "
+            "to this many characters (a `truncated` warning)",
             "input.user_agent": "the User-Agent header (printable ASCII)",
-            "output.data": "the extracted fields by name (and `metadata`)",
+            "output.data": "the extracted fields by name (and `metadata`, `content`)",
             "output.source": "how the page was fetched",
             "output.source.url": "the URL asked for",
             "output.source.final_url": "the URL after redirects",
@@ -286,7 +291,8 @@ WORKERS: dict[str, WorkerNotes] = {
             "output.source.sha256": "the body's hash (the artifact's name)",
             "output.source.elapsed_ms": "fetch time",
             "output.source.redirects": "each URL redirected through",
-            "output.warnings": "what is missing: a field with no match, skipped JSON-LD",
+            "output.warnings": "what is missing: a field with no match, skipped JSON-LD, "
+            "no main content (`partial`), truncated content",
         },
         note="A field takes the element's normalized text unless `attr` names an attribute "
         "or `html` is true; `type` converts it; `many` takes every match; nested `fields` "
