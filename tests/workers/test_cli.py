@@ -308,17 +308,18 @@ async def test_demo_runs_the_bundled_pipeline_offline(tmp_path: Path) -> None:
     assert "LLM summary:     skipped" in out and "Local model:" not in out
     # a short table of the steps, not the result JSON (`demo --json` prints that)
     table = out[out.index("demo-shop-catalog succeeded in ") :].splitlines()
-    assert [row.split()[:4] for row in table[1:9]] == [
+    assert [row.split()[:4] for row in table[1:10]] == [
         ["step", "worker", "status", "attempts"],
         ["shop", "web-scrape", "succeeded", "1"],
         ["partner", "web-scrape", "succeeded", "1"],
         ["catalog", "aggregator", "succeeded", "1"],
         ["pages", "web-scrape", "succeeded", "3/3"],
         ["check", "validator", "succeeded", "1"],
+        ["guide", "web-scrape", "succeeded", "1"],
         ["summary", "llm-call", "skipped", "0"],
         ["publish", "publish", "succeeded", "1"],
     ], out
-    assert table[9].startswith('output: {"catalog": ') and table[10].startswith("workflow: ")
+    assert table[10].startswith('output: {"catalog": ') and table[11].startswith("workflow: ")
     assert '"status": "succeeded"' not in out
     sink = data / "sinks" / "demo" / "catalog.jsonl"
     records = [json.loads(line) for line in sink.read_text().splitlines()]
