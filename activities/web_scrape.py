@@ -1,19 +1,25 @@
 """The ``web-scrape`` worker: fetch a page, extract what a spec asks, normalize it.
 
 Input ``{url, extraction_spec?, discover?, user_agent?, respect_robots?,
-allow_domains?}``; output ``{data, source, warnings}``; ``discover`` adds
-``data.urls`` (``activities/tools/discover.py``). The extraction spec is compiled before
-any fetch (a bad spec is ``invalid_input`` and costs no request). The raw
+allow_domains?, cache?}``; output ``{data, source, warnings}``. The extraction
+spec is compiled before any fetch (a bad spec is ``invalid_input`` and costs no request). The raw
 page goes to the artifact store and travels as an ``ArtifactRef``, never
 inline. Fetch failures carry their codes from the ``fetch_url`` tool; a page
 whose markup lost required fields returns ``partial`` with one warning per
-missing field.
+missing field. Conditional requests (``activities.tools.revalidate``): a
+page that answers ``304`` returns the previous extraction with
+``source.not_modified: true``; ``cache: "off"`` turns them off.
+``extraction_spec.content`` adds ``data.content``, the page's main text as
+text and Markdown (:mod:`aiworker.activities.tools.content`). ``discover``
+adds ``data.urls`` (:mod:`aiworker.activities.tools.discover`); a step with
+it makes no conditional request (a page that did not change says nothing of
+its sitemaps).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Mapping
 from typing import Any
 
 from aiworker.activities.artifacts import ArtifactStore
@@ -22,7 +28,8 @@ from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.activities.tools.discover import discover_urls
 from aiworker.activities.tools.extract import Extraction, HtmlParser
-from aiworker.activities.tools.fetch import FetchTool
+from aiworker.activities.tools.fetch import FetchResult, FetchTool
+from aiworker.activities.tools.revalidate import NotModified, PageValidators
 from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.discover_spec import compile_discover
 from aiworker.schemas.extraction_spec import SpecError
@@ -34,6 +41,12 @@ _DEADLINE_MARGIN = 0.1
 _MIN_MARGIN_SECONDS = 0.05
 _MAX_MARGIN_SECONDS = 1.0
 _INLINE_PARSE_CHARS = 512 * 1024
+
+
+def _time_left(remaining: float) -> float:
+    """What a fetch or an extraction may take of the call's ``remaining`` seconds."""
+    margin = min(_MAX_MARGIN_SECONDS, max(_MIN_MARGIN_SECONDS, remaining * _DEADLINE_MARGIN))
+    return max(0.001, remaining - margin)
 
 
 class WebScrape(Worker):
@@ -61,13 +74,11 @@ class WebScrape(Worker):
             )
         store: ArtifactStore = ctx.tools.use("artifact_store")
         fetcher: FetchTool = ctx.tools.use("fetch_url")
-        remaining = ctx.remaining()
-        margin = min(_MAX_MARGIN_SECONDS, max(_MIN_MARGIN_SECONDS, remaining * _DEADLINE_MARGIN))
-        budget = max(0.001, remaining - margin)
-        started = time.monotonic()
         if find is not None and not find.links and spec is None:
             # Sitemaps only: the page itself is not fetched.
-            urls, found = await discover_urls(fetcher, find, input, None, budget)
+            urls, found = await discover_urls(
+                fetcher, find, input, None, _time_left(ctx.remaining())
+            )
             return WorkerResult(
                 outputs={
                     "data": {"urls": urls},
@@ -78,38 +89,80 @@ class WebScrape(Worker):
                 warnings=[WarningInfo(**w) for w in found.warnings],
                 log_fields={"urls": len(urls), "discover_fetches": found.fetches},
             )
-        page = await fetcher.fetch(
-            input["url"],
-            timeout=budget,
-            user_agent=input.get("user_agent"),
-            respect_robots=input.get("respect_robots", True),
-            allow_domains=input.get("allow_domains"),
+
+        async def fetch(conditional: tuple[str, Mapping[str, str]] | None) -> FetchResult:
+            return await fetcher.fetch(
+                input["url"],
+                timeout=_time_left(ctx.remaining()),
+                user_agent=input.get("user_agent"),
+                respect_robots=input.get("respect_robots", True),
+                allow_domains=input.get("allow_domains"),
+                conditional=conditional,
+            )
+
+        revalidation = PageValidators.beside(store, ctx.settings.data_dir).session(
+            ctx.tenant,
+            input,
+            self.spec.version,
+            enabled=input.get("cache", "on") != "off" and find is None,
         )
+        page = await revalidation.fetch(fetch)
+        if isinstance(page, NotModified):
+            return WorkerResult(
+                outputs=page.outputs,
+                warnings=[WarningInfo(**w) for w in page.outputs["warnings"]],
+                artifacts=page.artifacts,
+                log_fields={
+                    "final_url": page.outputs["source"]["final_url"],
+                    "status_code": 304,
+                    "not_modified": True,
+                },
+            )
         media_type = page.content_type.split(";", 1)[0].strip() or "text/html"
         ref = await store.put(ctx.request.tenant, page.body, media_type)
         result = Extraction(data={})
-        if spec is not None:
-            if len(page.text) > _INLINE_PARSE_CHARS:
-                # Big pages parse in a thread so the event loop keeps serving other activities.
-                result = await asyncio.to_thread(parser.extract, page.text, spec, page.final_url)
-            else:
-                result = parser.extract(page.text, spec, page.final_url)
-        source = page.source()
-        source["redirects"] = page.redirects
-        status = "partial" if result.missing_required else "succeeded"
-        outputs = {"data": result.data, "source": source, "warnings": result.warnings}
+        if spec is None:
+            pass
+        elif len(page.text) > _INLINE_PARSE_CHARS:
+            # Big pages parse in a thread so the event loop keeps serving other activities.
+            result = await asyncio.to_thread(parser.extract, page.text, spec, page.final_url)
+        else:
+            result = parser.extract(page.text, spec, page.final_url)
+        partial = bool(result.missing_required)
+        if spec is not None and spec.content is not None:
+            # imported on first use: trafilatura takes ~0.2 s to import, which a
+            # process whose steps never ask for content should not pay
+            from aiworker.activities.tools.content import main_content
+
+            content = await main_content(
+                page.text,
+                spec.content,
+                page.final_url,
+                max_chars=spec.max_content_chars,
+                timeout=_time_left(ctx.remaining()),
+            )
+            result.data["content"] = content.content
+            result.warnings.extend(content.warnings)
+            partial = partial or content.partial
         log_fields: dict[str, Any] = {}
         if find is not None:
             soup = parser.parse(page.text)
-            left = max(0.001, budget - (time.monotonic() - started))
-            urls, found = await discover_urls(fetcher, find, input, (soup, page), left)
+            urls, found = await discover_urls(
+                fetcher, find, input, (soup, page), _time_left(ctx.remaining())
+            )
             result.data["urls"] = urls
             result.warnings.extend(found.warnings)
-            status = "partial" if found.incomplete else status
+            partial = partial or found.incomplete
             log_fields = {"urls": len(urls), "discover_fetches": found.fetches}
+        source = page.source()
+        source["redirects"] = page.redirects
+        source["not_modified"] = False
+        outputs = {"data": result.data, "source": source, "warnings": result.warnings}
+        if not partial:  # only a succeeded extraction is remembered
+            await revalidation.remember(page, ref, outputs)
         return WorkerResult(
             outputs=outputs,
-            status=status,
+            status="partial" if partial else "succeeded",
             warnings=[WarningInfo(**w) for w in result.warnings],
             artifacts=[ref],
             log_fields={

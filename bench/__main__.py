@@ -37,7 +37,11 @@ async def main() -> int:
     out["throughput"] = tp["cases"]
     one = next(c for c in tp["cases"] if c["case"] == "chain-1")
     out["throughput_ratio_vs_bare"] = round(one["ratio"], 3)
-    for name, key in (("bench.scrape", "scrape"), ("bench.foreach", "for_each")):
+    for name, key in (
+        ("bench.scrape", "scrape"),
+        ("bench.article", "article"),
+        ("bench.foreach", "for_each"),
+    ):
         try:
             mod = importlib.import_module(name)
         except ImportError:
@@ -49,6 +53,10 @@ async def main() -> int:
         out["scrape_ratio_vs_direct"] = out["scrape"]["scrape_ratio_vs_direct"]
     else:
         out["scrape_ratio_vs_direct"] = None
+    article = out.get("article")
+    out["article_ratio_vs_direct"] = (
+        article.get("article_ratio_vs_direct") if isinstance(article, dict) else None
+    )
     out["wall_seconds"] = round(time.time() - started, 1)
 
     rows = []
@@ -75,6 +83,7 @@ async def main() -> int:
     )
     print(f"throughput_ratio_vs_bare (one step): {out['throughput_ratio_vs_bare']}")
     print(f"scrape_ratio_vs_direct: {out['scrape_ratio_vs_direct']}")
+    print(f"article_ratio_vs_direct: {out['article_ratio_vs_direct']}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(f"written {RESULTS / 'latest.json'} in {out['wall_seconds']}s")

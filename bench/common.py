@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import statistics
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
+from aiworker.activities.metrics import WorkerMetrics
+from aiworker.activities.runtime import WorkerRuntime
+from aiworker.activities.tools import scrape_tools
+from aiworker.schemas.catalog import load_specs
+from aiworker.schemas.settings import Settings
 from aiworker.workers.devserver import DevServer, free_port
 
 
@@ -34,6 +43,42 @@ def embedded_server(fast_poll: bool = False) -> Iterator[DevServer]:
             yield server
         finally:
             server.stop()
+
+
+@asynccontextmanager
+async def scrape_runtime(prefix: str) -> AsyncIterator[WorkerRuntime]:
+    """A worker runtime with the real scrape tools over a temporary data directory
+    (loopback allowed), its per-call log lines silenced."""
+    logging.getLogger("aiworker.worker").addHandler(logging.NullHandler())
+    logging.getLogger("aiworker.worker").propagate = False
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        settings = Settings(data_dir=Path(tmp), metrics_port=0, allow_private_networks=True)
+        tools = scrape_tools(settings)
+        try:
+            yield WorkerRuntime(
+                settings, load_specs(), tools=tools, metrics=WorkerMetrics(CollectorRegistry())
+            )
+        finally:
+            await tools["fetch_url"].aclose()
+
+
+async def interleaved(
+    rounds: int,
+    paths: dict[str, Callable[[], Awaitable[None]]],
+    between: Callable[[], None] = lambda: None,
+) -> dict[str, float]:
+    """Seconds each path spent over ``rounds`` rounds, run in alternating order round
+    by round, so load from other processes on a shared machine hits them alike;
+    ``between`` runs before each round (a new page for all paths)."""
+    spent = dict.fromkeys(paths, 0.0)
+    order = list(paths.items())
+    for i in range(rounds):
+        between()
+        for name, fn in order if i % 2 else order[::-1]:
+            t0 = time.perf_counter()
+            await fn()
+            spent[name] += time.perf_counter() - t0
+    return spent
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:

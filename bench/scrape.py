@@ -12,26 +12,18 @@ developer would write by hand: ``httpx.AsyncClient.get`` + ``BeautifulSoup``.
 
 from __future__ import annotations
 
-import logging
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
 import httpx
 from bs4 import BeautifulSoup
-from prometheus_client import CollectorRegistry
 
 from aiworker.activities.call_telemetry import observe_call
-from aiworker.activities.metrics import WorkerMetrics
-from aiworker.activities.runtime import WorkerRuntime
-from aiworker.activities.tools import scrape_tools
 from aiworker.activities.tools.extract import PARSER
 from aiworker.activities.web_scrape import WebScrape
-from aiworker.schemas.catalog import load_specs
-from aiworker.schemas.settings import Settings
+from bench.common import interleaved, scrape_runtime
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fixtures.scrape_site import FixtureSite
@@ -73,57 +65,45 @@ async def _direct(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
 
 async def run(quick: bool = False) -> dict[str, Any]:
     pages = 150 if quick else 600
-    logging.getLogger("aiworker.worker").addHandler(logging.NullHandler())
-    logging.getLogger("aiworker.worker").propagate = False
     site = FixtureSite().start()
-    with tempfile.TemporaryDirectory(prefix="aiworker-bench-scrape-") as tmp:
-        settings = Settings(data_dir=Path(tmp), metrics_port=0, allow_private_networks=True)
-        tools = scrape_tools(settings)
-        runtime = WorkerRuntime(
-            settings, load_specs(), tools=tools, metrics=WorkerMetrics(CollectorRegistry())
-        )
-        worker = WebScrape()
-        client = httpx.AsyncClient(timeout=30)
-        seq = 0
+    worker = WebScrape()
+    seq = 0
 
-        def url() -> str:
-            nonlocal seq
-            seq += 1
-            return site.url(f"/list?n={ITEMS_PER_PAGE}&p={seq}")
+    def next_page() -> None:
+        nonlocal seq
+        seq += 1  # distinct bytes per page, the same page for both paths
 
-        async def via_worker() -> None:
-            request = {
-                "worker_id": "web-scrape",
-                "idempotency_key": f"bench/{seq}",
-                "tenant": "bench",
-                "input": {"url": url(), "extraction_spec": SPEC},
-            }
-            # the call's telemetry, as the activity interceptor opens it in a worker process
-            with observe_call(worker.worker_id, runtime.metrics):
-                resp = await runtime.run(worker, request)
-            assert len(resp.outputs["data"]["items"]) == ITEMS_PER_PAGE
+    def url() -> str:
+        return site.url(f"/list?n={ITEMS_PER_PAGE}&p={seq}")
 
-        async def direct() -> None:
-            data = await _direct(client, url())
-            assert len(data["items"]) == ITEMS_PER_PAGE
+    try:
+        async with (
+            scrape_runtime("aiworker-bench-scrape-") as runtime,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
 
-        try:
-            for _ in range(20):  # warm up both paths (connections, robots.txt, caches)
-                await via_worker()
-                await direct()
-            # Interleaved page by page, so load from other processes on this shared
-            # machine hits both paths alike.
-            spent = {"worker": 0.0, "direct": 0.0}
-            for i in range(pages):
-                order = (("direct", direct), ("worker", via_worker))
-                for name, fn in order if i % 2 else order[::-1]:
-                    t0 = time.perf_counter()
-                    await fn()
-                    spent[name] += time.perf_counter() - t0
-        finally:
-            await client.aclose()
-            await tools["fetch_url"].aclose()
-            site.stop()
+            async def via_worker() -> None:
+                request = {
+                    "worker_id": "web-scrape",
+                    "idempotency_key": f"bench/{seq}",
+                    "tenant": "bench",
+                    "input": {"url": url(), "extraction_spec": SPEC},
+                }
+                # the call's telemetry, as the activity interceptor opens it in a worker process
+                with observe_call(worker.worker_id, runtime.metrics):
+                    resp = await runtime.run(worker, request)
+                assert len(resp.outputs["data"]["items"]) == ITEMS_PER_PAGE
+
+            async def direct() -> None:
+                data = await _direct(client, url())
+                assert len(data["items"]) == ITEMS_PER_PAGE
+
+            paths = {"worker": via_worker, "direct": direct}
+            # warm up both paths (connections, robots.txt, caches)
+            await interleaved(20, paths, next_page)
+            spent = await interleaved(pages, paths, next_page)
+    finally:
+        site.stop()
     n = pages
     worker_ps, direct_ps = n / spent["worker"], n / spent["direct"]
     ratio = worker_ps / direct_ps

@@ -116,6 +116,9 @@ SETTINGS: dict[str, str] = {
     "llm_provider": "the `default` model alias: `openai` (any OpenAI-compatible server) or "
     "`anthropic`",
     "models_file": "a JSON file of more model aliases",
+    "local_model": "`aiworker dev` and `demo` start the bundled local model (llama.cpp's "
+    "llama-server with SmolLM2-135M-Instruct) as the `default` alias when no model is "
+    "configured; false turns that off (as `--no-model` does)",
     "rate_limits": "rate limits per worker and tenant, e.g. "
     "`web-scrape:acme=600/min,llm-call:*=60/min`",
     "log_level": "level of the JSON log lines on stderr",
@@ -278,6 +281,11 @@ WORKERS: dict[str, WorkerNotes] = {
             "relative to it",
             "input.extraction_spec.metadata": "add `data.metadata`: title, description, canonical "
             "URL, language, OpenGraph, JSON-LD",
+            "input.extraction_spec.content": "add `data.content`: `article` the main text "
+            "(boilerplate removed), `page` all visible text; each as `text` and `markdown`, "
+            "with title, byline, published date, language",
+            "input.extraction_spec.max_content_chars": "cut `data.content.text` and `.markdown` "
+            "to this many characters (a `truncated` warning)",
             "input.user_agent": "the User-Agent header (printable ASCII)",
             "input.discover": "find URLs for a `for_each` (`data.urls`): sitemaps and/or the "
             "page's links; see docs/scrape-discovery.md",
@@ -292,7 +300,8 @@ WORKERS: dict[str, WorkerNotes] = {
             "default true",
             "input.discover.max_urls": "the most URLs returned (default 1000, at most 10000); "
             "reading stops there with a warning",
-            "output.data": "the extracted fields by name (and `metadata`; `urls` with discover)",
+            "output.data": "the extracted fields by name (and `metadata`, `content`; `urls` with "
+            "discover)",
             "output.data.urls": "with discover: the URLs found, in order, without duplicates, "
             "robots.txt applied",
             "output.source": "how the page was fetched",
@@ -306,7 +315,8 @@ WORKERS: dict[str, WorkerNotes] = {
             "output.source.sha256": "the body's hash (the artifact's name)",
             "output.source.elapsed_ms": "fetch time",
             "output.source.redirects": "each URL redirected through",
-            "output.warnings": "what is missing: a field with no match, skipped JSON-LD",
+            "output.warnings": "what is missing: a field with no match, skipped JSON-LD, "
+            "no main content (`partial`), truncated content",
         },
         note="A field takes the element's normalized text unless `attr` names an attribute "
         "or `html` is true; `type` converts it; `many` takes every match; nested `fields` "

@@ -59,28 +59,64 @@ class FieldSpec:
     fields: tuple[FieldSpec, ...] | None
 
 
+CONTENT_MODES = ("article", "page")
+# Far above any article; a bound so that a typo cannot ask for gigabytes.
+MAX_CONTENT_CHARS = 10_000_000
+
+
 @dataclass(frozen=True)
 class CompiledSpec:
     """A checked extraction spec, reusable across pages."""
 
     fields: tuple[FieldSpec, ...]
     metadata: bool
+    content: str | None = None
+    max_content_chars: int | None = None
 
 
 def compile_spec(spec: Any, path: str = "extraction_spec") -> CompiledSpec:
     """Check and compile an extraction spec; ``SpecError`` names the bad field."""
     if not isinstance(spec, dict):
         raise SpecError(path, "must be an object")
-    _refuse_unknown(spec, {"fields", "metadata"}, path)
+    _refuse_unknown(spec, {"fields", "metadata", "content", "max_content_chars"}, path)
     fields = spec.get("fields", {})
     metadata = spec.get("metadata", False)
     if not isinstance(metadata, bool):
         raise SpecError(f"{path}.metadata", "must be a boolean")
-    if not fields and not metadata:
-        raise SpecError(path, "needs at least one field or metadata: true")
-    if metadata and isinstance(fields, dict) and "metadata" in fields:
-        raise SpecError(f"{path}.fields.metadata", "is reserved for metadata: true")
-    return CompiledSpec(fields=_compile_fields(fields, f"{path}.fields"), metadata=metadata)
+    content, max_chars = _content(spec, path)
+    if not fields and not metadata and content is None:
+        raise SpecError(path, 'needs at least one field, metadata: true or content: "article"')
+    for key, on in (("metadata", metadata), ("content", content is not None)):
+        if on and isinstance(fields, dict) and key in fields:
+            raise SpecError(f"{path}.fields.{key}", f"is reserved for {key} (data.{key})")
+    return CompiledSpec(
+        fields=_compile_fields(fields, f"{path}.fields"),
+        metadata=metadata,
+        content=content,
+        max_content_chars=max_chars,
+    )
+
+
+def _content(spec: dict[str, Any], path: str) -> tuple[str | None, int | None]:
+    """``content`` (``"article"`` | ``"page"`` | absent) and ``max_content_chars``."""
+    content = spec.get("content")
+    if content is not None and content not in CONTENT_MODES:
+        message = with_suggestion(
+            f'must be "article" or "page", not {json.dumps(content)}',
+            suggest(content, CONTENT_MODES) if isinstance(content, str) else None,
+        )
+        raise SpecError(f"{path}.content", message)
+    max_chars = spec.get("max_content_chars")
+    if max_chars is not None:
+        if content is None:
+            raise SpecError(f"{path}.max_content_chars", 'needs content: "article" or "page"')
+        if isinstance(max_chars, bool) or not isinstance(max_chars, int):
+            raise SpecError(f"{path}.max_content_chars", "must be an integer")
+        if not 1 <= max_chars <= MAX_CONTENT_CHARS:
+            raise SpecError(
+                f"{path}.max_content_chars", f"must be between 1 and {MAX_CONTENT_CHARS}"
+            )
+    return content, max_chars
 
 
 def _refuse_unknown(spec: dict[str, Any], known: frozenset[str] | set[str], path: str) -> None:

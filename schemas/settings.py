@@ -71,6 +71,8 @@ class Settings(BaseModel):
     llm_api_key: SecretStr | None = None
     llm_provider: Literal["openai", "anthropic"] = "openai"
     models_file: Path | None = None
+    # `aiworker dev` / `demo` start a local model as `default` when none is configured.
+    local_model: bool = True
     rate_limits: tuple[RateLimitRule, ...] = ()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     max_concurrent_activities: int = Field(default=100, ge=1)
@@ -165,6 +167,7 @@ class Settings(BaseModel):
             "LLM_API_KEY",
             "LLM_PROVIDER",
             "MODELS_FILE",
+            "LOCAL_MODEL",
             "RATE_LIMITS",
             "LOG_LEVEL",
             "MAX_CONCURRENT_ACTIVITIES",
@@ -256,6 +259,7 @@ class Settings(BaseModel):
             ENV_PREFIX + "ALLOW_PRIVATE_NETWORKS", get("ALLOW_PRIVATE_NETWORKS"), False
         )
         raw["autothrottle"] = _bool(ENV_PREFIX + "AUTOTHROTTLE", get("AUTOTHROTTLE"), True)
+        raw["local_model"] = _bool(ENV_PREFIX + "LOCAL_MODEL", get("LOCAL_MODEL"), True)
         raw["egress_allow"] = tuple(_csv(get("EGRESS_ALLOW")))
         raw["worker_modules"] = tuple(_csv(get("WORKER_MODULES")))
         raw["worker_specs"] = tuple(Path(p) for p in _csv(get("WORKER_SPECS")))

@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+
+# The session's one local model server, for every test that names it.
+from fixtures.local_model import local_model  # noqa: F401  (session fixture)
 from prometheus_client import CollectorRegistry
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment

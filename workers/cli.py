@@ -199,6 +199,7 @@ def _dev_options(args: argparse.Namespace) -> DevOptions:
         fast_poll=args.fast_poll,
         exit_after_pipeline=getattr(args, "exit", False),
         json_result=getattr(args, "json", False),
+        local_model=not args.no_model,
     )
 
 

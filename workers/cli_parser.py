@@ -143,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="lower idle latency at some cost of peak throughput",
         )
+        d.add_argument(
+            "--no-model",
+            action="store_true",
+            help="do not start the local model as the `default` alias when none is configured",
+        )
         if name == "demo":
             d.add_argument("--pipeline", help="pipeline file (default: the bundled sample)")
             d.add_argument("--exit", action="store_true", help="stop after the pipeline ends")

@@ -25,8 +25,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Self
 
 from aiworker.schemas import names
 
@@ -168,7 +169,100 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-class DevServer:
+def spawn_child(argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start a server as a child process in its own session, its output in ``log``.
+
+    Its own session (and process group): Ctrl-C in the terminal reaches us,
+    not it, and we stop it ourselves (:func:`stop_child`). A parent killed
+    with SIGKILL cannot stop it: on Linux the kernel does (:func:`die_with_parent`).
+    """
+    return subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=die_with_parent if _in_main_thread() else None,
+    )
+
+
+def _signal_group(p: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    # The child leads its own group (spawn_child): the group id is its PID.
+    # Only called before the child is reaped, so that PID is still its own.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, sig)
+
+
+def stop_child(p: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """Stop a child started by :func:`spawn_child`: SIGTERM to its process group,
+    then SIGKILL after ``timeout`` seconds; reaped either way."""
+    if p.poll() is None:
+        _signal_group(p, signal.SIGTERM)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(p, signal.SIGKILL)
+            p.wait(5)
+
+
+class ChildServer:
+    """What the embedded servers share: one child process (:func:`spawn_child`)
+    whose output is appended to ``log_path``, a bounded wait until it is ready,
+    and a stop by PID and process group (:func:`stop_child`)."""
+
+    log_path: Path
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The child's PID while it is ours (``None`` before start and after stop)."""
+        return self.process.pid if self.process is not None else None
+
+    def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self.process = spawn_child(argv, self._log)
+        return self.process
+
+    def _await_ready(self, ready: Callable[[], bool], timeout: float) -> bool:
+        """Poll ``ready`` every 0.1 s: True once it is, False when the child exited
+        or ``timeout`` seconds passed first (the caller says which)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                return False
+            if ready():
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _stop_child(self, timeout: float) -> None:
+        if self.process is not None:
+            stop_child(self.process, timeout)
+        self.process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def start(self, timeout: float = 60.0) -> Self:
+        """Start the server and wait until it is ready (bounded by ``timeout``)."""
+        raise NotImplementedError
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server (SIGTERM to its group, then SIGKILL after ``timeout``)."""
+        self._stop_child(timeout)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class DevServer(ChildServer):
     """One embedded Temporal dev server, owned by this process."""
 
     def __init__(
@@ -181,15 +275,15 @@ class DevServer:
         persistent: bool = True,
         fast_poll: bool = False,
     ) -> None:
+        super().__init__()
         self.data_dir = data_dir
+        self.log_path = data_dir / "temporal-server.log"
         self.ip = ip
         self.port = port
         self.ui_port = ui_port
         self.persistent = persistent
         self.fast_poll = fast_poll
-        self.process: subprocess.Popen[bytes] | None = None
         self._lock: IO[str] | None = None
-        self._log: IO[bytes] | None = None
 
     @property
     def address(self) -> str:
@@ -198,10 +292,6 @@ class DevServer:
     @property
     def ui_url(self) -> str | None:
         return f"http://{self.ip}:{self.ui_port}" if self.ui_port else None
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "temporal-server.log"
 
     def _acquire_lock(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -223,7 +313,7 @@ class DevServer:
         f.flush()
         self._lock = f
 
-    def start(self, timeout: float = 60.0) -> DevServer:
+    def start(self, timeout: float = 60.0) -> Self:
         """Start the server and wait until it accepts connections."""
         self._acquire_lock()
         try:
@@ -241,18 +331,9 @@ class DevServer:
                 db_file=db,
                 fast_poll=self.fast_poll,
             )
-            self._log = open(self.log_path, "ab")
-            self.process = subprocess.Popen(
-                [temporal_cli_path(), *args],
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C reaches us; we stop the server ourselves
-                # A parent killed with SIGKILL cannot stop it: the kernel does.
-                preexec_fn=die_with_parent if _in_main_thread() else None,
-            )
+            process = self._spawn([temporal_cli_path(), *args])
             assert self._lock is not None
-            self._lock.write(f"server pid {self.process.pid}\n")
+            self._lock.write(f"server pid {process.pid}\n")
             self._lock.flush()
             self._wait_ready(timeout)
         except BaseException:
@@ -260,42 +341,25 @@ class DevServer:
             raise
         return self
 
+    def _listening(self) -> bool:
+        with contextlib.suppress(OSError), socket.create_connection((self.ip, self.port), 0.5):
+            return True
+        return False
+
     def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise DevServerError(
-                    f"temporal server exited with code {self.process.returncode}; "
-                    f"see {self.log_path}"
-                )
-            with contextlib.suppress(OSError), socket.create_connection((self.ip, self.port), 0.5):
-                return
-            time.sleep(0.1)
+        if self._await_ready(self._listening, timeout):
+            return
+        if self.process is not None and self.process.poll() is not None:
+            raise DevServerError(
+                f"temporal server exited with code {self.process.returncode}; see {self.log_path}"
+            )
         raise DevServerError(f"temporal server did not listen on {self.address} in {timeout:g}s")
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL) and release the lock."""
-        p = self.process
-        if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-        self.process = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self._stop_child(timeout)
         if self._lock is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
             self._lock = None
-
-    def __enter__(self) -> DevServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

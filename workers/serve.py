@@ -40,9 +40,11 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from temporalio.service import RPCError
 
+from aiworker.activities.llm import ModelsFileError
 from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.settings import Settings
 from aiworker.workers.client import PipelineClient
+from aiworker.workers.pipeline_settings import model_aliases
 from aiworker.workers.serve_auth import ApiKey, KeyRing, RateLimiter, ServeConfigError, load_hooks
 from aiworker.workers.serve_http import ApiError, install_error_handlers, read_body, unavailable
 from aiworker.workers.serve_service import (
@@ -195,6 +197,12 @@ async def serve(
 
     keys = KeyRing.load(settings.api_keys_file)
     hooks = load_hooks(settings.hooks_file, env)
+    try:
+        # every start checks model aliases against this file: a broken one would
+        # answer each request 500, so it stops the door before it listens
+        model_aliases(settings)
+    except ModelsFileError as e:
+        raise ServeConfigError(str(e)) from None
     if settings.tenants is not None:
         # A key or hook for a tenant the registry lacks could never start anything.
         named = {k.tenant for k in keys.keys} | {h.hook.tenant for h in hooks.values()}

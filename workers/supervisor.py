@@ -8,6 +8,8 @@ probes, poll until SIGTERM or SIGINT, drain, exit.
 owns everything it starts and stops it in reverse order on every path out:
 
     embedded Temporal server (child process, stopped by PID)
+      + the local model as the `default` alias, when none is configured
+        (llama-server child process, stopped by PID; workers/modelserver.py)
       -> this process as a worker of every task queue (drained within its grace)
         -> the bundled sample site (demo)
           -> one pipeline, its outcome printed (demo)
@@ -35,6 +37,7 @@ from aiworker.workers.cli_common import print_outcome, warn_duplicates
 from aiworker.workers.errors import StartupError
 
 if TYPE_CHECKING:
+    from aiworker.workers.modelserver import ModelServer
     from aiworker.workers.telemetry import Telemetry
 
 # The worker's own drain is bounded by the grace period; this covers the rest.
@@ -157,6 +160,8 @@ class DevOptions:
         exit_after_pipeline: stop the stack once the pipeline ended (``demo --exit``).
         json_result: print the pipeline's whole result JSON, not its progress and
             a summary table (``demo --json``).
+        local_model: start the local model as the ``default`` alias when no model
+            is configured (``--no-model`` turns it off, as ``AIWORKER_LOCAL_MODEL=false``).
     """
 
     port: int = 7233
@@ -164,6 +169,7 @@ class DevOptions:
     fast_poll: bool = False
     exit_after_pipeline: bool = False
     json_result: bool = False
+    local_model: bool = True
 
 
 def dev_log_file(data_dir: Path) -> IO[str]:
@@ -192,11 +198,18 @@ async def run_dev_stack(
         when no pipeline ran to its end.
 
     Raises:
-        DevServerError: the server cannot start (data directory in use, port taken).
+        DevServerError: the server cannot start (data directory in use, port taken),
+            or the local model cannot start or stopped (``ModelServerError``).
         StartupError: the worker cannot start.
     """
     from aiworker.workers.demo_site import DemoSite
     from aiworker.workers.devserver import DevServer, DevServerError
+    from aiworker.workers.modelserver import (
+        ModelServer,
+        end_watch,
+        model_configured,
+        with_local_model,
+    )
     from aiworker.workers.telemetry import Telemetry
     from aiworker.workers.temporal_client import TemporalUnreachableError, connect
 
@@ -207,10 +220,21 @@ async def run_dev_stack(
         ui_port=options.ui_port,
         fast_poll=options.fast_poll,
     )
+    model: ModelServer | None = None
+    if options.local_model and settings.local_model and not model_configured(settings):
+        model = ModelServer(settings.data_dir / "model-server.log")
     stop = asyncio.Event()
     outcome = None
     async with contextlib.AsyncExitStack() as stack:
+        if model is not None:
+            # Loads while the Temporal server starts; ready-checked once that is up.
+            stack.callback(model.stop)
+            model.spawn()
         stack.enter_context(server)
+        if model is not None:
+            await asyncio.to_thread(model.wait_ready)
+            settings = with_local_model(settings, model)
+            stack.push_async_callback(end_watch, asyncio.create_task(model.watch(stop)))
         # The port accepts connections before the frontend can serve: wait for health.
         try:
             client = await connect(
@@ -228,6 +252,12 @@ async def run_dev_stack(
         # A worker that ended before it polled failed to start, or was stopped starting.
         if not worker.done():
             _announce(server.address, server.ui_url, settings.data_dir)
+            if model is not None:
+                print(
+                    f"Local model:     {model.base_url} (default alias; llama-server pid "
+                    f"{model.pid}; --no-model turns it off)",
+                    flush=True,
+                )
             if pipeline is not None and bundled_demo:
                 site = DemoSite().start()
                 stack.callback(site.stop)
@@ -236,12 +266,27 @@ async def run_dev_stack(
                 outcome = await _run_pipeline(
                     client, settings, server.ui_url, pipeline, stop, worker, options.json_result
                 )
+                if bundled_demo and outcome is not None and not options.json_result:
+                    _say_summary(outcome)
                 if options.exit_after_pipeline:
                     stop.set()
             if not stop.is_set() and not worker.done():
                 print("Press Ctrl-C to stop.", flush=True)
         await worker
     return outcome
+
+
+def _say_summary(outcome: dict[str, Any]) -> None:
+    """The demo's LLM summary: what the model said, or why it did not."""
+    step = (outcome.get("steps") or {}).get("summary") or {}
+    outputs = step.get("outputs") or {}
+    if step.get("status") in ("succeeded", "partial") and isinstance(outputs.get("text"), str):
+        text = " ".join(outputs["text"].split())
+        cut = " [cut at max_tokens]" if outputs.get("finish_reason") == "length" else ""
+        print(f"LLM summary:     {text}{cut}", flush=True)
+    elif step.get("status") not in (None, "skipped"):
+        why = step.get("error_code") or step.get("status")
+        print(f"LLM summary:     {why}: {step.get('error_message') or ''}".rstrip(), flush=True)
 
 
 @contextlib.asynccontextmanager
@@ -289,18 +334,17 @@ def _point_at_demo_site(
     pipeline: dict[str, Any], site_url: str, settings: Settings
 ) -> dict[str, Any]:
     """The bundled demo pipeline, pointed at the sample site on loopback."""
+    from aiworker.workers.modelserver import model_configured
+
     print(f"Sample site:     {site_url} (bundled, served on loopback)", flush=True)
-    if not settings.llm_base_url:
+    llm_enabled = model_configured(settings)
+    if not llm_enabled:
         print(
-            "LLM summary:     skipped (no model configured; set AIWORKER_LLM_BASE_URL "
-            "and AIWORKER_LLM_MODEL to include it)",
+            "LLM summary:     skipped (no model: the local one is off; set "
+            "AIWORKER_LLM_BASE_URL and AIWORKER_LLM_MODEL to use another)",
             flush=True,
         )
-    inputs = {
-        **pipeline.get("inputs", {}),
-        "site_url": site_url,
-        "llm_enabled": bool(settings.llm_base_url),
-    }
+    inputs = {**pipeline.get("inputs", {}), "site_url": site_url, "llm_enabled": llm_enabled}
     return {**pipeline, "inputs": inputs}
 
 

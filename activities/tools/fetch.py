@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -90,6 +90,9 @@ class FetchResult:
     elapsed_ms: float
     sha256: str
     redirects: list[str] = field(default_factory=list)
+    # The validators the final response carried, as sent (revalidate.py bounds them).
+    etag: str | None = None
+    last_modified: str | None = None
 
     def source(self) -> dict[str, Any]:
         """The ``source`` block of the web-scrape output."""
@@ -186,8 +189,16 @@ class FetchTool:
         user_agent: str | None = None,
         respect_robots: bool = True,
         allow_domains: Iterable[str] | None = None,
+        conditional: tuple[str, Mapping[str, str]] | None = None,
     ) -> FetchResult:
-        """Fetch ``url`` within ``timeout`` seconds (connect, redirects, body and all)."""
+        """Fetch ``url`` within ``timeout`` seconds (connect, redirects, body and all).
+
+        ``conditional`` is ``(hop_url, headers)``: the validator headers
+        (``If-None-Match``, ``If-Modified-Since``) go on the hop to ``hop_url``
+        only, the URL that issued them; a ``304`` there is a result with
+        ``status_code`` 304 and no body (``activities.tools.revalidate``). Any
+        other ``304`` is ``fetch_failed``.
+        """
         ua = user_agent or self.user_agent
         check_header_value(ua, "input.user_agent")
         domains = tuple(allow_domains or ())
@@ -196,13 +207,14 @@ class FetchTool:
         deadline = started + timeout
         try:
             async with asyncio.timeout(timeout):
-                async with self._open(url, ua, domains, deadline, respect_robots) as (
-                    resp,
-                    final_url,
-                    redirects,
-                ):
-                    self._check_content_type(resp, final_url)
-                    body = await self._read(resp, final_url, self.limits.max_bytes)
+                async with self._open(
+                    url, ua, domains, deadline, respect_robots, conditional=conditional
+                ) as (resp, final_url, redirects):
+                    if resp.status_code == 304:
+                        body = b""  # Not Modified: no body, whatever it says
+                    else:
+                        self._check_content_type(resp, final_url)
+                        body = await self._read(resp, final_url, self.limits.max_bytes)
         except TimeoutError:
             raise FetchTimeoutError(
                 f"fetching {url} took longer than {timeout:.3g}s", url=url
@@ -220,6 +232,8 @@ class FetchTool:
             elapsed_ms=round((time.monotonic() - started) * 1000, 3),
             sha256=hashlib.sha256(body).hexdigest(),
             redirects=redirects,
+            etag=resp.headers.get("etag"),
+            last_modified=resp.headers.get("last-modified"),
         )
 
     @contextlib.asynccontextmanager
@@ -231,6 +245,7 @@ class FetchTool:
         deadline: float,
         respect_robots: bool,
         max_redirects: int | None = None,
+        conditional: tuple[str, Mapping[str, str]] | None = None,
     ) -> AsyncIterator[tuple[httpx.Response, str, list[str]]]:
         """Follow redirects hop by hop; yield the final, still streaming response."""
         current = url
@@ -254,8 +269,9 @@ class FetchTool:
                         url=current,
                         reason="robots",
                     )
+            extra = conditional[1] if conditional and conditional[0] == current else None
             async with self.politeness.slot(hostport, crawl_delay):
-                resp = await self._send(current, ua, hostport, deadline)
+                resp = await self._send(current, ua, hostport, deadline, extra)
                 try:
                     location = resp.headers.get("location")
                     if resp.status_code in _REDIRECTS and location:
@@ -271,7 +287,8 @@ class FetchTool:
                         redirects.append(nxt)
                         current = nxt
                         continue
-                    _raise_for_status(resp, current)
+                    if not (extra and resp.status_code == 304):
+                        _raise_for_status(resp, current)
                     yield resp, current, redirects
                     return
                 finally:
@@ -283,7 +300,14 @@ class FetchTool:
             reason="too_many_redirects",
         )
 
-    async def _send(self, url: str, ua: str, hostport: str, deadline: float) -> httpx.Response:
+    async def _send(
+        self,
+        url: str,
+        ua: str,
+        hostport: str,
+        deadline: float,
+        extra: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
         """One request; the host's breaker sees its outcome."""
         if self.breakers is not None:
             await self.breakers.acheck(hostport)
@@ -297,7 +321,7 @@ class FetchTool:
         healthy = False
         try:
             request = self._client.build_request(
-                "GET", url, headers={"User-Agent": ua}, timeout=timeout
+                "GET", url, headers={"User-Agent": ua, **(extra or {})}, timeout=timeout
             )
             sent = time.monotonic()
             resp = await self._client.send(request, stream=True)
@@ -493,6 +517,13 @@ def _raise_for_status(resp: httpx.Response, url: str) -> None:
             retry_after=parse_retry_after(resp.headers.get("retry-after")),
             url=url,
             status_code=s,
+        )
+    if s == 304:
+        raise FetchFailedError(
+            f"{url} answered 304 Not Modified to a request that asked no condition",
+            url=url,
+            status_code=s,
+            reason="unexpected_not_modified",
         )
     retry_after = parse_retry_after(resp.headers.get("retry-after")) if s == 503 else None
     raise FetchFailedError(f"{url} answered {s}", url=url, status_code=s, retry_after=retry_after)

@@ -29,6 +29,7 @@ from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.llm import LanguageModel, LlmMetrics, load_registry
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import Settings
+from aiworker.workers.modelserver import MODEL_NAME, ModelServer
 
 OPENAI_SCENARIOS = (
     "echo",
@@ -441,18 +442,21 @@ async def test_client_side_limits_and_context_window_refuse_before_the_call(
     assert "context window" in (step.error_message or "")
 
 
-async def test_real_provider_structured_output(client: Client, settings: Settings) -> None:
-    """Runs only when AIWORKER_TEST_LLM_BASE_URL names a real OpenAI-compatible server
-    (with AIWORKER_TEST_LLM_MODEL and optionally AIWORKER_TEST_LLM_API_KEY)."""
+async def test_real_provider_structured_output(
+    client: Client, settings: Settings, request: pytest.FixtureRequest
+) -> None:
+    """Against a real model: the session's local one (fixtures/local_model.py), or
+    the OpenAI-compatible server AIWORKER_TEST_LLM_BASE_URL names (with
+    AIWORKER_TEST_LLM_MODEL and optionally AIWORKER_TEST_LLM_API_KEY)."""
     base_url = os.environ.get("AIWORKER_TEST_LLM_BASE_URL")
+    model = os.environ.get("AIWORKER_TEST_LLM_MODEL", "default")
     if not base_url:
-        reason = "AIWORKER_TEST_LLM_BASE_URL is not set: no real model server to call"
-        print(f"SKIPPED test_real_provider_structured_output: {reason}")
-        pytest.skip(reason=reason)
+        local: ModelServer = request.getfixturevalue("local_model")
+        base_url, model = local.base_url, MODEL_NAME
     real = settings.model_copy(
         update={
             "llm_base_url": base_url,
-            "llm_model": os.environ.get("AIWORKER_TEST_LLM_MODEL", "default"),
+            "llm_model": model,
             "llm_api_key": os.environ.get("AIWORKER_TEST_LLM_API_KEY") or None,
         }
     )
@@ -469,7 +473,7 @@ async def test_real_provider_structured_output(client: Client, settings: Setting
                 stack,
                 {
                     "prompt": "Name the capital of France as JSON with keys city and country.",
-                    "max_tokens": 200,
+                    "max_tokens": 64,
                     "temperature": 0,
                     "response_schema": schema,
                 },

@@ -179,6 +179,12 @@ def _dev_env(tmp: Path) -> dict[str, str]:
     return env
 
 
+def _local_model_pid(out: list[str]) -> int:
+    """The llama-server PID from the ``Local model:`` line of ``aiworker dev``."""
+    (line,) = [line for line in out if line.startswith("Local model:     http://127.0.0.1:")]
+    return int(line.split("llama-server pid ")[1].split(";")[0])
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -203,6 +209,9 @@ async def test_dev_runs_once_per_data_dir_and_stops_cleanly(tmp_path: Path) -> N
         lock = (data / "dev.lock").read_text()
         server_pid = int(lock.split("server pid ")[1].split()[0])
         assert _pid_alive(server_pid)
+        # no model configured: the local one serves the `default` alias
+        model_pid = _local_model_pid(out)
+        assert _pid_alive(model_pid)
 
         # the UI answers
         import httpx
@@ -213,7 +222,15 @@ async def test_dev_runs_once_per_data_dir_and_stops_cleanly(tmp_path: Path) -> N
 
         second = await asyncio.to_thread(
             subprocess.run,
-            [AIWORKER, "dev", "--port", str(free_port()), "--ui-port", str(free_port())],
+            [
+                AIWORKER,
+                "dev",
+                "--no-model",
+                "--port",
+                str(free_port()),
+                "--ui-port",
+                str(free_port()),
+            ],
             env=_dev_env(data),
             capture_output=True,
             text=True,
@@ -225,13 +242,15 @@ async def test_dev_runs_once_per_data_dir_and_stops_cleanly(tmp_path: Path) -> N
         busy = await asyncio.to_thread(
             subprocess.run,
             [AIWORKER, "dev", "--port", str(port), "--ui-port", str(free_port())],
-            env=_dev_env(tmp_path / "other"),
+            env={**_dev_env(tmp_path / "other"), "AIWORKER_LOCAL_MODEL": "false"},
             capture_output=True,
             text=True,
             timeout=60,
         )
         assert busy.returncode == 2
         assert f"port {port}" in busy.stderr and "in use" in busy.stderr
+        # the setting turned the local model off: it never started
+        assert not (tmp_path / "other" / "model-server.log").exists()
 
         dev.send_signal(signal.SIGINT)
         code = await asyncio.to_thread(dev.wait, 60)
@@ -240,6 +259,7 @@ async def test_dev_runs_once_per_data_dir_and_stops_cleanly(tmp_path: Path) -> N
             lambda: not _pid_alive(server_pid), "the Temporal server to exit", timeout=5
         )
         assert not _pid_alive(server_pid), "the Temporal server outlived `aiworker dev`"
+        assert not _pid_alive(model_pid), "the local model outlived `aiworker dev`"
     finally:
         if dev.poll() is None:
             dev.kill()
@@ -250,11 +270,33 @@ async def test_dev_runs_once_per_data_dir_and_stops_cleanly(tmp_path: Path) -> N
 
 
 @pytest.mark.timeout(240)
+async def test_demo_summarizes_with_the_local_model(tmp_path: Path) -> None:
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [AIWORKER, "demo", "--exit", "--headless", "--port", str(free_port())],
+        env=_dev_env(tmp_path / "demo"),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout.splitlines()
+    model_pid = _local_model_pid(out)
+    assert not _pid_alive(model_pid), "the local model outlived `aiworker demo --exit`"
+    (said,) = [line for line in out if line.startswith("LLM summary:")]
+    text = said.removeprefix("LLM summary:").strip()
+    assert text and not text.startswith(("skipped", "invalid", "timeout", "upstream")), said
+    assert any(word in text.lower() for word in ("espresso", "grinder", "kettle", "coffee")), said
+    (row,) = [line.split()[:4] for line in out if line.split()[:1] == ["summary"]]
+    assert row == ["summary", "llm-call", "succeeded", "1"], proc.stdout
+
+
+@pytest.mark.timeout(240)
 async def test_demo_runs_the_bundled_pipeline_offline(tmp_path: Path) -> None:
     data = tmp_path / "demo"
     proc = await asyncio.to_thread(
         subprocess.run,
-        [AIWORKER, "demo", "--exit", "--headless", "--port", str(free_port())],
+        [AIWORKER, "demo", "--exit", "--headless", "--no-model", "--port", str(free_port())],
         env=_dev_env(data),
         capture_output=True,
         text=True,
@@ -263,20 +305,21 @@ async def test_demo_runs_the_bundled_pipeline_offline(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = proc.stdout
     assert "Sample site:     http://127.0.0.1:" in out
-    assert "LLM summary:     skipped" in out
+    assert "LLM summary:     skipped" in out and "Local model:" not in out
     # a short table of the steps, not the result JSON (`demo --json` prints that)
     table = out[out.index("demo-shop-catalog succeeded in ") :].splitlines()
-    assert [row.split()[:4] for row in table[1:9]] == [
+    assert [row.split()[:4] for row in table[1:10]] == [
         ["step", "worker", "status", "attempts"],
         ["shop", "web-scrape", "succeeded", "1"],
         ["partner", "web-scrape", "succeeded", "1"],
         ["catalog", "aggregator", "succeeded", "1"],
         ["pages", "web-scrape", "succeeded", "3/3"],
         ["check", "validator", "succeeded", "1"],
+        ["guide", "web-scrape", "succeeded", "1"],
         ["summary", "llm-call", "skipped", "0"],
         ["publish", "publish", "succeeded", "1"],
     ], out
-    assert table[9].startswith('output: {"catalog": ') and table[10].startswith("workflow: ")
+    assert table[10].startswith('output: {"catalog": ') and table[11].startswith("workflow: ")
     assert '"status": "succeeded"' not in out
     sink = data / "sinks" / "demo" / "catalog.jsonl"
     records = [json.loads(line) for line in sink.read_text().splitlines()]

@@ -1,6 +1,6 @@
 """Starting reliably: ``aiworker worker`` and ``aiworker dev`` wait (bounded) for
 a healthy frontend, say clearly when it never is, and a dev stack killed with
-SIGKILL leaves no Temporal server behind.
+SIGKILL leaves no Temporal server and no local model server behind.
 
 Each test runs its own processes and servers on free loopback ports, and
 stops every one of them by the PID it recorded.
@@ -131,36 +131,83 @@ async def test_worker_says_when_the_frontend_never_becomes_healthy(tmp_path: Pat
     assert "Traceback" not in proc.stderr
 
 
+def _start_dev(tmp_path: Path) -> WorkerProcess:
+    """``aiworker dev`` (headless, no model configured) on a free port, data in tmp_path/dev."""
+    data = tmp_path / "dev"
+    return WorkerProcess(
+        [AIWORKER, "dev", "--data-dir", str(data), "--port", str(free_port()), "--headless"],
+        _env(AIWORKER_METRICS_PORT="0"),
+        tmp_path / "dev.out",
+    )
+
+
+async def _dev_ready(dev: WorkerProcess) -> int:
+    """Wait until the dev stack serves; the PID of its local model server."""
+    await wait_until(
+        lambda: "Press Ctrl-C" in dev.output(),
+        lambda: f"the dev stack to start: {dev.output()}",
+        timeout=90,
+        interval=0.5,
+    )
+    found = re.search(r"llama-server pid (\d+)", dev.output())
+    assert found, dev.output()
+    return int(found.group(1))
+
+
+def _temporal_pid(data: Path) -> int:
+    lock = (data / "dev.lock").read_text()
+    found = re.search(r"server pid (\d+)", lock)
+    assert found, lock
+    return int(found.group(1))
+
+
 @pytest.mark.timeout(120)
 async def test_dev_killed_with_sigkill_leaves_no_server(tmp_path: Path) -> None:
     data = tmp_path / "dev"
-    port = free_port()
-    log = tmp_path / "dev.out"
-    dev = WorkerProcess(
-        [AIWORKER, "dev", "--data-dir", str(data), "--port", str(port), "--headless"],
-        _env(AIWORKER_METRICS_PORT="0"),
-        log,
-    )
-    server_pid = None
+    dev = _start_dev(tmp_path)
+    server_pid = model_pid = None
     try:
-        await wait_until(
-            lambda: "Worker polling:" in dev.output(),
-            lambda: f"the dev stack to start: {dev.output()}",
-            timeout=90,
-            interval=0.5,
-        )
-        lock = (data / "dev.lock").read_text()
-        found = re.search(r"server pid (\d+)", lock)
-        assert found, lock
-        server_pid = int(found.group(1))
+        model_pid = await _dev_ready(dev)
+        server_pid = _temporal_pid(data)
         assert _alive(server_pid)
+        assert _alive(model_pid)
         dev.kill()
         await wait_until(
             lambda: not _alive(server_pid),
             f"the Temporal server (pid {server_pid}) to exit with its parent",
             timeout=30,
         )
+        await wait_until(
+            lambda: not _alive(model_pid),
+            f"the local model server (pid {model_pid}) to exit with its parent",
+            timeout=30,
+        )
     finally:
         dev.close()
-        if server_pid is not None and _alive(server_pid):
-            os.kill(server_pid, signal.SIGKILL)
+        for pid in (server_pid, model_pid):
+            if pid is not None and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(120)
+async def test_dev_notices_its_local_model_killed_and_stops(tmp_path: Path) -> None:
+    dev = _start_dev(tmp_path)
+    model_pid = None
+    try:
+        model_pid = await _dev_ready(dev)
+        os.kill(model_pid, signal.SIGKILL)
+        code = await asyncio.to_thread(dev.proc.wait, 60)
+        out = dev.output()
+        assert code == 2, out
+        assert "aiworker: the local model server stopped; stopping" in out
+        last = out.strip().splitlines()[-1]
+        assert last.startswith(
+            f"aiworker: the local model server (llama-server, pid {model_pid}) exited with "
+            "code -9; last lines of "
+        ), out
+        assert "Traceback" not in out
+        assert not _alive(_temporal_pid(tmp_path / "dev")), "the Temporal server outlived it"
+    finally:
+        dev.close()
+        if model_pid is not None and _alive(model_pid):
+            os.kill(model_pid, signal.SIGKILL)

@@ -162,3 +162,19 @@ def test_the_front_door_settings_are_checked_at_start() -> None:
         Settings.from_env({"AIWORKER_SERVE_RATE_LIMIT": "lots"})
     with pytest.raises(SettingsError, match="AIWORKER_SERVE_PORT"):
         Settings.from_env({"AIWORKER_SERVE_PORT": "70000"})
+
+
+def test_serve_refuses_to_start_with_a_broken_models_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every start checks model aliases against the models file: a broken one stops
+    the door before it listens (exit 2, the file named), never a 500 per request."""
+    (tmp_path / "models.json").write_text('{"models": {"small": {"provider": "nope"}}}')
+    keys = [{"name": "a", "tenant": "acme", "sha256": "0" * 64}]
+    (tmp_path / "keys.json").write_text(json.dumps({"keys": keys}))
+    monkeypatch.setenv("AIWORKER_MODELS_FILE", str(tmp_path / "models.json"))
+    monkeypatch.setenv("AIWORKER_API_KEYS_FILE", str(tmp_path / "keys.json"))
+    monkeypatch.setenv("TEMPORAL_ADDRESS", "127.0.0.1:9")
+    assert cli.main(["serve", "--host", "127.0.0.1", "--port", "0"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "models.json" in err and "small" in err and "Traceback" not in err

@@ -48,7 +48,12 @@ async def test_demo_scrapes_validates_aggregates_and_publishes(
     assert result.output["summary_status"] == "skipped"
     assert result.output["catalog_warnings"][0]["code"] == "duplicate_differs"
     assert result.output["published"]["published"] is True
-    assert result.usage.external_calls == 5
+    # the guide's main text, read as an article (what the summary step is given)
+    assert result.output["guide"] == "Brewing pour-over coffee at home"
+    guide = result.steps["guide"].outputs["data"]["content"]
+    assert "gooseneck kettle" in guide["markdown"] and "## What you need" in guide["markdown"]
+    assert "Subscribe" not in guide["text"] and "Great tips" not in guide["text"]
+    assert result.usage.external_calls == 6
     sink = settings.data_dir / "sinks" / "demo" / "catalog.jsonl"
     (line,) = sink.read_text("utf-8").splitlines()
     assert json.loads(line)["idempotency_key"] == f"{handle.id}/publish"
