@@ -8,17 +8,14 @@ Chromium, driven by Playwright's Python package pointed at Debian's
 talks to the network:
 
 - every request of the page (scripts, styles, images, XHR, frames) is
-  intercepted (``context.route("**/*")``) and fulfilled from
-  :meth:`FetchTool.fetch_resource`, which runs the same checks as a plain
-  fetch; what they refuse is aborted (``blockedbyclient``) and counted by
-  reason (``egress_denied``, ``robots``, ``scheme``, ``method``, ``quota``,
-  ``total_bytes``);
-- only ``GET`` is fulfilled (other methods are blocked: a scrape reads, it
-  does not post forms or beacons); WebSockets are closed before they connect,
-  service workers are blocked, and non-HTTP(S) schemes are aborted;
+  intercepted and answered through the fetcher, or refused and counted by
+  reason (``activities/tools/browser_gate.py``); WebSockets are closed before
+  they connect, service workers are blocked;
 - the browser's proxy is a local sinkhole that answers nothing: whatever
-  escaped interception (it should be nothing) fails there and is recorded in
-  :attr:`BrowserTool.escaped`, so a leak shows up instead of reaching a host;
+  escapes interception fails there and is recorded in
+  :attr:`BrowserTool.escaped`, so a leak shows up instead of reaching a host.
+  Chromium 156 still tries update.googleapis.com and accounts.google.com at
+  start, whatever the flags; those attempts end there;
 - Chromium's own background traffic is off (:data:`CHROMIUM_ARGS`).
 
 One browser per process, launched on first use with Playwright's fresh
@@ -28,10 +25,9 @@ the call fails ``fetch_failed`` (retryable, ``reason: browser_crashed``) and
 the next call launches a new one. A missing executable is ``tool_not_allowed``
 (not retryable) naming the package to install.
 
-Playwright's driver dispatches route events from the task that started it,
-so each handler runs in a copy of the calling activity's context: the
-tenant's egress list (``tenant_egress``) applies to the call that asked, and
-the long-lived tasks start in an empty context so no call's context leaks.
+Playwright's driver and its tasks outlive the call that launched them, so
+they start in an empty context: no call's context (its tenant's egress list)
+leaks into another call's requests.
 """
 
 from __future__ import annotations
@@ -46,16 +42,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from aiworker.activities.errors import (
-    AccessDeniedError,
-    EgressDeniedError,
-    FetchFailedError,
-    FetchTimeoutError,
-    ToolNotAllowedError,
-    WorkerError,
-)
+from aiworker.activities.errors import FetchFailedError, FetchTimeoutError, ToolNotAllowedError
+from aiworker.activities.tools.browser_gate import PageCall, Sinkhole, dispatch, refuse_websocket
 from aiworker.activities.tools.fetch import FetchResult, FetchTool
 
 CHROMIUM_PACKAGE = "chromium"
@@ -97,17 +86,6 @@ CHROMIUM_ARGS = (
     "--force-webrtc-ip-handling-policy",
     f"--disable-features={_PLAYWRIGHT_DISABLED},{_BACKGROUND_DISABLED}",
 )
-# Response headers that describe the wire, not the (already decoded) body.
-_HOP_HEADERS = frozenset(
-    {
-        "content-encoding",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "set-cookie",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -148,51 +126,6 @@ class RenderResult:
         }
 
 
-class _Sinkhole:
-    """A proxy that answers nothing: what reaches it escaped interception."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-        self.url: str | None = None
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> str:
-        self._server = await asyncio.start_server(self._take, "127.0.0.1", 0)
-        port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
-
-    async def _take(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(Exception):
-            line = await asyncio.wait_for(reader.readline(), 2)
-            if len(self.seen) < 100:
-                self.seen.append(line[:200].decode("latin-1").strip())
-        writer.close()
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-            self.url = None
-
-
-@dataclass
-class _Call:
-    """One render's state, shared by its route handlers."""
-
-    document: FetchResult
-    deadline: float
-    user_agent: str | None
-    respect_robots: bool
-    allow_domains: tuple[str, ...]
-    context: contextvars.Context
-    served_document: bool = False
-    total_bytes: int = 0
-    requests: list[dict[str, str]] = field(default_factory=list)
-    blocked: Counter[str] = field(default_factory=Counter)
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
-
-
 class BrowserTool:
     """The ``render`` tool; one instance per process, one browser behind it.
 
@@ -216,7 +149,7 @@ class BrowserTool:
         self._lock = asyncio.Lock()
         self._playwright: Any = None
         self._browser: Any = None
-        self._sinkhole = _Sinkhole()
+        self._sinkhole = Sinkhole()
 
     @property
     def proxy(self) -> str | None:
@@ -319,7 +252,10 @@ class BrowserTool:
             respect_robots=respect_robots,
             allow_domains=allow_domains,
         )
-        call = _Call(
+        call = PageCall(
+            fetcher=self.fetcher,
+            max_requests=self.limits.max_requests,
+            max_total_bytes=self.limits.max_total_bytes,
             document=document,
             deadline=deadline,
             user_agent=user_agent,
@@ -332,7 +268,7 @@ class BrowserTool:
             html, waited = await self._load(browser, call, wait_for)
         return RenderResult(document, html, waited, call.requests, call.blocked)
 
-    async def _load(self, browser: Any, call: _Call, wait_for: str | None) -> tuple[str, bool]:
+    async def _load(self, browser: Any, call: PageCall, wait_for: str | None) -> tuple[str, bool]:
         from playwright.async_api import Error as PlaywrightError
         from playwright.async_api import TimeoutError as PlaywrightTimeout
 
@@ -344,8 +280,8 @@ class BrowserTool:
                 accept_downloads=False,
                 user_agent=call.user_agent or self.fetcher.user_agent,
             )
-            await context.route("**/*", lambda route, _request: self._dispatch(route, call))
-            await context.route_web_socket("**/*", _refuse_websocket)
+            await context.route("**/*", lambda route, _request: dispatch(route, call))
+            await context.route_web_socket("**/*", refuse_websocket)
             page = await context.new_page()
             budget = call.deadline - time.monotonic() - self.limits.reserve_seconds
             try:
@@ -385,100 +321,6 @@ class BrowserTool:
                 with contextlib.suppress(Exception):
                     await context.unroute_all(behavior="ignoreErrors")
                     await context.close()
-
-    def _dispatch(self, route: Any, call: _Call) -> asyncio.Task[None]:
-        # Run in (a copy of) the calling activity's context: its tenant egress list.
-        task = asyncio.create_task(self._serve(route, call), context=call.context.copy())
-        call.tasks.add(task)
-        task.add_done_callback(call.tasks.discard)
-        return task
-
-    async def _serve(self, route: Any, call: _Call) -> None:
-        """Answer one request of the page through the fetcher, or block it."""
-        from playwright.async_api import Error as PlaywrightError
-
-        req = route.request
-        url: str = req.url
-        entry = {"method": req.method, "url": url, "outcome": ""}
-        call.requests.append(entry)
-        try:
-            if (
-                not call.served_document
-                and req.is_navigation_request()
-                and req.frame.parent_frame is None
-            ):
-                call.served_document = True
-                entry["outcome"] = "document"
-                await route.fulfill(
-                    status=call.document.status_code,
-                    headers={"content-type": call.document.content_type or "text/html"},
-                    body=call.document.body,
-                )
-                return
-            reason = self._refusal(req.method, url, call)
-            if reason is not None:
-                await self._block(route, call, entry, reason)
-                return
-            try:
-                res = await self.fetcher.fetch_resource(
-                    url,
-                    timeout=max(0.001, call.deadline - time.monotonic()),
-                    user_agent=call.user_agent,
-                    respect_robots=call.respect_robots,
-                    allow_domains=call.allow_domains,
-                )
-            except EgressDeniedError:
-                await self._block(route, call, entry, "egress_denied")
-                return
-            except AccessDeniedError as e:
-                if getattr(e, "reason", None) == "robots":
-                    await self._block(route, call, entry, "robots")
-                    return
-                await _fulfil_status(route, entry, e)
-                return
-            except WorkerError as e:
-                if isinstance(getattr(e, "status_code", None), int):
-                    await _fulfil_status(route, entry, e)
-                    return
-                entry["outcome"] = f"failed:{e.code.value}"
-                await route.abort("failed")
-                return
-            call.total_bytes += len(res.body)
-            if call.total_bytes > self.limits.max_total_bytes:
-                await self._block(route, call, entry, "total_bytes")
-                return
-            entry["outcome"] = "fetched"
-            headers = {k: v for k, v in res.headers if k.lower() not in _HOP_HEADERS}
-            await route.fulfill(status=res.status_code, headers=headers, body=res.body)
-        except PlaywrightError:
-            pass  # the page or its context closed while this request was out
-
-    def _refusal(self, method: str, url: str, call: _Call) -> str | None:
-        if urlsplit(url).scheme not in ("http", "https"):
-            return "scheme"
-        if method != "GET":
-            return "method"
-        if len(call.requests) > self.limits.max_requests:
-            return "quota"
-        return None
-
-    @staticmethod
-    async def _block(route: Any, call: _Call, entry: dict[str, str], reason: str) -> None:
-        entry["outcome"] = f"blocked:{reason}"
-        call.blocked[reason] += 1
-        await route.abort("blockedbyclient")
-
-
-async def _fulfil_status(route: Any, entry: dict[str, str], e: WorkerError) -> None:
-    """Hand the page an error status the way the host sent it (a 404 image, say)."""
-    status = int(getattr(e, "status_code", 0) or 502)
-    entry["outcome"] = f"status:{status}"
-    await route.fulfill(status=status, body=b"")
-
-
-async def _refuse_websocket(ws: Any) -> None:
-    # Never connected to the server: no ws.connect_to_server() call.
-    await ws.close(code=1008, reason="websockets are blocked by the scraper")
 
 
 async def _gone(browser: Any) -> bool:

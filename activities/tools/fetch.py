@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import urljoin, urlsplit
 
 import httpcore
@@ -103,6 +103,14 @@ class FetchResult:
             "sha256": self.sha256,
             "elapsed_ms": self.elapsed_ms,
         }
+
+
+class FetchOptions(TypedDict, total=False):
+    """What a fetch takes besides its URL and timeout."""
+
+    user_agent: str | None
+    respect_robots: bool
+    allow_domains: Iterable[str] | None
 
 
 @dataclass(frozen=True)
@@ -197,25 +205,11 @@ class FetchTool:
         allow_domains: Iterable[str] | None = None,
     ) -> FetchResult:
         """Fetch ``url`` within ``timeout`` seconds (connect, redirects, body and all)."""
-        ua = user_agent or self.user_agent
-        check_header_value(ua, "input.user_agent")
-        domains = tuple(allow_domains or ())
         started = time.monotonic()
         fetched_at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        deadline = started + timeout
-        try:
-            async with asyncio.timeout(timeout):
-                async with self._open(url, ua, domains, deadline, respect_robots) as (
-                    resp,
-                    final_url,
-                    redirects,
-                ):
-                    self._check_content_type(resp, final_url)
-                    body = await self._read(resp, final_url, self.limits.max_bytes)
-        except TimeoutError:
-            raise FetchTimeoutError(
-                f"fetching {url} took longer than {timeout:.3g}s", url=url
-            ) from None
+        resp, final_url, redirects, body = await self._get(
+            url, timeout, user_agent, respect_robots, allow_domains, check_type=True
+        )
         text, encoding = decode_body(body, resp.charset_encoding)
         return FetchResult(
             url=url,
@@ -236,32 +230,54 @@ class FetchTool:
         url: str,
         *,
         timeout: float,  # noqa: ASYNC109 - a budget handed to httpx and asyncio.timeout
-        user_agent: str | None = None,
-        respect_robots: bool = True,
-        allow_domains: Iterable[str] | None = None,
+        **options: Unpack[FetchOptions],
     ) -> Resource:
         """One GET of any content type (a browser's script, style or image).
 
         The same hops, egress, robots.txt, breaker, politeness and body cap as
-        :meth:`fetch`; the body is returned as bytes, never decoded to text.
+        :meth:`fetch` (``options`` as there); the body is returned as bytes,
+        never decoded to text.
         """
+        resp, final_url, _redirects, body = await self._get(
+            url,
+            timeout,
+            options.get("user_agent"),
+            options.get("respect_robots", True),
+            options.get("allow_domains"),
+            check_type=False,
+        )
+        return Resource(final_url, resp.status_code, resp.headers.multi_items(), body)
+
+    async def _get(
+        self,
+        url: str,
+        timeout: float,  # noqa: ASYNC109 - a budget handed to httpx and asyncio.timeout
+        user_agent: str | None,
+        respect_robots: bool,
+        allow_domains: Iterable[str] | None,
+        *,
+        check_type: bool,
+    ) -> tuple[httpx.Response, str, list[str], bytes]:
+        """The final response, its URL, the redirects and the capped body, within ``timeout``."""
         ua = user_agent or self.user_agent
         check_header_value(ua, "input.user_agent")
+        domains = tuple(allow_domains or ())
         deadline = time.monotonic() + timeout
         try:
             async with asyncio.timeout(timeout):
-                domains = tuple(allow_domains or ())
                 async with self._open(url, ua, domains, deadline, respect_robots) as (
                     resp,
                     final_url,
-                    _redirects,
+                    redirects,
                 ):
+                    if check_type:
+                        self._check_content_type(resp, final_url)
                     body = await self._read(resp, final_url, self.limits.max_bytes)
         except TimeoutError:
             raise FetchTimeoutError(
                 f"fetching {url} took longer than {timeout:.3g}s", url=url
             ) from None
-        return Resource(final_url, resp.status_code, resp.headers.multi_items(), body)
+        return resp, final_url, redirects, body
 
     @contextlib.asynccontextmanager
     async def _open(
