@@ -106,6 +106,9 @@ class Settings(BaseModel):
     hooks_file: Path | None = None
     serve_rate_limit: str = "120/min"
     serve_max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # The headless Chromium that web-scrape's `render: "browser"` drives (Debian's
+    # `chromium` package); launched only when a step asks for it.
+    browser_executable: Path = Path("/usr/bin/chromium")
 
     @field_validator("task_queue_suffix")
     @classmethod
@@ -183,6 +186,7 @@ class Settings(BaseModel):
             "HOOKS_FILE",
             "SERVE_RATE_LIMIT",
             "SERVE_MAX_BODY_BYTES",
+            "BROWSER_EXECUTABLE",
             *(name.removeprefix(ENV_PREFIX) for name in SETTING_OF.values()),
         }
         # Variables consumed by other parts (tests, dev server) are not settings.
@@ -236,6 +240,7 @@ class Settings(BaseModel):
             ("API_KEYS_FILE", "api_keys_file"),
             ("HOOKS_FILE", "hooks_file"),
             ("SERVE_RATE_LIMIT", "serve_rate_limit"),
+            ("BROWSER_EXECUTABLE", "browser_executable"),
         ):
             if (v := get(name)) is not None:
                 raw[key] = v
