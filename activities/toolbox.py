@@ -13,8 +13,9 @@ from typing import Any
 
 from aiworker.activities.errors import BudgetExceededError, ToolNotAllowedError
 
-# Tools that reach outside the process; each `use` counts one external call.
-EXTERNAL_TOOLS = frozenset({"fetch_url", "language_model", "http_post"})
+# Tools that reach outside the process; each `use` counts one external call
+# (`render`: one page, whose own requests are bounded by the tool's per-page quota).
+EXTERNAL_TOOLS = frozenset({"fetch_url", "language_model", "http_post", "render"})
 
 
 class Toolbox:

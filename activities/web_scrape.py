@@ -1,19 +1,27 @@
 """The ``web-scrape`` worker: fetch a page, extract what a spec asks, normalize it.
 
 Input ``{url, extraction_spec?, discover?, user_agent?, respect_robots?,
-allow_domains?, cache?}``; output ``{data, source, warnings}``. The extraction
-spec is compiled before any fetch (a bad spec is ``invalid_input`` and costs no request). The raw
-page goes to the artifact store and travels as an ``ArtifactRef``, never
-inline. Fetch failures carry their codes from the ``fetch_url`` tool; a page
-whose markup lost required fields returns ``partial`` with one warning per
-missing field. Conditional requests (``activities.tools.revalidate``): a
-page that answers ``304`` returns the previous extraction with
-``source.not_modified: true``; ``cache: "off"`` turns them off.
-``extraction_spec.content`` adds ``data.content``, the page's main text as
-text and Markdown (:mod:`aiworker.activities.tools.content`). ``discover``
-adds ``data.urls`` (:mod:`aiworker.activities.tools.discover`); a step with
-it makes no conditional request (a page that did not change says nothing of
-its sitemaps).
+allow_domains?, cache?, render?, wait_for?}``; output ``{data, source, warnings}``. The
+extraction spec is compiled before any fetch (a bad spec is ``invalid_input``
+and costs no request). The raw page (the rendered DOM when rendered) goes to
+the artifact store and travels as an ``ArtifactRef``, never inline. Fetch
+failures carry their codes from the ``fetch_url`` tool; a page whose markup
+lost required fields returns ``partial`` with one warning per missing field.
+
+- ``render: "browser"`` loads the page in headless Chromium through the
+  ``render`` tool (``activities/tools/browser.py``) and extracts from the
+  rendered DOM.
+- Conditional requests (``activities.tools.revalidate``): a page that
+  answers ``304`` returns the previous extraction with
+  ``source.not_modified: true``; ``cache: "off"`` turns them off. A rendered
+  page is never revalidated: a ``304`` for its document says nothing about
+  the scripts and data its content comes from.
+- ``extraction_spec.content`` adds ``data.content``, the page's main text as
+  text and Markdown (:mod:`aiworker.activities.tools.content`).
+- ``discover`` adds ``data.urls`` (:mod:`aiworker.activities.tools.discover`);
+  with sitemaps only, the page itself is not fetched. A discover step makes
+  no conditional request (a page that did not change says nothing of its
+  sitemaps).
 """
 
 from __future__ import annotations
@@ -26,13 +34,14 @@ from aiworker.activities.artifacts import ArtifactStore
 from aiworker.activities.errors import InvalidInputError
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
+from aiworker.activities.tools.browser import BrowserTool
 from aiworker.activities.tools.discover import discover_urls
 from aiworker.activities.tools.extract import Extraction, HtmlParser
 from aiworker.activities.tools.fetch import FetchResult, FetchTool
 from aiworker.activities.tools.revalidate import NotModified, PageValidators
 from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.discover_spec import compile_discover
-from aiworker.schemas.extraction_spec import SpecError
+from aiworker.schemas.extraction_spec import SpecError, compile_selector
 from aiworker.schemas.protocol import WarningInfo
 
 # Leave the runtime's own deadline a margin, so a slow site is `fetch_timeout`
@@ -72,12 +81,12 @@ class WebScrape(Worker):
                 "input.extraction_spec.fields.urls: with discover, data.urls holds the URLs found",
                 field="input.extraction_spec.fields.urls",
             )
+        wait_for = _wait_for(input)
         store: ArtifactStore = ctx.tools.use("artifact_store")
-        fetcher: FetchTool = ctx.tools.use("fetch_url")
         if find is not None and not find.links and spec is None:
             # Sitemaps only: the page itself is not fetched.
             urls, found = await discover_urls(
-                fetcher, find, input, None, _time_left(ctx.remaining())
+                ctx.tools.use("fetch_url"), find, input, None, _time_left(ctx.remaining())
             )
             return WorkerResult(
                 outputs={
@@ -89,81 +98,116 @@ class WebScrape(Worker):
                 warnings=[WarningInfo(**w) for w in found.warnings],
                 log_fields={"urls": len(urls), "discover_fetches": found.fetches},
             )
-
-        async def fetch(conditional: tuple[str, Mapping[str, str]] | None) -> FetchResult:
-            return await fetcher.fetch(
-                input["url"],
-                timeout=_time_left(ctx.remaining()),
-                user_agent=input.get("user_agent"),
-                respect_robots=input.get("respect_robots", True),
-                allow_domains=input.get("allow_domains"),
-                conditional=conditional,
-            )
-
+        fetch_args: dict[str, Any] = {
+            "user_agent": input.get("user_agent"),
+            "respect_robots": input.get("respect_robots", True),
+            "allow_domains": input.get("allow_domains"),
+        }
+        rendered = None
+        fetcher: FetchTool
         revalidation = PageValidators.beside(store, ctx.settings.data_dir).session(
             ctx.tenant,
             input,
             self.spec.version,
-            enabled=input.get("cache", "on") != "off" and find is None,
+            enabled=input.get("cache", "on") != "off"
+            and input.get("render") != "browser"
+            and find is None,
         )
-        page = await revalidation.fetch(fetch)
-        if isinstance(page, NotModified):
-            return WorkerResult(
-                outputs=page.outputs,
-                warnings=[WarningInfo(**w) for w in page.outputs["warnings"]],
-                artifacts=page.artifacts,
-                log_fields={
-                    "final_url": page.outputs["source"]["final_url"],
-                    "status_code": 304,
-                    "not_modified": True,
-                },
+        if input.get("render") == "browser":
+            browser: BrowserTool = ctx.tools.use("render")
+            fetcher = browser.fetcher  # discovery's fetches: the same guarded fetcher
+            rendered = await browser.render(
+                input["url"], wait_for=wait_for, timeout=_time_left(ctx.remaining()), **fetch_args
             )
-        media_type = page.content_type.split(";", 1)[0].strip() or "text/html"
-        ref = await store.put(ctx.request.tenant, page.body, media_type)
+            page, text = rendered.page, rendered.html
+            body, media_type = text.encode("utf-8"), "text/html"
+        else:
+            fetcher = ctx.tools.use("fetch_url")
+
+            async def fetch(conditional: tuple[str, Mapping[str, str]] | None) -> FetchResult:
+                return await fetcher.fetch(
+                    input["url"],
+                    timeout=_time_left(ctx.remaining()),
+                    conditional=conditional,
+                    **fetch_args,
+                )
+
+            fetched = await revalidation.fetch(fetch)
+            if isinstance(fetched, NotModified):
+                return WorkerResult(
+                    outputs=fetched.outputs,
+                    warnings=[WarningInfo(**w) for w in fetched.outputs["warnings"]],
+                    artifacts=fetched.artifacts,
+                    log_fields={
+                        "final_url": fetched.outputs["source"]["final_url"],
+                        "status_code": 304,
+                        "not_modified": True,
+                    },
+                )
+            page = fetched
+            text, body = page.text, page.body
+            media_type = page.content_type.split(";", 1)[0].strip() or "text/html"
+        ref = await store.put(ctx.request.tenant, body, media_type)
         result = Extraction(data={})
         if spec is None:
             pass
-        elif len(page.text) > _INLINE_PARSE_CHARS:
+        elif len(text) > _INLINE_PARSE_CHARS:
             # Big pages parse in a thread so the event loop keeps serving other activities.
-            result = await asyncio.to_thread(parser.extract, page.text, spec, page.final_url)
+            result = await asyncio.to_thread(parser.extract, text, spec, page.final_url)
         else:
-            result = parser.extract(page.text, spec, page.final_url)
+            result = parser.extract(text, spec, page.final_url)
         partial = bool(result.missing_required)
+        warnings = list(result.warnings)
         if spec is not None and spec.content is not None:
             # imported on first use: trafilatura takes ~0.2 s to import, which a
             # process whose steps never ask for content should not pay
             from aiworker.activities.tools.content import main_content
 
             content = await main_content(
-                page.text,
+                text,
                 spec.content,
                 page.final_url,
                 max_chars=spec.max_content_chars,
                 timeout=_time_left(ctx.remaining()),
             )
             result.data["content"] = content.content
-            result.warnings.extend(content.warnings)
+            warnings.extend(content.warnings)
             partial = partial or content.partial
         log_fields: dict[str, Any] = {}
         if find is not None:
-            soup = parser.parse(page.text)
             urls, found = await discover_urls(
-                fetcher, find, input, (soup, page), _time_left(ctx.remaining())
+                fetcher,
+                find,
+                input,
+                (parser.parse(text), page.final_url),
+                _time_left(ctx.remaining()),
             )
             result.data["urls"] = urls
-            result.warnings.extend(found.warnings)
+            warnings.extend(found.warnings)
             partial = partial or found.incomplete
             log_fields = {"urls": len(urls), "discover_fetches": found.fetches}
         source = page.source()
         source["redirects"] = page.redirects
         source["not_modified"] = False
-        outputs = {"data": result.data, "source": source, "warnings": result.warnings}
+        if rendered is not None:
+            source["browser"] = rendered.summary()
+            if not rendered.waited:
+                partial = True
+                warnings.append(
+                    {
+                        "code": "wait_for_timeout",
+                        "message": f"wait_for {wait_for or 'load'} did not happen before the "
+                        "deadline; extracted from the page as it was",
+                        "field": "input.wait_for",
+                    }
+                )
+        outputs = {"data": result.data, "source": source, "warnings": warnings}
         if not partial:  # only a succeeded extraction is remembered
             await revalidation.remember(page, ref, outputs)
         return WorkerResult(
             outputs=outputs,
             status="partial" if partial else "succeeded",
-            warnings=[WarningInfo(**w) for w in result.warnings],
+            warnings=[WarningInfo(**w) for w in warnings],
             artifacts=[ref],
             log_fields={
                 "final_url": page.final_url,
@@ -173,3 +217,23 @@ class WebScrape(Worker):
                 **log_fields,
             },
         )
+
+
+def _wait_for(input: dict[str, Any]) -> str | None:
+    """``input.wait_for``, checked: only with ``render: "browser"``, a CSS selector or
+    ``networkidle``."""
+    wait_for: str | None = input.get("wait_for")
+    if wait_for is None:
+        return None
+    if input.get("render") != "browser":
+        raise InvalidInputError(
+            'input.wait_for: takes effect only with "render": "browser"', field="input.wait_for"
+        )
+    if wait_for != "networkidle":
+        try:
+            compile_selector(wait_for, "wait_for")
+        except SpecError as e:
+            raise InvalidInputError(
+                f"input.{e.path}: {e.message}", field="input.wait_for"
+            ) from None
+    return wait_for

@@ -155,6 +155,8 @@ SETTINGS: dict[str, str] = {
     "serve_rate_limit": "requests per API key and per webhook the front door accepts, e.g. "
     "`120/min` (a token bucket per process; a key's own rate_limit wins)",
     "serve_max_body_bytes": "the largest request body the front door reads (413 beyond it)",
+    "browser_executable": 'the Chromium that web-scrape\'s `render: "browser"` drives '
+    "(Debian's `chromium` package; launched on first use, never downloaded)",
 }
 
 # Settings fields that are not variables of their own.

@@ -113,6 +113,9 @@ class Settings(BaseModel):
     hooks_file: Path | None = None
     serve_rate_limit: str = "120/min"
     serve_max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # The headless Chromium that web-scrape's `render: "browser"` drives (Debian's
+    # `chromium` package); launched only when a step asks for it.
+    browser_executable: Path = Path("/usr/bin/chromium")
 
     @field_validator("task_queue_suffix")
     @classmethod
@@ -194,6 +197,7 @@ class Settings(BaseModel):
             "SCRAPE_MAX_DELAY_SECONDS",
             "AUTOTHROTTLE",
             "AUTOTHROTTLE_TARGET_CONCURRENCY",
+            "BROWSER_EXECUTABLE",
             *(name.removeprefix(ENV_PREFIX) for name in SETTING_OF.values()),
         }
         # Variables consumed by other parts (tests, dev server) are not settings.
@@ -250,6 +254,7 @@ class Settings(BaseModel):
             ("API_KEYS_FILE", "api_keys_file"),
             ("HOOKS_FILE", "hooks_file"),
             ("SERVE_RATE_LIMIT", "serve_rate_limit"),
+            ("BROWSER_EXECUTABLE", "browser_executable"),
         ):
             if (v := get(name)) is not None:
                 raw[key] = v

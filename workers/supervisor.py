@@ -140,7 +140,12 @@ async def run_worker_process(
         install_signal_handlers(stop)
         if on_ready:
             on_ready()
-        await run_until_stopped(workers, stop, health)
+        try:
+            await run_until_stopped(workers, stop, health)
+        finally:
+            render = runtime.tools.get("render")
+            if render is not None:  # Chromium and its driver, if a step rendered a page
+                await render.aclose()
     finally:
         if server:
             server.stop()

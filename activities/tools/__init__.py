@@ -1,4 +1,4 @@
-"""Tools that workers reach through the toolbox: ``fetch_url``, ``parse_html``.
+"""Tools that workers reach through the toolbox: ``fetch_url``, ``parse_html``, ``render``.
 
 Built once per process (:func:`scrape_tools`) and shared by every activity,
 so robots.txt caches, politeness slots, breakers and connection pools are
@@ -14,6 +14,7 @@ from aiworker.activities.bodies import BodyMeter
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.tools.autothrottle import AutoThrottle
+from aiworker.activities.tools.browser import BrowserLimits, BrowserTool
 from aiworker.activities.tools.egress import EgressPolicy
 from aiworker.activities.tools.extract import HtmlParser
 from aiworker.activities.tools.fetch import FetchLimits, FetchResult, FetchTool
@@ -32,28 +33,31 @@ def scrape_tools(
     metrics: WorkerMetrics | None = None,
     meter: BodyMeter | None = None,
 ) -> dict[str, Any]:
-    """The ``fetch_url``, ``parse_html`` and ``artifact_store`` tools for ``settings``.
+    """The ``fetch_url``, ``parse_html``, ``artifact_store`` and ``render`` tools for ``settings``.
 
     The keyword arguments replace a part (tests: an egress policy that trusts
     one loopback server, a breaker with a low threshold); ``metrics`` exports
     the host breakers' state as ``aiworker_breaker_state``; ``meter`` counts
     the bytes of every body the fetch tool reads.
     """
-    return {
-        "fetch_url": FetchTool(
-            egress or EgressPolicy.from_settings(settings),
-            limits=limits,
-            robots=robots,
-            politeness=politeness if politeness is not None else politeness_for(settings),
-            breakers=(
-                breakers
-                if breakers is not None
-                else BreakerRegistry.from_settings("host", settings, metrics=metrics)
-            ),
-            meter=meter,
+    fetcher = FetchTool(
+        egress or EgressPolicy.from_settings(settings),
+        limits=limits,
+        robots=robots,
+        politeness=politeness if politeness is not None else politeness_for(settings),
+        breakers=(
+            breakers
+            if breakers is not None
+            else BreakerRegistry.from_settings("host", settings, metrics=metrics)
         ),
+        meter=meter,
+    )
+    return {
+        "fetch_url": fetcher,
         "parse_html": HtmlParser(max_json_depth=settings.caps.max_json_depth),
         "artifact_store": FileArtifactStore(settings.data_dir),
+        # Launches Chromium only when a step asks for render: "browser".
+        "render": BrowserTool(fetcher, settings.browser_executable),
     }
 
 
@@ -72,6 +76,8 @@ def politeness_for(settings: Settings) -> Politeness:
 
 __all__ = [
     "AutoThrottle",
+    "BrowserLimits",
+    "BrowserTool",
     "EgressPolicy",
     "FetchLimits",
     "FetchResult",

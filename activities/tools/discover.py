@@ -35,7 +35,7 @@ from aiworker.activities.errors import (
     PayloadTooLargeError,
     WorkerError,
 )
-from aiworker.activities.tools.fetch import FetchResult, FetchTool
+from aiworker.activities.tools.fetch import FetchTool
 from aiworker.activities.tools.sitemap_stream import (
     SITEMAP_MAX_BYTES,
     BodyRead,
@@ -303,11 +303,12 @@ async def discover_urls(
     fetcher: FetchTool,
     spec: DiscoverSpec,
     input: dict[str, Any],
-    page: tuple[BeautifulSoup, FetchResult] | None,
+    page: tuple[BeautifulSoup, str] | None,
     budget: float,
 ) -> tuple[list[str], Discovery]:
     """Run one step's discovery within ``budget`` seconds: the page's links (when
-    ``page`` is given and links are asked for), then sitemaps. Returns the URLs
+    ``page``, the parsed page and its final URL, is given and links are asked
+    for), then sitemaps. Returns the URLs
     and the discovery (its warnings, ``incomplete``, ``source`` and fetch count).
 
     Without a ``page`` (sitemaps only) the first sitemap read is the step's
@@ -325,7 +326,7 @@ async def discover_urls(
     try:
         async with asyncio.timeout(budget):
             if page is not None and spec.links:
-                await found.from_page(page[0], page[1].final_url)
+                await found.from_page(*page)
             if spec.sitemap is not None:
                 await found.from_sitemaps(required=page is None)
     except TimeoutError:

@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import urljoin, urlsplit
 
 import httpcore
@@ -107,6 +107,24 @@ class FetchResult:
             "sha256": self.sha256,
             "elapsed_ms": self.elapsed_ms,
         }
+
+
+class FetchOptions(TypedDict, total=False):
+    """What a fetch takes besides its URL and timeout."""
+
+    user_agent: str | None
+    respect_robots: bool
+    allow_domains: Iterable[str] | None
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A fetched sub-resource: where it ended up, its status, headers and decoded body."""
+
+    final_url: str
+    status_code: int
+    headers: list[tuple[str, str]]
+    body: bytes
 
 
 def _origin(url: str) -> tuple[str, str]:
@@ -199,26 +217,17 @@ class FetchTool:
         ``status_code`` 304 and no body (``activities.tools.revalidate``). Any
         other ``304`` is ``fetch_failed``.
         """
-        ua = user_agent or self.user_agent
-        check_header_value(ua, "input.user_agent")
-        domains = tuple(allow_domains or ())
         started = time.monotonic()
         fetched_at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        deadline = started + timeout
-        try:
-            async with asyncio.timeout(timeout):
-                async with self._open(
-                    url, ua, domains, deadline, respect_robots, conditional=conditional
-                ) as (resp, final_url, redirects):
-                    if resp.status_code == 304:
-                        body = b""  # Not Modified: no body, whatever it says
-                    else:
-                        self._check_content_type(resp, final_url)
-                        body = await self._read(resp, final_url, self.limits.max_bytes)
-        except TimeoutError:
-            raise FetchTimeoutError(
-                f"fetching {url} took longer than {timeout:.3g}s", url=url
-            ) from None
+        resp, final_url, redirects, body = await self._get(
+            url,
+            timeout,
+            user_agent,
+            respect_robots,
+            allow_domains,
+            check_type=True,
+            conditional=conditional,
+        )
         text, encoding = decode_body(body, resp.charset_encoding)
         return FetchResult(
             url=url,
@@ -235,6 +244,63 @@ class FetchTool:
             etag=resp.headers.get("etag"),
             last_modified=resp.headers.get("last-modified"),
         )
+
+    async def fetch_resource(
+        self,
+        url: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 - a budget handed to httpx and asyncio.timeout
+        **options: Unpack[FetchOptions],
+    ) -> Resource:
+        """One GET of any content type (a browser's script, style or image).
+
+        The same hops, egress, robots.txt, breaker, politeness and body cap as
+        :meth:`fetch` (``options`` as there); the body is returned as bytes,
+        never decoded to text.
+        """
+        resp, final_url, _redirects, body = await self._get(
+            url,
+            timeout,
+            options.get("user_agent"),
+            options.get("respect_robots", True),
+            options.get("allow_domains"),
+            check_type=False,
+        )
+        return Resource(final_url, resp.status_code, resp.headers.multi_items(), body)
+
+    async def _get(
+        self,
+        url: str,
+        timeout: float,  # noqa: ASYNC109 - a budget handed to httpx and asyncio.timeout
+        user_agent: str | None,
+        respect_robots: bool,
+        allow_domains: Iterable[str] | None,
+        *,
+        check_type: bool,
+        conditional: tuple[str, Mapping[str, str]] | None = None,
+    ) -> tuple[httpx.Response, str, list[str], bytes]:
+        """The final response, its URL, the redirects and the capped body, within
+        ``timeout`` (a conditional ``304``: no body, see :meth:`fetch`)."""
+        ua = user_agent or self.user_agent
+        check_header_value(ua, "input.user_agent")
+        domains = tuple(allow_domains or ())
+        deadline = time.monotonic() + timeout
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._open(
+                    url, ua, domains, deadline, respect_robots, conditional=conditional
+                ) as (resp, final_url, redirects):
+                    if resp.status_code == 304:
+                        body = b""  # Not Modified: no body, whatever it says
+                    else:
+                        if check_type:
+                            self._check_content_type(resp, final_url)
+                        body = await self._read(resp, final_url, self.limits.max_bytes)
+        except TimeoutError:
+            raise FetchTimeoutError(
+                f"fetching {url} took longer than {timeout:.3g}s", url=url
+            ) from None
+        return resp, final_url, redirects, body
 
     @contextlib.asynccontextmanager
     async def _open(

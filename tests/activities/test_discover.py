@@ -48,6 +48,7 @@ async def stack(client: Client, tmp_path_factory: pytest.TempPathFactory) -> Asy
         async with running_stack(client, settings, tools=tools) as s:
             yield s
     finally:
+        await tools["render"].aclose()
         await tools["fetch_url"].aclose()
 
 
@@ -257,3 +258,21 @@ async def test_the_example_pipeline_crawls_the_sample_shop(stack: Stack) -> None
     assert result.output["urls"] == [server.url(f"/{p}") for p in pages]
     names = [item["data"]["name"] for item in result.output["products"]["items"]]
     assert names == ["Espresso machine", "Burr grinder", "Gooseneck kettle"]
+
+
+@pytest.mark.skipif(
+    not Path("/usr/bin/chromium").exists(),
+    reason="Chromium is not installed: apt-get install chromium (Debian's package)",
+)
+async def test_links_of_a_rendered_page(stack: Stack, sitemap_site: SitemapSite) -> None:
+    """With render: "browser", links come from the DOM the scripts built."""
+    u = sitemap_site.url
+    inp = {"render": "browser", "wait_for": "a.product"}
+    plain, rendered = (
+        step(sid, u("/js-links"), {"links": {"selector": "a.product"}}, **extra)
+        for sid, extra in (("plain", {}), ("rendered", inp))
+    )
+    result = await run(stack, [plain, rendered])
+    assert result.steps["plain"].outputs["data"]["urls"] == []
+    assert result.steps["rendered"].outputs["data"]["urls"] == [u("/item/1"), u("/item/2")]
+    assert result.steps["rendered"].usage.external_calls == 1

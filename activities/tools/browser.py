@@ -1,0 +1,337 @@
+"""The ``render`` tool: a page loaded in headless Chromium, every request through ``fetch_url``.
+
+web-scrape's ``render: "browser"`` fetches the page itself with the guarded
+fetcher (:class:`~aiworker.activities.tools.fetch.FetchTool`: egress after DNS,
+robots.txt, breaker, politeness, redirects, body cap), then loads it in
+Chromium, driven by Playwright's Python package pointed at Debian's
+``chromium`` (nothing downloads a browser at run time). Chromium itself never
+talks to the network:
+
+- every request of the page (scripts, styles, images, XHR, frames) is
+  intercepted and answered through the fetcher, or refused and counted by
+  reason (``activities/tools/browser_gate.py``); WebSockets are closed before
+  they connect, service workers are blocked;
+- the browser's proxy is a local sinkhole that answers nothing: whatever
+  escapes interception fails there and is recorded in
+  :attr:`BrowserTool.escaped`, so a leak shows up instead of reaching a host.
+  Chromium 156 still tries update.googleapis.com and accounts.google.com at
+  start, whatever the flags; those attempts end there;
+- Chromium's own background traffic is off (:data:`CHROMIUM_ARGS`).
+
+One browser per process, launched on first use with Playwright's fresh
+temporary profile (removed when the browser closes); each call gets a new
+context, closed after. A browser that dies is noticed (``disconnected``):
+the call fails ``fetch_failed`` (retryable, ``reason: browser_crashed``) and
+the next call launches a new one. A missing executable is ``tool_not_allowed``
+(not retryable) naming the package to install.
+
+Playwright's driver and its tasks outlive the call that launched them, so
+they start in an empty context: no call's context (its tenant's egress list)
+leaks into another call's requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiworker.activities.errors import FetchFailedError, FetchTimeoutError, ToolNotAllowedError
+from aiworker.activities.tools.browser_gate import PageCall, Sinkhole, dispatch, refuse_websocket
+from aiworker.activities.tools.fetch import FetchResult, FetchTool
+
+CHROMIUM_PACKAGE = "chromium"
+INSTALL_HINT = "apt-get install chromium"
+
+# Playwright 1.65 passes its own --disable-features list; Chromium reads only the
+# last such switch, so ours repeats Playwright's and adds the background services.
+_PLAYWRIGHT_DISABLED = (
+    "AvoidUnnecessaryBeforeUnloadCheckSync,DestroyProfileOnBrowserClose,HttpsUpgrades,"
+    "HttpsFirstBalancedModeAutoEnable,LensOverlay,MediaRouter,PaintHolding,"
+    "ThirdPartyStoragePartitioning,AvoidCorsURLLoaderRestartOnRedirect,TcpPortRandomizationWin,"
+    "OptimizationHints,NetworkTimeServiceQuerying,AimEnabled,PreconnectToSearch"
+)
+_BACKGROUND_DISABLED = (
+    "SafeBrowsingEnhancedProtection,SafeBrowsingEnterpriseRealTimeUrlCheck,"
+    "OptimizationGuideModelDownloading,OptimizationHintsFetching,OptimizationTargetPrediction,"
+    "Translate,TranslateUI,DialMediaRouteProvider,CertificateTransparencyComponentUpdater,"
+    "AutofillServerCommunication,InterestFeedContentSuggestions,NetworkPrediction,"
+    "SpeculationRulesPrefetchFuture"
+)
+# Background traffic off. Playwright already adds most of these; they are
+# repeated so that the list here is the whole contract, whatever its version.
+CHROMIUM_ARGS = (
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-default-apps",
+    "--metrics-recording-only",
+    "--disable-field-trial-config",
+    "--disable-domain-reliability",
+    "--disable-client-side-phishing-detection",
+    "--safebrowsing-disable-auto-update",
+    "--disable-breakpad",
+    "--no-pings",
+    "--dns-prefetch-disable",
+    "--disable-quic",
+    "--webrtc-ip-handling-policy=disable_non_proxied_udp",
+    "--force-webrtc-ip-handling-policy",
+    f"--disable-features={_PLAYWRIGHT_DISABLED},{_BACKGROUND_DISABLED}",
+)
+
+
+@dataclass(frozen=True)
+class BrowserLimits:
+    """Bounds of one rendered page.
+
+    Attributes:
+        max_requests: requests one page may make (its document included); later
+            ones are blocked (``quota``): the render tool's own quota.
+        max_total_bytes: bytes of all its sub-resources together (each is also
+            under the fetch tool's per-body cap).
+        max_pages: pages one process renders at once (Chromium is heavy).
+        reserve_seconds: time kept back from the wait for reading the DOM and closing.
+    """
+
+    max_requests: int = 200
+    max_total_bytes: int = 32 * 1024 * 1024
+    max_pages: int = 2
+    reserve_seconds: float = 0.5
+
+
+@dataclass
+class RenderResult:
+    """A rendered page: the fetched document, the DOM after scripts ran, and what happened."""
+
+    page: FetchResult
+    html: str
+    waited: bool
+    requests: list[dict[str, str]] = field(default_factory=list)
+    blocked: Counter[str] = field(default_factory=Counter)
+
+    def summary(self) -> dict[str, Any]:
+        """The ``source.browser`` block of the web-scrape output."""
+        return {
+            "requests": len(self.requests),
+            "fetched": sum(1 for r in self.requests if r["outcome"] in ("document", "fetched")),
+            "blocked": dict(sorted(self.blocked.items())),
+        }
+
+
+class BrowserTool:
+    """The ``render`` tool; one instance per process, one browser behind it.
+
+    Args:
+        fetcher: the process's ``fetch_url`` tool; every request goes through it.
+        executable: the Chromium binary (Debian's ``chromium`` package).
+        limits: bounds of one page.
+    """
+
+    def __init__(
+        self,
+        fetcher: FetchTool,
+        executable: Path | str = "/usr/bin/chromium",
+        limits: BrowserLimits | None = None,
+    ) -> None:
+        self.fetcher = fetcher
+        self.executable = Path(executable)
+        self.limits = limits or BrowserLimits()
+        self.launches = 0
+        self._pages = asyncio.Semaphore(self.limits.max_pages)
+        self._lock = asyncio.Lock()
+        self._playwright: Any = None
+        self._browser: Any = None
+        self._sinkhole = Sinkhole()
+
+    @property
+    def proxy(self) -> str | None:
+        """The sinkhole proxy the running browser was given (it names that browser)."""
+        return self._sinkhole.url
+
+    @property
+    def escaped(self) -> list[str]:
+        """First lines of connections that reached the sinkhole proxy (should be none)."""
+        return list(self._sinkhole.seen)
+
+    def check_installed(self) -> None:
+        """``tool_not_allowed`` naming the package when Chromium is not installed."""
+        if not (self.executable.is_file() and os.access(self.executable, os.X_OK)):
+            raise ToolNotAllowedError(
+                f"the render tool needs Chromium, and {self.executable} is not an executable "
+                f"file: install Debian's {CHROMIUM_PACKAGE!r} package ({INSTALL_HINT}) or set "
+                "AIWORKER_BROWSER_EXECUTABLE",
+                tool="render",
+                package=CHROMIUM_PACKAGE,
+                executable=str(self.executable),
+            )
+
+    async def _browser_ready(self) -> Any:
+        async with self._lock:
+            if self._browser is None or not self._browser.is_connected():
+                await self._shutdown()
+                # Started in an empty context: the driver's tasks outlive this call.
+                task = asyncio.create_task(self._launch(), context=contextvars.Context())
+                self._browser = await task
+            return self._browser
+
+    async def _launch(self) -> Any:
+        from playwright.async_api import Error as PlaywrightError
+        from playwright.async_api import async_playwright
+
+        self.check_installed()
+        proxy = await self._sinkhole.start()
+        self._playwright = await async_playwright().start()
+        try:
+            browser = await self._playwright.chromium.launch(
+                executable_path=str(self.executable),
+                headless=True,
+                args=list(CHROMIUM_ARGS),
+                # Chromium refuses its sandbox as root; tests and the dev image run as root.
+                chromium_sandbox=os.geteuid() != 0,
+                proxy={"server": proxy},
+                handle_sigint=False,
+                handle_sigterm=False,
+                handle_sighup=False,
+            )
+        except PlaywrightError as e:
+            await self._shutdown()
+            raise ToolNotAllowedError(
+                f"could not start Chromium ({self.executable}): {str(e.message).splitlines()[0]}",
+                tool="render",
+                package=CHROMIUM_PACKAGE,
+            ) from None
+        self.launches += 1
+        return browser
+
+    async def _shutdown(self) -> None:
+        browser, pw = self._browser, self._playwright
+        self._browser = self._playwright = None
+        if browser is not None:
+            with contextlib.suppress(Exception):
+                await browser.close()
+        if pw is not None:
+            with contextlib.suppress(Exception):
+                await pw.stop()
+        await self._sinkhole.close()
+
+    async def aclose(self) -> None:
+        """Close the browser and its driver (at process shutdown)."""
+        async with self._lock:
+            await self._shutdown()
+
+    async def render(
+        self,
+        url: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 - the whole call's budget, wait included
+        wait_for: str | None = None,
+        user_agent: str | None = None,
+        respect_robots: bool = True,
+        allow_domains: Iterable[str] | None = None,
+    ) -> RenderResult:
+        """Fetch ``url``, load it in Chromium, wait for ``wait_for``, return the DOM.
+
+        ``wait_for`` is a CSS selector or ``"networkidle"``; the page's ``load``
+        event when None. A wait that does not end within ``timeout`` returns the
+        DOM as it is with ``waited=False``.
+        """
+        self.check_installed()
+        deadline = time.monotonic() + timeout
+        document = await self.fetcher.fetch(
+            url,
+            timeout=timeout,
+            user_agent=user_agent,
+            respect_robots=respect_robots,
+            allow_domains=allow_domains,
+        )
+        call = PageCall(
+            fetcher=self.fetcher,
+            max_requests=self.limits.max_requests,
+            max_total_bytes=self.limits.max_total_bytes,
+            document=document,
+            deadline=deadline,
+            user_agent=user_agent,
+            respect_robots=respect_robots,
+            allow_domains=tuple(allow_domains or ()),
+            context=contextvars.copy_context(),
+        )
+        async with self._pages:
+            browser = await self._browser_ready()
+            html, waited = await self._load(browser, call, wait_for)
+        return RenderResult(document, html, waited, call.requests, call.blocked)
+
+    async def _load(self, browser: Any, call: PageCall, wait_for: str | None) -> tuple[str, bool]:
+        from playwright.async_api import Error as PlaywrightError
+        from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+        url = call.document.final_url
+        context = None
+        try:
+            context = await browser.new_context(
+                service_workers="block",
+                accept_downloads=False,
+                user_agent=call.user_agent or self.fetcher.user_agent,
+            )
+            await context.route("**/*", lambda route, _request: dispatch(route, call))
+            await context.route_web_socket("**/*", refuse_websocket)
+            page = await context.new_page()
+            budget = call.deadline - time.monotonic() - self.limits.reserve_seconds
+            try:
+                await page.goto(url, wait_until="domcontentloaded", timeout=_ms(budget))
+            except PlaywrightTimeout:
+                raise FetchTimeoutError(
+                    f"loading {url} in the browser timed out", url=url
+                ) from None
+            waited = True
+            try:
+                budget = call.deadline - time.monotonic() - self.limits.reserve_seconds
+                if wait_for is None:
+                    await page.wait_for_load_state("load", timeout=_ms(budget))
+                elif wait_for == "networkidle":
+                    await page.wait_for_load_state("networkidle", timeout=_ms(budget))
+                else:
+                    await page.wait_for_selector(wait_for, state="attached", timeout=_ms(budget))
+            except PlaywrightTimeout:
+                waited = False
+            html: str = await page.content()
+            return html, waited
+        except PlaywrightError as e:
+            if await _gone(browser):
+                raise FetchFailedError(
+                    f"the browser exited while loading {url}", url=url, reason="browser_crashed"
+                ) from None
+            raise FetchFailedError(
+                f"the browser could not load {url}: {str(e.message).splitlines()[0]}",
+                url=url,
+                reason="browser_error",
+            ) from None
+        finally:
+            # Requests still out end with the call, not with their own deadlines.
+            for task in call.tasks:
+                task.cancel()
+            if context is not None:
+                with contextlib.suppress(Exception):
+                    await context.unroute_all(behavior="ignoreErrors")
+                    await context.close()
+
+
+async def _gone(browser: Any) -> bool:
+    """Whether ``browser`` died: a killed browser fails the page's calls a moment
+    before Playwright reports the disconnection."""
+    for _ in range(20):
+        if not browser.is_connected():
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def _ms(seconds: float) -> float:
+    return max(1.0, seconds * 1000)

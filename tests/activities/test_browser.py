@@ -1,0 +1,425 @@
+"""``render: "browser"``: pages loaded in Debian's Chromium, every request through the fetcher.
+
+Real Chromium, real loopback sites, the real worker runtime on the session's
+Temporal server. Tests that need the browser skip, with the package to
+install, where ``/usr/bin/chromium`` is absent (``.ci/run`` installs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from conftest import Stack, running_stack
+from support.loopback import HTML, Exchange, Loopback, serve
+from support.payloads import stack_settings
+from support.waiting import wait_until
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+
+from aiworker.activities.errors import FetchFailedError
+from aiworker.activities.tools import BrowserLimits, BrowserTool, EgressPolicy, scrape_tools
+from aiworker.activities.tools.browser import CHROMIUM_ARGS
+from aiworker.activities.tools.fetch import FetchTool
+from aiworker.schemas.pipeline import PipelineResult
+from aiworker.schemas.settings import Settings, parse_rate_limits
+
+CHROMIUM = Path("/usr/bin/chromium")
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="Chromium is not installed: apt-get install chromium (Debian's package)",
+)
+
+JS_PAGE = b"""<!doctype html><html><head><title>App</title></head>
+<body><div id="app"></div><script src="/app.js"></script></body></html>"""
+APP_JS = b"""document.getElementById('app').innerHTML =
+  '<h1>Rendered by script</h1><span class="price">12.50</span>';"""
+DELAYED_PAGE = b"""<!doctype html><html><body><h1>Shell</h1><script>
+setTimeout(() => { const p = document.createElement('p'); p.className = 'late';
+  p.textContent = 'arrived late'; document.body.appendChild(p); }, 400);
+</script></body></html>"""
+NEVER_PAGE = b"""<!doctype html><html><body><h1>Waiting forever</h1></body></html>"""
+API_PAGE = b"""<!doctype html><html><body><ul id="list"></ul><script>
+fetch('/api/items.json').then(r => r.json()).then(items => {
+  for (const i of items) { const li = document.createElement('li'); li.textContent = i;
+    document.getElementById('list').appendChild(li); }
+  document.body.insertAdjacentHTML('beforeend', '<p id="done">done</p>');
+});
+</script></body></html>"""
+
+
+def mixed_page(denied_port: int) -> bytes:
+    """Sub-resources the policy refuses, beside ones it allows; the page still renders."""
+    return f"""<!doctype html><html><body><h1 id="t">Mixed</h1>
+<img src="http://127.0.0.1:{denied_port}/pixel.png">
+<script src="http://127.0.0.1:{denied_port}/tracker.js"></script>
+<script src="/private/secret.js"></script>
+<script src="/app2.js"></script>
+<script>
+try {{ new WebSocket('ws://127.0.0.1:{denied_port}/ws'); }} catch (e) {{}}
+fetch('/api/items.json', {{method: 'POST', body: 'x'}}).catch(() => {{}});
+</script></body></html>""".encode()
+
+
+class JsSite:
+    """A loopback site whose content appears only once scripts run; logs every request."""
+
+    def __init__(self, denied_port: int = 0) -> None:
+        self.denied_port = denied_port
+        self.log: list[str] = []
+        self.lock = threading.Lock()
+        self.hang_started = threading.Event()
+        self.server = Loopback(self.handle)
+
+    def url(self, path: str) -> str:
+        return self.server.url(path)
+
+    def handle(self, ex: Exchange) -> None:
+        with self.lock:
+            self.log.append(f"{ex.method} {ex.path}")
+        js = "application/javascript"
+        routes: dict[str, tuple[bytes, str]] = {
+            "/robots.txt": (b"User-agent: *\nDisallow: /private/\n", "text/plain"),
+            "/js": (JS_PAGE, HTML),
+            "/app.js": (APP_JS, js),
+            "/delayed": (DELAYED_PAGE, HTML),
+            "/never": (NEVER_PAGE, HTML),
+            "/api": (API_PAGE, HTML),
+            "/api/items.json": (b'["one", "two"]', "application/json"),
+            "/mixed": (mixed_page(self.denied_port), HTML),
+            "/app2.js": (b"document.getElementById('t').dataset.ok = '1';", js),
+            "/private/secret.js": (b"document.title = 'leaked';", js),
+            "/hang": (
+                b'<html><body><h1>x</h1><script src="/slow.js"></script></body></html>',
+                HTML,
+            ),
+        }
+        if ex.path == "/slow.js":
+            self.hang_started.set()
+            ex.stopping.wait(30)
+            ex.send(200, b"", js)
+            return
+        if ex.path not in routes:
+            ex.send(404, b"missing")
+            return
+        body, ctype = routes[ex.path]
+        ex.send(200, body, ctype)
+
+
+@pytest.fixture(scope="module")
+def denied() -> Iterator[Loopback]:
+    """A second loopback server: the egress policy of these tests never trusts it."""
+    hits: Counter[str] = Counter()
+
+    def handle(ex: Exchange) -> None:
+        hits[ex.path] += 1
+        ex.send(200, b"", "image/png")
+
+    with serve(handle) as server:
+        server.hits = hits  # type: ignore[attr-defined]
+        yield server
+
+
+@pytest.fixture(scope="module")
+def js_site(denied: Loopback) -> Iterator[JsSite]:
+    site = JsSite(denied.port)
+    site.server.start()
+    try:
+        yield site
+    finally:
+        site.server.stop()
+
+
+def settings_for(tmp: Path, **kw: Any) -> Settings:
+    return stack_settings(
+        tmp,
+        allow_private_networks=False,
+        rate_limits=tuple(parse_rate_limits("web-scrape:*=100000/min")),
+        **kw,
+    )
+
+
+def trusting(settings: Settings, site: JsSite) -> EgressPolicy:
+    """Private networks off; only the JS site's exact address and port trusted."""
+    return EgressPolicy.from_settings(settings, trusted_endpoints=[("127.0.0.1", site.server.port)])
+
+
+@pytest.fixture(scope="module")
+def client(env: Any) -> Client:
+    c: Client = env.client
+    return c
+
+
+@pytest_asyncio.fixture(scope="module")
+async def stack(
+    client: Client, js_site: JsSite, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    settings = settings_for(tmp_path_factory.mktemp("browser"))
+    tools = scrape_tools(settings, egress=trusting(settings, js_site))
+    try:
+        async with running_stack(client, settings, tools=tools) as s:
+            yield s
+    finally:
+        await tools["render"].aclose()
+        await tools["fetch_url"].aclose()
+
+
+def step(sid: str, url: str, fields: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    inp = {"url": url, "extraction_spec": {"fields": fields}, **extra.pop("input", {})}
+    return {"id": sid, "worker": "web-scrape", "input": inp, "on_failure": "continue", **extra}
+
+
+async def run(stack: Stack, steps: list[dict[str, Any]]) -> PipelineResult:
+    pipeline = {"name": "browser-test", "tenant": "acme", "steps": steps}
+    handle = await stack.start(pipeline)
+    result: PipelineResult = await handle.result()
+    return result
+
+
+BROWSER = {"render": "browser"}
+
+
+@needs_chromium
+async def test_rendered_pages_through_a_pipeline(stack: Stack, js_site: JsSite) -> None:
+    """Script-made content is found only when rendered; waits end inside the deadline."""
+    h1 = {"h1": {"selector": "h1", "required": True}}
+    result = await run(
+        stack,
+        [
+            step("plain", js_site.url("/js"), h1),
+            step(
+                "rendered",
+                js_site.url("/js"),
+                {**h1, "price": {"selector": ".price", "type": "number"}},
+                input=BROWSER,
+            ),
+            step(
+                "delayed",
+                js_site.url("/delayed"),
+                {"late": {"selector": ".late", "required": True}},
+                input={**BROWSER, "wait_for": "p.late"},
+            ),
+            step(
+                "idle",
+                js_site.url("/api"),
+                {"items": {"selector": "li", "many": True}},
+                input={**BROWSER, "wait_for": "networkidle"},
+            ),
+            step(
+                "never",
+                js_site.url("/never"),
+                h1,
+                timeout_seconds=4,
+                input={**BROWSER, "wait_for": ".never-there"},
+            ),
+            step(
+                "mixed",
+                js_site.url("/mixed"),
+                {"ok": {"selector": "#t", "attr": "data-ok", "required": True}},
+                input=BROWSER,
+            ),
+        ],
+    )
+    s = result.steps
+    assert s["plain"].status == "partial"
+    assert s["plain"].outputs is not None and s["plain"].outputs["data"]["h1"] is None
+    assert s["rendered"].status == "succeeded", s["rendered"].error_message
+    out = s["rendered"].outputs
+    assert out is not None
+    assert out["data"] == {"h1": "Rendered by script", "price": 12.5}
+    assert out["source"]["browser"] == {"requests": 2, "fetched": 2, "blocked": {}}
+    assert s["delayed"].status == "succeeded", s["delayed"].error_message
+    assert s["delayed"].outputs is not None
+    assert s["delayed"].outputs["data"] == {"late": "arrived late"}
+    assert s["idle"].status == "succeeded", s["idle"].error_message
+    assert s["idle"].outputs is not None
+    assert s["idle"].outputs["data"] == {"items": ["one", "two"]}
+    # A wait that never ends: partial with a warning, inside the step's 4 s.
+    never = s["never"]
+    assert never.status == "partial" and never.attempts == 1
+    assert never.outputs is not None
+    assert never.outputs["data"] == {"h1": "Waiting forever"}
+    assert [w["code"] for w in never.outputs["warnings"]] == ["wait_for_timeout"]
+    assert never.outputs["warnings"][0]["field"] == "input.wait_for"
+    assert never.duration_ms is not None and never.duration_ms < 4000
+    # Denied sub-resources blocked by reason; the page rendered all the same.
+    mixed = s["mixed"]
+    assert mixed.status == "succeeded", mixed.error_message
+    assert mixed.outputs is not None
+    assert mixed.outputs["data"] == {"ok": "1"}
+    assert mixed.outputs["source"]["browser"]["blocked"] == {
+        "egress_denied": 2,
+        "method": 1,
+        "robots": 1,
+    }
+
+
+@needs_chromium
+async def test_bad_browser_inputs_are_invalid_input(stack: Stack, js_site: JsSite) -> None:
+    h1 = {"h1": "h1"}
+    result = await run(
+        stack,
+        [
+            step("no_render", js_site.url("/js"), h1, input={"wait_for": "h1"}),
+            step("bad_selector", js_site.url("/js"), h1, input={**BROWSER, "wait_for": "h1[["}),
+        ],
+    )
+    for sid in ("no_render", "bad_selector"):
+        r = result.steps[sid]
+        assert (r.status, r.error_code, r.attempts) == ("failed", "invalid_input", 1), sid
+    assert 'only with "render": "browser"' in (result.steps["no_render"].error_message or "")
+    assert "input.wait_for" in (result.steps["bad_selector"].error_message or "")
+    assert "invalid CSS selector" in (result.steps["bad_selector"].error_message or "")
+    # An unknown engine never starts: the pipeline check names step and field.
+    with pytest.raises(WorkflowFailureError) as e:
+        await run(stack, [step("bad_render", js_site.url("/js"), h1, input={"render": "firefox"})])
+    cause = e.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "invalid_input"
+    assert "step 'bad_render': field 'input.render'" in cause.message
+
+
+async def test_missing_chromium_is_a_non_retryable_error_naming_the_package(
+    client: Client, js_site: JsSite, tmp_path: Path
+) -> None:
+    settings = settings_for(tmp_path, browser_executable=tmp_path / "no-such-chromium")
+    tools = scrape_tools(settings, egress=trusting(settings, js_site))
+    try:
+        async with running_stack(client, settings, tools=tools) as s:
+            result = await run(s, [step("render", js_site.url("/js"), {"h1": "h1"}, input=BROWSER)])
+    finally:
+        await tools["render"].aclose()
+        await tools["fetch_url"].aclose()
+    r = result.steps["render"]
+    assert (r.status, r.error_code, r.attempts) == ("failed", "tool_not_allowed", 1)
+    assert "apt-get install chromium" in (r.error_message or "")
+    assert "no-such-chromium" in (r.error_message or "")
+
+
+def _browser_pids(tool: BrowserTool, proxy: str | None = None) -> list[int]:
+    """``tool``'s Chromium browser process (not its renderers): the one given its proxy."""
+    proxy = proxy or tool.proxy
+    me = os.getpid()
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out = []
+    for pid in parents:
+        p = pid
+        for _ in range(10):
+            p = parents.get(p, 0)
+            if p == me:
+                break
+        else:
+            continue
+        try:
+            cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            cmd
+            and cmd[0].endswith(b"chromium")
+            and not any(a.startswith(b"--type=") for a in cmd)
+            and f"--proxy-server={proxy}".encode() in cmd
+        ):
+            out.append(pid)
+    return out
+
+
+@pytest_asyncio.fixture
+async def tool(js_site: JsSite, tmp_path: Path) -> AsyncIterator[BrowserTool]:
+    settings = settings_for(tmp_path)
+    fetcher = FetchTool(trusting(settings, js_site))
+    browser = BrowserTool(fetcher, CHROMIUM, BrowserLimits())
+    try:
+        yield browser
+    finally:
+        await browser.aclose()
+        await fetcher.aclose()
+
+
+@needs_chromium
+async def test_every_request_the_browser_made_went_through_the_fetcher(
+    tool: BrowserTool, js_site: JsSite, denied: Loopback
+) -> None:
+    with js_site.lock:
+        js_site.log.clear()
+    page = await tool.render(js_site.url("/mixed"), timeout=20)
+    with js_site.lock:
+        served = Counter(js_site.log)
+    fetched = Counter(
+        f"{r['method']} {r['url'].removeprefix(js_site.server.base_url)}"
+        for r in page.requests
+        if r["outcome"] in ("document", "fetched")
+    )
+    # Everything the site served was asked for by the fetcher (robots.txt is the
+    # fetcher's own), exactly as often; nothing reached the denied server.
+    assert served - Counter({"GET /robots.txt": served["GET /robots.txt"]}) == fetched
+    assert fetched == Counter({"GET /mixed": 1, "GET /app2.js": 1})
+    assert denied.hits == {}  # type: ignore[attr-defined]
+    # Chromium's own start-up calls (update.googleapis.com, accounts.google.com in
+    # Chromium 156, flags notwithstanding) end at the sinkhole; none of the page's did.
+    port_marks = (f":{js_site.server.port}", f":{denied.port}", "127.0.0.1")
+    assert [line for line in tool.escaped if any(m in line for m in port_marks)] == []
+    outcomes = sorted(r["outcome"] for r in page.requests if r["outcome"].startswith("blocked"))
+    assert outcomes == [
+        "blocked:egress_denied",
+        "blocked:egress_denied",
+        "blocked:method",
+        "blocked:robots",
+    ]
+
+
+@needs_chromium
+async def test_chromium_runs_with_background_traffic_off_and_a_fresh_profile(
+    tool: BrowserTool, js_site: JsSite
+) -> None:
+    await tool.render(js_site.url("/js"), timeout=20)
+    proxy = tool.proxy
+    [pid] = _browser_pids(tool)
+    args = (Path("/proc") / str(pid) / "cmdline").read_bytes().decode().split("\0")
+    for flag in CHROMIUM_ARGS:
+        assert flag in args
+    assert any(a.startswith("--proxy-server=http://127.0.0.1:") for a in args)
+    assert any(a.startswith("--user-data-dir=") for a in args)
+    profile = Path(next(a for a in args if a.startswith("--user-data-dir=")).split("=", 1)[1])
+    assert await asyncio.to_thread(profile.is_dir)
+    # Running as root, the sandbox is off (Chromium refuses it as root).
+    assert ("--no-sandbox" in args) == (os.geteuid() == 0)
+    await tool.aclose()
+    assert not await asyncio.to_thread(profile.exists)
+    assert _browser_pids(tool, proxy) == []
+
+
+@needs_chromium
+async def test_a_browser_that_crashes_fails_the_call_and_is_relaunched(
+    tool: BrowserTool, js_site: JsSite
+) -> None:
+    js_site.hang_started.clear()
+    call = asyncio.create_task(tool.render(js_site.url("/hang"), timeout=20))
+    await asyncio.to_thread(js_site.hang_started.wait, 10)
+    proxy = tool.proxy
+    [pid] = _browser_pids(tool)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(FetchFailedError) as e:
+        await asyncio.wait_for(call, 15)
+    assert e.value.retryable
+    assert e.value.context["reason"] == "browser_crashed"
+    await wait_until(
+        lambda: pid not in _browser_pids(tool, proxy), "the killed browser to be gone", timeout=5
+    )
+    page = await tool.render(js_site.url("/js"), timeout=20)
+    assert "Rendered by script" in page.html
+    assert tool.launches == 2
