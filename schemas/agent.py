@@ -19,8 +19,9 @@ from typing import Any
 from pydantic import Field
 
 from aiworker.schemas.base import Model
+from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.names import TENANT_PATTERN
-from aiworker.schemas.pipeline import ChunkAllowance
+from aiworker.schemas.pipeline import ChunkAllowance, StepResult
 from aiworker.schemas.spec import WorkerSpec
 
 # What the model sees of one tool result; the rest is cut with a note, so the
@@ -85,3 +86,12 @@ def allow_list(
         else:
             out[wid] = Tool(spec, max_calls)
     return out, problems
+
+
+def ends_pipeline(result: StepResult) -> bool:
+    """Whether a step's ``budget_exceeded`` spent the pipeline's budget (tokens,
+    external calls, its deadline) rather than a bound of an agent's own."""
+    if result.error_code != ErrorCode.BUDGET_EXCEEDED.value:
+        return False
+    first = result.reasons[0] if result.reasons else {}
+    return first.get("resource") not in STEP_BOUNDS

@@ -2,8 +2,8 @@
 
 The step runner admits the step through the pipeline's budget as for any
 worker, then :func:`run_agent` hands the child the admission (tokens, external
-calls, the timeout) and the pipeline's deadline; :func:`ends_pipeline` tells a
-spent pipeline budget from a bound of the agent's own (``max_turns``,
+calls, the timeout) and the pipeline's deadline; ``schemas.agent.ends_pipeline``
+tells a spent pipeline budget from a bound of the agent's own (``max_turns``,
 ``max_calls``), which fails the step but leaves the pipeline's status to the
 step's ``on_failure``. Deterministic code only.
 """
@@ -17,22 +17,13 @@ from temporalio.common import Priority
 from temporalio.exceptions import ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from aiworker.schemas.agent import STEP_BOUNDS, AgentInput
+    from aiworker.schemas.agent import AgentInput
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import ChunkAllowance, StepResult
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.agent import AgentWorkflow
 from aiworker.workflows.budget import Admission
-
-
-def ends_pipeline(result: StepResult) -> bool:
-    """Whether a step's ``budget_exceeded`` spent the pipeline's budget (tokens,
-    external calls, its deadline) rather than a bound of the agent's own."""
-    if result.error_code != ErrorCode.BUDGET_EXCEEDED.value:
-        return False
-    first = result.reasons[0] if result.reasons else {}
-    return first.get("resource") not in STEP_BOUNDS
 
 
 async def run_agent(
@@ -84,4 +75,4 @@ async def run_agent(
         )
 
 
-__all__ = ["ends_pipeline", "run_agent"]
+__all__ = ["run_agent"]

@@ -23,13 +23,14 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names, safe_schema
+    from aiworker.schemas.agent import ends_pipeline
     from aiworker.schemas.causes import coded, with_reasons
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import Step, StepResult, Validation
     from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, resolve
     from aiworker.schemas.spec import WorkerSpec
 
-from aiworker.workflows.agent_step import ends_pipeline, run_agent
+from aiworker.workflows.agent_step import run_agent
 from aiworker.workflows.calls import call_worker, external_wait, with_feedback
 from aiworker.workflows.fanout import run_for_each
 from aiworker.workflows.limits import Lease, WaitExpired
