@@ -122,6 +122,11 @@ class StepTable:
         """Set the workflow's current details, when the Markdown changed."""
         if not self.started:  # before the spec is checked there is no table
             return
+        if not workflow.in_workflow():
+            # a run's coroutines closed when the worker evicts it (a worker that
+            # stops while the run waits) write results outside the workflow's
+            # event loop: there is no workflow left to show them
+            return
         text = render_table(self.name, self.status, self.workers, self.rows)
         if text != self.shown:
             self.shown = text

@@ -21,6 +21,7 @@ import pytest_asyncio
 from conftest import Stack, running_stack
 from support.loopback import HTML, Exchange, Loopback, serve
 from support.payloads import stack_settings
+from support.scraping import scrape_stack
 from support.waiting import wait_until
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
@@ -163,13 +164,8 @@ async def stack(
     client: Client, js_site: JsSite, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Stack]:
     settings = settings_for(tmp_path_factory.mktemp("browser"))
-    tools = scrape_tools(settings, egress=trusting(settings, js_site))
-    try:
-        async with running_stack(client, settings, tools=tools) as s:
-            yield s
-    finally:
-        await tools["render"].aclose()
-        await tools["fetch_url"].aclose()
+    async with scrape_stack(client, settings, egress=trusting(settings, js_site)) as s:
+        yield s
 
 
 def step(sid: str, url: str, fields: dict[str, Any], **extra: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from conftest import Stack, running_stack
+from conftest import Stack
 from fixtures.article_site import (  # noqa: F401  (module fixture)
     FIRST,
     LAST,
@@ -30,9 +30,9 @@ from fixtures.article_site import (  # noqa: F401  (module fixture)
 )
 from support.loopback import Loopback
 from support.payloads import stack_settings
+from support.scraping import scrape_stack
 from temporalio.client import Client
 
-from aiworker.activities.tools import scrape_tools
 from aiworker.activities.tools.content import extract_content, main_content
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import parse_rate_limits
@@ -54,12 +54,8 @@ async def stack(client: Client, tmp_path_factory: pytest.TempPathFactory) -> Asy
         allow_private_networks=True,
         rate_limits=tuple(parse_rate_limits("web-scrape:*=100000/min")),
     )
-    tools = scrape_tools(settings)
-    try:
-        async with running_stack(client, settings, tools=tools) as s:
-            yield s
-    finally:
-        await tools["fetch_url"].aclose()
+    async with scrape_stack(client, settings) as s:
+        yield s
 
 
 def scrape(sid: str, url: str, spec: dict[str, Any]) -> dict[str, Any]:

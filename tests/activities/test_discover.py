@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from conftest import Stack, running_stack
+from conftest import Stack
 from fixtures.sitemap_site import MILLION, SitemapSite, sitemap_site  # noqa: F401
 from support.loopback import Exchange, serve
 from support.payloads import stack_settings
+from support.scraping import scrape_stack
 from temporalio.client import Client
 
 from aiworker.activities.breakers import BreakerRegistry
-from aiworker.activities.tools import scrape_tools
 from aiworker.activities.tools.discover import SITEMAP_MAX_BYTES
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.settings import parse_rate_limits
@@ -43,13 +43,9 @@ async def stack(client: Client, tmp_path_factory: pytest.TempPathFactory) -> Asy
         tmp_path_factory.mktemp("discover"),
         rate_limits=tuple(parse_rate_limits("web-scrape:*=100000/min")),
     )
-    tools = scrape_tools(settings, breakers=BreakerRegistry("host", failure_threshold=10_000))
-    try:
-        async with running_stack(client, settings, tools=tools) as s:
-            yield s
-    finally:
-        await tools["render"].aclose()
-        await tools["fetch_url"].aclose()
+    breakers = BreakerRegistry("host", failure_threshold=10_000)
+    async with scrape_stack(client, settings, breakers=breakers) as s:
+        yield s
 
 
 def step(sid: str, url: str, discover: dict[str, Any], **inp: Any) -> dict[str, Any]:

@@ -36,7 +36,7 @@ async def test_for_each_items_are_recorded_under_their_step(
     assert children, "the for_each step ran no child workflow"
     index = lineage_index(settings)
     top = await index.records(handle.id)
-    assert sorted(r.step_id or "" for r in top) == ["partner", "shop"]
+    assert sorted(r.step_id or "" for r in top) == ["guide", "partner", "shop"]
     items = [r for child in children for r in await index.records(child)]
     assert len(items) == 3  # one page per catalog entry
     assert {r.step_id for r in items} == {"pages"}
@@ -50,7 +50,8 @@ async def test_for_each_items_are_recorded_under_their_step(
     capsys.readouterr()
     assert await asyncio.to_thread(main, ["artifacts", handle.id, "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert sorted(r["step_id"] for r in listed) == ["pages", "pages", "pages", "partner", "shop"]
+    steps = sorted(r["step_id"] for r in listed)
+    assert steps == ["guide", "pages", "pages", "pages", "partner", "shop"]
     assert await asyncio.to_thread(main, ["artifacts", handle.id]) == 0
     table = capsys.readouterr().out
     assert {f"pages[{i}]" for i in range(3)} <= {line.split()[0] for line in table.splitlines()}
