@@ -30,6 +30,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from bs4 import BeautifulSoup
+
 from aiworker.activities.artifacts import ArtifactStore
 from aiworker.activities.errors import InvalidInputError
 from aiworker.activities.runtime import WorkerContext, WorkerResult
@@ -38,7 +40,7 @@ from aiworker.activities.tools.browser import BrowserTool
 from aiworker.activities.tools.discover import discover_urls
 from aiworker.activities.tools.extract import Extraction, HtmlParser
 from aiworker.activities.tools.fetch import FetchResult, FetchTool
-from aiworker.activities.tools.revalidate import NotModified, PageValidators
+from aiworker.activities.tools.revalidate import NotModified, PageValidators, Revalidation
 from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.discover_spec import compile_discover
 from aiworker.schemas.extraction_spec import SpecError, compile_selector
@@ -105,14 +107,7 @@ class WebScrape(Worker):
         }
         rendered = None
         fetcher: FetchTool
-        revalidation = PageValidators.beside(store, ctx.settings.data_dir).session(
-            ctx.tenant,
-            input,
-            self.spec.version,
-            enabled=input.get("cache", "on") != "off"
-            and input.get("render") != "browser"
-            and find is None,
-        )
+        revalidation: Revalidation | None = None
         if input.get("render") == "browser":
             browser: BrowserTool = ctx.tools.use("render")
             fetcher = browser.fetcher  # discovery's fetches: the same guarded fetcher
@@ -123,6 +118,12 @@ class WebScrape(Worker):
             body, media_type = text.encode("utf-8"), "text/html"
         else:
             fetcher = ctx.tools.use("fetch_url")
+            revalidation = PageValidators.beside(store, ctx.settings.data_dir).session(
+                ctx.tenant,
+                input,
+                self.spec.version,
+                enabled=input.get("cache", "on") != "off" and find is None,
+            )
 
             async def fetch(conditional: tuple[str, Mapping[str, str]] | None) -> FetchResult:
                 return await fetcher.fetch(
@@ -148,14 +149,19 @@ class WebScrape(Worker):
             text, body = page.text, page.body
             media_type = page.content_type.split(";", 1)[0].strip() or "text/html"
         ref = await store.put(ctx.request.tenant, body, media_type)
-        result = Extraction(data={})
-        if spec is None:
-            pass
-        elif len(text) > _INLINE_PARSE_CHARS:
+
+        def parse_and_extract() -> tuple[BeautifulSoup, Extraction]:
+            # one parse serves the fields and the discovered links
+            soup = parser.parse(text)
+            if spec is None:
+                return soup, Extraction(data={})
+            return soup, parser.extract_from(soup, spec, page.final_url)
+
+        if len(text) > _INLINE_PARSE_CHARS:
             # Big pages parse in a thread so the event loop keeps serving other activities.
-            result = await asyncio.to_thread(parser.extract, text, spec, page.final_url)
+            soup, result = await asyncio.to_thread(parse_and_extract)
         else:
-            result = parser.extract(text, spec, page.final_url)
+            soup, result = parse_and_extract()
         partial = bool(result.missing_required)
         warnings = list(result.warnings)
         if spec is not None and spec.content is not None:
@@ -179,7 +185,7 @@ class WebScrape(Worker):
                 fetcher,
                 find,
                 input,
-                (parser.parse(text), page.final_url),
+                (soup, page.final_url),
                 _time_left(ctx.remaining()),
             )
             result.data["urls"] = urls
@@ -202,7 +208,7 @@ class WebScrape(Worker):
                     }
                 )
         outputs = {"data": result.data, "source": source, "warnings": warnings}
-        if not partial:  # only a succeeded extraction is remembered
+        if revalidation is not None and not partial:  # only a succeeded extraction
             await revalidation.remember(page, ref, outputs)
         return WorkerResult(
             outputs=outputs,

@@ -43,6 +43,7 @@ from typing import Annotated, TypeVar
 from pydantic import Field, ValidationError, field_validator
 
 from aiworker.schemas.base import Model
+from aiworker.schemas.files import read_capped
 from aiworker.schemas.names import TENANT_PATTERN, VALIDATOR
 from aiworker.schemas.pipeline import Budget, PipelineSpec
 from aiworker.schemas.problems import Problem
@@ -188,13 +189,7 @@ class TenantRegistry(Model):
 
 def load_tenants(path: Path) -> TenantRegistry:
     """Read and check a tenants file; ``TenantsFileError`` names the file and field."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise TenantsFileError(f"{path}: cannot read: {e.strerror or e}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise TenantsFileError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
+    raw = read_capped(path, MAX_FILE_BYTES, str(path), TenantsFileError)
     try:
         # Strict: a quoted number or a string for a list is a typo, not a value.
         return TenantRegistry.model_validate_json(raw, strict=True)

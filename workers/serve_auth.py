@@ -55,6 +55,7 @@ from pydantic import (
     model_validator,
 )
 
+from aiworker.schemas.files import read_capped
 from aiworker.schemas.names import TENANT_PATTERN
 from aiworker.schemas.spec import parse_rate
 from aiworker.workers.errors import StartupError
@@ -157,13 +158,7 @@ class ReadyHook:
 
 
 def _read_json(path: Path, what: str) -> Any:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_FILE_BYTES + 1)
-    except OSError as e:
-        raise ServeConfigError(f"{what} {path}: cannot read: {e.strerror or e}") from None
-    if len(raw) > MAX_CONFIG_FILE_BYTES:
-        raise ServeConfigError(f"{what} {path}: larger than {MAX_CONFIG_FILE_BYTES} bytes")
+    raw = read_capped(path, MAX_CONFIG_FILE_BYTES, f"{what} {path}", ServeConfigError)
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:

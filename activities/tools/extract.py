@@ -79,7 +79,10 @@ class HtmlParser:
 
     def extract(self, text: str, spec: CompiledSpec, base_url: str) -> Extraction:
         """Apply ``spec`` to the page ``text`` fetched from ``base_url``."""
-        soup = self.parse(text)
+        return self.extract_from(self.parse(text), spec, base_url)
+
+    def extract_from(self, soup: BeautifulSoup, spec: CompiledSpec, base_url: str) -> Extraction:
+        """Apply ``spec`` to a page already parsed (:meth:`parse`); reads, never changes it."""
         base = soup.find("base", href=True)
         if isinstance(base, Tag):
             base_url = urljoin(base_url, str(base["href"]))
