@@ -289,14 +289,13 @@ async def cmd_artifacts(args: argparse.Namespace) -> int:
 
 async def cmd_conformance(args: argparse.Namespace) -> int:
     """``aiworker conformance WORKER_ID``: check a live worker against its spec."""
-    from aiworker.workers.conformance import check_worker, load_examples
+    from aiworker.workers.conformance import check_worker, checkable_spec, load_examples
     from aiworker.workers.temporal_client import TemporalUnreachableError, connect
 
-    specs = process_catalog().specs
-    spec = specs.get(args.worker_id)
-    if spec is None:
-        known = ", ".join(sorted(specs))
-        err(f"unknown worker {args.worker_id!r}; known: {known}")
+    try:
+        spec = checkable_spec(process_catalog().specs, args.worker_id)
+    except (KeyError, ValueError) as e:
+        err(e.args[0])
         return EXIT_USAGE
     examples = None
     if args.examples:

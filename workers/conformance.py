@@ -32,6 +32,7 @@ event of each call), not from what the worker says about itself.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,30 @@ def _request(
     ).model_dump(mode="json", exclude_none=True)
 
 
+def checkable_spec(specs: Mapping[str, WorkerSpec], worker_id: str) -> WorkerSpec:
+    """``worker_id``'s spec, when the kit can check that worker.
+
+    The kit speaks the activity protocol (request and response envelopes, error
+    codes on failures); a ``workflow`` worker (``llm-agent``) is no activity: its
+    step runs as a child workflow whose turns and tool calls are the checked
+    activities, and its input is checked by ``aiworker check`` and at workflow start.
+
+    Raises:
+        KeyError: no worker ``worker_id`` in ``specs``.
+        ValueError: the worker is no activity.
+    """
+    spec = specs.get(worker_id)
+    if spec is None:
+        raise KeyError(f"unknown worker {worker_id!r}; known: {', '.join(sorted(specs))}")
+    if spec.implementation.kind == "workflow":
+        raise ValueError(
+            f"{worker_id!r} runs as a child workflow of its pipeline step, not as an "
+            "activity: the conformance kit checks activity workers; check its turns' worker "
+            "(llm-call) and its tools instead"
+        )
+    return spec
+
+
 async def check_worker(
     client: Client,
     spec: WorkerSpec | str,
@@ -138,16 +163,19 @@ async def check_worker(
 
     Returns:
         The report; ``report.passed`` unless a check failed.
+
+    Raises:
+        KeyError: ``spec`` names no worker of this process.
+        ValueError: the worker is no activity (:func:`checkable_spec`).
     """
     from temporalio.worker import Worker as TemporalWorker
 
     from aiworker.workers.worker import workflow_runner
 
-    if isinstance(spec, str):
-        specs = current_specs()
-        if spec not in specs:
-            raise KeyError(f"unknown worker {spec!r}; known: {', '.join(sorted(specs))}")
-        spec = specs[spec]
+    spec = checkable_spec(
+        current_specs() if isinstance(spec, str) else {spec.worker_id: spec},
+        spec if isinstance(spec, str) else spec.worker_id,
+    )
     if examples is not None:
         spec = spec.model_copy(update={"examples": examples})
     report = ConformanceReport(spec.worker_id, spec.version, spec.task_queue + queue_suffix)

@@ -347,7 +347,8 @@ async def test_bad_usage_exits_2_with_one_line(
     examples = tmp_path / "examples.json"
     examples.write_text(json.dumps([{"input": {"data": 1}}]))
     bad_examples = await _to_thread(run_cli, ["validator", "--examples", str(examples)], env)
-    for proc in (unknown, unreachable, bad_examples):
+    agent = await _to_thread(run_cli, ["llm-agent"], env)
+    for proc in (unknown, unreachable, bad_examples, agent):
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert proc.stdout == "" and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -356,6 +357,8 @@ async def test_bad_usage_exits_2_with_one_line(
     assert unreachable.stderr.startswith("aiworker: cannot reach Temporal: ")
     assert bad_examples.stderr.startswith(f"aiworker: --examples {examples}: examples[0].input")
     assert "'schema' is a required property" in bad_examples.stderr
+    assert agent.stderr.startswith("aiworker: 'llm-agent' runs as a child workflow")
+    assert "checks activity workers" in agent.stderr
 
 
 async def test_a_worker_nobody_serves_fails_every_call_with_the_queue_named(
