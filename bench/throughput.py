@@ -24,6 +24,7 @@ from aiworker.schemas.settings import Settings
 from aiworker.workers.plugins import builtin_set
 from aiworker.workers.registry import activities_for
 from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.worker import workflow_runner
 from aiworker.workflows.pipeline import PipelineWorkflow
 from bench.bare_workflow import BareBenchWorkflow, noop
 from bench.common import embedded_server, percentiles
@@ -120,6 +121,8 @@ async def run(quick: bool = False) -> dict[str, Any]:
             max_concurrent_workflow_task_polls=20,
             max_concurrent_activities=200,
             max_concurrent_workflow_tasks=200,
+            # the sandbox production workers run in (its pass-through modules)
+            workflow_runner=workflow_runner(),
         )
         async with worker:
             for kind, n in (("chain", 1), ("fanout", 5), ("chain", 3)):
