@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import tempfile
 import time
@@ -79,6 +80,23 @@ async def interleaved(
             await fn()
             spent[name] += time.perf_counter() - t0
     return spent
+
+
+def process_cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds (user + system, all threads) of this process or of ``pid``.
+
+    Another process's figure comes from ``/proc/<pid>/stat`` (Linux); NaN where
+    that cannot be read.
+    """
+    if pid is None:
+        return time.process_time()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # fields after the command name (which may hold spaces), utime and stime
+            rest = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:

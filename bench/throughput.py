@@ -4,14 +4,21 @@ Same server, same worker settings, same run, interleaved rounds: a bare
 workflow with N no-op activities (the floor Temporal sets) against
 ``PipelineWorkflow`` running the same shape through the worker runtime
 (validator steps with a trivial schema). Reports pipelines/s, end-to-end
-latency percentiles and the ratio aiworker/bare.
+latency percentiles and the ratio aiworker/bare, CPU seconds per pipeline
+of this process (the worker and the client that starts and awaits the
+workflows) and of the server, one-at-a-time latency (``bench.idle``) and
+what each pipeline leaves in its history (``bench.counts``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import statistics
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from temporalio.client import Client
@@ -27,7 +34,9 @@ from aiworker.workers.temporal_client import data_converter
 from aiworker.workers.worker import workflow_runner
 from aiworker.workflows.pipeline import PipelineWorkflow
 from bench.bare_workflow import BareBenchWorkflow, noop
-from bench.common import embedded_server, percentiles
+from bench.common import embedded_server, percentiles, process_cpu_seconds
+from bench.counts import median_counts, pipeline_counts
+from bench.idle import idle_latency
 
 
 def pipeline(kind: str, n: int) -> dict[str, Any]:
@@ -43,7 +52,37 @@ def pipeline(kind: str, n: int) -> dict[str, Any]:
     return {"name": f"bench-{kind}", "tenant": "bench", "steps": steps}
 
 
-async def _burst(client: Client, start: Any, count: int, concurrency: int) -> dict[str, Any]:
+Starter = Callable[[], Awaitable[str]]
+CASES = (("chain", 1), ("chain", 3), ("fanout", 5))
+
+
+def starters(client: Client, queue: str, kind: str, n: int) -> dict[str, Starter]:
+    """Run one pipeline of the shape to its end, bare and through aiworker; each
+    returns the workflow id (to fetch its history)."""
+
+    async def bare() -> str:
+        wid = f"bare-{kind}-{n}-{uuid.uuid4().hex}"
+        await client.execute_workflow(
+            BareBenchWorkflow.run, {"kind": kind, "n": n}, id=wid, task_queue=queue
+        )
+        return wid
+
+    spec = pipeline(kind, n)
+
+    async def ours() -> str:
+        wid = f"aiw-{kind}-{n}-{uuid.uuid4().hex}"
+        result = await client.execute_workflow(
+            names.PIPELINE_WORKFLOW, spec, id=wid, task_queue=queue
+        )
+        assert result["status"] == "succeeded", result
+        return wid
+
+    return {"bare": bare, "aiworker": ours}
+
+
+async def _burst(
+    start: Starter, count: int, concurrency: int, server_pid: int | None
+) -> dict[str, Any]:
     sem = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
 
@@ -53,78 +92,139 @@ async def _burst(client: Client, start: Any, count: int, concurrency: int) -> di
             await start()
             latencies.append((time.perf_counter() - t0) * 1000)
 
+    cpu0, server0 = process_cpu_seconds(), process_cpu_seconds(server_pid)
     t0 = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(count)))
     wall = time.perf_counter() - t0
-    return {"per_s": count / wall, "latency_ms": percentiles(latencies), "n": count}
+    cpu = process_cpu_seconds() - cpu0
+    server = process_cpu_seconds(server_pid) - server0 if server_pid else float("nan")
+    return {
+        "per_s": count / wall,
+        "latency_ms": percentiles(latencies),
+        "n": count,
+        "worker_cpu_s": cpu / count,
+        "server_cpu_s": server / count,
+    }
 
 
 async def run_case(
-    client: Client, queue: str, kind: str, n: int, count: int, concurrency: int, rounds: int
+    paths: dict[str, Starter],
+    case: str,
+    count: int,
+    concurrency: int,
+    rounds: int,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
-    async def bare() -> None:
-        await client.execute_workflow(
-            BareBenchWorkflow.run,
-            {"kind": kind, "n": n},
-            id=f"bare-{uuid.uuid4().hex}",
-            task_queue=queue,
-        )
-
-    spec = pipeline(kind, n)
-
-    async def ours() -> None:
-        result = await client.execute_workflow(
-            names.PIPELINE_WORKFLOW, spec, id=f"aiw-{uuid.uuid4().hex}", task_queue=queue
-        )
-        assert result["status"] == "succeeded", result
-
+    """Pipelines/s of both paths in bursts of ``count`` at ``concurrency``,
+    alternating rounds; the median round of each path."""
     # warm up both paths, then interleave rounds so drift hits both alike
-    await _burst(client, bare, 5, 5)
-    await _burst(client, ours, 5, 5)
-    bare_runs, our_runs = [], []
-    for _ in range(rounds):
-        bare_runs.append(await _burst(client, bare, count, concurrency))
-        our_runs.append(await _burst(client, ours, count, concurrency))
-    b = _merge(bare_runs)
-    o = _merge(our_runs)
+    for start in paths.values():
+        await _burst(start, 5, 5, None)
+    runs: dict[str, list[dict[str, Any]]] = {"bare": [], "aiworker": []}
+    for i in range(rounds):
+        for name in ("bare", "aiworker") if i % 2 == 0 else ("aiworker", "bare"):
+            runs[name].append(await _burst(paths[name], count, concurrency, server_pid))
+    b, o = _merge(runs["bare"]), _merge(runs["aiworker"])
     return {
-        "case": f"{kind}-{n}",
+        "case": case,
         "bare_per_s": b["per_s"],
         "aiworker_per_s": o["per_s"],
         "ratio": o["per_s"] / b["per_s"],
         "bare_latency_ms": b["latency_ms"],
         "aiworker_latency_ms": o["latency_ms"],
+        "bare_worker_cpu_s": b["worker_cpu_s"],
+        "aiworker_worker_cpu_s": o["worker_cpu_s"],
+        "bare_server_cpu_s": b["server_cpu_s"],
+        "aiworker_server_cpu_s": o["server_cpu_s"],
     }
 
 
 def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    per_s = sorted(r["per_s"] for r in runs)[len(runs) // 2]  # median round
-    return {"per_s": per_s, "latency_ms": runs[len(runs) // 2]["latency_ms"]}
+    """The median round by pipelines/s, and the median CPU per pipeline."""
+    mid = sorted(runs, key=lambda r: r["per_s"])[len(runs) // 2]
+    return {
+        "per_s": mid["per_s"],
+        "latency_ms": mid["latency_ms"],
+        "worker_cpu_s": statistics.median(r["worker_cpu_s"] for r in runs),
+        "server_cpu_s": statistics.median(r["server_cpu_s"] for r in runs),
+    }
 
 
-async def run(quick: bool = False) -> dict[str, Any]:
-    """All throughput cases on one fresh embedded server."""
-    count, rounds = (40, 2) if quick else (150, 3)
-    concurrency = 20
-    results = []
+def bench_worker(client: Client, queue: str, runtime: WorkerRuntime) -> Worker:
+    """One worker for both paths: the bare workflow and its no-op activity next to
+    ``PipelineWorkflow`` and the pipelines queue's activities, in the production
+    sandbox (``workflow_runner()`` and its pass-through modules)."""
+    return Worker(
+        client,
+        task_queue=queue,
+        workflows=[PipelineWorkflow, BareBenchWorkflow],
+        activities=[noop, *activities_for(names.PIPELINES_QUEUE, runtime, builtin_set())],
+        max_concurrent_activity_task_polls=20,
+        max_concurrent_workflow_task_polls=20,
+        max_concurrent_activities=200,
+        max_concurrent_workflow_tasks=200,
+        workflow_runner=workflow_runner(),
+    )
+
+
+@asynccontextmanager
+async def bench_stack() -> AsyncIterator[tuple[Client, str, int | None]]:
+    """A fresh embedded server and a running bench worker: (client, queue, server pid)."""
     with embedded_server() as server:
         client = await Client.connect(server.address, data_converter=data_converter(None))
         settings = Settings(metrics_port=0, task_queue_suffix=f"-bench{uuid.uuid4().hex[:6]}")
         runtime = WorkerRuntime(settings, load_specs())
         queue = settings.queue(names.PIPELINES_QUEUE)
-        worker = Worker(
-            client,
-            task_queue=queue,
-            workflows=[PipelineWorkflow, BareBenchWorkflow],
-            activities=[noop, *activities_for(names.PIPELINES_QUEUE, runtime, builtin_set())],
-            max_concurrent_activity_task_polls=20,
-            max_concurrent_workflow_task_polls=20,
-            max_concurrent_activities=200,
-            max_concurrent_workflow_tasks=200,
-            # the sandbox production workers run in (its pass-through modules)
-            workflow_runner=workflow_runner(),
-        )
-        async with worker:
-            for kind, n in (("chain", 1), ("fanout", 5), ("chain", 3)):
-                results.append(await run_case(client, queue, kind, n, count, concurrency, rounds))
-    return {"cases": results}
+        async with bench_worker(client, queue, runtime):
+            yield client, queue, server.process.pid if server.process else None
+
+
+async def run(quick: bool = False) -> dict[str, Any]:
+    """Every case on one fresh embedded server: throughput under load (with worker
+    and server CPU per pipeline), then one-at-a-time latency, then the counts of
+    the histories of a few of those idle runs."""
+    count, rounds = (40, 2) if quick else (150, 3)
+    idle_runs = 15 if quick else 40
+    concurrency = 20
+    cases, idle, counts = [], {}, {}
+    async with bench_stack() as (client, queue, server_pid):
+        shapes = {f"{k}-{n}": starters(client, queue, k, n) for k, n in CASES}
+        for case, paths in shapes.items():
+            cases.append(await run_case(paths, case, count, concurrency, rounds, server_pid))
+        for case, paths in shapes.items():
+            idle[case] = await idle_latency(paths, idle_runs)
+        for case, res in idle.items():
+            ids = res.pop("ids")
+            counts[case] = {
+                name: median_counts([await pipeline_counts(client, wid) for wid in ids[name]])
+                for name in ("bare", "aiworker")
+            }
+    for c in cases:
+        for name in ("bare", "aiworker"):
+            counts[c["case"]][name]["worker_cpu_s"] = c[f"{name}_worker_cpu_s"]
+            counts[c["case"]][name]["server_cpu_s"] = c[f"{name}_server_cpu_s"]
+    return {"cases": cases, "idle": idle, "per_pipeline": per_pipeline(counts)}
+
+
+def per_pipeline(counts: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Both paths' counts per case with ``aiworker_vs_bare``: the ratio of each figure."""
+    out: dict[str, Any] = {}
+    for case, paths in counts.items():
+        b, o = paths["bare"], paths["aiworker"]
+        ratios = {
+            k: round(o[k] / b[k], 3)
+            for k in RATIO_KEYS
+            if isinstance(b.get(k), int | float) and b[k] and not math.isnan(b[k])
+        }
+        out[case] = {"bare": b, "aiworker": o, "aiworker_vs_bare": ratios}
+    return out
+
+
+RATIO_KEYS = (
+    "workflow_tasks",
+    "events",
+    "payload_bytes",
+    "history_bytes",
+    "worker_cpu_s",
+    "server_cpu_s",
+)

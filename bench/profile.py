@@ -1,0 +1,281 @@
+"""Where the worker's CPU goes: the throughput shapes under py-spy, by module.
+
+``python -m bench.profile`` (``make profile``) starts a child process that
+runs the bench worker (``bench.throughput.bench_stack``: the production
+sandbox) on a fresh embedded server, warms it up, then samples it with
+``py-spy record --pid`` while it runs bursts of every shape (chain-1,
+chain-3, fanout-5) at 20 in flight. Start-up and warm-up are not sampled.
+It prints the share of samples per module group, self (the frame on top of
+the stack) and inclusive (anywhere in the stack), and the top functions.
+
+Only Python frames are sampled: the SDK core's Rust threads and the Temporal
+server (another process) are not in the shares; ``python_share_of_cpu`` says
+how much of the child's CPU the samples stand for. The client that starts
+the pipelines runs in the same process and is part of the figures.
+
+``--bare`` profiles the bare workflow instead, for comparison. py-spy comes
+with the dev extras (``pip install -e '.[dev]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from bench.common import process_cpu_seconds, table
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).parent / "results"
+# our packages: their folders at the repository root (aiworker/ links to them)
+OURS = ("schemas", "activities", "workflows", "workers", "bench", "aiworker")
+# (substring of a frame's file, group), first match wins
+GROUPS = (
+    ("/temporalio/worker/workflow_sandbox/_importer", "temporalio sandbox importer"),
+    ("/temporalio/worker/workflow_sandbox/", "temporalio sandbox (other)"),
+    ("/temporalio/converter", "temporalio converter"),
+    ("/temporalio/worker/_workflow_instance", "temporalio workflow instance"),
+    ("/temporalio/", "temporalio (other)"),
+    ("/google/protobuf/", "protobuf"),
+    ("/pydantic_core/", "pydantic"),
+    ("/pydantic/", "pydantic"),
+    ("/jsonschema", "jsonschema"),
+    ("/referencing/", "jsonschema"),
+    ("/opentelemetry/", "opentelemetry"),
+    ("/prometheus_client/", "prometheus"),
+    ("/json/", "json (stdlib)"),
+    ("/logging/", "logging (stdlib)"),
+    ("/asyncio/", "asyncio (stdlib)"),
+    ("<frozen importlib", "import system (stdlib)"),
+    ("/importlib/", "import system (stdlib)"),
+)
+
+
+def group(filename: str) -> str:
+    """The module group a frame's file belongs to."""
+    for part in OURS:
+        if filename.startswith(f"{ROOT}/{part}/"):
+            sub = filename[len(str(ROOT)) + 1 :].split("/")[0]
+            return "bench" if sub == "bench" else f"aiworker.{sub}"
+    for needle, name in GROUPS:
+        if needle in filename:
+            return name
+    if "site-packages/" in filename:
+        return filename.split("site-packages/", 1)[1].split("/")[0]
+    return "stdlib (other)" if filename.startswith(sys.base_prefix) else "other"
+
+
+def _frame(text: str) -> tuple[str, str]:
+    """(function, file) of one raw py-spy frame ``func (file:line)``."""
+    func, _, rest = text.rpartition(" (")
+    return func, rest.rstrip(")").rsplit(":", 1)[0]
+
+
+def summarize(raw: str, top: int = 20) -> dict[str, Any]:
+    """Self and inclusive shares by module group and by function of py-spy's raw
+    (collapsed) output: one ``frame;frame;... count`` line per stack."""
+    total = 0
+    self_g: Counter[str] = Counter()
+    incl_g: Counter[str] = Counter()
+    self_f: Counter[str] = Counter()
+    incl_f: Counter[str] = Counter()
+    for line in raw.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        count = int(n)
+        frames = [_frame(f) for f in stack.split(";")]
+        total += count
+        funcs = [f"{_short(file)}:{func}" for func, file in frames]
+        self_g[group(frames[-1][1])] += count
+        self_f[funcs[-1]] += count
+        for g in {group(file) for _, file in frames}:
+            incl_g[g] += count
+        for f in set(funcs):
+            incl_f[f] += count
+
+    def shares(c: Counter[str], n: int | None = None) -> dict[str, float]:
+        return {k: round(v / total, 4) for k, v in c.most_common(n)} if total else {}
+
+    return {
+        "samples": total,
+        "self_by_group": shares(self_g),
+        "inclusive_by_group": shares(incl_g),
+        "self_by_function": shares(self_f, top),
+        "inclusive_by_function": shares(incl_f, top),
+    }
+
+
+def _short(filename: str) -> str:
+    if filename.startswith(f"{ROOT}/"):
+        return filename[len(str(ROOT)) + 1 :]
+    if "site-packages/" in filename:
+        return filename.split("site-packages/", 1)[1]
+    return filename.removeprefix(f"{sys.base_prefix}/lib/")
+
+
+def _py_spy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(found).exists():
+        raise SystemExit("py-spy not found: pip install -e '.[dev]'")
+    return found
+
+
+def _line(stream: IO[str], wanted: Callable[[str], bool]) -> str | None:
+    """The child's first output line that is ``wanted`` (others pass through), or
+    None at its end."""
+    for line in stream:
+        if wanted(line.strip()):
+            return line.strip()
+        print(line, end="")
+    return None
+
+
+def profile(bare: bool, quick: bool, rate: int) -> dict[str, Any]:
+    """Run the child, sample it after its warm-up, and summarize the samples."""
+    child_argv = [sys.executable, "-m", "bench.profile", "--child"]
+    child_argv += ["--bare"] * bare + ["--quick"] * quick
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    with tempfile.TemporaryDirectory(prefix="aiworker-profile-") as tmp:
+        out = Path(tmp) / "raw.txt"
+        child = subprocess.Popen(
+            child_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            if _line(child.stdout, lambda x: x == "ready") is None:
+                raise SystemExit("the profiled child did not start")
+            spy = subprocess.Popen(
+                [
+                    _py_spy(),
+                    "record",
+                    "--pid",
+                    str(child.pid),
+                    "--format",
+                    "raw",
+                    "--full-filenames",
+                    "--nolineno",
+                    "-r",
+                    str(rate),
+                    "-o",
+                    str(out),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            time.sleep(1.0)  # py-spy attaches before the measured bursts start
+            cpu0 = process_cpu_seconds(child.pid)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            report = json.loads(_line(child.stdout, lambda x: x.startswith("{")) or "{}")
+            cpu = process_cpu_seconds(child.pid) - cpu0
+            child.stdin.write("exit\n")
+            child.stdin.flush()
+            child.wait(timeout=60)
+            _, err = spy.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+        if not out.exists():
+            raise SystemExit(f"py-spy wrote no samples: {err.strip()}")
+        summary = summarize(out.read_text())
+    summary.update(report)
+    summary["path"] = "bare" if bare else "aiworker"
+    summary["rate_hz"] = rate
+    summary["process_cpu_s"] = round(cpu, 2)
+    summary["python_share_of_cpu"] = round(summary["samples"] / rate / cpu, 3) if cpu else None
+    return summary
+
+
+async def _child(bare: bool, quick: bool) -> None:
+    from bench.throughput import CASES, _burst, bench_stack, starters
+
+    count = 60 if quick else 200
+    async with bench_stack() as (client, queue, _):
+        paths = {
+            f"{k}-{n}": starters(client, queue, k, n)["bare" if bare else "aiworker"]
+            for k, n in CASES
+        }
+        for start in paths.values():
+            await _burst(start, 10, 10, None)
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+        t0 = time.perf_counter()
+        per_s = {
+            case: round((await _burst(s, count, 20, None))["per_s"], 1) for case, s in paths.items()
+        }
+        print(
+            json.dumps(
+                {
+                    "pipelines_per_case": count,
+                    "per_s": per_s,
+                    "wall_s": round(time.perf_counter() - t0, 1),
+                }
+            ),
+            flush=True,
+        )
+        await asyncio.to_thread(sys.stdin.readline)
+
+
+def _print(s: dict[str, Any]) -> None:
+    print(
+        f"py-spy on the {s['path']} worker: {s['samples']} samples at {s['rate_hz']} Hz, "
+        f"{s['pipelines_per_case']} pipelines per shape at 20 in flight {s['per_s']}, "
+        f"process CPU {s['process_cpu_s']} s (Python frames are "
+        f"{s['python_share_of_cpu']} of it; the rest is the SDK core's Rust threads)"
+    )
+    groups = sorted(s["inclusive_by_group"], key=lambda g: -s["inclusive_by_group"][g])
+    rows = [
+        {
+            "module group": g,
+            "self %": _pct(s["self_by_group"].get(g, 0)),
+            "inclusive %": _pct(s["inclusive_by_group"][g]),
+        }
+        for g in groups
+    ]
+    print("\n" + table(rows, ["module group", "self %", "inclusive %"]))
+    for key, title in (("self_by_function", "self"), ("inclusive_by_function", "inclusive")):
+        rows = [{"function": f, f"{title} %": _pct(v)} for f, v in s[key].items()]
+        print(f"\ntop functions by {title} share\n" + table(rows, ["function", f"{title} %"]))
+
+
+def _pct(v: float) -> str:
+    return f"{v * 100:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m bench.profile [--bare] [--quick] [--rate HZ]``."""
+    p = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split("\n")[0])
+    p.add_argument("--bare", action="store_true", help="profile the bare workflow instead")
+    p.add_argument("--quick", action="store_true", help="60 pipelines per shape, not 200")
+    p.add_argument("--rate", type=int, default=100, help="samples per second (default 100)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        asyncio.run(_child(args.bare, args.quick))
+        return 0
+    summary = profile(args.bare, args.quick, args.rate)
+    _print(summary)
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"profile-{summary['path']}.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"\nwritten {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
