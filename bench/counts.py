@@ -9,7 +9,8 @@ activities, local activities, payload bytes and history bytes.
 - ``payload_bytes``: the ``data`` bytes of every ``Payload`` in the history
   (workflow input and result, activity inputs and results, failure details,
   marker details, headers, memo and search attributes), without their
-  metadata; ``payload_bytes_by_kind`` splits the same sum.
+  metadata; ``payload_bytes_by_kind`` splits the same sum by what holds the
+  payload, ``payload_bytes_by_event`` by event type.
 - ``history_bytes``: the serialized protobuf size of the history, what
   Temporal's 50 MB history limit is measured in.
 """
@@ -73,9 +74,14 @@ def count_history(history: WorkflowHistory) -> dict[str, Any]:
     """The counts of one workflow run's history (its children not included)."""
     types = Counter(e.event_type for e in history.events)
     payloads: Counter[str] = Counter(dict.fromkeys(KINDS, 0))
+    by_event: Counter[str] = Counter()
     local = 0
     for e in history.events:
-        _walk_payloads(e, "data", payloads)
+        one: Counter[str] = Counter()
+        _walk_payloads(e, "data", one)
+        payloads.update(one)
+        if one.total():
+            by_event[_event_name(e.event_type)] += one.total()
         if (
             e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
             and e.marker_recorded_event_attributes.marker_name == LOCAL_ACTIVITY_MARKER
@@ -92,8 +98,15 @@ def count_history(history: WorkflowHistory) -> dict[str, Any]:
         "child_workflows": types[EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED],
         "payload_bytes": sum(payloads.values()),
         "payload_bytes_by_kind": dict(payloads),
+        "payload_bytes_by_event": dict(sorted(by_event.items())),
         "history_bytes": History(events=history.events).ByteSize(),
     }
+
+
+def _event_name(event_type: int) -> str:
+    """``EVENT_TYPE_ACTIVITY_TASK_SCHEDULED`` -> ``ActivityTaskScheduled``."""
+    words = EventType.Name(event_type).removeprefix("EVENT_TYPE_").split("_")  # type: ignore[arg-type]
+    return "".join(w.capitalize() for w in words)
 
 
 def _children(history: WorkflowHistory) -> list[str]:
@@ -132,11 +145,12 @@ def _add(total: dict[str, Any], one: dict[str, Any]) -> None:
 
 def median_counts(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-key median of several runs' counts (they should agree; the median keeps
-    one odd run, a retried task, from moving the figure)."""
+    one odd run, a retried task, from moving the figure). A key one run lacks
+    counts 0 there."""
     out: dict[str, Any] = {}
-    for k, v in runs[0].items():
-        if isinstance(v, dict):
-            out[k] = median_counts([r[k] for r in runs])
+    for k in dict.fromkeys(k for r in runs for k in r):
+        if any(isinstance(r.get(k), dict) for r in runs):
+            out[k] = median_counts([r.get(k, {}) for r in runs])
         else:
-            out[k] = statistics.median_low(r[k] for r in runs)
+            out[k] = statistics.median_low(r.get(k, 0) for r in runs)
     return out

@@ -226,6 +226,9 @@ def profile(bare: bool, quick: bool, rate: int) -> dict[str, Any]:
     summary["rate_hz"] = rate
     summary["process_cpu_s"] = round(cpu, 2)
     summary["python_share_of_cpu"] = round(summary["samples"] / rate / cpu, 3) if cpu else None
+    pipelines = report["pipelines_per_case"] * len(report["per_s"])
+    summary["process_cpu_ms_per_pipeline"] = round(cpu * 1000 / pipelines, 1)
+    summary["gil_ms_per_pipeline"] = round(summary["samples"] / rate * 1000 / pipelines, 1)
     return summary
 
 
@@ -262,9 +265,10 @@ async def _child(bare: bool, quick: bool) -> None:
 def _print(s: dict[str, Any]) -> None:
     print(
         f"py-spy on the {s['path']} worker: {s['samples']} samples at {s['rate_hz']} Hz, "
-        f"{s['pipelines_per_case']} pipelines per shape at 20 in flight {s['per_s']}, "
-        f"process CPU {s['process_cpu_s']} s (GIL-held samples / rate over that: "
-        f"{s['python_share_of_cpu']}; the SDK core's Rust threads use CPU without the GIL, "
+        f"{s['pipelines_per_case']} pipelines per shape at 20 in flight (per second: "
+        f"{s['per_s']})\nper pipeline: process CPU {s['process_cpu_ms_per_pipeline']} ms, "
+        f"GIL held {s['gil_ms_per_pipeline']} ms (GIL-held time / process CPU = "
+        f"{s['python_share_of_cpu']}: the SDK core's Rust threads use CPU without the GIL, "
         "a GIL holder may wait for a core)"
     )
     groups = sorted(s["inclusive_by_group"], key=lambda g: -s["inclusive_by_group"][g])

@@ -184,7 +184,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
     and server CPU per pipeline), then one-at-a-time latency, then the counts of
     the histories of a few of those idle runs."""
     count, rounds = (40, 2) if quick else (150, 3)
-    idle_runs = 15 if quick else 40
+    idle_runs = 25 if quick else 60
     concurrency = 20
     cases, idle, counts = [], {}, {}
     async with bench_stack() as (client, queue, server_pid):

@@ -27,7 +27,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from bench.bare_workflow import BareBenchWorkflow, noop
-from bench.counts import count_history, pipeline_counts
+from bench.counts import count_history, median_counts, pipeline_counts
 from bench.profile import ROOT, summarize
 from bench.report import targets
 
@@ -81,6 +81,12 @@ async def test_bare_chain_counts_from_a_real_history(client: Client) -> None:
     payloads = [shapes[1], {"i": 0}, {"ok": True}, {"ok": True}]
     assert one["payload_bytes"] == sum(_json_len(p) for p in payloads)
     assert one["payload_bytes_by_kind"]["data"] == one["payload_bytes"]
+    assert one["payload_bytes_by_event"] == {
+        "ActivityTaskCompleted": _json_len({"ok": True}),
+        "ActivityTaskScheduled": _json_len({"i": 0}),
+        "WorkflowExecutionCompleted": _json_len({"ok": True}),
+        "WorkflowExecutionStarted": _json_len(shapes[1]),
+    }
     history = await client.get_workflow_handle(ids[1]).fetch_history()
     assert one["history_bytes"] > one["payload_bytes"]
     assert one["largest_history_bytes"] == one["history_bytes"]
@@ -150,6 +156,15 @@ def test_payload_bytes_by_kind() -> None:
     assert counts["payload_bytes"] == 14
     assert counts["local_activities"] == 1
     assert counts["events"] == 3
+
+
+def test_median_counts_takes_the_low_median_and_a_missing_key_as_zero() -> None:
+    runs = [
+        {"workflow_tasks": 5, "by": {"a": 1, "b": 2}},
+        {"workflow_tasks": 4, "by": {"a": 3}},
+        {"workflow_tasks": 5, "by": {"a": 2, "b": 2}},
+    ]
+    assert median_counts(runs) == {"workflow_tasks": 5, "by": {"a": 2, "b": 2}}
 
 
 def test_targets_block_says_met_from_the_figures() -> None:
