@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from jsonschema.protocols import Validator
 from opentelemetry import trace
 from pydantic import ValidationError
 from temporalio import activity
@@ -60,7 +61,7 @@ from aiworker.activities.errors import (
     WorkerTimeoutError,
     map_failures,
 )
-from aiworker.activities.jsonschema_cache import SchemaError, describe, errors_of
+from aiworker.activities.jsonschema_cache import SchemaError, describe, validator_for
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.redaction import Redactor
 from aiworker.activities.step_cache import StepCache
@@ -68,7 +69,7 @@ from aiworker.activities.tenancy import admit
 from aiworker.activities.toolbox import Toolbox, tool_secrets
 from aiworker.activities.tools.egress import tenant_egress
 from aiworker.activities.usage import UsageBook
-from aiworker.schemas import names
+from aiworker.schemas import names, safe_schema
 from aiworker.schemas.protocol import (
     ArtifactRef,
     Observability,
@@ -184,9 +185,9 @@ _CONTRACTS: dict[str, tuple[type[InvalidInputError | InvalidOutputError], str]] 
 
 
 def conform(
-    schema: dict[str, Any], value: Any, what: Literal["input", "output"], max_depth: int
+    validator: Validator, value: Any, what: Literal["input", "output"], max_depth: int
 ) -> None:
-    """Check ``value`` against a spec's ``input_schema`` or ``output_schema``.
+    """Check ``value`` against a spec's ``input_schema`` or ``output_schema`` (compiled).
 
     ``invalid_input`` or ``invalid_output`` names the first failing field and
     rule, with every problem in ``reasons``. Nesting deeper than ``max_depth``
@@ -199,7 +200,7 @@ def conform(
         raise error(f"{what}: {e} (AIWORKER_MAX_JSON_DEPTH)", field=root) from None
     with tracer.start_as_current_span(f"validate {what}") as span:
         try:
-            errors = errors_of(schema, value)
+            errors = safe_schema.errors(validator, value)
         except SchemaError as e:
             raise error(f"{what}: {e.message}", field=root) from None
         span.set_attribute("aiworker.schema_errors", len(errors))
@@ -231,6 +232,19 @@ class WorkerRuntime:
         self.metrics = metrics
         self.cache = cache or StepCache.beside(self.tools.get("artifact_store"), settings.data_dir)
         self.redactor = Redactor([*settings.secret_values(), *tool_secrets(self.tools)])
+        # Each spec's compiled validators, found by the schema object itself: the
+        # content-keyed cache would serialize the whole schema on every call to
+        # find them. The schema is kept with its validator so that the id is never
+        # another object's.
+        self._validators: dict[int, tuple[Any, Validator]] = {}
+
+    def validator(self, schema: dict[str, Any]) -> Validator:
+        """The compiled validator of a spec's ``input_schema`` or ``output_schema``."""
+        hit = self._validators.get(id(schema))
+        if hit is None or hit[0] is not schema:
+            hit = (schema, validator_for(schema))
+            self._validators[id(schema)] = hit
+        return hit[1]
 
     def interceptor(self) -> CallTelemetryInterceptor:
         """The activity interceptor that emits the telemetry of this runtime's workers'
@@ -308,7 +322,7 @@ class WorkerRuntime:
             call.bind(request)
             policy = admit(self.settings, request)
             depth = self.settings.caps.max_json_depth
-            conform(spec.input_schema, request.input, "input", depth)
+            conform(self.validator(spec.input_schema), request.input, "input", depth)
             ctx = self._enforce_constraints(spec, request, call, usage)
             hit = await self.cache.lookup(request, spec)
             if hit is not None:  # no tokens, no external calls: nothing for the budget
@@ -317,7 +331,7 @@ class WorkerRuntime:
                 return self._respond(ctx, kept, call).model_copy(update={"cached": True})
             with tenant_egress(policy.egress_allow if policy is not None else None):
                 result = await self._execute(worker, ctx, call)
-            conform(spec.output_schema, result.outputs, "output", depth)
+            conform(self.validator(spec.output_schema), result.outputs, "output", depth)
             response = self._respond(ctx, result, call)
             await self.cache.store(request, response)
             return response

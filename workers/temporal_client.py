@@ -27,6 +27,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
+from pydantic_core import to_json
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
 from temporalio.contrib.pydantic import (
@@ -34,13 +35,19 @@ from temporalio.contrib.pydantic import (
     PydanticPayloadConverter,
     pydantic_data_converter,
 )
-from temporalio.converter import DataConverter
+from temporalio.converter import (
+    CompositePayloadConverter,
+    DataConverter,
+    DefaultPayloadConverter,
+    JSONPlainPayloadConverter,
+)
 from temporalio.envconfig import ClientConfig
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.settings import Settings
+from aiworker.schemas.wire import COMPACT_MODELS, compact_exclude
 from aiworker.workers.failures import TolerantFailureConverter
 
 if TYPE_CHECKING:
@@ -58,6 +65,16 @@ class _CheckedJSONConverter(PydanticJSONPlainPayloadConverter):
     (or the activity) at once with a stable code.
     """
 
+    def to_payload(self, value: Any) -> Payload | None:
+        """JSON as pydantic writes it; the envelopes without their empty defaults
+        (:mod:`aiworker.schemas.wire`)."""
+        if isinstance(value, COMPACT_MODELS):
+            return Payload(
+                metadata={"encoding": self.encoding.encode()},
+                data=to_json(value, exclude=compact_exclude(value) or None),
+            )
+        return super().to_payload(value)
+
     def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
         try:
             return super().from_payload(payload, type_hint)
@@ -72,16 +89,26 @@ class _CheckedJSONConverter(PydanticJSONPlainPayloadConverter):
             ) from None
 
 
+# One JSON converter for every payload converter of the process. The SDK builds a
+# payload converter per workflow activation (twice) and per workflow instance;
+# sharing the JSON converter keeps its pydantic serializer built once and its cache
+# of type adapters warm across all of them. It holds no per-call state (the cache
+# is a thread-safe LRU of TypeAdapters), so sharing it is safe across threads.
+_JSON_CONVERTER = _CheckedJSONConverter()
+
+
 class CheckedPayloadConverter(PydanticPayloadConverter):
     """The pydantic payload converter with :class:`_CheckedJSONConverter` for JSON."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self._set_converters(
+        # Not PydanticPayloadConverter.__init__: it would build a JSON converter
+        # only to replace it; the composite of the SDK's converters, JSON swapped.
+        CompositePayloadConverter.__init__(
+            self,
             *(
-                _CheckedJSONConverter() if c.encoding == "json/plain" else c
-                for c in self.converters.values()
-            )
+                _JSON_CONVERTER if isinstance(c, JSONPlainPayloadConverter) else c
+                for c in DefaultPayloadConverter.default_encoding_payload_converters
+            ),
         )
 
 

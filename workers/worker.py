@@ -121,13 +121,33 @@ def warn_unknown_aliases(workers: WorkerSet, language_model: Any) -> None:
             )
 
 
-# Pure helper modules of the workflows (no module state, no I/O) are shared
-# with the sandbox instead of being re-imported, and so re-compiled, for every
-# workflow run; that compile was most of a short pipeline's worker CPU.
+# The workflows' helper modules are shared with the sandbox instead of being
+# re-imported (and their dataclasses rebuilt) for every workflow run: that import
+# was about a third of a short pipeline's worker CPU. Temporal's guidance is to
+# pass through every module whose calls are deterministic. Safe because each of
+# these modules (a) keeps no module state a run could change: only constants,
+# functions and classes, whose instances live in the run's own objects
+# (tests/workers/test_sandbox_modules.py checks every module-level value is
+# immutable), and (b) follows the sandbox rules like any workflow code (the replay
+# tests run them in the SDK's default sandbox, which passes none of them through).
+# The modules that define the workflows the SDK loads per run (pipeline, foreach,
+# agent, breakers, conformance) stay sandboxed: each run re-imports its own
+# workflow module, so the sandbox still checks that code and isolates its state.
+# limits is shared although it defines LimiterWorkflow: its PermitSignals mixin and
+# permit book are the same classes for the pipeline, the chunks and the limiter.
 SHARED_WORKFLOW_MODULES = (
+    "aiworker.workflows.agent_step",
     "aiworker.workflows.budget",
     "aiworker.workflows.calls",
+    "aiworker.workflows.dag",
+    "aiworker.workflows.details",
+    "aiworker.workflows.fanout",
     "aiworker.workflows.limits",
+    "aiworker.workflows.pipeline_limits",
+    "aiworker.workflows.review",
+    "aiworker.workflows.state",
+    "aiworker.workflows.steps",
+    "aiworker.workflows.tally",
 )
 
 

@@ -124,3 +124,27 @@ async def test_gate_blocks_the_gated_step_in_a_pipeline(stack: Stack) -> None:
     assert result.steps["after"].error_code == "validation_failed"
     assert result.steps["after"].attempts == 0
     assert result.status != "succeeded"
+
+
+async def test_spec_validators_compile_once_and_still_refuse(
+    runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiworker.activities import runtime as runtime_module
+
+    compiled: list[Any] = []
+    real = runtime_module.validator_for
+
+    def counting(schema: Any) -> Any:
+        compiled.append(schema)
+        return real(schema)
+
+    monkeypatch.setattr(runtime_module, "validator_for", counting)
+    for _ in range(3):
+        await run(runtime, req({"a": 1}, {"type": "object"}))
+    spec = runtime.specs["validator"]
+    # the spec's input and output schemas, each compiled (looked up) once
+    assert compiled == [spec.input_schema, spec.output_schema]
+    with pytest.raises(Exception) as ei:
+        await run(runtime, {**req({"a": 1}, {"type": "object"}), "input": {"schema": {}}})
+    assert getattr(ei.value, "type", None) == "invalid_input"
+    assert len(compiled) == 2
