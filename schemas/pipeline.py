@@ -10,7 +10,7 @@ documentation stay one text in one place.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -324,6 +324,12 @@ class StepResult(Model):
         )
 
 
+SPILL_METADATA = "aiworker-spill"
+"""Payload metadata key of a for_each chunk's input or result: such a payload
+leaves the history for the external payload store above a small threshold, so
+no item's bytes land in a parent's history (``workers/payload_storage.py``)."""
+
+
 class ChunkItem(Model):
     """One for_each item with its resolved input (and concurrency key, if any)."""
 
@@ -344,7 +350,14 @@ class ChunkAllowance(Model):
 
 
 class ChunkInput(Model):
-    """The input of ``PipelineForEachWorkflow``: a bounded slice of a for_each."""
+    """The input of ``PipelineForEachWorkflow``: a bounded slice of a for_each.
+
+    With ``chunk_size`` set and more items than that, the chunk runs no item
+    itself: it splits its items into child chunks (a tree, so that every
+    workflow's history stays bounded however many items the step has).
+    """
+
+    spill: ClassVar[bool] = True  # travels by reference (SPILL_METADATA)
 
     step_id: str
     worker: str
@@ -363,6 +376,14 @@ class ChunkInput(Model):
         default=None, ge=1, description="items with the same concurrency_key running at once"
     )
     lease_seconds: float = Field(default=3600.0, gt=0, description="one item's lease")
+    chunk_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="items per leaf chunk: a chunk with more items runs them in child chunks",
+    )
+    chunk_slots: int = Field(
+        default=1, ge=1, description="leaf chunks under this chunk running at once"
+    )
 
 
 class ItemResult(Model):
@@ -379,6 +400,8 @@ class ItemResult(Model):
 
 class ChunkResult(Model):
     """The result of ``PipelineForEachWorkflow``."""
+
+    spill: ClassVar[bool] = True  # travels by reference (SPILL_METADATA)
 
     items: list[ItemResult]
     usage: Usage = Field(default_factory=Usage)

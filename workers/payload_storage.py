@@ -15,6 +15,12 @@ with ``file`` :class:`ArtifactStoreDriver` over a file store under
 ``<data_dir>/payloads/<namespace>/`` (one host or a shared volume). The file
 driver is registered in both cases so that payloads written before a switch
 to S3 stay readable.
+
+A for_each chunk's input and result (payloads the converter marks with
+``SPILL_METADATA``) leave the history from :data:`SPILL_THRESHOLD_BYTES` on,
+whatever the threshold: they carry every item's input or outputs, so inline
+they would grow the parent's history with the item count. What is stored is
+keyed by its hash, so a workflow task that runs again stores nothing new.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from temporalio.converter import (
 )
 
 from aiworker.activities.artifacts import ArtifactStore, FileArtifactStore
+from aiworker.schemas.pipeline import SPILL_METADATA
 from aiworker.schemas.settings import Settings
 
 if TYPE_CHECKING:
@@ -42,6 +49,9 @@ if TYPE_CHECKING:
     from aiworker.activities.artifacts_s3 import S3Connection
 
 PAYLOAD_MEDIA_TYPE = "application/x-temporal-payload"
+SPILL_THRESHOLD_BYTES = 1024
+"""A marked for_each chunk payload this large or larger goes to the store
+(a reference is about 300 bytes: smaller ones stay inline)."""
 FILE_DRIVER = "aiworker.file"
 
 
@@ -192,14 +202,23 @@ def external_storage(settings: Settings, s3: S3Connection | None = None) -> Exte
         primary = PrefixedS3StorageDriver(s3, bucket, key_prefix)
         drivers.insert(0, primary)
 
-    def select(_: StorageDriverSelectContext, __: Payload) -> StorageDriver:
-        return primary
+    threshold = settings.payload_threshold_bytes
+
+    def select(_: StorageDriverSelectContext, payload: Payload) -> StorageDriver | None:
+        if SPILL_METADATA in payload.metadata or payload.ByteSize() >= threshold:
+            return primary
+        return None
 
     return ExternalStorage(
         drivers=drivers,
         driver_selector=select,
-        payload_size_threshold=settings.payload_threshold_bytes,
+        payload_size_threshold=min(threshold, SPILL_THRESHOLD_BYTES),
     )
 
 
-__all__ = ["ArtifactStoreDriver", "PrefixedS3StorageDriver", "external_storage"]
+__all__ = [
+    "SPILL_THRESHOLD_BYTES",
+    "ArtifactStoreDriver",
+    "PrefixedS3StorageDriver",
+    "external_storage",
+]

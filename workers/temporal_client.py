@@ -46,6 +46,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from aiworker.schemas.errors import ErrorCode
+from aiworker.schemas.pipeline import SPILL_METADATA
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.wire import COMPACT_MODELS, compact_exclude
 from aiworker.workers.failures import TolerantFailureConverter
@@ -68,12 +69,18 @@ class _CheckedJSONConverter(PydanticJSONPlainPayloadConverter):
     def to_payload(self, value: Any) -> Payload | None:
         """JSON as pydantic writes it; the envelopes without their empty defaults
         (:mod:`aiworker.schemas.wire`)."""
+        payload: Payload | None
         if isinstance(value, COMPACT_MODELS):
-            return Payload(
+            payload = Payload(
                 metadata={"encoding": self.encoding.encode()},
                 data=to_json(value, exclude=compact_exclude(value) or None),
             )
-        return super().to_payload(value)
+        else:
+            payload = super().to_payload(value)
+        if payload is not None and getattr(type(value), "spill", False) is True:
+            # a for_each chunk's items or results: to the payload store (payload_storage)
+            payload.metadata[SPILL_METADATA] = b"1"
+        return payload
 
     def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
         try:

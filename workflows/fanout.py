@@ -47,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
         resolve,
     )
 
-from aiworker.workflows.budget import Admission
+from aiworker.workflows.chunks import FANOUT, TREE_PATCH, leaves, share, split
 from aiworker.workflows.foreach import PipelineForEachWorkflow
 from aiworker.workflows.pipeline_limits import step_max_attempts
 from aiworker.workflows.state import Ended, PipelineRun
@@ -173,8 +173,12 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
         fan.keep(index, outputs)
     if run.redrive is not None and kept:
         run.redrive.items_rerun[step.id] = [i for i in range(len(items)) if i not in kept]
+    # The scope as the step starts: each chunk's items resolve against it again.
+    scope = run.scope()
     try:
-        resolved = _resolve_items(run, step, items, fan, total, skip=kept.keys())
+        resolved = _check_items(
+            step, scope, items, fan, total, run.caps.max_resolved_bytes, skip=kept.keys()
+        )
     except ResolvedSizeError as e:
         return run.over_cap(step, "input", e).result
     if not fan.total:
@@ -205,21 +209,40 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
         concurrency_limit=step.concurrency.limit if step.concurrency else None,
         lease_seconds=limits.lease_seconds,
     )
-    chunks = [resolved[i : i + step.chunk_size] for i in range(0, len(resolved), step.chunk_size)]
-    slots = asyncio.Semaphore(max(1, math.ceil(step.max_parallel / step.chunk_size)))
+    # More leaf chunks than one workflow's children: groups of chunks (a tree).
+    tree = leaves(len(resolved), step.chunk_size) > FANOUT and workflow.patched(TREE_PATCH)
+    at_once = math.ceil(step.max_parallel / step.chunk_size)  # leaf chunks, the whole step
+    plan = split(len(resolved), step.chunk_size, at_once, tree)
+    template = template.model_copy(
+        update={"chunk_size": step.chunk_size, "chunk_slots": plan.child_slots}
+    )
+    chunks = [resolved[r.start : r.stop] for r in plan.ranges(len(resolved))]
+    slots = asyncio.Semaphore(plan.at_once)
     info = workflow.info()
+    whole = ChunkAllowance(
+        max_tokens=admission.max_tokens,
+        max_external_calls=admission.max_external_calls,
+        deadline=run.ledger.deadline,
+        max_cost_usd=admission.cost_usd,
+    )
 
-    async def run_chunk(k: int, chunk: list[ChunkItem]) -> ChunkResult:
-        share = _allowance(admission, len(chunk), len(resolved), run.ledger.deadline)
+    async def run_chunk(k: int, chunk: list[int]) -> ChunkResult:
         async with slots:
-            return await workflow.execute_child_workflow(
+            handle = await workflow.start_child_workflow(
                 PipelineForEachWorkflow.run,
-                template.model_copy(update={"items": chunk, "allowance": share}),
+                template.model_copy(
+                    update={
+                        # resolved as the chunk starts, within the caps they passed above
+                        "items": _chunk_items(step, scope, items, chunk, run),
+                        "allowance": share(whole, len(chunk), len(resolved)),
+                    }
+                ),
                 id=f"{info.workflow_id}/{step.id}/{k}",
                 task_queue=info.task_queue,
-                static_summary=f"{step.id} items {chunk[0].index}..{chunk[-1].index}",
+                static_summary=f"{step.id} items {chunk[0]}..{chunk[-1]}",
                 priority=run.priority,
             )
+            return await handle
 
     tasks = [asyncio.create_task(run_chunk(k, c)) for k, c in enumerate(chunks)]
     try:
@@ -244,34 +267,31 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
     return fan.result(chunks=len(chunks))
 
 
-def _resolve_items(
-    run: PipelineRun,
+def _check_items(
     step: Step,
+    scope: dict[str, Any],
     items: list[Any],
     fan: FanOut,
     total: SizeBudget,
+    one: int,
     skip: Collection[int] = (),
-) -> list[ChunkItem]:
-    """Each item's input and concurrency key (but the indexes in ``skip``); an item
-    that cannot be resolved, or resolves over a cap, fails alone.
+) -> list[int]:
+    """The indexes of the items whose input (and concurrency key) resolves, but
+    those in ``skip``; an item that cannot be resolved, or resolves over a cap,
+    fails alone. The resolved inputs are not kept (each chunk's are resolved
+    again as it starts: :func:`_chunk_items`), so no list of every item's input
+    lives in the parent.
 
     Raises:
         ResolvedSizeError: the items together passed ``total``: the step fails.
     """
-    resolved: list[ChunkItem] = []
-    scope = run.scope()
-    one = run.caps.max_resolved_bytes
+    ok: list[int] = []
     for i, item in enumerate(items):
         if i in skip:
             continue
-        item_scope = scope | {"item": item, "item_index": i}
-        budget = total.part(one)
         try:
-            item_input = resolve(step.input, item_scope, budget=budget)
-            key = None
-            if step.concurrency is not None:
-                key = str(resolve(step.concurrency.key, item_scope, budget=budget))
-            resolved.append(ChunkItem(index=i, input=item_input, concurrency_key=key))
+            _resolve_item(step, scope, item, i, total.part(one))
+            ok.append(i)
         except ResolvedSizeError as e:
             if total.used > total.max_bytes:
                 raise
@@ -280,19 +300,26 @@ def _resolve_items(
             fan.item_failed(i, e.code, str(e))
         except ReferenceError_ as e:
             fan.item_failed(i, ErrorCode.INVALID_INPUT.value, str(e))
-    return resolved
+    return ok
 
 
-def _allowance(admission: Admission, items: int, of: int, deadline: float | None) -> ChunkAllowance:
-    """A chunk's share of the step's reservation: ``items`` of the step's ``of`` items."""
+def _chunk_items(
+    step: Step, scope: dict[str, Any], items: list[Any], indexes: list[int], run: PipelineRun
+) -> list[ChunkItem]:
+    """The items at ``indexes``, resolved again (:func:`_check_items` passed them
+    within the same caps, so none fails here)."""
+    total = run.size_budget("max_foreach_bytes")
+    one = run.caps.max_resolved_bytes
+    return [_resolve_item(step, scope, items[i], i, total.part(one)) for i in indexes]
 
-    def share(cap: int | None) -> int | None:
-        return None if cap is None else (cap * items) // max(1, of)
 
-    cost = admission.cost_usd
-    return ChunkAllowance(
-        max_tokens=share(admission.max_tokens),
-        max_external_calls=share(admission.max_external_calls),
-        deadline=deadline,
-        max_cost_usd=None if cost is None else cost * items / max(1, of),
-    )
+def _resolve_item(
+    step: Step, scope: dict[str, Any], item: Any, index: int, budget: SizeBudget
+) -> ChunkItem:
+    """One item's input and concurrency key, against the pipeline's scope."""
+    item_scope = scope | {"item": item, "item_index": index}
+    item_input = resolve(step.input, item_scope, budget=budget)
+    key = None
+    if step.concurrency is not None:
+        key = str(resolve(step.concurrency.key, item_scope, budget=budget))
+    return ChunkItem(index=index, input=item_input, concurrency_key=key)

@@ -6,6 +6,12 @@ parent records one child per chunk, a child at most ``chunk_size`` activities.
 Inside a chunk at most ``max_parallel`` items run at once. Each item's
 idempotency key is ``{key_prefix}/{item_index}``; its budget share comes from
 the parent as an allowance, spent item by item through the same ledger.
+
+A chunk with more than ``chunk_size`` items runs none itself: it splits them
+into child chunks (:mod:`workflows.chunks`: a tree of bounded width), shares
+its allowance and its leaf-chunk slots out to them, and returns their results
+together. Inputs and results travel by reference (``SPILL_METADATA``), so no
+history holds the items' bytes.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
 
 from aiworker.workflows.budget import BudgetRefused, Deadline, Ledger
 from aiworker.workflows.calls import call_worker
+from aiworker.workflows.chunks import share, split
 from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals, WaitExpired
 
 
@@ -44,6 +51,8 @@ class PipelineForEachWorkflow(PermitSignals):
     @workflow.run
     async def run(self, chunk: ChunkInput) -> ChunkResult:
         """Run every item of the chunk; item failures are results, not exceptions."""
+        if chunk.chunk_size is not None and len(chunk.items) > chunk.chunk_size:
+            return await self._split(chunk, chunk.chunk_size)
         with workflow.unsafe.sandbox_unrestricted():
             worker = catalog.current_specs()[chunk.worker]
         self._permits.step = chunk.step_id  # its waits are logged as the step's
@@ -129,6 +138,41 @@ class PipelineForEachWorkflow(PermitSignals):
 
         results = await asyncio.gather(*(one(i) for i in chunk.items))
         return ChunkResult(items=list(results), usage=ledger.used)
+
+    async def _split(self, chunk: ChunkInput, chunk_size: int) -> ChunkResult:
+        """Run the chunk's items in child chunks; their results in item order."""
+        plan = split(len(chunk.items), chunk_size, chunk.chunk_slots)
+        slots = asyncio.Semaphore(plan.at_once)
+        info = workflow.info()
+
+        async def child(k: int, part: range) -> ChunkResult:
+            items = chunk.items[part.start : part.stop]
+            sub = chunk.model_copy(
+                update={
+                    "items": items,
+                    "allowance": share(chunk.allowance, len(items), len(chunk.items)),
+                    "chunk_slots": plan.child_slots,
+                }
+            )
+            async with slots:
+                result: ChunkResult = await workflow.execute_child_workflow(
+                    PipelineForEachWorkflow.run,
+                    sub,
+                    id=f"{info.workflow_id}/{k}",
+                    task_queue=info.task_queue,
+                    static_summary=(f"{chunk.step_id} items {items[0].index}..{items[-1].index}"),
+                    priority=info.priority,
+                )
+            self._done += len(result.items)
+            return result
+
+        parts = await asyncio.gather(
+            *(child(k, r) for k, r in enumerate(plan.ranges(len(chunk.items))))
+        )
+        usage = Usage()
+        for p in parts:
+            usage = usage + p.usage
+        return ChunkResult(items=[it for p in parts for it in p.items], usage=usage)
 
 
 __all__ = ["PipelineForEachWorkflow"]
