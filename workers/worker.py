@@ -139,6 +139,7 @@ SHARED_WORKFLOW_MODULES = (
     "aiworker.workflows.agent_step",
     "aiworker.workflows.budget",
     "aiworker.workflows.calls",
+    "aiworker.workflows.chunks",
     "aiworker.workflows.dag",
     "aiworker.workflows.details",
     "aiworker.workflows.fanout",
