@@ -363,6 +363,9 @@ class ChunkInput(Model):
         default=None, ge=1, description="items with the same concurrency_key running at once"
     )
     lease_seconds: float = Field(default=3600.0, gt=0, description="one item's lease")
+    local: bool = Field(
+        default=False, description="items run as local activities (the parent's plan said so)"
+    )
 
 
 class ItemResult(Model):

@@ -28,6 +28,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from aiworker.schemas import safe_schema
 from aiworker.schemas.base import Model
+from aiworker.schemas.execution import Execution, execution_problem
 from aiworker.schemas.messages import json_path
 from aiworker.schemas.refs import TEMPLATE_ROOTS, ReferenceError_, find_refs
 
@@ -207,6 +208,12 @@ class WorkerSpec(Model):
         description="the worker changes the world (publish): examples run only when asked",
     )
     examples: list[SpecExample] = Field(default_factory=list, max_length=100)
+    execution: Execution = Field(
+        default="activity",
+        description='"activity": an activity task on task_queue; "local": a local activity '
+        "in the process running the pipeline (short CPU-only workers on the pipelines "
+        "queue; AIWORKER_LOCAL_ACTIVITIES=false turns it off)",
+    )
 
     @field_validator("input_schema", "output_schema")
     @classmethod
@@ -249,6 +256,8 @@ class WorkerSpec(Model):
         impl = self.implementation
         if isinstance(impl, PromptImplementation):
             _check_prompt(self, impl)
+        if problem := execution_problem(self):
+            raise ValueError(problem)
         return self
 
     @property

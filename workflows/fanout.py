@@ -204,6 +204,7 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
         rate_limited=limits.rate_limited,
         concurrency_limit=step.concurrency.limit if step.concurrency else None,
         lease_seconds=limits.lease_seconds,
+        local=run.limits.is_local(worker.worker_id),
     )
     chunks = [resolved[i : i + step.chunk_size] for i in range(0, len(resolved), step.chunk_size)]
     slots = asyncio.Semaphore(max(1, math.ceil(step.max_parallel / step.chunk_size)))
