@@ -17,14 +17,46 @@ work or would hurt; :class:`~aiworker.schemas.spec.WorkerSpec` calls it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
+
+from pydantic import Field
 
 from aiworker.schemas import names
 
-if TYPE_CHECKING:  # spec.py imports this module
-    from aiworker.schemas.spec import WorkerSpec
-
 Execution = Literal["activity", "local"]
+
+# The `execution` field of a worker spec.
+EXECUTION_FIELD: Any = Field(
+    default="activity",
+    description='"activity": an activity task on task_queue; "local": a local activity in '
+    "the process running the pipeline (short CPU-only workers on the pipelines queue; "
+    "AIWORKER_LOCAL_ACTIVITIES=false turns it off)",
+)
+
+
+class _Constraints(Protocol):
+    @property
+    def timeout_seconds(self) -> float: ...
+    @property
+    def tools_allowed(self) -> list[str]: ...
+
+
+class _Spec(Protocol):
+    """What of a worker spec decides whether it may run local (spec.py's ``WorkerSpec``)."""
+
+    @property
+    def execution(self) -> Execution: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def task_queue(self) -> str: ...
+    @property
+    def heartbeat_seconds(self) -> float | None: ...
+    @property
+    def side_effects(self) -> bool: ...
+    @property
+    def constraints(self) -> _Constraints: ...
+
 
 # Tools that reach outside the process (activities/toolbox.py counts each use as
 # an external call): a worker that may wait on the network is no local activity.
@@ -37,7 +69,13 @@ LOCAL_MAX_TIMEOUT_SECONDS = 60.0
 _WHY = "a local activity runs inside the worker process that runs the pipeline"
 
 
-def execution_problem(spec: WorkerSpec) -> str | None:
+def check_execution(spec: _Spec) -> None:
+    """``ValueError`` saying why ``spec`` may not say ``"execution": "local"``."""
+    if problem := execution_problem(spec):
+        raise ValueError(problem)
+
+
+def execution_problem(spec: _Spec) -> str | None:
     """Why ``spec`` may not say ``"execution": "local"`` (None: it may, or it does not)."""
     if spec.execution != "local":
         return None

@@ -1,11 +1,19 @@
 """One worker call from a workflow, and the bounded validation loop around it.
 
+Long on purpose (a little over 400 lines): one call's whole path, as an activity
+or a local activity, and every way it can end, checked in one place.
+
 Shared by ``PipelineWorkflow`` and its for_each chunks. A call goes by
 activity name with options derived from the worker spec and ends as a
 ``StepResult`` (the shape a step's result has, so the step runner adds to it
 rather than converting it): a failure carries the stable error code of the
 activity's cause, never an exception, so callers route on codes.
 Deterministic code only.
+
+A worker the run's plan names local (spec ``"execution": "local"``) runs as a
+local activity in this worker process, with the same envelope, timeout and
+retry policy. Its application failure arrives unwrapped and without a usable
+retry state, so its code and attempts are worked out to match an activity's.
 
 A built-in or plugin worker validates its own envelope and outputs in the
 worker runtime, so its result is decoded straight into ``WorkerResponse``.

@@ -80,3 +80,18 @@ async def called_workers(handle: WorkflowHandle[Any, Any]) -> list[str]:
         elif (name := local_activity_type(e)) is not None and not name.startswith("limiter-"):
             out.append(name)
     return out
+
+
+def worker_replies(events: list[Any]) -> list[Any]:
+    """The replies of the workflow's completed worker calls, activities and local
+    activities alike (limiter-* left out), decoded from JSON, in history order."""
+    out = []
+    for e in events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            out.append(
+                json.loads(e.activity_task_completed_event_attributes.result.payloads[0].data)
+            )
+        elif (name := local_activity_type(e)) is not None and not name.startswith("limiter-"):
+            result = e.marker_recorded_event_attributes.details["result"]
+            out.append(json.loads(result.payloads[0].data))
+    return out
