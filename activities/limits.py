@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from temporalio import activity
@@ -82,9 +82,17 @@ def _configured_rate(
 class LimiterActivities:
     """Activities of the cross-process limiter."""
 
-    def __init__(self, settings: Settings, specs: Mapping[str, WorkerSpec]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        specs: Mapping[str, WorkerSpec],
+        local: Iterable[str] = (),
+    ) -> None:
+        """``local``: the workers this process can run as local activities (registered
+        beside the pipeline workflows), which every plan it answers names."""
         self._settings = settings
         self._specs = specs
+        self._local = sorted(set(local))
 
     @activity.defn(name=names.LIMITER_PLAN)
     async def plan(self, call: PlanCall) -> Plan:
@@ -115,6 +123,7 @@ class LimiterActivities:
             ),
             tenant=policy,
             caps=self._settings.caps,
+            local=self._local,
         )
 
     @activity.defn(name=names.LIMITER_ACQUIRE)

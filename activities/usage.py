@@ -15,12 +15,18 @@ fails and Temporal retries it, so each attempt's usage must reach the next:
   heartbeat would erase them (:meth:`UsageBook.heartbeats`);
 - a success reports the earlier attempts' usage plus its own
   (:meth:`UsageBook.total`).
+
+A local activity (a worker whose spec says ``"execution": "local"``) cannot
+heartbeat; its retries run in the process that runs the workflow (backoffs
+up to ``LOCAL_RETRY_THRESHOLD``), so a failed attempt leaves its usage in this
+process instead, keyed by run and activity id, for the next attempt to take.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 from typing import Any
@@ -54,7 +60,10 @@ class UsageBook:
 
     @classmethod
     def of(cls, info: activity.Info | None) -> UsageBook:
-        """A book that starts from the usage earlier attempts left in the heartbeat details."""
+        """A book that starts from the usage earlier attempts left in the heartbeat details
+        (a local activity's: in this process)."""
+        if info is not None and info.is_local:
+            return cls(_LOCAL_PRIOR.pop(_local_key(info), None))
         for d in info.heartbeat_details if info else ():
             if isinstance(d, dict) and isinstance(d.get("usage"), dict):
                 try:
@@ -115,7 +124,11 @@ class UsageBook:
         if usage == Usage():
             return failure
         if activity.in_activity():
-            activity.heartbeat(*_details(usage))
+            running = activity.info()
+            if running.is_local:
+                _keep_local(running, usage)
+            else:
+                activity.heartbeat(*_details(usage))
         if not failure.details or not isinstance(failure.details[0], dict):
             return failure
         info = {**failure.details[0], "usage": usage.model_dump(mode="json")}
@@ -143,6 +156,22 @@ class UsageBook:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+# Failed local attempts' usage by (workflow id, run id, activity id), taken by the next
+# attempt; a call whose last attempt failed leaves its entry, so the oldest go first.
+_LOCAL_PRIOR: OrderedDict[tuple[str, str, str], Usage] = OrderedDict()
+_LOCAL_PRIOR_MAX = 10_000
+
+
+def _local_key(info: activity.Info) -> tuple[str, str, str]:
+    return (info.workflow_id or "", info.workflow_run_id or "", info.activity_id)
+
+
+def _keep_local(info: activity.Info, usage: Usage) -> None:
+    _LOCAL_PRIOR[_local_key(info)] = usage
+    while len(_LOCAL_PRIOR) > _LOCAL_PRIOR_MAX:
+        _LOCAL_PRIOR.popitem(last=False)
 
 
 def _details(usage: Usage) -> list[dict[str, Any]]:

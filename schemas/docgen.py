@@ -263,6 +263,14 @@ def worker_page(spec: WorkerSpec) -> str:
             ["max tokens", "unlimited" if c.max_tokens is None else str(c.max_tokens)],
             ["rate limit", f"{c.rate_limit} per tenant" if c.rate_limit else "none"],
             ["side effects", "yes" if spec.side_effects else "no"],
+            [
+                "execution",
+                "local activity in the process running the pipeline (`AIWORKER_LOCAL_ACTIVITIES`)"
+                if spec.execution == "local"
+                else "child workflow"
+                if spec.kind == "workflow"
+                else "activity",
+            ],
         ],
     )
     header = ["field", "type", "required", "default", "meaning"]

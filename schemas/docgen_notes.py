@@ -126,6 +126,11 @@ SETTINGS: dict[str, str] = {
     "max_concurrent_workflow_tasks": "workflow tasks one worker process runs at once",
     "pollers": "pollers per task queue and kind",
     "shutdown_grace_seconds": "drain time on SIGTERM before running activities are cancelled",
+    "local_activities": 'workers whose spec says `"execution": "local"` (validator, '
+    "aggregator) run as local activities in the process that runs the pipeline; false runs "
+    "every call as an activity on its task queue (each visible in the UI as its own events). "
+    "Read when a pipeline starts and kept for that run: set it alike on every process polling "
+    "aiworker-pipelines",
     "deployment_name": "Worker Deployment name (Worker Versioning; the Lambda worker)",
     "build_id": "Worker Deployment build id",
     "artifact_store": "`file` (under the data directory) or `s3://bucket/prefix`",

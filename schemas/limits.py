@@ -116,8 +116,20 @@ class PlanCall(Model):
 
 class Plan(Model):
     """The workers of a pipeline whose calls go through a rate limiter, the
-    tenant's registry entry (None: no registry) and the process's caps."""
+    tenant's registry entry (None: no registry), the process's caps and the
+    workers it runs as local activities.
+
+    The plan is a local activity's result, so it is recorded in the pipeline's
+    history: a replay (on any process, with any settings) makes the same calls
+    the run made, and a run planned before ``local`` existed decodes it empty
+    and replays its calls as activities.
+    """
 
     rate_limited: list[str] = Field(default_factory=list)
     tenant: TenantPolicy | None = None
     caps: Caps = Field(default_factory=Caps, description="caps on fan-out, nesting and refs")
+    local: list[str] = Field(
+        default_factory=list,
+        description='workers whose calls run as local activities ("execution": "local", '
+        "served by the planning process, AIWORKER_LOCAL_ACTIVITIES on)",
+    )

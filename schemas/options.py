@@ -20,6 +20,11 @@ from aiworker.schemas.spec import WorkerSpec
 # server's timeout only catches a worker that is stuck or gone.
 _GRACE_SECONDS = 5.0
 
+# A local activity's retry that waits this long or less waits in the worker, inside
+# the workflow task; a longer backoff becomes a durable timer in the history, so a
+# worker restart does not lose the wait and the workflow task is not held for it.
+LOCAL_RETRY_THRESHOLD = timedelta(seconds=5)
+
 
 class ActivityOptions(TypedDict):
     """Keyword arguments for ``workflow.execute_activity``."""

@@ -384,6 +384,9 @@ class ChunkInput(Model):
     chunk_slots: int = Field(
         default=1, ge=1, description="leaf chunks under this chunk running at once"
     )
+    local: bool = Field(
+        default=False, description="items run as local activities (the parent's plan said so)"
+    )
 
 
 class ItemResult(Model):

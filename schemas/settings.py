@@ -79,6 +79,9 @@ class Settings(BaseModel):
     max_concurrent_workflow_tasks: int = Field(default=100, ge=1)
     pollers: int = Field(default=10, ge=1, le=100)
     shutdown_grace_seconds: float = Field(default=60.0, ge=0)
+    # Workers whose spec says `"execution": "local"` run as local activities in the
+    # process that runs the pipeline (schemas/execution.py); false: every call an activity.
+    local_activities: bool = True
     # Worker Deployment Versioning (the Lambda worker always uses it).
     deployment_name: str = Field(default="aiworker", min_length=1, max_length=255)
     build_id: str | None = Field(default=None, min_length=1, max_length=255)
@@ -171,6 +174,7 @@ class Settings(BaseModel):
             "LLM_PROVIDER",
             "MODELS_FILE",
             "LOCAL_MODEL",
+            "LOCAL_ACTIVITIES",
             "RATE_LIMITS",
             "LOG_LEVEL",
             "MAX_CONCURRENT_ACTIVITIES",
@@ -265,6 +269,9 @@ class Settings(BaseModel):
         )
         raw["autothrottle"] = _bool(ENV_PREFIX + "AUTOTHROTTLE", get("AUTOTHROTTLE"), True)
         raw["local_model"] = _bool(ENV_PREFIX + "LOCAL_MODEL", get("LOCAL_MODEL"), True)
+        raw["local_activities"] = _bool(
+            ENV_PREFIX + "LOCAL_ACTIVITIES", get("LOCAL_ACTIVITIES"), True
+        )
         raw["egress_allow"] = tuple(_csv(get("EGRESS_ALLOW")))
         raw["worker_modules"] = tuple(_csv(get("WORKER_MODULES")))
         raw["worker_specs"] = tuple(Path(p) for p in _csv(get("WORKER_SPECS")))

@@ -4,6 +4,8 @@ The models of a spec file (JSON Schema 2020-12 for ``input_schema`` and
 ``output_schema``), checked as a whole: a spec that could only fail at run
 time is refused when it is read. :meth:`WorkerSpec.from_file` reads one file;
 ``aiworker.schemas.catalog`` reads the built-ins' folder and spec directories.
+Long on purpose (a little over 400 lines): the model and the checks that refuse
+a spec when it is read stay together (``execution``'s in ``schemas/execution.py``).
 
 ``implementation.kind`` says who runs a worker:
 
@@ -28,6 +30,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from aiworker.schemas import safe_schema
 from aiworker.schemas.base import Model
+from aiworker.schemas.execution import EXECUTION_FIELD, Execution, check_execution
 from aiworker.schemas.messages import json_path
 from aiworker.schemas.refs import TEMPLATE_ROOTS, ReferenceError_, find_refs
 
@@ -207,6 +210,7 @@ class WorkerSpec(Model):
         description="the worker changes the world (publish): examples run only when asked",
     )
     examples: list[SpecExample] = Field(default_factory=list, max_length=100)
+    execution: Execution = EXECUTION_FIELD
 
     @field_validator("input_schema", "output_schema")
     @classmethod
@@ -249,6 +253,7 @@ class WorkerSpec(Model):
         impl = self.implementation
         if isinstance(impl, PromptImplementation):
             _check_prompt(self, impl)
+        check_execution(self)
         return self
 
     @property

@@ -14,6 +14,7 @@ from typing import Any
 from aiworker.activities.limits import LimiterActivities
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import names
+from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.plugins import WorkerSet
 from aiworker.workflows.agent import AgentWorkflow
@@ -53,7 +54,24 @@ def activities_for(
         w.activity(runtime) for w in workers.served.values() if w.spec.task_queue == queue
     ]
     if queue == names.PIPELINES_QUEUE:
-        # the limiter's local activity runs beside the pipeline workflows
-        limiter = LimiterActivities(runtime.settings, runtime.specs)
+        # the limiter's local activity runs beside the pipeline workflows; its plan
+        # names the workers whose calls run as local activities here too
+        limiter = LimiterActivities(
+            runtime.settings, runtime.specs, local_workers(runtime.settings, workers)
+        )
         out += [limiter.acquire, limiter.plan]
     return out
+
+
+def local_workers(settings: Settings, workers: WorkerSet) -> list[str]:
+    """The workers a pipelines-queue process runs as local activities: those it serves
+    whose spec says ``"execution": "local"`` (a spec may say so only on the pipelines
+    queue, so their activity is registered beside the workflows), unless
+    ``AIWORKER_LOCAL_ACTIVITIES`` is off."""
+    if not settings.local_activities:
+        return []
+    return sorted(
+        wid
+        for wid, w in workers.served.items()
+        if w.spec.execution == "local" and w.spec.task_queue == names.PIPELINES_QUEUE
+    )

@@ -1,11 +1,19 @@
 """One worker call from a workflow, and the bounded validation loop around it.
 
+Long on purpose (a little over 400 lines): one call's whole path, as an activity
+or a local activity, and every way it can end, checked in one place.
+
 Shared by ``PipelineWorkflow`` and its for_each chunks. A call goes by
 activity name with options derived from the worker spec and ends as a
 ``StepResult`` (the shape a step's result has, so the step runner adds to it
 rather than converting it): a failure carries the stable error code of the
 activity's cause, never an exception, so callers route on codes.
 Deterministic code only.
+
+A worker the run's plan names local (spec ``"execution": "local"``) runs as a
+local activity in this worker process, with the same envelope, timeout and
+retry policy. Its application failure arrives unwrapped and without a usable
+retry state, so its code and attempts are worked out to match an activity's.
 
 A built-in or plugin worker validates its own envelope and outputs in the
 worker runtime, so its result is decoded straight into ``WorkerResponse``.
@@ -26,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import Priority, RawValue
+from temporalio.common import Priority, RawValue, RetryPolicy
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -41,7 +49,7 @@ with workflow.unsafe.imports_passed_through():
 
     from aiworker.schemas import messages, safe_schema
     from aiworker.schemas.errors import ErrorCode
-    from aiworker.schemas.options import activity_options
+    from aiworker.schemas.options import LOCAL_RETRY_THRESHOLD, activity_options
     from aiworker.schemas.pipeline import StepResult
     from aiworker.schemas.protocol import (
         CachePolicy,
@@ -106,6 +114,7 @@ async def call_worker(
     summary: str | None = None,
     cache: CachePolicy | None = None,
     priority: Priority = Priority.default,
+    local: bool = False,
 ) -> StepResult:
     """Call ``worker`` once (Temporal retries inside); never raises on worker failure.
 
@@ -115,7 +124,10 @@ async def call_worker(
     worker runtime looks the call up before the worker runs
     (:mod:`~aiworker.activities.step_cache`), so a step without one pays nothing.
     ``priority`` is the run's task priority (``PipelineRun.priority``); the
-    default leaves the command as it was before priorities.
+    default leaves the command as it was before priorities. ``local`` runs the
+    call as a local activity in this worker process (the run's recorded plan
+    says which workers may): the same activity, envelope, timeout and retry
+    policy, so it ends in the same ``StepResult``.
     """
     timeout = timeout_seconds
     if admission is not None and admission.timeout_seconds is not None:
@@ -137,6 +149,7 @@ async def call_worker(
         cache=cache,
     )
     external = worker.kind == "external"
+    local = local and not external  # another process's worker cannot run here
     options = activity_options(
         worker,
         constraints=constraints,
@@ -145,21 +158,36 @@ async def call_worker(
         schedule_to_start_seconds=schedule_to_start_seconds(worker, admission),
     )
     try:
-        result = await workflow.execute_activity(
-            worker.worker_id,
-            request,
-            # an external worker's reply is checked here, not trusted to decode
-            result_type=RawValue if external else WorkerResponse,
-            summary=summary or worker.worker_id,
-            priority=priority,
-            **options,
-        )
-    except ActivityError as e:
-        cause = e.cause
+        if local:
+            # No task queue, priority or heartbeat: it runs here, in this workflow task.
+            result = await workflow.execute_local_activity(
+                worker.worker_id,
+                request,
+                result_type=WorkerResponse,
+                summary=summary or worker.worker_id,
+                start_to_close_timeout=options["start_to_close_timeout"],
+                retry_policy=options["retry_policy"],
+                local_retry_threshold=LOCAL_RETRY_THRESHOLD,
+            )
+        else:
+            result = await workflow.execute_activity(
+                worker.worker_id,
+                request,
+                # an external worker's reply is checked here, not trusted to decode
+                result_type=RawValue if external else WorkerResponse,
+                summary=summary or worker.worker_id,
+                priority=priority,
+                **options,
+            )
+    except (ActivityError, ApplicationError, CancelledError) as e:
+        if not (isinstance(e, ActivityError) or local):
+            raise
+        # a local activity's application failure arrives as it was raised, unwrapped
+        cause = e.cause if isinstance(e, ActivityError) else e
         message = str(cause) if cause else str(e)
         code = error_code_of(e)
         details = error_details(e)
-        if external:
+        if external and isinstance(e, ActivityError):
             code, details, message = foreign_failure(worker, e, message)
         attempts = _attempt_in(details, "context")
         if isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START:
@@ -179,7 +207,10 @@ async def call_worker(
         if not attempts:
             # The failure did not say (a Temporal timeout, a worker's bare exception):
             # all attempts if the policy ran out, else at least the one that failed.
-            ran_out = e.retry_state == RetryState.MAXIMUM_ATTEMPTS_REACHED
+            if isinstance(e, ActivityError) and not local:
+                ran_out = e.retry_state == RetryState.MAXIMUM_ATTEMPTS_REACHED
+            else:  # a local activity's failure states no usable retry state
+                ran_out = _retried(cause, options["retry_policy"])
             attempts = (options["retry_policy"].maximum_attempts or 1) if ran_out else 1
         return StepResult(
             status="failed",
@@ -344,6 +375,16 @@ def _attempt_in(doc: Any, section: str) -> int:
     part = doc.get(section) if isinstance(doc, dict) else None
     attempt = part.get("attempt") if isinstance(part, dict) else None
     return attempt if isinstance(attempt, int) and attempt >= 1 else 0
+
+
+def _retried(cause: BaseException | None, policy: RetryPolicy) -> bool:
+    """Whether ``policy`` retries a failure like ``cause``: then a local activity
+    that failed with it ran out of attempts (no schedule-to-close ends it sooner)."""
+    if isinstance(cause, ApplicationError):
+        return not cause.non_retryable and cause.type not in (
+            policy.non_retryable_error_types or ()
+        )
+    return not isinstance(cause, CancelledError)
 
 
 def _usage_of(details: dict[str, Any]) -> Usage:

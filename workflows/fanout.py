@@ -208,6 +208,7 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
         rate_limited=limits.rate_limited,
         concurrency_limit=step.concurrency.limit if step.concurrency else None,
         lease_seconds=limits.lease_seconds,
+        local=run.limits.is_local(worker.worker_id),
     )
     # More leaf chunks than one workflow's children: groups of chunks (a tree).
     tree = leaves(len(resolved), step.chunk_size) > FANOUT and workflow.patched(TREE_PATCH)

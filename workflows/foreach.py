@@ -121,6 +121,7 @@ class PipelineForEachWorkflow(PermitSignals):
                         summary=f"{chunk.step_id}[{item.index}] ({worker.worker_id})",
                         cache=chunk.cache,
                         priority=priority,
+                        local=chunk.local,
                     )
                 finally:
                     await self._permits.release_all(leases)

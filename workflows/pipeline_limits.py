@@ -90,6 +90,11 @@ class PipelineLimits:
     def is_rate_limited(self, worker_id: str) -> bool:
         return self.rate_limited is None or worker_id in self.rate_limited
 
+    def is_local(self, worker_id: str) -> bool:
+        """Whether calls of ``worker_id`` run as local activities: as the recorded plan
+        says (none before the plan, and none in a run planned before local activities)."""
+        return self.planned is not None and worker_id in self.planned.local
+
     async def pipeline_slot(self, spec: PipelineSpec) -> list[Lease] | str:
         """Wait for the pipeline's own concurrency slots: its tenant's (the registry's
         ``concurrency``), then its spec's (``concurrency`` on the pipeline).

@@ -237,6 +237,7 @@ class StepRunner:
             queue_suffix=self.run.queue_suffix,
             summary=f"{self.step.id} validate",
             priority=self.run.priority,
+            local=self.run.limits.is_local(names.VALIDATOR),
         )
         found = verdict.outputs if isinstance(verdict.outputs, dict) else {}
         if verdict.ok and found.get("valid"):
@@ -300,6 +301,7 @@ class StepRunner:
                     summary=label,
                     cache=step.cache,
                     priority=run.priority,
+                    local=run.limits.is_local(worker.worker_id),
                 )
         finally:
             run.board.external.pop(step.id, None)

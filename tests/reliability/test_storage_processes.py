@@ -72,6 +72,9 @@ class Deployment:
         out = worker_env(self.env.client, self.settings, self.tmp / name / "data")
         out.update(self.moto.aws_env())
         out["AIWORKER_ARTIFACT_STORE"] = self.settings.artifact_store
+        # The validator as an activity, not a local one: its 5 MB input is then one more
+        # hop through the store and the history that these tests follow.
+        out["AIWORKER_LOCAL_ACTIVITIES"] = "false"
         return out
 
     def start(self, role: str, queue: str) -> WorkerProcess:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
@@ -47,3 +48,50 @@ async def scheduled_activities(handle: WorkflowHandle[Any, Any]) -> list[str]:
         for e in await events(handle)
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     ]
+
+
+LOCAL_ACTIVITY_MARKER = "core_local_activity"  # the SDK core's marker for a local activity
+
+
+def local_activity_type(event: Any) -> str | None:
+    """The activity type a local activity's marker event records, else None."""
+    if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
+        return None
+    attrs = event.marker_recorded_event_attributes
+    if attrs.marker_name != LOCAL_ACTIVITY_MARKER:
+        return None
+    name = json.loads(attrs.details["data"].payloads[0].data)["activity_type"]
+    return str(name)
+
+
+async def local_activities(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    """Worker local activities of this workflow (limiter-* left out), in history order."""
+    names = [local_activity_type(e) for e in await events(handle)]
+    return [n for n in names if n is not None and not n.startswith("limiter-")]
+
+
+async def called_workers(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    """Every worker this workflow called, as an activity or a local activity, in
+    history order (what ran, however it ran)."""
+    out = []
+    for e in await events(handle):
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            out.append(e.activity_task_scheduled_event_attributes.activity_type.name)
+        elif (name := local_activity_type(e)) is not None and not name.startswith("limiter-"):
+            out.append(name)
+    return out
+
+
+def worker_replies(events: list[Any]) -> list[Any]:
+    """The replies of the workflow's completed worker calls, activities and local
+    activities alike (limiter-* left out), decoded from JSON, in history order."""
+    out = []
+    for e in events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            out.append(
+                json.loads(e.activity_task_completed_event_attributes.result.payloads[0].data)
+            )
+        elif (name := local_activity_type(e)) is not None and not name.startswith("limiter-"):
+            result = e.marker_recorded_event_attributes.details["result"]
+            out.append(json.loads(result.payloads[0].data))
+    return out

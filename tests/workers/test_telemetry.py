@@ -15,6 +15,7 @@ import pytest
 from conftest import running_stack
 from opentelemetry.trace import StatusCode
 from pydantic import SecretStr
+from support import history
 from support.pipelines import one_step_pipeline
 from telemetry_helpers import (  # noqa: F401 - pytest fixtures
     SPANS,
@@ -98,15 +99,9 @@ async def test_one_trace_from_client_start_to_each_activity_attempt(
     validations = [s for s in spans if s.name.startswith("validate ")]
     assert {s.parent.span_id for s in validations} <= {s.context.span_id for s in attempts}
 
-    # The worker response carries the ids of the attempt's span.
-    history = await handle.fetch_history()
-    completed = [
-        e.activity_task_completed_event_attributes
-        for e in history.events
-        if e.HasField("activity_task_completed_event_attributes")
-    ]
-    assert len(completed) == 1
-    response = json.loads(completed[0].result.payloads[0].data)
+    # The worker response carries the ids of the attempt's span (the validator runs as
+    # a local activity: its reply is in the marker, its spans as an activity's are).
+    (response,) = history.worker_replies(await history.events(handle))
     assert response["observability"]["trace_id"] == hex_trace(root)
     assert response["observability"]["span_id"] == format(second.context.span_id, "016x")
     assert response["observability"]["attempt"] == 2
@@ -115,7 +110,9 @@ async def test_one_trace_from_client_start_to_each_activity_attempt(
 async def test_log_lines_are_json_with_trace_ids_and_no_secret(
     tclient: Client, settings: Settings
 ) -> None:
-    settings = settings.model_copy(update={"llm_api_key": SecretStr(SECRET)})
+    # an activity, not a local one: its failed attempt is then an event of the history
+    update = {"llm_api_key": SecretStr(SECRET), "local_activities": False}
+    settings = settings.model_copy(update=update)
     buf = io.StringIO()
     handler = logging.StreamHandler(buf)
     handler.setFormatter(JsonFormatter(Redactor(settings.secret_values())))
@@ -173,8 +170,8 @@ async def test_log_lines_are_json_with_trace_ids_and_no_secret(
     assert len(leaked) >= 3, "the stand-in's lines quoting the key were not captured"
 
     # The failed attempt's message and details reach history, redacted.
-    history = await handle.fetch_history()
-    blob = b"".join(e.SerializeToString() for e in history.events)
+    events = (await handle.fetch_history()).events
+    blob = b"".join(e.SerializeToString() for e in events)
     assert SECRET.encode() not in blob
     assert b"upstream refused key [REDACTED]" in blob
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import running_stack
-from support.history import scheduled_activities
+from support.history import called_workers, scheduled_activities
 from support.standins import Reply, fail, standin
 from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType
@@ -194,7 +194,7 @@ async def test_validation_loop_feeds_reasons_back_and_stops_at_max_attempts(
     assert reasons[0]["path"] == "$.result.title"
     assert calls[1]["idempotency_key"].endswith("/make#attempt-2")
     # The never-valid step stops after exactly max_attempts runs and validations.
-    assert await scheduled_activities(handle2) == ["aggregator", "validator"] * 2
+    assert await called_workers(handle2) == ["aggregator", "validator"] * 2
     n = result2.steps["never"]
     assert (n.status, n.error_code, n.validation_attempts) == ("failed", "validation_failed", 2)
     assert result2.status == "partial"
@@ -247,7 +247,7 @@ async def test_fallback_worker_runs_when_the_worker_fails(
     main = result.steps["main"]
     assert result.status == "succeeded" and main.fallback_used
     assert main.outputs["published"] is True
-    assert await scheduled_activities(handle) == ["aggregator", "publish"]
+    assert await called_workers(handle) == ["aggregator", "publish"]
 
 
 async def test_parallel_branches_merged_by_the_aggregator(

@@ -145,11 +145,16 @@ async def test_a_high_priority_pipeline_overtakes_a_queued_backlog(
     assert finished_before(-2) >= backlog * 3 // 4, "the control overtook the backlog too"
 
 
+# A priority rides on activity commands; the validator's calls run as local activities
+# (no task queue, no priority) unless the setting turns them off, as these tests do.
+NO_LOCAL = {"local_activities": False}
+
+
 @pytest.mark.parametrize("started_by", ["aiworker", "temporal"])
 async def test_every_activity_and_chunk_carries_the_spec_priority_and_the_tenant_fairness(
     client: Client, tmp_path: Path, started_by: str
 ) -> None:
-    settings = stack_settings(tmp_path, tenants=REGISTRY)
+    settings = stack_settings(tmp_path, tenants=REGISTRY, **NO_LOCAL)
     async with running_stack(client, settings) as stack:
         if started_by == "aiworker":
             handle: Any = await PipelineClient(client, settings).start(_fan_out(2))
@@ -171,7 +176,7 @@ async def test_every_activity_and_chunk_carries_the_spec_priority_and_the_tenant
 async def test_without_priority_the_tenant_is_the_fairness_key_and_commands_are_unchanged(
     client: Client, tmp_path: Path
 ) -> None:
-    settings = stack_settings(tmp_path, tenants=REGISTRY)
+    settings = stack_settings(tmp_path, tenants=REGISTRY, **NO_LOCAL)
     async with running_stack(client, settings):
         pipelines = PipelineClient(client, settings)
         acme = await pipelines.start(_fan_out(None))
@@ -196,7 +201,7 @@ async def test_aiworker_run_starts_a_pipeline_with_its_priority_and_the_tenant_w
 ) -> None:
     tenants = tmp_path / "tenants.json"
     tenants.write_text(REGISTRY.model_dump_json())
-    settings = stack_settings(tmp_path, tenants=REGISTRY)
+    settings = stack_settings(tmp_path, tenants=REGISTRY, **NO_LOCAL)
     f = tmp_path / "p.json"
     f.write_text(json.dumps(_pipeline("cli-prio", 1, tenant="acme")))
     workflow_id = f"cli-prio-{uuid.uuid4().hex[:8]}"

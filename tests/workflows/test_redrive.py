@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import running_stack
-from support.history import scheduled_activities
+from support.history import called_workers
 from support.loopback import Exchange, Loopback, serve
 from support.standins import fail, standin
 from support.waiting import wait_until
@@ -69,7 +69,7 @@ async def test_redrive_reuses_succeeded_steps_and_keeps_idempotency_keys(
     assert result.status == "succeeded"
     assert result.steps["pub"].reused_from == first.id
     assert result.steps["check"].reused_from is None
-    assert await scheduled_activities(handle) == ["aggregator", "publish"]
+    assert await called_workers(handle) == ["aggregator", "publish"]
     assert (await desc.memo())["reused_steps"] == ["pub"]
     text = (settings.data_dir / "sinks" / "default" / "redrive.jsonl").read_text()
     lines = [json.loads(x) for x in text.splitlines()]
