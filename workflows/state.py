@@ -95,6 +95,11 @@ class Board:
 
     def set_status(self, status: str) -> None:
         """The run's status, upserted as the ``AiworkerStatus`` search attribute."""
+        if not workflow.in_workflow():
+            # A run's coroutines closed at eviction run their ``finally`` blocks
+            # (review's status reset) outside the workflow's event loop: nothing
+            # they did would be recorded, and the SDK refuses the call.
+            return
         self.table.set_status(status)
         if status != self.status or status == "running":
             self.status = status

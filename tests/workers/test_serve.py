@@ -176,7 +176,11 @@ async def test_status_result_with_a_timeout_and_review(http: httpx.AsyncClient) 
         r = await http.get(f"/v1/pipelines/{wid}", headers=bearer("ci"))
         doc: dict[str, Any] = r.json()
         progress = doc.get("progress") or {}
-        return doc if progress.get("awaiting_review") == ["draft"] else None
+        # describe (the status) and the query (progress) are two calls, and the
+        # query waits for a workflow task in flight: the first poll may see the
+        # status from before the task that the query then sees. Wait for both.
+        waiting = progress.get("awaiting_review") == ["draft"]
+        return doc if waiting and doc["status"] == "awaiting_review" else None
 
     status = await wait_until(awaiting, "the step to await review")
     assert status["status"] == "awaiting_review" and status["execution_status"] == "running"
