@@ -247,17 +247,17 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
 
     tasks = [asyncio.create_task(run_chunk(k, c)) for k, c in enumerate(chunks)]
     try:
-        for _ in range(len(tasks)):
-            finished, _pending = await workflow.wait(
-                [t for t in tasks if not t.done()], return_when=asyncio.FIRST_COMPLETED
-            )
+        while tasks:
+            finished, _pending = await workflow.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in finished:
                 fan.add(t.result())
+            # A finished task holds its chunk's whole decoded result (a model per item):
+            # dropped once booked, so the parent keeps only the items' outputs, not
+            # every chunk's result until the step ends (worker memory flat in the items).
+            tasks = [t for t in tasks if t not in finished]
             run.steps[step.id] = run.steps[step.id].model_copy(
                 update={"items": {"total": fan.total, "done": fan.done, "failed": fan.failed}}
             )
-            if all(t.done() for t in tasks):
-                break
     finally:
         for t in tasks:
             if not t.done():
