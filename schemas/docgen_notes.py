@@ -126,6 +126,10 @@ SETTINGS: dict[str, str] = {
     "max_concurrent_workflow_tasks": "workflow tasks one worker process runs at once",
     "pollers": "pollers per task queue and kind",
     "shutdown_grace_seconds": "drain time on SIGTERM before running activities are cancelled",
+    "malloc_arenas": "the most glibc malloc arenas a worker process (`aiworker worker`, "
+    "`dev`, `demo`) uses, set at start-up (as `MALLOC_ARENA_MAX` does): fewer arenas keep a "
+    "long for_each's peak memory near the idle size. 0 keeps glibc's default (8 per core); "
+    "an explicit `MALLOC_ARENA_MAX` wins; no effect on other C libraries",
     "local_activities": 'workers whose spec says `"execution": "local"` (validator, '
     "aggregator) run as local activities in the process that runs the pipeline; false runs "
     "every call as an activity on its task queue (each visible in the UI as its own events). "

@@ -79,6 +79,8 @@ class Settings(BaseModel):
     max_concurrent_workflow_tasks: int = Field(default=100, ge=1)
     pollers: int = Field(default=10, ge=1, le=100)
     shutdown_grace_seconds: float = Field(default=60.0, ge=0)
+    # glibc malloc arenas of a worker process (workers/arenas.py); 0: glibc's default.
+    malloc_arenas: int = Field(default=2, ge=0, le=1024)
     # Workers whose spec says `"execution": "local"` run as local activities in the
     # process that runs the pipeline (schemas/execution.py); false: every call an activity.
     local_activities: bool = True
@@ -181,6 +183,7 @@ class Settings(BaseModel):
             "MAX_CONCURRENT_WORKFLOW_TASKS",
             "POLLERS",
             "SHUTDOWN_GRACE_SECONDS",
+            "MALLOC_ARENAS",
             "DEPLOYMENT_NAME",
             "BUILD_ID",
             "ARTIFACT_STORE",
@@ -230,6 +233,7 @@ class Settings(BaseModel):
             ("MAX_CONCURRENT_ACTIVITIES", "max_concurrent_activities"),
             ("MAX_CONCURRENT_WORKFLOW_TASKS", "max_concurrent_workflow_tasks"),
             ("POLLERS", "pollers"),
+            ("MALLOC_ARENAS", "malloc_arenas"),
             ("PAYLOAD_THRESHOLD_BYTES", "payload_threshold_bytes"),
             ("BREAKER_FAILURE_THRESHOLD", "breaker_failure_threshold"),
             ("BREAKER_WINDOW_SECONDS", "breaker_window_seconds"),

@@ -47,6 +47,7 @@ from aiworker.workers.cli_common import (
     outcome_code,
     process_catalog,
     read_pipeline,
+    start_worker_process,
 )
 from aiworker.workers.cli_parser import build_parser
 from aiworker.workers.cli_serve import cmd_keys, cmd_serve
@@ -178,7 +179,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from aiworker.workers.telemetry import Telemetry
 
     settings = load_settings()
-    configure_logs(settings)
+    start_worker_process(settings)
     await run_worker_process(
         settings,
         args.task_queue or [],
@@ -208,7 +209,7 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     from aiworker.workers.supervisor import dev_log_file, run_dev_stack
 
     settings = dev_settings(args.command, args.data_dir)
-    configure_logs(settings, stream=dev_log_file(settings.data_dir))
+    start_worker_process(settings, stream=dev_log_file(settings.data_dir))
     await run_dev_stack(settings, _dev_options(args))
     return EXIT_OK
 
@@ -220,7 +221,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     bundled = str(Path(__file__).parent / "samples" / "demo.json")
     pipeline = read_pipeline(args.pipeline or bundled)
     settings = dev_settings(args.command, args.data_dir)
-    configure_logs(settings, stream=dev_log_file(settings.data_dir))
+    start_worker_process(settings, stream=dev_log_file(settings.data_dir))
     outcome = await run_dev_stack(
         settings, _dev_options(args), pipeline, bundled_demo=not args.pipeline
     )

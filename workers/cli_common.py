@@ -72,6 +72,16 @@ def configure_logs(settings: Settings, stream: IO[str] | None = None) -> None:
     )
 
 
+def start_worker_process(settings: Settings, stream: IO[str] | None = None) -> None:
+    """What a process that runs a worker (``worker``, ``dev``, ``demo``) does first:
+    its logs, then its malloc arena bound, before the Temporal runtime's threads
+    exist (:mod:`aiworker.workers.arenas`)."""
+    from aiworker.workers.arenas import bound_malloc_arenas
+
+    configure_logs(settings, stream)
+    bound_malloc_arenas(settings.malloc_arenas)
+
+
 @contextlib.asynccontextmanager
 async def cli_span(name: str, **attributes: str) -> AsyncIterator[Telemetry]:
     """Telemetry for one CLI command: the root span of what it starts or changes
