@@ -6,11 +6,11 @@ from the top of each heap. A worker runs about 80 threads (the Temporal
 SDK's Rust runtime, the activity and workflow-task thread pools), so a long
 ``for_each`` leaves memory spread over many half-used arenas: measured with
 ``/proc/PID/smaps`` during ``python -m bench.foreach``, the arenas swung between
-13 and 61 MB and were not given back, and the worker's peak RSS reached 1.95x its
-idle RSS on 100,000 items. With two arenas the peak fell (20,000 items: 1.58x to
-1.44x; 10,000: 1.49x to 1.37x) at no measured throughput cost, since the
-threads mostly wait on the network and Python's own allocator (pymalloc) serves
-small objects without malloc.
+13 and 61 MB and were not given back. With two arenas the worker's peak RSS on
+100,000 items fell from 1.78x to 1.69x its idle RSS (238 to 222 MB; 20,000
+items: 1.22x to 1.20x), with no measured throughput or CPU cost: the threads
+mostly wait on the network, the GIL serialises most allocations anyway, and
+Python's own allocator (pymalloc) serves small objects without malloc.
 
 ``MALLOC_ARENA_MAX=2`` is the knob Heroku, Cloud Foundry and others recommend
 for Python and Ruby services for the same reason. Setting it in the
