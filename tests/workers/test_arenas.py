@@ -16,7 +16,7 @@ import pytest
 
 from aiworker.schemas.settings import Settings, SettingsError
 from aiworker.workers.arenas import bound_malloc_arenas
-from tests.support.procs import run_cli_module
+from support.procs import run_cli_module
 
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's arenas")
 
