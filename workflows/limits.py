@@ -421,6 +421,12 @@ class PermitBook:
         return leases
 
     async def release_all(self, leases: Sequence[Lease]) -> None:
+        """Give every lease back. Called from ``finally`` blocks, so also when a
+        worker evicts the run and closes its coroutines outside the workflow's
+        event loop: nothing can be sent or recorded there, and nothing needs to
+        be, since the run goes on (replayed) wherever its next task runs."""
+        if not workflow.in_workflow():
+            return
         for limiter_id, ticket in leases:
             await self.release(limiter_id, ticket)
 

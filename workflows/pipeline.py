@@ -268,6 +268,8 @@ class PipelineWorkflow(PermitSignals):
         )
 
     def _finish(self, status: str, spec: PipelineSpec) -> None:
+        if not workflow.in_workflow():
+            return  # a run closed at eviction ends nothing (see Board.set_status)
         self._board.set_status(status)
         counter = workflow.metric_meter().create_counter(
             "aiworker_pipelines", "Pipelines that reached a terminal status."
