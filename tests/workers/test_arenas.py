@@ -13,10 +13,10 @@ import sys
 import textwrap
 
 import pytest
+from support.procs import run_cli_module
 
 from aiworker.schemas.settings import Settings, SettingsError
 from aiworker.workers.arenas import bound_malloc_arenas
-from support.procs import run_cli_module
 
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's arenas")
 
