@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -117,6 +118,15 @@ def _children(history: WorkflowHistory) -> list[str]:
     ]
 
 
+async def run_histories(client: Client, workflow_id: str) -> AsyncIterator[WorkflowHistory]:
+    """The history of one run, then those of its child workflows at any depth."""
+    pending = [workflow_id]
+    while pending:
+        history = await client.get_workflow_handle(pending.pop()).fetch_history()
+        pending.extend(_children(history))
+        yield history
+
+
 async def pipeline_counts(client: Client, workflow_id: str) -> dict[str, Any]:
     """The counts of one run summed with those of its child workflows (recursively).
 
@@ -124,12 +134,9 @@ async def pipeline_counts(client: Client, workflow_id: str) -> dict[str, Any]:
     """
     total: dict[str, Any] = {}
     largest = 0
-    pending = [workflow_id]
-    while pending:
-        history = await client.get_workflow_handle(pending.pop()).fetch_history()
+    async for history in run_histories(client, workflow_id):
         one = count_history(history)
         largest = max(largest, one["history_bytes"])
-        pending.extend(_children(history))
         _add(total, one)
     total["largest_history_bytes"] = largest
     return total

@@ -29,6 +29,7 @@ from aiworker.schemas import names
 from aiworker.schemas.settings import Settings
 from aiworker.workers.temporal_client import data_converter
 from bench.common import embedded_server
+from bench.counts import run_histories
 
 QUICK_ITEMS = 10_000
 FULL_ITEMS = 100_000
@@ -89,19 +90,8 @@ def _pipeline(n: int) -> dict[str, Any]:
 
 async def _histories(client: Client, wid: str) -> dict[str, int]:
     """The history size (JSON bytes) of the pipeline and of every workflow it started,
-    at any depth (the for_each chunk children, found in each history's events)."""
-    sizes: dict[str, int] = {}
-    todo = [wid]
-    while todo:
-        current = todo.pop()
-        history = await client.get_workflow_handle(current).fetch_history()
-        sizes[current] = len(history.to_json().encode())
-        for event in history.events:
-            if event.HasField("start_child_workflow_execution_initiated_event_attributes"):
-                todo.append(
-                    event.start_child_workflow_execution_initiated_event_attributes.workflow_id
-                )
-    return sizes
+    at any depth (the for_each chunk children)."""
+    return {h.workflow_id: len(h.to_json().encode()) async for h in run_histories(client, wid)}
 
 
 async def _wait_ready(client: Client, queue: str, proc: subprocess.Popen[bytes]) -> None:
