@@ -124,6 +124,7 @@ class LimiterActivities:
             tenant=policy,
             caps=self._settings.caps,
             local=self._local,
+            inline_items=self._settings.foreach_inline_items,
         )
 
     @activity.defn(name=names.LIMITER_ACQUIRE)

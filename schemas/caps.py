@@ -75,6 +75,11 @@ DEFAULT_MAX_FOREACH_BYTES = 64 * 1024 * 1024
 """Compact-JSON size of a ``for_each`` step's resolved list and all its item
 inputs together (``AIWORKER_MAX_FOREACH_BYTES``)."""
 
+DEFAULT_FOREACH_INLINE_ITEMS = 1_000
+"""Items of a ``for_each`` whose outputs the pipeline keeps inline; above it they
+go to the artifact store and ``outputs.items`` is a reference
+(``AIWORKER_FOREACH_INLINE_ITEMS``; not a cap: nothing is refused)."""
+
 
 class Caps(Model):
     """The configurable caps; each field is bounded by its hard ceiling."""

@@ -8,7 +8,7 @@ from pydantic import Field
 from typing_extensions import TypeAliasType
 
 from aiworker.schemas.base import Model
-from aiworker.schemas.caps import Caps
+from aiworker.schemas.caps import DEFAULT_FOREACH_INLINE_ITEMS, Caps
 from aiworker.schemas.names import TENANT_PATTERN
 from aiworker.schemas.tenants import TenantPolicy
 
@@ -132,4 +132,10 @@ class Plan(Model):
         default_factory=list,
         description='workers whose calls run as local activities ("execution": "local", '
         "served by the planning process, AIWORKER_LOCAL_ACTIVITIES on)",
+    )
+    inline_items: int = Field(
+        default=DEFAULT_FOREACH_INLINE_ITEMS,
+        ge=0,
+        description="a for_each over more items keeps its outputs by reference "
+        "(AIWORKER_FOREACH_INLINE_ITEMS)",
     )

@@ -100,6 +100,10 @@ def queue_suffix_of(task_queue: str) -> str:
 # Limits that hold across worker processes (see workflows/limits.py).
 LIMITER_WORKFLOW: Final = "LimiterWorkflow"
 LIMITER_ACQUIRE: Final = "limiter-acquire"
+# The for_each item outputs by reference (activities/items.py): a leaf chunk stores
+# its items' outputs, a pipeline loads them where a reference needs the list.
+STORE_ITEMS: Final = "foreach-store-items"
+LOAD_ITEMS: Final = "foreach-load-items"
 LIMITER_PLAN: Final = "limiter-plan"
 LIMITER_ACQUIRE_SIGNAL: Final = "acquire"
 LIMITER_RELEASE_SIGNAL: Final = "release"

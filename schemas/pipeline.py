@@ -10,7 +10,7 @@ documentation stay one text in one place.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -24,7 +24,7 @@ from aiworker.schemas.names import (
     PRIORITY_LOWEST,
     TENANT_PATTERN,
 )
-from aiworker.schemas.protocol import CachePolicy, Usage, Usd
+from aiworker.schemas.protocol import ArtifactRef, CachePolicy, Usage, Usd
 from aiworker.schemas.refs import find_refs
 
 TerminalStatus = Literal[
@@ -387,6 +387,11 @@ class ChunkInput(Model):
     local: bool = Field(
         default=False, description="items run as local activities (the parent's plan said so)"
     )
+    store_outputs: bool = Field(
+        default=False,
+        description="items' outputs go to the artifact store; the result lists only "
+        "failed items, counts the others and carries the stored parts' references",
+    )
 
 
 class ItemResult(Model):
@@ -406,8 +411,69 @@ class ChunkResult(Model):
 
     spill: ClassVar[bool] = True  # travels by reference (SPILL_METADATA)
 
-    items: list[ItemResult]
+    items: list[ItemResult] = Field(
+        description="every item; with store_outputs only the failed ones (the rest are counted)"
+    )
     usage: Usage = Field(default_factory=Usage)
+    succeeded: int = Field(
+        default=0, ge=0, description="items not listed in items that succeeded (store_outputs)"
+    )
+    cached: int = Field(default=0, ge=0, description="of those, items the step cache answered")
+    parts: list[ArtifactRef] = Field(
+        default_factory=list, description="the stored outputs of those items (store_outputs)"
+    )
+
+
+ITEMS_REF_KIND: Final = "aiworker.items"
+"""``kind`` of a for_each step's ``outputs.items`` held by reference (:class:`ItemsRef`)."""
+
+
+class ItemsRef(Model):
+    """A large for_each step's ``outputs.items``, by reference.
+
+    Above ``AIWORKER_FOREACH_INLINE_ITEMS`` items a for_each keeps no item's
+    outputs in the pipeline: each leaf chunk stores its items' outputs in the
+    artifact store (one part, a JSON object ``{"kind": "aiworker.items.part",
+    "items": [[index, outputs], ...]}``) and the step's ``outputs.items`` is this
+    reference. A ``${{ }}`` reference to the list (``steps.<id>.outputs.items``
+    or below) loads it first, so later steps and the pipeline's ``output`` see
+    the list as before; the result and the UI carry the reference. An item that
+    failed has no entry (``null`` in the loaded list); a later part overrides an
+    earlier one for the same index (a redrive adds its parts after the old ones).
+    """
+
+    kind: Literal["aiworker.items"] = ITEMS_REF_KIND
+    count: int = Field(ge=0, description="items of the step (the loaded list's length)")
+    parts: list[ArtifactRef] = Field(description="the stored parts, in the order to apply them")
+
+    @classmethod
+    def of(cls, value: Any) -> ItemsRef | None:
+        """``value`` (a step's ``outputs.items``) as a reference; None for an inline list."""
+        if isinstance(value, dict) and value.get("kind") == ITEMS_REF_KIND:
+            return cls.model_validate(value)
+        return None
+
+
+class StoreItems(Model):
+    """Input of the ``foreach-store-items`` local activity: a leaf chunk's outputs."""
+
+    tenant: str = Field(pattern=TENANT_PATTERN)
+    items: list[tuple[int, Any]] = Field(description="(item index, outputs) of each item")
+
+
+class LoadItems(Model):
+    """Input of the ``foreach-load-items`` local activity."""
+
+    tenant: str = Field(pattern=TENANT_PATTERN)
+    ref: ItemsRef
+
+
+class LoadedItems(Model):
+    """A for_each step's items, loaded: one entry per item, null where it failed."""
+
+    spill: ClassVar[bool] = True  # travels by reference (SPILL_METADATA)
+
+    items: list[Any]
 
 
 class ReviewDecision(Model):

@@ -11,7 +11,9 @@ in the CLI that announces it:
   ``blocked``, ... and those downstream of them;
 - a ``for_each`` step that runs again while its dependencies are reused keeps
   the outputs of the items that succeeded and runs only the others
-  (:meth:`Redrive.kept_items`), as long as its list has as many items as before.
+  (:meth:`Redrive.kept_items`), as long as its list has as many items as before;
+  an earlier ``outputs.items`` held by reference (:class:`ItemsRef`) is loaded
+  by the workflow first (:meth:`Redrive.previous_items_ref`).
 
 :class:`Redrive` also collects what the run did, for the result's ``redrive``
 summary. No I/O; deterministic (the workflow uses it).
@@ -22,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiworker.schemas.pipeline import PipelineSpec, StepResult, step_dependencies
+from aiworker.schemas.pipeline import ItemsRef, PipelineSpec, StepResult, step_dependencies
 
 
 @dataclass
@@ -43,14 +45,27 @@ class Redrive:
     previous: dict[str, StepResult]
     items_rerun: dict[str, list[int]] = field(default_factory=dict)
 
-    def kept_items(self, step_id: str, count: int) -> dict[int, Any]:
-        """The outputs of the items of for_each ``step_id`` that succeeded before, by
-        index; empty unless the step runs again over a list of ``count`` items
-        resolved from reused steps only, as long as the earlier one."""
+    def _earlier_items(self, step_id: str) -> Any:
+        """The earlier run's ``outputs.items`` of ``step_id`` if its items may be kept."""
         old = self.previous.get(step_id)
         if old is None or step_id in self.reused or not isinstance(old.outputs, dict):
-            return {}
-        items = old.outputs.get("items")
+            return None
+        return old.outputs.get("items")
+
+    def previous_items_ref(self, step_id: str, count: int) -> ItemsRef | None:
+        """The earlier run's ``outputs.items`` of for_each ``step_id`` when it is a
+        reference to ``count`` items whose kept outputs the workflow must load."""
+        ref = ItemsRef.of(self._earlier_items(step_id))
+        return ref if ref is not None and ref.count == count else None
+
+    def kept_items(
+        self, step_id: str, count: int, loaded: list[Any] | None = None
+    ) -> dict[int, Any]:
+        """The outputs of the items of for_each ``step_id`` that succeeded before, by
+        index; empty unless the step runs again over a list of ``count`` items
+        resolved from reused steps only, as long as the earlier one. ``loaded``:
+        the earlier items when they were held by reference (loaded by the workflow)."""
+        items = loaded if loaded is not None else self._earlier_items(step_id)
         if not isinstance(items, list) or len(items) != count:
             return {}
         return {i: out for i, out in enumerate(items) if out is not None}
@@ -114,6 +129,9 @@ def describe_redrive(pipeline: dict[str, Any]) -> str:
         items = old.outputs.get("items") if old and isinstance(old.outputs, dict) else None
         if isinstance(items, list) and plan.kept_items(sid, len(items)):
             return f"{sid} (only its failed items)"
+        ref = ItemsRef.of(items)
+        if ref is not None and plan.previous_items_ref(sid, ref.count) is not None:
+            return f"{sid} (only its failed items, if its list is as long)"
         return sid
 
     return (

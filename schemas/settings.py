@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from aiworker.schemas.caps import SETTING_OF, Caps
+from aiworker.schemas.caps import DEFAULT_FOREACH_INLINE_ITEMS, SETTING_OF, Caps
 from aiworker.schemas.spec import parse_rate
 from aiworker.schemas.tenants import TenantRegistry, TenantsFileError, domain_list, load_tenants
 
@@ -84,6 +84,9 @@ class Settings(BaseModel):
     # Workers whose spec says `"execution": "local"` run as local activities in the
     # process that runs the pipeline (schemas/execution.py); false: every call an activity.
     local_activities: bool = True
+    # A for_each over more items than this keeps its items' outputs in the artifact
+    # store and its `outputs.items` as a reference (schemas.pipeline.ItemsRef).
+    foreach_inline_items: int = Field(default=DEFAULT_FOREACH_INLINE_ITEMS, ge=0)
     # Worker Deployment Versioning (the Lambda worker always uses it).
     deployment_name: str = Field(default="aiworker", min_length=1, max_length=255)
     build_id: str | None = Field(default=None, min_length=1, max_length=255)
@@ -205,6 +208,7 @@ class Settings(BaseModel):
             "AUTOTHROTTLE",
             "AUTOTHROTTLE_TARGET_CONCURRENCY",
             "BROWSER_EXECUTABLE",
+            "FOREACH_INLINE_ITEMS",
             *(name.removeprefix(ENV_PREFIX) for name in SETTING_OF.values()),
         }
         # Variables consumed by other parts (tests, dev server) are not settings.
@@ -234,6 +238,7 @@ class Settings(BaseModel):
             ("MAX_CONCURRENT_WORKFLOW_TASKS", "max_concurrent_workflow_tasks"),
             ("POLLERS", "pollers"),
             ("MALLOC_ARENAS", "malloc_arenas"),
+            ("FOREACH_INLINE_ITEMS", "foreach_inline_items"),
             ("PAYLOAD_THRESHOLD_BYTES", "payload_threshold_bytes"),
             ("BREAKER_FAILURE_THRESHOLD", "breaker_failure_threshold"),
             ("BREAKER_WINDOW_SECONDS", "breaker_window_seconds"),

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from aiworker.activities.items import ItemsActivities
 from aiworker.activities.limits import LimiterActivities
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import names
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.plugins import WorkerSet
+from aiworker.workers.resources import artifact_store
 from aiworker.workflows.agent import AgentWorkflow
 from aiworker.workflows.breakers import SharedBreakerWorkflow
 from aiworker.workflows.foreach import PipelineForEachWorkflow
@@ -60,6 +62,10 @@ def activities_for(
             runtime.settings, runtime.specs, local_workers(runtime.settings, workers)
         )
         out += [limiter.acquire, limiter.plan]
+        # a large for_each's item outputs, stored by its chunks and loaded where needed
+        store = runtime.tools.get("artifact_store") or artifact_store(runtime.settings)
+        items = ItemsActivities(store)
+        out += [items.store, items.load]
     return out
 
 

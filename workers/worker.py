@@ -143,6 +143,7 @@ SHARED_WORKFLOW_MODULES = (
     "aiworker.workflows.dag",
     "aiworker.workflows.details",
     "aiworker.workflows.fanout",
+    "aiworker.workflows.items",
     "aiworker.workflows.limits",
     "aiworker.workflows.pipeline_limits",
     "aiworker.workflows.review",

@@ -108,7 +108,10 @@ async def run_dag(run: PipelineRun) -> PipelineResult:
             run.steps[step.id] = StepResult(
                 status="skipped", error_message=f"not run: the pipeline ended {status}"
             )
+    failed = await run.materialize(list(spec.output.values()), "output")
     output, problems = _output(run)
+    if failed is not None:
+        problems.insert(0, {"field": "output", "message": failed.error_message or "failed"})
     warnings = [{"code": "output_incomplete", **p} for p in problems]
     error = None if status == "succeeded" else _error(run, sched.finished)
     if error is None and problems:

@@ -12,7 +12,11 @@ item count (:class:`ChunkAllowance`, with the pipeline's deadline). At most
 ``ceil(max_parallel / chunk_size)`` chunks run at once, each with at most
 ``min(max_parallel, chunk_size)`` items in flight
 (``PipelineForEachWorkflow``), so no history grows with the list.
-:class:`FanOut` tallies the items as chunks finish. Deterministic code only.
+:class:`FanOut` tallies the items as chunks finish. Over the plan's
+``inline_items`` items the outputs go by reference (:mod:`workflows.items`):
+the chunks store them, the parent keeps counts, the failed items up to
+:data:`MAX_ITEM_ERRORS` and the parts' references, and ``outputs.items`` is an
+``ItemsRef``. Deterministic code only.
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ with workflow.unsafe.imports_passed_through():
         ChunkInput,
         ChunkItem,
         ChunkResult,
+        ItemsRef,
         Step,
         StepResult,
     )
-    from aiworker.schemas.protocol import Usage
+    from aiworker.schemas.protocol import ArtifactRef, Usage
     from aiworker.schemas.refs import (
         ReferenceError_,
         ReferenceLimitError,
@@ -49,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
 
 from aiworker.workflows.chunks import FANOUT, TREE_PATCH, leaves, share, split
 from aiworker.workflows.foreach import PipelineForEachWorkflow
+from aiworker.workflows.items import ITEMS_REF_PATCH, ItemsUnavailable, load_items
 from aiworker.workflows.pipeline_limits import step_max_attempts
 from aiworker.workflows.state import Ended, PipelineRun
 
@@ -58,10 +64,13 @@ MAX_ITEM_ERRORS = 20
 
 @dataclass
 class FanOut:
-    """A for_each step's items as they finish: outputs by index, failures, usage."""
+    """A for_each step's items as they finish: outputs by index (or, by reference,
+    the stored parts), failures, usage."""
 
     total: int
+    by_ref: bool = False  # outputs stored by the chunks: ``parts``, not ``results``
     results: list[Any] = field(default_factory=list)
+    parts: list[ArtifactRef] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     failed: int = 0
     done: int = 0
@@ -71,13 +80,16 @@ class FanOut:
     cached: int = 0  # items the step cache answered
 
     def keep(self, index: int, outputs: Any) -> None:
-        """Book an item a redrive does not run again: its earlier outputs."""
-        self.results[index] = outputs
+        """Book an item a redrive does not run again: its earlier outputs (by
+        reference: they stay in the earlier run's parts)."""
+        if not self.by_ref:
+            self.results[index] = outputs
         self.done += 1
         self.kept += 1
 
     def __post_init__(self) -> None:
-        self.results = [None] * self.total
+        if not self.by_ref:
+            self.results = [None] * self.total
 
     def item_failed(self, index: int, code: str | None, message: str | None) -> None:
         self.failed += 1
@@ -85,8 +97,12 @@ class FanOut:
             self.errors.append({"index": index, "error_code": code, "message": message})
 
     def add(self, chunk: ChunkResult) -> None:
-        """Book a finished chunk's items and usage."""
+        """Book a finished chunk's items and usage (by reference: its parts and
+        the count of its stored items; only failed items are listed)."""
         self.usage = self.usage + chunk.usage
+        self.parts.extend(chunk.parts)
+        self.done += chunk.succeeded
+        self.cached += chunk.cached
         for it in chunk.items:
             self.done += 1
             self.cached += it.cached
@@ -121,7 +137,11 @@ class FanOut:
             error_message=message if self.failed else None,
             cause=bounded(cause),
             outputs={
-                "items": self.results,
+                "items": (
+                    ItemsRef(count=self.total, parts=self.parts).model_dump(mode="json")
+                    if self.by_ref
+                    else self.results
+                ),
                 "count": self.total,
                 "succeeded": ok,
                 "failed": self.failed,
@@ -166,11 +186,37 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
                 f"({SETTING_OF['max_foreach_items']})"
             ),
         )
-    fan = FanOut(total=len(items))
     # A redrive runs again only the items that did not succeed before.
-    kept = run.redrive.kept_items(step.id, len(items)) if run.redrive else {}
+    kept: dict[int, Any] = {}
+    old_parts: list[ArtifactRef] | None = None
+    if run.redrive is not None:
+        old_ref = run.redrive.previous_items_ref(step.id, len(items))
+        if old_ref is not None:
+            try:
+                loaded = await load_items(run.tenant, old_ref)
+            except ItemsUnavailable as e:
+                return StepResult(
+                    status="failed",
+                    error_code=e.code,
+                    error_message=f"step {step.id!r}: the earlier run's items: {e.message}",
+                )
+            kept = run.redrive.kept_items(step.id, len(items), loaded)
+            old_parts = old_ref.parts
+            del loaded
+        else:
+            kept = run.redrive.kept_items(step.id, len(items))
+    # Over the plan's inline_items the outputs go by reference (a redrive keeps the
+    # earlier run's way: its kept outputs are where that run left them).
+    by_ref = (
+        old_parts is not None or (not kept and len(items) > run.inline_items)
+    ) and workflow.patched(ITEMS_REF_PATCH)
+    fan = FanOut(total=len(items), by_ref=by_ref)
+    if by_ref and old_parts is not None:
+        fan.parts = list(old_parts)  # applied first: this run's parts cover the rest
     for index, outputs in kept.items():
         fan.keep(index, outputs)
+    if by_ref:
+        kept = dict.fromkeys(kept)  # the indexes are enough; the outputs are stored
     if run.redrive is not None and kept:
         run.redrive.items_rerun[step.id] = [i for i in range(len(items)) if i not in kept]
     # The scope as the step starts: each chunk's items resolve against it again.
@@ -209,6 +255,7 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
         concurrency_limit=step.concurrency.limit if step.concurrency else None,
         lease_seconds=limits.lease_seconds,
         local=run.limits.is_local(worker.worker_id),
+        store_outputs=by_ref,
     )
     # More leaf chunks than one workflow's children: groups of chunks (a tree).
     tree = leaves(len(resolved), step.chunk_size) > FANOUT and workflow.patched(TREE_PATCH)

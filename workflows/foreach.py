@@ -11,7 +11,11 @@ A chunk with more than ``chunk_size`` items runs none itself: it splits them
 into child chunks (:mod:`workflows.chunks`: a tree of bounded width), shares
 its allowance and its leaf-chunk slots out to them, and returns their results
 together. Inputs and results travel by reference (``SPILL_METADATA``), so no
-history holds the items' bytes.
+history holds the items' bytes. With ``store_outputs`` (a for_each over more
+than the plan's ``inline_items``) a leaf chunk stores its succeeded items'
+outputs as one part in the artifact store (:mod:`workflows.items`) and its
+result lists only the failed items: the counts and the part's reference
+travel up, never an item's outputs.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
 from aiworker.workflows.budget import BudgetRefused, Deadline, Ledger
 from aiworker.workflows.calls import call_worker
 from aiworker.workflows.chunks import share, split
+from aiworker.workflows.items import ItemsUnavailable, store_items
 from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals, WaitExpired
 
 
@@ -138,7 +143,41 @@ class PipelineForEachWorkflow(PermitSignals):
                 )
 
         results = await asyncio.gather(*(one(i) for i in chunk.items))
-        return ChunkResult(items=list(results), usage=ledger.used)
+        if not chunk.store_outputs:
+            return ChunkResult(items=list(results), usage=ledger.used)
+        return await self._store(chunk, list(results), ledger.used)
+
+    @staticmethod
+    async def _store(chunk: ChunkInput, results: list[ItemResult], usage: Usage) -> ChunkResult:
+        """The chunk's result with its succeeded items' outputs stored as one part:
+        those items counted, the failed ones listed. If the store fails, the
+        succeeded items fail with its code (a redrive runs them again)."""
+        ok = [r for r in results if r.status in names.OK_STATUSES]
+        failed = [r for r in results if r.status not in names.OK_STATUSES]
+        if not ok:
+            return ChunkResult(items=failed, usage=usage)
+        try:
+            part = await store_items(chunk.tenant, [(r.index, r.outputs) for r in ok])
+        except ItemsUnavailable as e:
+            lost = [
+                r.model_copy(
+                    update={
+                        "status": "failed",
+                        "outputs": None,
+                        "error_code": e.code,
+                        "error_message": e.message,
+                    }
+                )
+                for r in ok
+            ]
+            return ChunkResult(items=sorted(failed + lost, key=lambda r: r.index), usage=usage)
+        return ChunkResult(
+            items=failed,
+            usage=usage,
+            succeeded=len(ok),
+            cached=sum(r.cached for r in ok),
+            parts=[part],
+        )
 
     async def _split(self, chunk: ChunkInput, chunk_size: int) -> ChunkResult:
         """Run the chunk's items in child chunks; their results in item order."""
@@ -164,7 +203,7 @@ class PipelineForEachWorkflow(PermitSignals):
                     static_summary=(f"{chunk.step_id} items {items[0].index}..{items[-1].index}"),
                     priority=info.priority,
                 )
-            self._done += len(result.items)
+            self._done += len(result.items) + result.succeeded
             return result
 
         parts = await asyncio.gather(
@@ -173,7 +212,13 @@ class PipelineForEachWorkflow(PermitSignals):
         usage = Usage()
         for p in parts:
             usage = usage + p.usage
-        return ChunkResult(items=[it for p in parts for it in p.items], usage=usage)
+        return ChunkResult(
+            items=[it for p in parts for it in p.items],
+            usage=usage,
+            succeeded=sum(p.succeeded for p in parts),
+            cached=sum(p.cached for p in parts),
+            parts=[ref for p in parts for ref in p.parts],
+        )
 
 
 __all__ = ["PipelineForEachWorkflow"]

@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
     from aiworker.schemas.caps import Caps
     from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.limits import Plan
     from aiworker.schemas.pipeline import PipelineSpec, Step, StepResult, TerminalStatus
     from aiworker.schemas.redrive import Redrive
     from aiworker.schemas.refs import (
@@ -38,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
 
 from aiworker.workflows.budget import Admission, BudgetRefused, Ledger
 from aiworker.workflows.details import StepBoard, StepTable
+from aiworker.workflows.items import ItemsUnavailable, load_items, needs_items
 from aiworker.workflows.limits import PermitBook
 from aiworker.workflows.pipeline_limits import PipelineLimits
 from aiworker.workflows.review import ReviewDesk
@@ -126,6 +128,9 @@ class PipelineRun:
     # What every activity and child carries (schemas.priority.task_priority);
     # the default (nothing) unless the run or its spec has a priority key.
     priority: Priority = Priority.default
+    # for_each steps whose outputs.items (a reference) a reference needed, loaded
+    # once: the scope shows these lists; the step results keep the references.
+    loaded_items: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def tenant(self) -> str:
@@ -142,13 +147,40 @@ class PipelineRun:
             "steps": {
                 sid: {
                     "status": r.status,
-                    "outputs": r.outputs,
+                    "outputs": (
+                        r.outputs | {"items": self.loaded_items[sid]}
+                        if sid in self.loaded_items and isinstance(r.outputs, dict)
+                        else r.outputs
+                    ),
                     "warnings": r.warnings,
                     "artifacts": r.artifacts,
                 }
                 for sid, r in self.steps.items()
             },
         }
+
+    async def materialize(self, values: list[Any], field_name: str) -> StepResult | None:
+        """Load the lists of the for_each steps held by reference that the
+        references in ``values`` read (once per step); how the step (or output)
+        fails if one cannot be loaded, else None."""
+        for sid, ref in needs_items(values, self.steps):
+            if sid in self.loaded_items:
+                continue
+            try:
+                self.loaded_items[sid] = await load_items(self.tenant, ref)
+            except ItemsUnavailable as e:
+                return StepResult(
+                    status="failed",
+                    error_code=e.code,
+                    error_message=f"field {field_name!r}: step {sid!r}'s items: {e.message}",
+                )
+        return None
+
+    @property
+    def inline_items(self) -> int:
+        """Items of a for_each whose outputs stay inline, as the plan said."""
+        planned = self.limits.planned
+        return planned.inline_items if planned is not None else Plan().inline_items
 
     @property
     def caps(self) -> Caps:

@@ -48,7 +48,20 @@ _FEEDBACK_CODES = (ErrorCode.INVALID_OUTPUT.value, ErrorCode.VALIDATION_FAILED.v
 async def run_step(run: PipelineRun, step: Step) -> StepResult:
     """Run ``step`` to its result, with its duration."""
     start = workflow.now()
-    ended = preflight(run, step)
+    ended = preflight_deps(run, step)
+    if ended is None:
+        # a list held by reference that the step's references read: loaded first
+        failed = await run.materialize(
+            [
+                step.input,
+                step.when["value"] if step.when is not None else None,
+                step.for_each,
+                step.fallback_input,
+                step.concurrency.key if step.concurrency is not None else None,
+            ],
+            "input",
+        )
+        ended = Ended(failed) if failed is not None else preflight(run, step)
     if ended is not None:
         result = ended.result
     elif step.for_each is not None:
@@ -63,14 +76,22 @@ async def run_step(run: PipelineRun, step: Step) -> StepResult:
     return result.model_copy(update={"duration_ms": ms_since(start)})
 
 
-def preflight(run: PipelineRun, step: Step) -> Ended | None:
-    """Dependencies, gate and ``when``: how the step ends if it must not run."""
+def preflight_deps(run: PipelineRun, step: Step) -> Ended | None:
+    """Dependencies: how the step ends if one did not succeed."""
     for dep in step.depends_on:
         st = run.steps[dep].status
         if st not in names.OK_STATUSES and step.worker != names.AGGREGATOR:
             return Ended(
                 StepResult(status="skipped", error_message=f"dependency {dep!r} ended {st}")
             )
+    return None
+
+
+def preflight(run: PipelineRun, step: Step) -> Ended | None:
+    """Dependencies, gate and ``when``: how the step ends if it must not run."""
+    ended = preflight_deps(run, step)
+    if ended is not None:
+        return ended
     if step.gate is not None:
         blocked = gate_verdict(step.gate, run.steps[step.gate])
         if blocked is not None:

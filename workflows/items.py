@@ -1,0 +1,135 @@
+"""A large for_each's item outputs by reference, from workflow code.
+
+A for_each over more than the plan's ``inline_items`` items stores its
+outputs instead of holding them (``ChunkInput.store_outputs``): each leaf
+chunk stores its succeeded items' outputs through the ``foreach-store-items``
+local activity and returns the part's reference; the step's
+``outputs.items`` is an :class:`ItemsRef` over every part. So the pipeline's
+memory and history hold counts, the failed items up to the cap and one
+reference per leaf chunk, never an item's outputs.
+
+Where a ``${{ }}`` reference needs the list (a later step's input, ``when``,
+``for_each`` or concurrency key, the pipeline's ``output``),
+:func:`materialize` loads it once through ``foreach-load-items`` and the
+run's scope shows the list in its place; the step result keeps the reference.
+Deterministic code only.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from aiworker.schemas import names
+    from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.pipeline import ItemsRef, LoadedItems, LoadItems, StoreItems
+    from aiworker.schemas.protocol import ArtifactRef
+    from aiworker.schemas.refs import ReferenceError_, find_refs
+
+ITEMS_REF_PATCH = "foreach-items-ref"
+"""The ``workflow.patched`` id of a for_each whose outputs go by reference (runs
+recorded before it held every item's outputs inline, whatever their count)."""
+
+_TIMEOUT = timedelta(seconds=60)
+_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=10))
+_CODES = {c.value for c in ErrorCode}
+
+
+class ItemsUnavailable(Exception):
+    """Items could not be stored or loaded: their stable code and why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _unavailable(what: str, err: BaseException) -> ItemsUnavailable:
+    cause = err.cause if isinstance(err, ActivityError) and err.cause is not None else err
+    code = cause.type if isinstance(cause, ApplicationError) else None
+    # the store's own codes (not_found, access_denied, invalid_input) pass through;
+    # anything else (a full disk, an unreachable bucket) is the engine's failure
+    return ItemsUnavailable(
+        code if code in _CODES else ErrorCode.INTERNAL.value, f"{what}: {cause}"
+    )
+
+
+async def store_items(tenant: str, items: list[tuple[int, Any]]) -> ArtifactRef:
+    """Store a leaf chunk's ``(index, outputs)`` pairs; the part's reference.
+
+    Raises:
+        ItemsUnavailable: the store failed on every attempt.
+    """
+    try:
+        ref: ArtifactRef = await workflow.execute_local_activity(
+            names.STORE_ITEMS,
+            StoreItems(tenant=tenant, items=items),
+            result_type=ArtifactRef,
+            start_to_close_timeout=_TIMEOUT,
+            retry_policy=_RETRY,
+            summary=f"store {len(items)} items' outputs",
+        )
+    except ActivityError as e:
+        raise _unavailable("the items' outputs could not be stored", e) from None
+    return ref
+
+
+async def load_items(tenant: str, ref: ItemsRef) -> list[Any]:
+    """The list ``ref`` stands for (``None`` where an item failed).
+
+    Raises:
+        ItemsUnavailable: a part could not be read on any attempt.
+    """
+    try:
+        loaded: LoadedItems = await workflow.execute_local_activity(
+            names.LOAD_ITEMS,
+            LoadItems(tenant=tenant, ref=ref),
+            result_type=LoadedItems,
+            start_to_close_timeout=_TIMEOUT,
+            retry_policy=_RETRY,
+            summary=f"load {ref.count} items' outputs",
+        )
+    except ActivityError as e:
+        raise _unavailable("the items' outputs could not be loaded", e) from None
+    return loaded.items
+
+
+def needs_items(values: list[Any], steps: dict[str, Any]) -> list[tuple[str, ItemsRef]]:
+    """The steps whose ``outputs.items`` the references in ``values`` read and which
+    hold them by reference: ``steps.<id>.outputs`` whole, or ``.items`` and below.
+
+    ``steps`` maps step ids to their results so far (their ``outputs``).
+    """
+    out: dict[str, ItemsRef] = {}
+    for value in values:
+        if value is None:
+            continue
+        try:
+            refs = find_refs(value)
+        except ReferenceError_:  # the step says so when it resolves the value
+            continue
+        for r in refs:
+            sid = r.step_id
+            if sid is None or sid in out or sid not in steps or r.path[1] != "outputs":
+                continue
+            if len(r.path) > 2 and r.path[2] != "items":
+                continue
+            outputs = getattr(steps[sid], "outputs", None)
+            ref = ItemsRef.of(outputs.get("items")) if isinstance(outputs, dict) else None
+            if ref is not None:
+                out[sid] = ref
+    return sorted(out.items())
+
+
+__all__ = [
+    "ITEMS_REF_PATCH",
+    "ItemsUnavailable",
+    "load_items",
+    "needs_items",
+    "store_items",
+]
