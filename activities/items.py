@@ -7,8 +7,13 @@ Two local activities beside the pipeline workflows (the pipelines queue):
   part (a JSON object ``{"kind": "aiworker.items.part", "items": [[index,
   outputs], ...]}``) in the tenant's artifact store. Content-addressed, so a
   retried attempt or a replayed task stores nothing new.
-- ``foreach-load-items``: every part of an :class:`ItemsRef`, applied in
-  order, as the step's list (``null`` where an item failed).
+  A group chunk (one that split its items into child chunks) stores its
+  children's part references as one index part (``{"kind":
+  "aiworker.items.index", "parts": [ArtifactRef, ...]}``), so the pipeline
+  holds one reference per group, at most 32, whatever the item count.
+- ``foreach-load-items``: every part of an :class:`ItemsRef` (index parts
+  expanded in place), applied in order, as the step's list (``null`` where an
+  item failed).
 
 The workflow cannot do I/O, and the SDK's external payload storage hides its
 references from workflow code (a child's result arrives decoded), so the
@@ -22,6 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio import activity
 
 from aiworker.activities.artifacts import ArtifactStore
@@ -31,6 +37,10 @@ from aiworker.schemas.pipeline import ItemsRef, LoadedItems, LoadItems, StoreIte
 from aiworker.schemas.protocol import ArtifactRef
 
 PART_KIND = "aiworker.items.part"
+INDEX_KIND = "aiworker.items.index"
+# Index parts inside index parts: the chunk tree's depth (4 at the hard cap of
+# 1,000,000 items), with room; deeper is not something the engine wrote.
+MAX_INDEX_DEPTH = 8
 PART_MEDIA_TYPE = "application/json"
 
 
@@ -40,17 +50,29 @@ def encode_part(items: list[tuple[int, Any]]) -> bytes:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def encode_index(parts: list[ArtifactRef]) -> bytes:
+    """One stored index part: the references of other parts, in order."""
+    doc = {"kind": INDEX_KIND, "parts": [p.model_dump(mode="json") for p in parts]}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _decode(data: bytes, uri: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except ValueError as e:
+        raise InvalidInputError(f"items part {uri} is not JSON: {e}", field="items") from None
+    if not isinstance(doc, dict) or doc.get("kind") not in (PART_KIND, INDEX_KIND):
+        raise InvalidInputError(f"{uri} is not a for_each items part", field="items")
+    return doc
+
+
 def apply_part(data: bytes, into: list[Any], uri: str) -> None:
     """Write a stored part's outputs into ``into`` by index.
 
     Raises:
         InvalidInputError: the bytes are not a part of a list this long.
     """
-    try:
-        doc = json.loads(data)
-    except ValueError as e:
-        raise InvalidInputError(f"items part {uri} is not JSON: {e}", field="items") from None
-    pairs = doc.get("items") if isinstance(doc, dict) and doc.get("kind") == PART_KIND else None
+    pairs = _decode(data, uri).get("items")
     if not isinstance(pairs, list):
         raise InvalidInputError(f"{uri} is not a for_each items part", field="items")
     for pair in pairs:
@@ -68,10 +90,27 @@ def apply_part(data: bytes, into: list[Any], uri: str) -> None:
 
 
 async def load_items(store: ArtifactStore, tenant: str, ref: ItemsRef) -> list[Any]:
-    """The list ``ref`` stands for, read from ``store`` as ``tenant``."""
+    """The list ``ref`` stands for, read from ``store`` as ``tenant``: its parts in
+    order, an index part's parts in its place."""
     out: list[Any] = [None] * ref.count
-    for part in ref.parts:
-        apply_part(await store.get(tenant, part), out, part.uri)
+    # (part, depth) in the order to apply them: a stack, the next part on top
+    todo = [(p, 0) for p in reversed(ref.parts)]
+    while todo:
+        part, depth = todo.pop()
+        data = await store.get(tenant, part)
+        doc = _decode(data, part.uri)
+        if doc["kind"] == PART_KIND:
+            apply_part(data, out, part.uri)
+            continue
+        if depth >= MAX_INDEX_DEPTH:
+            raise InvalidInputError(
+                f"items index {part.uri} nests over {MAX_INDEX_DEPTH} levels", field="items"
+            )
+        try:
+            inner = [ArtifactRef.model_validate(p) for p in doc.get("parts") or []]
+        except ValidationError:
+            raise InvalidInputError(f"items index {part.uri} is malformed", field="items") from None
+        todo.extend((p, depth + 1) for p in reversed(inner))
     return out
 
 
@@ -83,9 +122,11 @@ class ItemsActivities:
 
     @activity.defn(name=names.STORE_ITEMS)
     async def store(self, call: StoreItems) -> ArtifactRef:
-        """Store a leaf chunk's item outputs as one part; its reference."""
+        """Store a leaf chunk's item outputs (or a group's part references) as
+        one part; its reference."""
+        data = encode_index(call.parts) if call.parts else encode_part(call.items)
         try:
-            return await self._store.put(call.tenant, encode_part(call.items), PART_MEDIA_TYPE)
+            return await self._store.put(call.tenant, data, PART_MEDIA_TYPE)
         except WorkerError as e:
             raise e.to_application_error(names.STORE_ITEMS) from None
 
@@ -98,4 +139,12 @@ class ItemsActivities:
             raise e.to_application_error(names.LOAD_ITEMS) from None
 
 
-__all__ = ["PART_KIND", "ItemsActivities", "apply_part", "encode_part", "load_items"]
+__all__ = [
+    "INDEX_KIND",
+    "PART_KIND",
+    "ItemsActivities",
+    "apply_part",
+    "encode_index",
+    "encode_part",
+    "load_items",
+]

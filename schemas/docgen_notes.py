@@ -137,7 +137,7 @@ SETTINGS: dict[str, str] = {
     "aiworker-pipelines",
     "foreach_inline_items": "a `for_each` over more items keeps no item's outputs in the "
     "pipeline: its chunks store them in the artifact store and `outputs.items` in the result "
-    "is a reference (`{\"kind\": \"aiworker.items\", \"count\", \"parts\"}`); a `${{ }}` "
+    'is a reference (`{"kind": "aiworker.items", "count", "parts"}`); a `${{ }}` '
     "reference to the list still sees the list. 0 sends every non-empty for_each by reference. "
     "Read when a pipeline starts and kept for that run",
     "deployment_name": "Worker Deployment name (Worker Versioning; the Lambda worker)",

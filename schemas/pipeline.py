@@ -434,12 +434,14 @@ class ItemsRef(Model):
     Above ``AIWORKER_FOREACH_INLINE_ITEMS`` items a for_each keeps no item's
     outputs in the pipeline: each leaf chunk stores its items' outputs in the
     artifact store (one part, a JSON object ``{"kind": "aiworker.items.part",
-    "items": [[index, outputs], ...]}``) and the step's ``outputs.items`` is this
-    reference. A ``${{ }}`` reference to the list (``steps.<id>.outputs.items``
-    or below) loads it first, so later steps and the pipeline's ``output`` see
-    the list as before; the result and the UI carry the reference. An item that
-    failed has no entry (``null`` in the loaded list); a later part overrides an
-    earlier one for the same index (a redrive adds its parts after the old ones).
+    "items": [[index, outputs], ...]}``), each group chunk an index of its
+    children's parts (``{"kind": "aiworker.items.index", "parts": [...]}``), and
+    the step's ``outputs.items`` is this reference. A ``${{ }}`` reference to
+    the list (``steps.<id>.outputs.items`` or below) loads it first, so later
+    steps and the pipeline's ``output`` see the list as before; the result and
+    the UI carry the reference. An item that failed has no entry (``null`` in
+    the loaded list); a later part overrides an earlier one for the same index
+    (a redrive adds its parts after the old ones).
     """
 
     kind: Literal["aiworker.items"] = ITEMS_REF_KIND
@@ -458,7 +460,13 @@ class StoreItems(Model):
     """Input of the ``foreach-store-items`` local activity: a leaf chunk's outputs."""
 
     tenant: str = Field(pattern=TENANT_PATTERN)
-    items: list[tuple[int, Any]] = Field(description="(item index, outputs) of each item")
+    items: list[tuple[int, Any]] = Field(
+        default_factory=list, description="(item index, outputs) of each item"
+    )
+    parts: list[ArtifactRef] = Field(
+        default_factory=list,
+        description="a group chunk's parts, stored instead as one index part",
+    )
 
 
 class LoadItems(Model):

@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
 from aiworker.workflows.budget import BudgetRefused, Deadline, Ledger
 from aiworker.workflows.calls import call_worker
 from aiworker.workflows.chunks import share, split
-from aiworker.workflows.items import ItemsUnavailable, store_items
+from aiworker.workflows.items import ItemsUnavailable, store_index, store_items
 from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals, WaitExpired
 
 
@@ -212,12 +212,18 @@ class PipelineForEachWorkflow(PermitSignals):
         usage = Usage()
         for p in parts:
             usage = usage + p.usage
+        stored = [ref for p in parts for ref in p.parts]
+        if chunk.store_outputs and len(stored) > 1:
+            # one reference up instead of one per leaf: the pipeline holds at most
+            # FANOUT of them, however many items (kept as they are if the store fails)
+            index = await store_index(chunk.tenant, stored)
+            stored = [index] if index is not None else stored
         return ChunkResult(
             items=[it for p in parts for it in p.items],
             usage=usage,
             succeeded=sum(p.succeeded for p in parts),
             cached=sum(p.cached for p in parts),
-            parts=[ref for p in parts for ref in p.parts],
+            parts=stored,
         )
 
 

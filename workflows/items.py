@@ -23,6 +23,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
@@ -38,6 +39,9 @@ recorded before it held every item's outputs inline, whatever their count)."""
 _TIMEOUT = timedelta(seconds=60)
 _RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=10))
 _CODES = {c.value for c in ErrorCode}
+# A local activity's failure arrives as it was raised (an application failure or
+# a timeout), not wrapped in an ActivityError.
+_FAILED = (ActivityError, ApplicationError, TemporalTimeout)
 
 
 class ItemsUnavailable(Exception):
@@ -52,6 +56,8 @@ class ItemsUnavailable(Exception):
 def _unavailable(what: str, err: BaseException) -> ItemsUnavailable:
     cause = err.cause if isinstance(err, ActivityError) and err.cause is not None else err
     code = cause.type if isinstance(cause, ApplicationError) else None
+    if isinstance(cause, TemporalTimeout):
+        code = ErrorCode.TIMEOUT.value
     # the store's own codes (not_found, access_denied, invalid_input) pass through;
     # anything else (a full disk, an unreachable bucket) is the engine's failure
     return ItemsUnavailable(
@@ -74,8 +80,25 @@ async def store_items(tenant: str, items: list[tuple[int, Any]]) -> ArtifactRef:
             retry_policy=_RETRY,
             summary=f"store {len(items)} items' outputs",
         )
-    except ActivityError as e:
+    except _FAILED as e:
         raise _unavailable("the items' outputs could not be stored", e) from None
+    return ref
+
+
+async def store_index(tenant: str, parts: list[ArtifactRef]) -> ArtifactRef | None:
+    """A group chunk's children's parts stored as one index part; None if the
+    store failed (the parts then travel up as they are: nothing is lost)."""
+    try:
+        ref: ArtifactRef = await workflow.execute_local_activity(
+            names.STORE_ITEMS,
+            StoreItems(tenant=tenant, parts=parts),
+            result_type=ArtifactRef,
+            start_to_close_timeout=_TIMEOUT,
+            retry_policy=_RETRY,
+            summary=f"store the index of {len(parts)} parts",
+        )
+    except _FAILED:
+        return None
     return ref
 
 
@@ -94,7 +117,7 @@ async def load_items(tenant: str, ref: ItemsRef) -> list[Any]:
             retry_policy=_RETRY,
             summary=f"load {ref.count} items' outputs",
         )
-    except ActivityError as e:
+    except _FAILED as e:
         raise _unavailable("the items' outputs could not be loaded", e) from None
     return loaded.items
 
@@ -131,5 +154,6 @@ __all__ = [
     "ItemsUnavailable",
     "load_items",
     "needs_items",
+    "store_index",
     "store_items",
 ]
