@@ -1,6 +1,7 @@
 """A for_each step's items read back after the run, inline or by reference, on a
-real Temporal server: ``PipelineClient.items`` and ``aiworker items`` (as its
-own process), their lookups' failures, and a damaged stored part."""
+real Temporal server: ``PipelineClient.items``, ``aiworker items`` and the front
+door's ``GET /v1/pipelines/{id}/steps/{step}/items`` (each as its own process),
+their lookups' failures, and a damaged stored part."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import httpx
 import pytest
 from conftest import running_stack
+from support.front_door import bearer, running_door, write_config
 from support.payloads import client_for, stack_settings
-from support.procs import run_cli_module
+from support.procs import run_cli_module, worker_env
 from support.standins import fail, standin
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
@@ -186,3 +189,51 @@ async def test_a_damaged_part_reads_as_its_code(env: WorkflowEnvironment, tmp_pa
     proc = await _items_cli(cli_env, wid, "each")
     assert proc.returncode == 1
     assert "not found (not_found)" in proc.stderr
+
+
+async def test_the_front_door_serves_a_steps_items(
+    env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = stack_settings(tmp_path, foreach_inline_items=INLINE)
+    client = client_for(env, settings)
+    acts = {"validator": standin("validator", _echo)}
+    # the door reads the store the workers write (the same data directory)
+    door_env = worker_env(client, settings, settings.data_dir) | write_config(tmp_path)
+    async with (
+        running_stack(client, settings, replace_activities=acts),
+        running_door(door_env, tmp_path / "serve.log") as door,
+        httpx.AsyncClient(base_url=door.url, timeout=60, headers=bearer("ci")) as http,
+    ):
+        started = await http.post("/v1/pipelines", json=PIPELINE)
+        assert started.status_code == 201, started.text
+        wid = started.json()["workflow_id"]
+        done = await http.get(f"/v1/pipelines/{wid}/result", params={"timeout": 60})
+        assert done.status_code == 200, done.text
+        ref = ItemsRef.of(done.json()["steps"]["each"]["outputs"]["items"])
+        assert ref is not None
+
+        url = f"/v1/pipelines/{wid}/steps"
+        each = await http.get(f"{url}/each/items")
+        assert each.status_code == 200, each.text
+        assert each.json() == {"workflow_id": wid, "step": "each", "count": N, "items": EXPECTED}
+        small = await http.get(f"{url}/small/items")
+        assert small.json()["items"] == SMALL
+
+        nope = await http.get(f"{url}/nope/items")
+        assert nope.status_code == 404
+        assert nope.json()["error"]["code"] == "not_found"
+        after = await http.get(f"{url}/after/items")
+        assert after.status_code == 400
+        assert after.json()["error"]["code"] == "invalid_input"
+        assert "not a for_each step" in after.json()["error"]["message"]
+        # another tenant's key: the pipeline does not exist for it
+        other = await http.get(f"{url}/each/items", headers=bearer("beta"))
+        assert other.status_code == 404
+        assert other.json()["error"]["code"] == "not_found"
+
+        _part_file(ref, 0).unlink()
+        gone = await http.get(f"{url}/each/items")
+        assert gone.status_code == 500
+        assert gone.json()["error"]["code"] == "not_found"
+        message = gone.json()["error"]["message"]
+        assert "step 'each'" in message and str(tmp_path) not in message
