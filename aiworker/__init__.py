@@ -76,6 +76,7 @@ if TYPE_CHECKING:
         PipelineClient,
         PipelineHandle,
         RedriveError,
+        StepItemsError,
         TemporalUnreachableError,
     )
 
@@ -108,6 +109,7 @@ _LAZY: dict[str, str] = {
     "PayloadTooLargeError": "aiworker.activities.errors:PayloadTooLargeError",
     "RateLimitedError": "aiworker.activities.errors:RateLimitedError",
     "RedriveError": "aiworker.workers.client:RedriveError",
+    "StepItemsError": "aiworker.workers.step_items:StepItemsError",
     "TemporalUnreachableError": "aiworker.workers.temporal_client:TemporalUnreachableError",
     "Result": "aiworker.activities.runtime:WorkerResult",
     "ToolNotAllowedError": "aiworker.activities.errors:ToolNotAllowedError",
@@ -164,6 +166,7 @@ __all__ = [
     "RateLimitedError",
     "RedriveError",
     "Result",
+    "StepItemsError",
     "TemporalUnreachableError",
     "ToolNotAllowedError",
     "UpstreamError",

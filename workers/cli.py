@@ -10,6 +10,7 @@ aiworker list [--status S]   pipelines by status, tenant, name (visibility query
 aiworker redrive ID          run a failed pipeline again, reusing its succeeded steps
 aiworker workers             list the worker specs (the published contracts)
 aiworker artifacts WF_ID     list the artifacts a workflow wrote (lineage)
+aiworker items WF_ID STEP    a for_each step's items as JSON Lines (inline or by reference)
 aiworker schemas export|check  write or check schemas/json/ and docs/reference/
 aiworker conformance WORKER_ID  check a live worker against its spec through Temporal
 aiworker serve               the HTTP front door (start, status, result, review, webhooks)
@@ -45,10 +46,12 @@ from aiworker.workers.cli_common import (
     err,
     load_settings,
     outcome_code,
+    pipelines_session,
     process_catalog,
     read_pipeline,
     start_worker_process,
 )
+from aiworker.workers.cli_items import cmd_items
 from aiworker.workers.cli_parser import build_parser
 from aiworker.workers.cli_serve import cmd_keys, cmd_serve
 from aiworker.workers.schedule_commands import cmd_schedule
@@ -100,8 +103,6 @@ async def cmd_check(args: argparse.Namespace) -> int:
 
 async def cmd_review(args: argparse.Namespace) -> int:
     """``aiworker review ID DECISION``: the ``review`` Workflow Update."""
-    from aiworker.workers.client import PipelineClient
-
     outputs = None
     if args.outputs:
         try:
@@ -109,15 +110,13 @@ async def cmd_review(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as e:
             err(f"--outputs is not valid JSON: {e.msg}")
             return EXIT_USAGE
-    settings = load_settings()
-    configure_logs(settings)
-    async with cli_span(
-        f"aiworker review {args.decision}", workflow_id=args.workflow_id, decision=args.decision
-    ) as telemetry:
-        # Corrected outputs can be large: the same external storage as the workers.
-        pipelines = await PipelineClient.connect(
-            args.profile, target_host=args.address, settings=settings, telemetry=telemetry
-        )
+    # Corrected outputs can be large: the same external storage as the workers.
+    async with pipelines_session(
+        args,
+        f"aiworker review {args.decision}",
+        workflow_id=args.workflow_id,
+        decision=args.decision,
+    ) as pipelines:
         # A refused decision (WorkflowUpdateFailedError) reads as one line in `main`.
         answer = await pipelines.send_review(
             args.workflow_id,
@@ -155,22 +154,16 @@ async def cmd_list(args: argparse.Namespace) -> int:
 async def cmd_redrive(args: argparse.Namespace) -> int:
     """``aiworker redrive ID``: run a failed pipeline again, reusing what succeeded."""
     from aiworker.schemas.redrive import describe_redrive
-    from aiworker.workers.client import PipelineClient
 
-    settings = load_settings()
-    configure_logs(settings)
-    async with cli_span(
-        f"aiworker redrive {args.workflow_id}", workflow_id=args.workflow_id
-    ) as telemetry:
-        # The old run's input and result may sit in external storage.
-        pipelines = await PipelineClient.connect(
-            args.profile, target_host=args.address, settings=settings, telemetry=telemetry
-        )
+    # The old run's input and result may sit in external storage.
+    async with pipelines_session(
+        args, f"aiworker redrive {args.workflow_id}", workflow_id=args.workflow_id
+    ) as pipelines:
         # RedriveError (running, succeeded, not a pipeline): one line and exit 2 in `main`
         pipeline = await pipelines.redrive_input(args.workflow_id)
         handle = await pipelines.start_redrive(pipeline)
         err(f"redriving {args.workflow_id} as {handle.id}: {describe_redrive(pipeline)}")
-        return await _print_or_wait(pipelines, handle, args, pipeline, settings.ui_url)
+        return await _print_or_wait(pipelines, handle, args, pipeline, pipelines.settings.ui_url)
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
@@ -347,6 +340,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "conformance": cmd_conformance,
     "demo": cmd_demo,
     "dev": cmd_dev,
+    "items": cmd_items,
     "list": cmd_list,
     "redrive": cmd_redrive,
     "review": cmd_review,

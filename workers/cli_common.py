@@ -11,6 +11,7 @@ workflow or schedule with that id), 130 Ctrl-C. How errors map to them:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -24,6 +25,7 @@ from aiworker.schemas.problems import Problem
 from aiworker.schemas.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
+    from aiworker.workers.client import PipelineClient
     from aiworker.workers.telemetry import Telemetry
 
 EXIT_OK = 0
@@ -102,6 +104,24 @@ async def cli_span(name: str, **attributes: str) -> AsyncIterator[Telemetry]:
     finally:
         telemetry.shutdown()
         await close_connections()  # the S3 client that large payloads may have used
+
+
+@contextlib.asynccontextmanager
+async def pipelines_session(
+    args: argparse.Namespace, span: str, **attributes: str
+) -> AsyncIterator[PipelineClient]:
+    """A command's :class:`~aiworker.workers.client.PipelineClient` inside its root
+    span (:func:`cli_span`), with the environment's settings (so it reads the
+    external payload storage and the artifact store the workers write) and JSON
+    logs; ``args`` carries ``--profile`` and ``--address``."""
+    from aiworker.workers.client import PipelineClient
+
+    settings = load_settings()
+    configure_logs(settings)
+    async with cli_span(span, **attributes) as telemetry:
+        yield await PipelineClient.connect(
+            args.profile, target_host=args.address, settings=settings, telemetry=telemetry
+        )
 
 
 def process_catalog() -> Catalog:

@@ -3,8 +3,8 @@
 Every exception a command lets escape comes through :func:`explain`, in
 ``cli.main``: what Temporal answers (no such workflow, a workflow that has
 ended, a refused Update or query, an unreachable frontend, a refused request)
-and aiworker's own start-up, redrive and schedule errors become one sentence a person
-reads, with an exit code of :mod:`aiworker.workers.cli_common`. Anything else
+and aiworker's own start-up, redrive, schedule and step items errors become
+one sentence a person reads, with an exit code of :mod:`aiworker.workers.cli_common`. Anything else
 is a bug: one line too, saying so; ``aiworker --debug`` prints the traceback.
 :func:`exit_process` is how every process that used a Temporal client ends.
 """
@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from temporalio.client import (
     RPCTimeoutOrCancelledError,
@@ -27,10 +27,14 @@ from temporalio.client import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from aiworker.schemas.errors import ErrorCode
 from aiworker.workers.cli_common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE
 from aiworker.workers.devserver import DevServerError
 from aiworker.workers.errors import StartupError
 from aiworker.workers.temporal_client import TemporalUnreachableError
+
+if TYPE_CHECKING:
+    from aiworker.workers.step_items import StepItemsError
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,18 @@ def _rpc(e: RPCError, args: argparse.Namespace) -> Failure:
     return Failure(f"Temporal answered {e.status.name}: {e.message}", EXIT_FAILED)
 
 
+def _items_exit(e: StepItemsError) -> int:
+    """A damaged or unreachable part fails (1); no such step or no items is not
+    found (3); asking a step that is not a for_each is bad usage (2)."""
+    from aiworker.workers.step_items import ItemsPartError
+
+    if isinstance(e, ItemsPartError):
+        return EXIT_FAILED
+    if e.code == ErrorCode.NOT_FOUND:
+        return EXIT_NOT_FOUND
+    return EXIT_USAGE if e.code == ErrorCode.INVALID_INPUT else EXIT_FAILED
+
+
 def explain(e: BaseException, args: argparse.Namespace) -> Failure:
     """The one line and exit code of a command that raised ``e``.
 
@@ -99,6 +115,7 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
     from aiworker.workers.client import RedriveError
     from aiworker.workers.schedule_specs import ScheduleSpecError
     from aiworker.workers.schedules import ScheduleExistsError
+    from aiworker.workers.step_items import StepItemsError
 
     if isinstance(e, (StartupError, DevServerError)):
         return Failure(str(e), EXIT_USAGE)
@@ -108,6 +125,8 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
         return Failure(str(e), EXIT_USAGE)
     if isinstance(e, RedriveError):
         return Failure(f"cannot redrive: {e}", EXIT_USAGE)
+    if isinstance(e, StepItemsError):
+        return Failure(f"{_subject(args)}: {e} ({e.code.value})", _items_exit(e))
     if isinstance(e, TemporalUnreachableError):
         return Failure(f"cannot reach Temporal: {e}", EXIT_FAILED)
     if isinstance(e, RPCError):

@@ -183,6 +183,20 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("workflow_id")
     ar.add_argument("--json", action="store_true", help="one JSON array with every field")
 
+    it = sub.add_parser(
+        "items",
+        help="a for_each step's items as JSON Lines (inline or by reference)",
+        description="Print each item's outputs of a for_each step, one JSON document per "
+        "line in item order (null where an item failed), once the pipeline has ended: "
+        "from its result, or from the artifact store when the step had more than "
+        "AIWORKER_FOREACH_INLINE_ITEMS items. Exit 3 when the workflow or step does not "
+        "exist, 2 when the step is not a for_each, 1 when a stored part cannot be read.",
+    )
+    it.add_argument("workflow_id")
+    it.add_argument("step_id")
+    it.add_argument("--run-id", help="the run (default: the latest)")
+    conn(it)
+
     sc = sub.add_parser("schemas", help="export or check schemas/json and the generated docs")
     sc.add_argument("action", choices=["export", "check"])
 

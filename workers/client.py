@@ -49,12 +49,14 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from aiworker.schemas import catalog, names
 from aiworker.schemas.causes import PipelineError
+from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
 from aiworker.schemas.priority import start_priority
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers import visibility
 from aiworker.workers.pipeline_settings import check_spec
+from aiworker.workers.step_items import StepItemsError, read_items, spec_step
 from aiworker.workers.temporal_client import TemporalUnreachableError, connect
 from aiworker.workers.visibility import PipelineSummary, list_query
 from aiworker.workflows.pipeline import PipelineWorkflow
@@ -64,6 +66,7 @@ __all__ = [
     "PipelineHandle",
     "PipelineSummary",
     "RedriveError",
+    "StepItemsError",
     "TemporalUnreachableError",
     "list_pipelines",
     "list_query",
@@ -352,6 +355,72 @@ class PipelineClient:
             return dict(decoded[0]) if decoded and isinstance(decoded[0], dict) else None
         return None
 
+    async def step_results(
+        self, workflow_id: str, run_id: str | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """How a run ended and its steps' results as JSON, once it has ended.
+
+        From its result, or, when the workflow itself failed (cancelled,
+        terminated, an invalid spec), ``"failed"`` and the steps its
+        ``progress`` query reports (a worker replays the run to answer).
+        """
+        try:
+            result = await self.result(workflow_id, run_id)
+        except WorkflowFailureError:
+            handle = self.get_handle(workflow_id, run_id)
+            progress = await handle.query(PipelineWorkflow.progress, True)
+            return "failed", dict(progress.get("steps") or {})
+        return result.status, {k: v.model_dump(mode="json") for k, v in result.steps.items()}
+
+    async def items(
+        self,
+        workflow_id: str,
+        step_id: str,
+        *,
+        run_id: str | None = None,
+        tenant: str | None = None,
+    ) -> list[Any]:
+        """A for_each step's items (each item's outputs, ``None`` where one failed),
+        once the pipeline has ended, whether its result holds them inline or by
+        reference (an :class:`~aiworker.schemas.pipeline.ItemsRef`, above
+        ``AIWORKER_FOREACH_INLINE_ITEMS`` items), read from this client's
+        artifact store (``settings``) as the run's tenant.
+
+        Args:
+            workflow_id: the pipeline.
+            step_id: the for_each step.
+            run_id: the run (default: the latest).
+            tenant: when given (a front door acting for a tenant), the run must
+                be this tenant's.
+
+        Returns:
+            The list ``${{ steps.<step_id>.outputs.items }}`` gave inside the pipeline.
+
+        Raises:
+            StepItemsError: not a pipeline or not ``tenant``'s, no such step, not
+                a for_each step, no items, or a part the store could not give;
+                its ``code`` is the stable error code.
+            temporalio.service.RPCError: no such workflow (``NOT_FOUND``).
+        """
+        desc = await self.get_handle(workflow_id, run_id).describe()
+        started = await self.started_input(workflow_id, desc.run_id)
+        owner = str((started or {}).get("tenant") or names.DEFAULT_TENANT)
+        if desc.workflow_type != names.PIPELINE_WORKFLOW or started is None:
+            raise StepItemsError(
+                f"{workflow_id} is a {desc.workflow_type} workflow, not a pipeline",
+                ErrorCode.INVALID_INPUT,
+                step=step_id,
+            )
+        if tenant is not None and owner != tenant:
+            raise StepItemsError(
+                f"{workflow_id} is not a pipeline of tenant {tenant!r}",
+                ErrorCode.ACCESS_DENIED,
+                step=step_id,
+            )
+        spec_step(started, step_id)
+        _, steps = await self.step_results(workflow_id, desc.run_id)
+        return await read_items(self.settings, owner, step_id, steps.get(step_id))
+
     async def redrive_input(self, workflow_id: str, tenant: str | None = None) -> dict[str, Any]:
         """The input of a new run that reuses the steps a failed run finished.
 
@@ -379,15 +448,9 @@ class PipelineClient:
         pipeline = started
         if tenant is not None and pipeline.get("tenant", names.DEFAULT_TENANT) != tenant:
             raise RedriveError(f"{workflow_id} is not a pipeline of tenant {tenant!r}")
-        steps: dict[str, Any] = {}
-        try:
-            result = await self.result(workflow_id, desc.run_id)
-            if result.status == "succeeded":
-                raise RedriveError(f"{workflow_id} succeeded; nothing to redrive")
-            steps = {k: v.model_dump(mode="json") for k, v in result.steps.items()}
-        except WorkflowFailureError:
-            progress = await handle.query(PipelineWorkflow.progress, True)
-            steps = dict(progress.get("steps") or {})
+        status, steps = await self.step_results(workflow_id, desc.run_id)
+        if status == "succeeded":
+            raise RedriveError(f"{workflow_id} succeeded; nothing to redrive")
         reuse = {
             sid: r
             for sid, r in steps.items()

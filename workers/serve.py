@@ -5,6 +5,7 @@ An ASGI app on FastAPI, served by uvicorn::
     POST /v1/pipelines                 start a pipeline (body: the spec; Idempotency-Key)
     GET  /v1/pipelines/{id}            status and progress (describe + the progress query)
     GET  /v1/pipelines/{id}/result     the outcome, waiting at most ?timeout= seconds
+    GET  /v1/pipelines/{id}/steps/{step}/items  a for_each step's items (inline or by reference)
     POST /v1/pipelines/{id}/review     the review Update (approve | reject | retry)
     POST /v1/hooks/{name}              a configured pipeline from a signed webhook
     GET  /healthz, /readyz, /openapi.json, /docs
@@ -132,6 +133,18 @@ def create_app(door: FrontDoor) -> FastAPI:
         ] = 30.0,
     ) -> JSONResponse:
         return await service.result(workflow_id, key, wait)
+
+    @app.get(
+        "/v1/pipelines/{workflow_id}/steps/{step}/items",
+        responses={
+            409: {"description": "still running"},
+            500: {"description": "a stored part is missing or damaged"},
+            **errors,
+        },
+        summary="A for_each step's items (inline or by reference), once the pipeline ended",
+    )
+    async def get_items(workflow_id: str, step: str, key: Caller) -> dict[str, Any]:
+        return await service.items(workflow_id, step, key)
 
     @app.post(
         "/v1/pipelines/{workflow_id}/review",

@@ -1,5 +1,6 @@
 """The front door's operations (:mod:`aiworker.workers.serve` routes to them):
-start once per idempotency key, describe, wait for a result, review, webhooks.
+start once per idempotency key, describe, wait for a result, read a for_each
+step's items, review, webhooks.
 
 Each takes the caller's :class:`~aiworker.workers.serve_auth.ApiKey` (the
 tenant it acts for) and answers with JSON or raises an
@@ -53,6 +54,7 @@ from aiworker.workers.serve_http import (
     read_body,
     validation_error,
 )
+from aiworker.workers.step_items import ItemsPartError, StepItemsError
 
 log = logging.getLogger("aiworker.serve")
 
@@ -259,6 +261,38 @@ class Service:
             return JSONResponse(await asyncio.wait_for(outcome, wait))
         except TimeoutError:
             return JSONResponse(await self.status(workflow_id, key), status_code=202)
+
+    async def items(self, workflow_id: str, step: str, key: ApiKey) -> dict[str, Any]:
+        """A for_each step's items, inline or by reference, once the pipeline has
+        ended (409 before): ``{"workflow_id", "step", "count", "items"}``."""
+        desc = await self.owned(workflow_id, key)
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            raise ApiError(
+                409,
+                ErrorCode.INVALID_INPUT,
+                f"pipeline {workflow_id!r} is still running; its items come when it ends",
+            )
+        try:
+            # An ended run whose workflow failed answers a query only when a worker
+            # replays it: do not hold the caller past a result's longest wait.
+            items = await asyncio.wait_for(
+                self.door.pipelines.items(workflow_id, step, run_id=desc.run_id, tenant=key.tenant),
+                MAX_RESULT_WAIT_SECONDS,
+            )
+        except ItemsPartError as e:
+            # The store's own message names its paths: the log has it, the caller the code.
+            log.warning("items of %s step %s: %s", workflow_id, step, e)
+            raise ApiError(
+                500, e.code, f"step {step!r}: a stored part of its items cannot be read"
+            ) from None
+        except StepItemsError as e:
+            status = 404 if e.code in (ErrorCode.NOT_FOUND, ErrorCode.ACCESS_DENIED) else 400
+            raise ApiError(status, e.code, str(e)) from None
+        except TimeoutError:
+            raise ApiError(
+                503, ErrorCode.TIMEOUT, f"pipeline {workflow_id!r} did not answer in time"
+            ) from None
+        return {"workflow_id": workflow_id, "step": step, "count": len(items), "items": items}
 
     async def review(self, workflow_id: str, key: ApiKey, body: bytes) -> dict[str, Any]:
         """Send the ``review`` Update; 409 when the pipeline refuses or has ended."""
