@@ -536,6 +536,14 @@ ResumeFrom.model_rebuild()
 PipelineSpec.model_rebuild()
 
 
+def step_values(step: Step) -> list[Any]:
+    """The parts of ``step`` that may hold ``${{ }}`` references."""
+    values: list[Any] = [step.input, step.when, step.for_each, step.fallback_input]
+    if step.concurrency is not None:
+        values.append(step.concurrency.key)
+    return values
+
+
 def step_dependencies(spec: PipelineSpec) -> dict[str, set[str]]:
     """Each step's dependencies: ``depends_on``, its gate and the steps it references."""
     out: dict[str, set[str]] = {}
@@ -543,10 +551,7 @@ def step_dependencies(spec: PipelineSpec) -> dict[str, set[str]]:
         d = set(step.depends_on)
         if step.gate:
             d.add(step.gate)
-        values: list[Any] = [step.input, step.when, step.for_each, step.fallback_input]
-        if step.concurrency is not None:
-            values.append(step.concurrency.key)
-        for v in values:
+        for v in step_values(step):
             for ref in find_refs(v):
                 if ref.step_id is not None and ref.step_id != step.id:
                     d.add(ref.step_id)

@@ -1,6 +1,7 @@
 """The step runner: one step of a pipeline, from its preflight to its result.
 
-    preflight (dependencies, gate, ``when``)  -> skipped | blocked
+    preflight (dependencies; lists held by reference loaded; gate, ``when``)
+                                              -> skipped | blocked
     for_each                                  -> the fan-out (``fanout``)
     else, per review round (counted):
       attempt: call -> validate -> call again with the reasons as feedback,
@@ -26,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.agent import ends_pipeline
     from aiworker.schemas.causes import coded, with_reasons
     from aiworker.schemas.errors import ErrorCode
-    from aiworker.schemas.pipeline import Step, StepResult, Validation
+    from aiworker.schemas.pipeline import Step, StepResult, Validation, step_values
     from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, resolve
     from aiworker.schemas.spec import WorkerSpec
 
@@ -49,18 +50,8 @@ async def run_step(run: PipelineRun, step: Step) -> StepResult:
     """Run ``step`` to its result, with its duration."""
     start = workflow.now()
     ended = preflight_deps(run, step)
-    if ended is None:
-        # a list held by reference that the step's references read: loaded first
-        failed = await run.materialize(
-            [
-                step.input,
-                step.when["value"] if step.when is not None else None,
-                step.for_each,
-                step.fallback_input,
-                step.concurrency.key if step.concurrency is not None else None,
-            ],
-            "input",
-        )
+    if ended is None:  # first load any list held by reference that its references read
+        failed = await run.materialize(step_values(step), "input")
         ended = Ended(failed) if failed is not None else preflight(run, step)
     if ended is not None:
         result = ended.result
@@ -88,10 +79,7 @@ def preflight_deps(run: PipelineRun, step: Step) -> Ended | None:
 
 
 def preflight(run: PipelineRun, step: Step) -> Ended | None:
-    """Dependencies, gate and ``when``: how the step ends if it must not run."""
-    ended = preflight_deps(run, step)
-    if ended is not None:
-        return ended
+    """Gate and ``when`` (after :func:`preflight_deps`): how the step ends if it must not run."""
     if step.gate is not None:
         blocked = gate_verdict(step.gate, run.steps[step.gate])
         if blocked is not None:
