@@ -18,7 +18,7 @@ Deterministic code only.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -36,12 +36,16 @@ ITEMS_REF_PATCH = "foreach-items-ref"
 """The ``workflow.patched`` id of a for_each whose outputs go by reference (runs
 recorded before it held every item's outputs inline, whatever their count)."""
 
-_TIMEOUT = timedelta(seconds=60)
-_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=10))
-_CODES = {c.value for c in ErrorCode}
-# A local activity's failure arrives as it was raised (an application failure or
-# a timeout), not wrapped in an ActivityError.
-_FAILED = (ActivityError, ApplicationError, TemporalTimeout)
+_TIMEOUT_SECONDS = 60
+_MAX_ATTEMPTS = 5
+_CODES = frozenset(c.value for c in ErrorCode)
+_T = TypeVar("_T")
+
+
+def _failed(err: BaseException) -> bool:
+    """A local activity's failure arrives as it was raised (an application failure
+    or a timeout), not always wrapped in an ActivityError."""
+    return isinstance(err, ActivityError | ApplicationError | TemporalTimeout)
 
 
 class ItemsUnavailable(Exception):
@@ -65,41 +69,58 @@ def _unavailable(what: str, err: BaseException) -> ItemsUnavailable:
     )
 
 
+async def _run(name: str, arg: Any, result_type: type[_T], what: str, summary: str) -> _T:
+    """One of the items activities, run locally with the module's timeout and retries.
+
+    Raises:
+        ItemsUnavailable: it failed on every attempt (``what`` failed).
+    """
+    try:
+        result: _T = await workflow.execute_local_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=timedelta(seconds=_TIMEOUT_SECONDS),
+            retry_policy=RetryPolicy(
+                maximum_attempts=_MAX_ATTEMPTS, maximum_interval=timedelta(seconds=10)
+            ),
+            summary=summary,
+        )
+    except Exception as e:
+        if not _failed(e):
+            raise
+        raise _unavailable(what, e) from None
+    return result
+
+
 async def store_items(tenant: str, items: list[tuple[int, Any]]) -> ArtifactRef:
     """Store a leaf chunk's ``(index, outputs)`` pairs; the part's reference.
 
     Raises:
         ItemsUnavailable: the store failed on every attempt.
     """
-    try:
-        ref: ArtifactRef = await workflow.execute_local_activity(
-            names.STORE_ITEMS,
-            StoreItems(tenant=tenant, items=items),
-            result_type=ArtifactRef,
-            start_to_close_timeout=_TIMEOUT,
-            retry_policy=_RETRY,
-            summary=f"store {len(items)} items' outputs",
-        )
-    except _FAILED as e:
-        raise _unavailable("the items' outputs could not be stored", e) from None
-    return ref
+    return await _run(
+        names.STORE_ITEMS,
+        StoreItems(tenant=tenant, items=items),
+        ArtifactRef,
+        "the items' outputs could not be stored",
+        f"store {len(items)} items' outputs",
+    )
 
 
 async def store_index(tenant: str, parts: list[ArtifactRef]) -> ArtifactRef | None:
     """A group chunk's children's parts stored as one index part; None if the
     store failed (the parts then travel up as they are: nothing is lost)."""
     try:
-        ref: ArtifactRef = await workflow.execute_local_activity(
+        return await _run(
             names.STORE_ITEMS,
             StoreItems(tenant=tenant, parts=parts),
-            result_type=ArtifactRef,
-            start_to_close_timeout=_TIMEOUT,
-            retry_policy=_RETRY,
-            summary=f"store the index of {len(parts)} parts",
+            ArtifactRef,
+            "the index could not be stored",
+            f"store the index of {len(parts)} parts",
         )
-    except _FAILED:
+    except ItemsUnavailable:
         return None
-    return ref
 
 
 async def load_items(tenant: str, ref: ItemsRef) -> list[Any]:
@@ -108,17 +129,13 @@ async def load_items(tenant: str, ref: ItemsRef) -> list[Any]:
     Raises:
         ItemsUnavailable: a part could not be read on any attempt.
     """
-    try:
-        loaded: LoadedItems = await workflow.execute_local_activity(
-            names.LOAD_ITEMS,
-            LoadItems(tenant=tenant, ref=ref),
-            result_type=LoadedItems,
-            start_to_close_timeout=_TIMEOUT,
-            retry_policy=_RETRY,
-            summary=f"load {ref.count} items' outputs",
-        )
-    except _FAILED as e:
-        raise _unavailable("the items' outputs could not be loaded", e) from None
+    loaded = await _run(
+        names.LOAD_ITEMS,
+        LoadItems(tenant=tenant, ref=ref),
+        LoadedItems,
+        "the items' outputs could not be loaded",
+        f"load {ref.count} items' outputs",
+    )
     return loaded.items
 
 
