@@ -452,7 +452,10 @@ class ItemsRef(Model):
     def of(cls, value: Any) -> ItemsRef | None:
         """``value`` (a step's ``outputs.items``) as a reference; None for an inline list."""
         if isinstance(value, dict) and value.get("kind") == ITEMS_REF_KIND:
-            return cls.model_validate(value)
+            try:
+                return cls.model_validate(value)
+            except ValueError:  # not one the engine wrote: a value like any other
+                return None
         return None
 
 

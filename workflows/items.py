@@ -145,7 +145,17 @@ def needs_items(values: list[Any], steps: dict[str, Any]) -> list[tuple[str, Ite
 
     ``steps`` maps step ids to their results so far (their ``outputs``).
     """
+    held: dict[str, ItemsRef] = {}
+    for sid, result in steps.items():
+        outputs = getattr(result, "outputs", None)
+        if getattr(result, "items", None) is None or not isinstance(outputs, dict):
+            continue  # only a for_each step (its counts in `items`) holds a list by reference
+        ref = ItemsRef.of(outputs.get("items"))
+        if ref is not None:
+            held[sid] = ref
     out: dict[str, ItemsRef] = {}
+    if not held:  # the common case: no list held by reference, nothing to scan
+        return []
     for value in values:
         if value is None:
             continue
@@ -154,15 +164,11 @@ def needs_items(values: list[Any], steps: dict[str, Any]) -> list[tuple[str, Ite
         except ReferenceError_:  # the step says so when it resolves the value
             continue
         for r in refs:
-            sid = r.step_id
-            if sid is None or sid in out or sid not in steps or r.path[1] != "outputs":
+            target = r.step_id
+            if target is None or target not in held or r.path[1] != "outputs":
                 continue
-            if len(r.path) > 2 and r.path[2] != "items":
-                continue
-            outputs = getattr(steps[sid], "outputs", None)
-            ref = ItemsRef.of(outputs.get("items")) if isinstance(outputs, dict) else None
-            if ref is not None:
-                out[sid] = ref
+            if len(r.path) == 2 or r.path[2] == "items":
+                out[target] = held[target]
     return sorted(out.items())
 
 

@@ -26,11 +26,11 @@ from temporalio.worker import Replayer
 from aiworker.activities.artifacts import FileArtifactStore
 from aiworker.activities.errors import AccessDeniedError
 from aiworker.activities.items import INDEX_KIND, load_items
-from aiworker.schemas.pipeline import ITEMS_REF_KIND, ItemsRef
+from aiworker.schemas.pipeline import ITEMS_REF_KIND, ItemsRef, StepResult
 from aiworker.workers.client import PipelineClient
 from aiworker.workers.temporal_client import data_converter
 from aiworker.workflows.foreach import PipelineForEachWorkflow
-from aiworker.workflows.items import ITEMS_REF_PATCH
+from aiworker.workflows.items import ITEMS_REF_PATCH, needs_items
 from aiworker.workflows.pipeline import PipelineWorkflow
 
 # every item's outputs carry this, so a history holding one would show it
@@ -242,3 +242,27 @@ async def test_a_tree_of_chunks_hands_up_one_index_part_per_group(
     # another tenant cannot read them, whatever the reference says
     with pytest.raises(AccessDeniedError):
         await load_items(store, "other", ref)
+
+
+def test_only_references_that_read_a_for_each_list_held_by_reference_load_it() -> None:
+    ref = {"kind": ITEMS_REF_KIND, "count": 2, "parts": []}
+    counts = {"total": 2, "succeeded": 2, "failed": 0}
+    steps = {
+        "each": StepResult(status="succeeded", outputs={"items": ref, "count": 2}, items=counts),
+        # a worker whose outputs look like a reference is not a for_each: its value as it is
+        "lookalike": StepResult(status="succeeded", outputs={"items": ref}),
+        # a for_each whose items hold something the engine did not write
+        "odd": StepResult(
+            status="succeeded", outputs={"items": {"kind": ITEMS_REF_KIND}}, items=counts
+        ),
+    }
+
+    def needed(*values: Any) -> list[str]:
+        return [sid for sid, _ in needs_items(list(values), steps)]
+
+    assert needed("${{ steps.each.outputs.items }}") == ["each"]
+    assert needed({"x": ["${{ steps.each.outputs.items[1].n }}"]}) == ["each"]
+    assert needed("${{ steps.each.outputs }}") == ["each"]
+    assert needed("${{ steps.each.outputs.count }}", "${{ steps.each.status }}") == []
+    assert needed("${{ steps.lookalike.outputs.items }}", "${{ steps.odd.outputs.items }}") == []
+    assert needed(None, "no references") == []
