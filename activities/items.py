@@ -66,13 +66,13 @@ def _decode(data: bytes, uri: str) -> dict[str, Any]:
     return doc
 
 
-def apply_part(data: bytes, into: list[Any], uri: str) -> None:
-    """Write a stored part's outputs into ``into`` by index.
+def _apply_part(doc: dict[str, Any], into: list[Any], uri: str) -> None:
+    """Write a decoded part's outputs into ``into`` by index.
 
     Raises:
-        InvalidInputError: the bytes are not a part of a list this long.
+        InvalidInputError: the part is not one of a list this long.
     """
-    pairs = _decode(data, uri).get("items")
+    pairs = doc.get("items")
     if not isinstance(pairs, list):
         raise InvalidInputError(f"{uri} is not a for_each items part", field="items")
     for pair in pairs:
@@ -97,10 +97,9 @@ async def load_items(store: ArtifactStore, tenant: str, ref: ItemsRef) -> list[A
     todo = [(p, 0) for p in reversed(ref.parts)]
     while todo:
         part, depth = todo.pop()
-        data = await store.get(tenant, part)
-        doc = _decode(data, part.uri)
+        doc = _decode(await store.get(tenant, part), part.uri)
         if doc["kind"] == PART_KIND:
-            apply_part(data, out, part.uri)
+            _apply_part(doc, out, part.uri)
             continue
         if depth >= MAX_INDEX_DEPTH:
             raise InvalidInputError(
@@ -143,7 +142,6 @@ __all__ = [
     "INDEX_KIND",
     "PART_KIND",
     "ItemsActivities",
-    "apply_part",
     "encode_index",
     "encode_part",
     "load_items",

@@ -4,13 +4,14 @@ A for_each over more than the plan's ``inline_items`` items stores its
 outputs instead of holding them (``ChunkInput.store_outputs``): each leaf
 chunk stores its succeeded items' outputs through the ``foreach-store-items``
 local activity and returns the part's reference; the step's
-``outputs.items`` is an :class:`ItemsRef` over every part. So the pipeline's
-memory and history hold counts, the failed items up to the cap and one
-reference per leaf chunk, never an item's outputs.
+``outputs.items`` is an :class:`ItemsRef` over every part (a group chunk
+stores its leaves' references as one index part). So the pipeline's memory
+and history hold counts, the failed items up to the cap and at most one
+reference per child, never an item's outputs.
 
 Where a ``${{ }}`` reference needs the list (a later step's input, ``when``,
 ``for_each`` or concurrency key, the pipeline's ``output``),
-:func:`materialize` loads it once through ``foreach-load-items`` and the
+``PipelineRun.materialize`` loads it once through ``foreach-load-items`` and the
 run's scope shows the list in its place; the step result keeps the reference.
 Deterministic code only.
 """
@@ -31,6 +32,8 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.pipeline import ItemsRef, LoadedItems, LoadItems, StoreItems
     from aiworker.schemas.protocol import ArtifactRef
     from aiworker.schemas.refs import ReferenceError_, find_refs
+
+from aiworker.workflows.calls import error_code_of
 
 ITEMS_REF_PATCH = "foreach-items-ref"
 """The ``workflow.patched`` id of a for_each whose outputs go by reference (runs
@@ -59,9 +62,7 @@ class ItemsUnavailable(Exception):
 
 def _unavailable(what: str, err: BaseException) -> ItemsUnavailable:
     cause = err.cause if isinstance(err, ActivityError) and err.cause is not None else err
-    code = cause.type if isinstance(cause, ApplicationError) else None
-    if isinstance(cause, TemporalTimeout):
-        code = ErrorCode.TIMEOUT.value
+    code = error_code_of(err)
     # the store's own codes (not_found, access_denied, invalid_input) pass through;
     # anything else (a full disk, an unreachable bucket) is the engine's failure
     return ItemsUnavailable(

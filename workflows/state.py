@@ -23,9 +23,8 @@ from temporalio.common import Priority
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
-    from aiworker.schemas.caps import Caps
+    from aiworker.schemas.caps import DEFAULT_FOREACH_INLINE_ITEMS, Caps
     from aiworker.schemas.errors import ErrorCode
-    from aiworker.schemas.limits import Plan
     from aiworker.schemas.pipeline import PipelineSpec, Step, StepResult, TerminalStatus
     from aiworker.schemas.redrive import Redrive
     from aiworker.schemas.refs import (
@@ -180,7 +179,7 @@ class PipelineRun:
     def inline_items(self) -> int:
         """Items of a for_each whose outputs stay inline, as the plan said."""
         planned = self.limits.planned
-        return planned.inline_items if planned is not None else Plan().inline_items
+        return planned.inline_items if planned is not None else DEFAULT_FOREACH_INLINE_ITEMS
 
     @property
     def caps(self) -> Caps:

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
 from aiworker.schemas.settings import Settings
@@ -41,6 +41,19 @@ def client_for(env: WorkflowEnvironment, settings: Settings) -> Client:
         namespace=env.client.namespace,
         data_converter=data_converter(settings),
     )
+
+
+async def workflow_tree(client: Client, workflow_id: str) -> dict[str, WorkflowHistory]:
+    """Every workflow of a run (it and its child workflows at any depth): id -> history."""
+    out: dict[str, WorkflowHistory] = {}
+    todo = [workflow_id]
+    while todo:
+        current = todo.pop()
+        out[current] = await client.get_workflow_handle(current).fetch_history()
+        for e in out[current].events:
+            if e.HasField("start_child_workflow_execution_initiated_event_attributes"):
+                todo.append(e.start_child_workflow_execution_initiated_event_attributes.workflow_id)
+    return out
 
 
 def history_bytes(history: Any) -> int:

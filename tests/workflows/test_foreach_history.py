@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import running_stack
-from support.payloads import client_for, history_bytes, stack_settings
+from support.payloads import client_for, history_bytes, stack_settings, workflow_tree
 from support.standins import fail, standin
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHandle
@@ -71,20 +71,6 @@ def _payloads(event: Any) -> list[Payload]:
     if event.HasField("child_workflow_execution_completed_event_attributes"):
         return list(event.child_workflow_execution_completed_event_attributes.result.payloads)
     return []
-
-
-async def _tree(client: Client, wid: str) -> dict[str, Any]:
-    """Every workflow of a pipeline (the pipeline and its chunks at any depth):
-    id -> its history."""
-    out: dict[str, Any] = {}
-    todo = [wid]
-    while todo:
-        current = todo.pop()
-        out[current] = await client.get_workflow_handle(current).fetch_history()
-        for e in out[current].events:
-            if e.HasField("start_child_workflow_execution_initiated_event_attributes"):
-                todo.append(e.start_child_workflow_execution_initiated_event_attributes.workflow_id)
-    return out
 
 
 def _children(history: Any) -> int:
@@ -178,7 +164,7 @@ async def test_a_for_each_over_many_chunks_runs_as_a_tree_and_redrives(
         broken["on"] = False
         handle = await PipelineClient(store_client, settings).redrive(first.id)
         result = await handle.result()
-        workflows = await _tree(store_client, first.id)
+        workflows = await workflow_tree(store_client, first.id)
 
     assert partial.status == "partial"
     assert partial.steps["each"].items == {"total": 400, "succeeded": 390, "failed": 10}

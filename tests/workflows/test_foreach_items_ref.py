@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 from conftest import running_stack
-from support.payloads import client_for, stack_settings
+from support.payloads import client_for, stack_settings, workflow_tree
 from support.standins import fail, standin
-from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
@@ -83,18 +82,6 @@ def _echo(broken: dict[str, bool]) -> Any:
     return standin("validator", echo)
 
 
-async def _histories(client: Client, wid: str) -> dict[str, WorkflowHistory]:
-    out: dict[str, WorkflowHistory] = {}
-    todo = [wid]
-    while todo:
-        current = todo.pop()
-        out[current] = await client.get_workflow_handle(current).fetch_history()
-        for e in out[current].events:
-            if e.HasField("start_child_workflow_execution_initiated_event_attributes"):
-                todo.append(e.start_child_workflow_execution_initiated_event_attributes.workflow_id)
-    return out
-
-
 def _expected(n: int, broken: bool) -> list[Any]:
     return [None if broken and i % 5 == 0 else {"n": i, "tag": TOKEN} for i in range(n)]
 
@@ -110,7 +97,7 @@ async def test_outputs_go_by_reference_and_references_still_see_the_list(
         handle = await s.start(_pipeline(12))
         result = await handle.result()
         small = await (await s.start(_pipeline(5))).result()
-        histories = await _histories(client, handle.id)
+        histories = await workflow_tree(client, handle.id)
 
     each = result.steps["each"]
     ref = ItemsRef.of(each.outputs["items"])
