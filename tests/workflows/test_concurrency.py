@@ -81,25 +81,43 @@ async def test_for_each_items_share_a_concurrency_key_across_chunks(
         ],
     }
     seen = InFlight()
-    gate = seen.gates["c1"] = asyncio.Event()
+    # both keys are held at a gate until each has two holders: with two cores under
+    # load, ungated c2 calls (0.3 s each) could run one after another and never
+    # reach the limit, and validator steps run as local activities, so a held call
+    # keeps its chunk's workflow task open and delays its sibling's grant
+    gates = [seen.gates.setdefault(key, asyncio.Event()) for key in ("c1", "c2")]
     async with running_stack(
         client, settings, replace_activities={"validator": seen.handler()}
     ) as stack:
         handle = await stack.start(pipeline)
         chunks = [client.get_workflow_handle(f"{handle.id}/each/{k}") for k in range(5)]
+        waiting: dict[str, str] = {}
 
-        async def c1_items_wait() -> bool:
-            # two c1 items hold the key (held at the gate); the others wait at the limiter
-            waiting: dict[str, str] = {}
+        async def keys_held_and_others_wait() -> bool:
+            # two items per key hold it (at the gate); the four others wait at the limiter
+            waiting.clear()
             for chunk in chunks:
                 try:
-                    waiting |= (await chunk.query(names.PROGRESS_QUERY))["waiting"]
+                    waiting.update((await chunk.query(names.PROGRESS_QUERY))["waiting"])
                 except Exception:
                     continue  # not started yet
-            return seen.running.get("c1") == 2 and set(waiting.values()) == {"concurrency"}
+            return (
+                seen.running.get("c1") == 2
+                and seen.running.get("c2") == 2
+                and len(waiting) == 4
+                and set(waiting.values()) == {"concurrency"}
+            )
 
-        await wait_until(c1_items_wait, "c1 items waiting for the key, visible in chunk progress")
-        gate.set()
+        await wait_until(
+            keys_held_and_others_wait,
+            lambda: (
+                f"two holders per key and four items waiting: running {seen.running}, "
+                f"waiting {waiting}"
+            ),
+            timeout=60,
+        )
+        for gate in gates:
+            gate.set()
         result = await asyncio.wait_for(handle.result(), 90)
     each = result.steps["each"]
     assert each.status == "partial", each
