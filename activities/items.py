@@ -97,20 +97,30 @@ async def load_items(store: ArtifactStore, tenant: str, ref: ItemsRef) -> list[A
     todo = [(p, 0) for p in reversed(ref.parts)]
     while todo:
         part, depth = todo.pop()
-        doc = _decode(await store.get(tenant, part), part.uri)
-        if doc["kind"] == PART_KIND:
-            _apply_part(doc, out, part.uri)
-            continue
-        if depth >= MAX_INDEX_DEPTH:
-            raise InvalidInputError(
-                f"items index {part.uri} nests over {MAX_INDEX_DEPTH} levels", field="items"
-            )
         try:
-            inner = [ArtifactRef.model_validate(p) for p in doc.get("parts") or []]
-        except ValidationError:
-            raise InvalidInputError(f"items index {part.uri} is malformed", field="items") from None
+            inner = _read_part(await store.get(tenant, part), part.uri, depth, out)
+        except WorkerError as e:
+            # the part being read, also one inside an index part (the client names it)
+            e.context.setdefault("uri", part.uri)
+            raise
         todo.extend((p, depth + 1) for p in reversed(inner))
     return out
+
+
+def _read_part(data: bytes, uri: str, depth: int, into: list[Any]) -> list[ArtifactRef]:
+    """Apply one stored part to ``into``; an index part's parts, to read next."""
+    doc = _decode(data, uri)
+    if doc["kind"] == PART_KIND:
+        _apply_part(doc, into, uri)
+        return []
+    if depth >= MAX_INDEX_DEPTH:
+        raise InvalidInputError(
+            f"items index {uri} nests over {MAX_INDEX_DEPTH} levels", field="items"
+        )
+    try:
+        return [ArtifactRef.model_validate(p) for p in doc.get("parts") or []]
+    except ValidationError:
+        raise InvalidInputError(f"items index {uri} is malformed", field="items") from None
 
 
 class ItemsActivities:

@@ -14,14 +14,11 @@ parts (``access_denied``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.pipeline import ItemsRef
 from aiworker.schemas.settings import Settings
-
-if TYPE_CHECKING:
-    from aiworker.activities.errors import WorkerError
 
 
 class StepItemsError(RuntimeError):
@@ -48,7 +45,7 @@ class ItemsPartError(StepItemsError):
     did not answer. The run's data is damaged or out of reach, not the request.
 
     Attributes:
-        part: the part's URI, when the store's error names it.
+        part: the URI of the part being read (also one inside an index part).
     """
 
     def __init__(self, message: str, code: ErrorCode, *, step: str, part: str | None) -> None:
@@ -128,21 +125,12 @@ async def read_items(
     try:
         return await load_items(artifact_store(settings), tenant, ref)
     except WorkerError as e:
-        part = e.context.get("uri") or _failed_part(e, ref)
         raise ItemsPartError(
             f"step {step_id!r}: an items part could not be read: {e.message}",
             e.code,
             step=step_id,
-            part=part,
+            part=e.context.get("uri"),
         ) from None
-
-
-def _failed_part(e: WorkerError, ref: ItemsRef) -> str | None:
-    """The part ``e`` is about, by the digest or URI its message names."""
-    for part in ref.parts:
-        if part.sha256 in e.message or part.uri in e.message:
-            return part.uri
-    return None
 
 
 __all__ = ["ItemsPartError", "StepItemsError", "read_items", "spec_step"]

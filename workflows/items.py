@@ -154,9 +154,9 @@ def needs_items(values: list[Any], steps: dict[str, Any]) -> list[tuple[str, Ite
         ref = ItemsRef.of(outputs.get("items"))
         if ref is not None:
             held[sid] = ref
-    out: dict[str, ItemsRef] = {}
     if not held:  # the common case: no list held by reference, nothing to scan
         return []
+    out: dict[str, ItemsRef] = {}
     for value in values:
         if value is None:
             continue
