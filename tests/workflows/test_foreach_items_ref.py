@@ -12,11 +12,12 @@ them silently; and the recorded run replays.
 from __future__ import annotations
 
 import json
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import running_stack
+from conftest import Stack, running_stack
 from support.payloads import client_for, stack_settings, workflow_tree
 from support.standins import fail, standin
 from temporalio.testing import WorkflowEnvironment
@@ -26,6 +27,7 @@ from aiworker.activities.artifacts import FileArtifactStore
 from aiworker.activities.errors import AccessDeniedError
 from aiworker.activities.items import INDEX_KIND, load_items
 from aiworker.schemas.pipeline import ITEMS_REF_KIND, ItemsRef, StepResult
+from aiworker.schemas.settings import Settings
 from aiworker.workers.client import PipelineClient
 from aiworker.workers.temporal_client import data_converter
 from aiworker.workflows.foreach import PipelineForEachWorkflow
@@ -82,6 +84,14 @@ def _echo(broken: dict[str, bool]) -> Any:
     return standin("validator", echo)
 
 
+def _echo_stack(
+    env: WorkflowEnvironment, settings: Settings, broken: dict[str, bool]
+) -> AbstractAsyncContextManager[Stack]:
+    """A running stack whose validator is the echo stand-in."""
+    client = client_for(env, settings)
+    return running_stack(client, settings, replace_activities={"validator": _echo(broken)})
+
+
 def _expected(n: int, broken: bool) -> list[Any]:
     return [None if broken and i % 5 == 0 else {"n": i, "tag": TOKEN} for i in range(n)]
 
@@ -90,14 +100,12 @@ async def test_outputs_go_by_reference_and_references_still_see_the_list(
     env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     settings = stack_settings(tmp_path, foreach_inline_items=5)
-    client = client_for(env, settings)
     broken = {"on": True}
-    acts = {"validator": _echo(broken)}
-    async with running_stack(client, settings, replace_activities=acts) as s:
+    async with _echo_stack(env, settings, broken) as s:
         handle = await s.start(_pipeline(12))
         result = await handle.result()
         small = await (await s.start(_pipeline(5))).result()
-        histories = await workflow_tree(client, handle.id)
+        histories = await workflow_tree(s.client, handle.id)
 
     each = result.steps["each"]
     ref = ItemsRef.of(each.outputs["items"])
@@ -157,14 +165,12 @@ async def test_a_redrive_keeps_the_stored_items_and_runs_the_failed_ones(
     env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     settings = stack_settings(tmp_path, foreach_inline_items=5)
-    client = client_for(env, settings)
     broken = {"on": True}
-    acts = {"validator": _echo(broken)}
-    async with running_stack(client, settings, replace_activities=acts) as s:
+    async with _echo_stack(env, settings, broken) as s:
         first = await s.start(_pipeline(12))
         partial = await first.result()
         broken["on"] = False
-        handle = await PipelineClient(client, settings).redrive(first.id)
+        handle = await PipelineClient(s.client, settings).redrive(first.id)
         result = await handle.result()
 
     assert partial.status == "partial"
@@ -190,10 +196,8 @@ async def test_a_store_that_cannot_be_written_fails_the_items_with_a_code(
     # OSError from the file store, on every attempt)
     (settings.data_dir / "artifacts").mkdir(parents=True)
     (settings.data_dir / "artifacts" / "acme").write_text("not a directory")
-    client = client_for(env, settings)
     broken = {"on": False}
-    acts = {"validator": _echo(broken)}
-    async with running_stack(client, settings, replace_activities=acts) as s:
+    async with _echo_stack(env, settings, broken) as s:
         result = await (await s.start(_pipeline(4, chunk_size=4))).result()
 
     each = result.steps["each"]
@@ -211,10 +215,8 @@ async def test_a_tree_of_chunks_hands_up_one_index_part_per_group(
     # children, so the pipeline starts 25 groups of 2 leaves; each group stores
     # its leaves' parts as one index part.
     settings = stack_settings(tmp_path, foreach_inline_items=5)
-    client = client_for(env, settings)
     broken = {"on": True}
-    acts = {"validator": _echo(broken)}
-    async with running_stack(client, settings, replace_activities=acts) as s:
+    async with _echo_stack(env, settings, broken) as s:
         result = await (await s.start(_pipeline(100, chunk_size=2))).result()
 
     ref = ItemsRef.of(result.steps["each"].outputs["items"])
