@@ -107,7 +107,9 @@ class LimiterActivities:
         return {w: recorded(self._specs[w]) for w in sorted(set(worker_ids)) if w in self._specs}
 
     def known_workers(self) -> list[str]:
-        """Every worker id :meth:`specs_for` could answer, for a refusal's message."""
+        """Every worker id :meth:`specs_for` could answer: for a refusal's message,
+        and what a run records whose agent's tools are known only as it runs
+        (``PlanCall.record_all``)."""
         return sorted(self._specs)
 
     @activity.defn(name=names.LIMITER_PLAN)
@@ -137,8 +139,9 @@ class LimiterActivities:
         known: list[str] = []
         local = self._local
         if call.record is not None:
-            specs = self.specs_for(call.record)
-            if len(specs) < len(set(call.record)):
+            wanted = self.known_workers() if call.record_all else call.record
+            specs = self.specs_for(wanted)
+            if any(w not in specs for w in call.record):
                 known = self.known_workers()
             # local only as the recorded specs say (execution "local")
             local = [w for w in local if w in specs and specs[w].execution == "local"]

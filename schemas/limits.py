@@ -118,6 +118,11 @@ class PlanCall(Model):
         description="the workers whose specs the plan records for the run "
         "(schemas.recorded.named_workers); None: a run from before specs were recorded",
     )
+    record_all: bool = Field(
+        default=False,
+        description="record every worker the planning process knows: an llm-agent step's "
+        "tools refer to a step's outputs (schemas.recorded.open_tools)",
+    )
 
 
 class Plan(Model):

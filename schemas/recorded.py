@@ -12,10 +12,11 @@ run names are recorded, each without its ``examples``
 :func:`named_workers` lists them: every step's worker and fallback, the
 ``validator`` when a step validates its output, and for an ``llm-agent``
 step ``llm-call`` (each model turn) and the workers its input names as
-``tools``, as far as they are known at the start: literal names, or
-references to the pipeline's ``inputs``. A tool named only by a step's
-outputs is not known then and not recorded; the agent refuses it as an
-unknown worker, naming the recorded ones. Pure: safe inside a workflow task.
+``tools`` (literal names, or references to the pipeline's ``inputs``).
+A tool list that refers to a step's outputs is not known at the start: such a
+run records every worker the planning process knows (:func:`open_tools`,
+``PlanCall.record_all``), the one case where the record is not the names
+alone. Pure: safe inside a workflow task.
 """
 
 from __future__ import annotations
@@ -27,25 +28,28 @@ from aiworker.schemas.pipeline import PipelineSpec
 from aiworker.schemas.refs import ReferenceError_, resolve
 
 
-def agent_tools(tools: Any, inputs: dict[str, Any]) -> list[str]:
+def agent_tools(tools: Any, inputs: dict[str, Any]) -> tuple[list[str], bool]:
     """The worker ids an llm-agent input's ``tools`` names, with references to the
-    pipeline's ``inputs`` resolved; what cannot be resolved yet is left out."""
+    pipeline's ``inputs`` resolved, and whether that is all of them (False when a
+    part refers to a step's outputs, known only when the step runs)."""
     try:
-        tools = resolve(tools, {"inputs": inputs})
+        return _names(resolve(tools, {"inputs": inputs})), True
     except ReferenceError_:
-        if not isinstance(tools, list):
-            return []
-        known = []
-        for item in tools:
-            try:
-                known.append(resolve(item, {"inputs": inputs}))
-            except ReferenceError_:
-                continue
-        tools = known
+        pass
     if not isinstance(tools, list):
-        return []
-    out = []
+        return [], False
+    known = []
     for item in tools:
+        try:
+            known.append(resolve(item, {"inputs": inputs}))
+        except ReferenceError_:
+            continue
+    return _names(known), False
+
+
+def _names(tools: Any) -> list[str]:
+    out = []
+    for item in tools if isinstance(tools, list) else []:
         wid = item.get("worker") if isinstance(item, dict) else item
         if isinstance(wid, str):
             out.append(wid)
@@ -64,8 +68,19 @@ def named_workers(spec: PipelineSpec) -> list[str]:
         if step.worker == names.LLM_AGENT:
             found.add(names.LLM_CALL)
             if isinstance(step.input, dict):
-                found.update(agent_tools(step.input.get("tools"), spec.inputs))
+                found.update(agent_tools(step.input.get("tools"), spec.inputs)[0])
     return sorted(found)
 
 
-__all__ = ["agent_tools", "named_workers"]
+def open_tools(spec: PipelineSpec) -> bool:
+    """Whether an llm-agent step of ``spec`` names tools only its run can know
+    (a reference to a step's outputs): then the run records every known worker."""
+    return any(
+        step.worker == names.LLM_AGENT
+        and isinstance(step.input, dict)
+        and not agent_tools(step.input.get("tools"), spec.inputs)[1]
+        for step in spec.steps
+    )
+
+
+__all__ = ["agent_tools", "named_workers", "open_tools"]

@@ -333,15 +333,21 @@ class PermitBook:
         workers: list[str],
         resume_from: str | None = None,
         record: list[str] | None = None,
+        record_all: bool = False,
     ) -> Plan:
         """What the process's settings say about this pipeline (one local activity):
         the workers whose calls must wait for a rate-limit permit, the tenant's
-        registry entry, the specs of the workers in ``record`` (the run decides
-        from them from now on), and more as :class:`Plan` grows."""
+        registry entry, the specs of the workers in ``record`` (every known one
+        with ``record_all``; the run decides from them from now on), and more as
+        :class:`Plan` grows."""
         plan: Plan = await workflow.execute_local_activity(
             names.LIMITER_PLAN,
             PlanCall(
-                tenant=tenant, workers=sorted(set(workers)), resume_from=resume_from, record=record
+                tenant=tenant,
+                workers=sorted(set(workers)),
+                resume_from=resume_from,
+                record=record,
+                record_all=record_all,
             ),
             result_type=Plan,
             start_to_close_timeout=timedelta(seconds=30),

@@ -64,7 +64,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from aiworker.schemas.priority import task_priority
     from aiworker.schemas.protocol import TraceContext, Usage
-    from aiworker.schemas.recorded import named_workers
+    from aiworker.schemas.recorded import named_workers, open_tools
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.budget import Ledger
@@ -218,7 +218,10 @@ class PipelineWorkflow(PermitSignals):
             raise
         run = self._run = self._start(spec, specs)
         try:
-            planned = await run.limits.plan(spec, named_workers(spec) if recording else None)
+            if recording:
+                planned = await run.limits.plan(spec, named_workers(spec), open_tools(spec))
+            else:
+                planned = await run.limits.plan(spec)
             if recording:
                 run.workers = recorded_workers(spec, planned)
             # The spec passed the hard ceilings at the start; now the process's caps.

@@ -12,7 +12,7 @@ from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.limits import Plan
 from aiworker.schemas.pipeline import ChunkInput, PipelineSpec
 from aiworker.schemas.pipeline_check import PipelineSpecError, check_workers, parse_structure
-from aiworker.schemas.recorded import agent_tools, named_workers
+from aiworker.schemas.recorded import agent_tools, named_workers, open_tools
 from aiworker.schemas.spec import WorkerSpec, recorded
 
 
@@ -60,15 +60,28 @@ def test_a_run_names_its_steps_fallbacks_the_validator_and_an_agents_model_and_t
 @pytest.mark.parametrize(
     ("tools", "expected"),
     [
-        ("${{ inputs.tools }}", ["a", "b"]),
-        (["${{ inputs.tools[0] }}", "c"], ["a", "c"]),
-        ("${{ steps.x.outputs }}", []),
-        (None, []),
-        ([1, {"max_calls": 1}], []),
+        ("${{ inputs.tools }}", (["a", "b"], True)),
+        (["${{ inputs.tools[0] }}", "c"], (["a", "c"], True)),
+        (["a", "${{ steps.x.outputs.tool }}"], (["a"], False)),
+        ("${{ steps.x.outputs }}", ([], False)),
+        (None, ([], True)),
+        ([1, {"max_calls": 1}], ([], True)),
     ],
 )
-def test_agent_tools_resolve_references_to_the_inputs_only(tools: Any, expected: list[str]) -> None:
+def test_agent_tools_resolve_references_to_the_inputs_only(
+    tools: Any, expected: tuple[list[str], bool]
+) -> None:
     assert agent_tools(tools, {"tools": ["a", "b"]}) == expected
+
+
+def test_tools_from_a_steps_outputs_make_the_run_record_every_worker() -> None:
+    def agent(tools: Any) -> PipelineSpec:
+        step = {"id": "c", "worker": "llm-agent", "input": {"prompt": "x", "tools": tools}}
+        return _spec([{"id": "a", "worker": "validator", "input": {}}, step])
+
+    assert not open_tools(agent(["validator"]))
+    assert open_tools(agent("${{ steps.a.outputs.tools }}"))
+    assert not open_tools(_spec([{"id": "a", "worker": "validator", "input": {}}]))
 
 
 def test_an_agent_child_gets_only_the_specs_it_uses() -> None:
