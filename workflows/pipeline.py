@@ -220,10 +220,9 @@ class PipelineWorkflow(PermitSignals):
         try:
             if recording:
                 planned = await run.limits.plan(spec, named_workers(spec), open_tools(spec))
+                run.workers = recorded_workers(spec, planned)
             else:
                 planned = await run.limits.plan(spec)
-            if recording:
-                run.workers = recorded_workers(spec, planned)
             # The spec passed the hard ceilings at the start; now the process's caps.
             if found := cap_problems(spec, planned.caps):
                 problems = [str(p) for p in found]
