@@ -210,6 +210,10 @@ async def test_a_run_ends_as_its_recorded_specs_say_after_a_deploy_changed_them(
     recorded_history = await handle.fetch_history()
     replayed = await replayer.replay_workflow(recorded_history)
     assert replayed.replay_failure is None
+    # and so does its for_each chunk, which took its worker's spec from its input
+    chunk = client.get_workflow_handle(f"{WORKFLOW_ID}/each/0")
+    replayed = await replayer.replay_workflow(await chunk.fetch_history())
+    assert replayed.replay_failure is None
     if os.environ.get("AIWORKER_RECORD_HISTORIES"):
         HISTORY.write_text(recorded_history.to_json(), "utf-8")
 
