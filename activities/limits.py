@@ -47,7 +47,7 @@ from aiworker.schemas.limits import (
     PlanCall,
 )
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import WorkerSpec, parse_rate
+from aiworker.schemas.spec import WorkerSpec, parse_rate, recorded
 from aiworker.schemas.tenants import tighter_rate
 
 WINDOW_SECONDS = 60.0
@@ -94,10 +94,30 @@ class LimiterActivities:
         self._specs = specs
         self._local = sorted(set(local))
 
+    def specs_for(self, worker_ids: Iterable[str]) -> dict[str, WorkerSpec]:
+        """The specs a run records of ``worker_ids``: those this process knows, each
+        as :func:`~aiworker.schemas.spec.recorded` (without examples); an unknown id
+        is left out (the run refuses it, naming :meth:`known_workers`).
+
+        The one place a run's specs come from. Today that is the process's catalog
+        (built-ins, plugins, spec files: ``WorkerSet.specs``); a live registry of
+        what worker processes serve can answer here too, and every run records
+        whatever this returns, so the workflows need no change for it.
+        """
+        return {w: recorded(self._specs[w]) for w in sorted(set(worker_ids)) if w in self._specs}
+
+    def known_workers(self) -> list[str]:
+        """Every worker id :meth:`specs_for` could answer: for a refusal's message,
+        and what a run records whose agent's tools are known only as it runs
+        (``PlanCall.record_all``)."""
+        return sorted(self._specs)
+
     @activity.defn(name=names.LIMITER_PLAN)
     async def plan(self, call: PlanCall) -> Plan:
         """Which of a pipeline's workers have a rate limit for its tenant, the
-        tenant's registry entry and the process's caps (asked once, before any step).
+        tenant's registry entry, the process's caps and, when the call names
+        them (``record``), the specs of the workers the run calls (asked once,
+        before any step; the run decides from these recorded specs).
 
         Raises ``invalid_input`` (not retried) when a registry is configured and
         does not know the tenant, or when the run redrives another tenant's run.
@@ -115,6 +135,16 @@ class LimiterActivities:
                 await check_redrive_tenant(activity.client(), call.resume_from, call.tenant)
         except InvalidInputError as e:
             raise e.to_application_error(names.LIMITER_PLAN) from None
+        specs: dict[str, WorkerSpec] = {}
+        known: list[str] = []
+        local = self._local
+        if call.record is not None:
+            wanted = self.known_workers() if call.record_all else call.record
+            specs = self.specs_for(wanted)
+            if any(w not in specs for w in call.record):
+                known = self.known_workers()
+            # local only as the recorded specs say (execution "local")
+            local = [w for w in local if w in specs and specs[w].execution == "local"]
         return Plan(
             rate_limited=sorted(
                 w
@@ -123,8 +153,10 @@ class LimiterActivities:
             ),
             tenant=policy,
             caps=self._settings.caps,
-            local=self._local,
+            local=local,
             inline_items=self._settings.foreach_inline_items,
+            specs=specs,
+            known=known,
         )
 
     @activity.defn(name=names.LIMITER_ACQUIRE)

@@ -20,9 +20,9 @@ from pydantic import Field
 
 from aiworker.schemas.base import Model
 from aiworker.schemas.errors import ErrorCode
-from aiworker.schemas.names import TENANT_PATTERN
+from aiworker.schemas.names import LLM_CALL, TENANT_PATTERN
 from aiworker.schemas.pipeline import ChunkAllowance, StepResult
-from aiworker.schemas.spec import WorkerSpec
+from aiworker.schemas.spec import RecordedSpec, WorkerSpec
 
 # What the model sees of one tool result; the rest is cut with a note, so the
 # transcript (sent again every turn, and kept in history) stays bounded.
@@ -47,6 +47,12 @@ class AgentInput(Model):
     allowance: ChunkAllowance = Field(default_factory=ChunkAllowance)
     timeout_seconds: float | None = Field(
         default=None, description="the hard stop: no turn or tool call starts after it"
+    )
+    specs: dict[str, RecordedSpec] | None = Field(
+        default=None,
+        description="the specs the pipeline recorded that the agent uses: llm-agent's, "
+        "llm-call's (each turn) and its tools' (None: an agent started by a pipeline from "
+        "before specs were recorded reads its catalog)",
     )
 
 
@@ -86,6 +92,23 @@ def allow_list(
         else:
             out[wid] = Tool(spec, max_calls)
     return out, problems
+
+
+def agent_specs(
+    agent: WorkerSpec, step_input: dict[str, Any], specs: Mapping[str, WorkerSpec]
+) -> dict[str, WorkerSpec]:
+    """What an agent child needs of the run's ``specs``: the agent's own, llm-call's
+    (each turn) and those of the tools its resolved input names; a tool the run
+    does not have is left out (the agent refuses it as an unknown worker)."""
+    tools = step_input.get("tools") if isinstance(step_input, dict) else None
+    wanted = {LLM_CALL}
+    for item in tools if isinstance(tools, list) else []:
+        wid = item.get("worker") if isinstance(item, dict) else item
+        if isinstance(wid, str):
+            wanted.add(wid)
+    out = {agent.worker_id: agent}
+    out.update({w: specs[w] for w in sorted(wanted) if w in specs})
+    return out
 
 
 def ends_pipeline(result: StepResult) -> bool:

@@ -10,6 +10,7 @@ from typing_extensions import TypeAliasType
 from aiworker.schemas.base import Model
 from aiworker.schemas.caps import DEFAULT_FOREACH_INLINE_ITEMS, Caps
 from aiworker.schemas.names import TENANT_PATTERN
+from aiworker.schemas.spec import RecordedSpec
 from aiworker.schemas.tenants import TenantPolicy
 
 
@@ -112,6 +113,16 @@ class PlanCall(Model):
     resume_from: str | None = Field(
         default=None, description="the redriven run's workflow id: it must be the same tenant's"
     )
+    record: list[str] | None = Field(
+        default=None,
+        description="the workers whose specs the plan records for the run "
+        "(schemas.recorded.named_workers); None: a run from before specs were recorded",
+    )
+    record_all: bool = Field(
+        default=False,
+        description="record every worker the planning process knows: an llm-agent step's "
+        "tools refer to a step's outputs (schemas.recorded.open_tools)",
+    )
 
 
 class Plan(Model):
@@ -122,7 +133,9 @@ class Plan(Model):
     The plan is a local activity's result, so it is recorded in the pipeline's
     history: a replay (on any process, with any settings) makes the same calls
     the run made, and a run planned before ``local`` existed decodes it empty
-    and replays its calls as activities.
+    and replays its calls as activities. So are the specs of the workers the
+    run names (``specs``, see :mod:`aiworker.schemas.recorded`): the run
+    decides from them, never from the catalog of the process replaying it.
     """
 
     rate_limited: list[str] = Field(default_factory=list)
@@ -138,4 +151,14 @@ class Plan(Model):
         ge=0,
         description="a for_each over more items keeps its outputs by reference "
         "(AIWORKER_FOREACH_INLINE_ITEMS)",
+    )
+    specs: dict[str, RecordedSpec] = Field(
+        default_factory=dict,
+        description="the specs of the workers the run names (PlanCall.record) that the "
+        "planning process knows, without their examples; empty in a run planned before",
+    )
+    known: list[str] = Field(
+        default_factory=list,
+        description="every worker the planning process knows, only when it does not know "
+        "one the run names (the run's refusal names them)",
     )

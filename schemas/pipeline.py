@@ -26,6 +26,7 @@ from aiworker.schemas.names import (
 )
 from aiworker.schemas.protocol import ArtifactRef, CachePolicy, Usage, Usd
 from aiworker.schemas.refs import find_refs
+from aiworker.schemas.spec import RecordedSpec
 
 TerminalStatus = Literal[
     "succeeded",
@@ -391,6 +392,11 @@ class ChunkInput(Model):
         default=False,
         description="items' outputs go to the artifact store; the result lists only "
         "failed items, counts the others and carries the stored parts' references",
+    )
+    spec: RecordedSpec | None = Field(
+        default=None,
+        description="the worker's spec as the pipeline recorded it at its start (None: a "
+        "chunk started by a pipeline from before specs were recorded reads its catalog)",
     )
 
 

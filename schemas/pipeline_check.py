@@ -90,6 +90,39 @@ def parse_pipeline(raw: Any, known_workers: Workers, caps: Caps | None = None) -
     return spec
 
 
+def parse_structure(raw: Any) -> PipelineSpec:
+    """Parse and check a pipeline as far as it can be without its workers' specs:
+    every check of :func:`parse_pipeline` but which workers exist and each step's
+    input against its worker's contract (every worker it names is taken as
+    known). A run does this first, then records the specs of the workers it names
+    and checks against them (:func:`check_workers`).
+
+    Raises:
+        PipelineSpecError: naming every problem found.
+    """
+    try:
+        spec = PipelineSpec.model_validate(raw)
+    except ValidationError as e:
+        raise PipelineSpecError(field_problems(raw, e)) from None
+    named = {s.worker for s in spec.steps} | {s.fallback for s in spec.steps if s.fallback}
+    problems = check_pipeline(spec, named)
+    if problems:
+        raise PipelineSpecError(problems)
+    return spec
+
+
+def check_workers(spec: PipelineSpec, known_workers: Mapping[str, WorkerSpec | None]) -> None:
+    """The rest of :func:`parse_pipeline` for a spec :func:`parse_structure` passed:
+    unknown workers and each step's input against its worker's contract.
+
+    Raises:
+        PipelineSpecError: naming every problem found.
+    """
+    problems = check_pipeline(spec, known_workers)
+    if problems:
+        raise PipelineSpecError(problems)
+
+
 def _schema_problem(schema: Any) -> str | None:
     try:
         safe_schema.check(schema)

@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from jsonschema.exceptions import SchemaError
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from aiworker.schemas import safe_schema
 from aiworker.schemas.base import Model
@@ -211,10 +219,13 @@ class WorkerSpec(Model):
     )
     examples: list[SpecExample] = Field(default_factory=list, max_length=100)
     execution: Execution = EXECUTION_FIELD
+    _checked: bool = PrivateAttr(default=False)
 
     @field_validator("input_schema", "output_schema")
     @classmethod
-    def _schema(cls, v: dict[str, Any]) -> dict[str, Any]:
+    def _schema(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if _is_recorded(info):
+            return v
         try:
             safe_schema.check(v)
         except safe_schema.SchemaRefused as e:
@@ -244,7 +255,12 @@ class WorkerSpec(Model):
         return raw
 
     @model_validator(mode="after")
-    def _examples_and_prompt(self) -> WorkerSpec:
+    def _examples_and_prompt(self, info: ValidationInfo) -> WorkerSpec:
+        # pydantic runs an "after" validator again on an instance passed into
+        # another model's field: a spec checked once (or recorded) is not again
+        if self._checked or _is_recorded(info):
+            self._checked = True
+            return self
         inputs = safe_schema.validator(self.input_schema)
         for i, ex in enumerate(self.examples):
             err = safe_schema.first_error(inputs, ex.input)
@@ -254,6 +270,7 @@ class WorkerSpec(Model):
         if isinstance(impl, PromptImplementation):
             _check_prompt(self, impl)
         check_execution(self)
+        self._checked = True
         return self
 
     @property
@@ -270,6 +287,35 @@ class WorkerSpec(Model):
             return cls.model_validate(raw)
         except ValidationError as e:
             raise ValueError(f"worker spec {p}: {describe_validation(e)}") from None
+
+
+# The validation context of a spec read back from a run's history (a recorded
+# plan, a chunk's or an agent's input): it was checked in full by the process
+# that recorded it, so decoding it again skips the schema and example checks,
+# which cost milliseconds per spec in every workflow task that decodes one.
+RECORDED_CONTEXT: dict[str, Any] = {"aiworker_recorded_spec": True}
+
+
+def _is_recorded(info: ValidationInfo) -> bool:
+    ctx = info.context
+    return isinstance(ctx, dict) and bool(ctx.get("aiworker_recorded_spec"))
+
+
+def _decode_recorded(value: Any) -> Any:
+    if isinstance(value, dict):
+        return WorkerSpec.model_validate(value, context=RECORDED_CONTEXT)
+    return value
+
+
+RecordedSpec = Annotated[WorkerSpec, BeforeValidator(_decode_recorded)]
+"""A :class:`WorkerSpec` as a run recorded it (see :data:`RECORDED_CONTEXT`): the
+type of every payload field that carries specs into a workflow."""
+
+
+def recorded(spec: WorkerSpec) -> WorkerSpec:
+    """What a run records of ``spec``: all of it but its ``examples``, which only
+    ``aiworker conformance`` reads and which would only make the history larger."""
+    return spec.model_copy(update={"examples": []}) if spec.examples else spec
 
 
 def read_json_file(path: Path, what: str = "") -> Any:

@@ -25,12 +25,17 @@ schema or are no JSON object (``invalid_input`` with the paths), a tool
 worker's failure (its code and message). With ``response_schema`` a final
 answer that misses it goes back to the model with the reasons, as one more
 turn. The answer is the model's last text. Deterministic code only.
+
+The specs it calls with (llm-call's, each tool's) are the ones its pipeline
+recorded at its start (``AgentInput.specs``), never the catalog of the process
+running it; only an agent of a pipeline started on older code reads that.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,8 +125,11 @@ class Agent:
     def __init__(self, req: AgentInput, state: AgentState) -> None:
         self.req = req
         self.state = state
-        with workflow.unsafe.sandbox_unrestricted():
-            self.specs = catalog.current_specs()
+        if req.specs is not None:  # what the pipeline recorded at its start
+            self.specs: Mapping[str, WorkerSpec] = req.specs
+        else:  # started by a pipeline from before specs were recorded
+            with workflow.unsafe.sandbox_unrestricted():
+                self.specs = catalog.current_specs()
         self.llm = self.specs[names.LLM_CALL]
         a = req.allowance
         start = workflow.now().timestamp()

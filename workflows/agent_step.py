@@ -5,11 +5,13 @@ worker, then :func:`run_agent` hands the child the admission (tokens, external
 calls, the timeout) and the pipeline's deadline; ``schemas.agent.ends_pipeline``
 tells a spent pipeline budget from a bound of the agent's own (``max_turns``,
 ``max_calls``), which fails the step but leaves the pipeline's status to the
-step's ``on_failure``. Deterministic code only.
+step's ``on_failure``. The child gets the specs it needs from the run's
+(``AgentInput.specs``). Deterministic code only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from temporalio import workflow
@@ -17,7 +19,7 @@ from temporalio.common import Priority
 from temporalio.exceptions import ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from aiworker.schemas.agent import AgentInput
+    from aiworker.schemas.agent import AgentInput, agent_specs
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import ChunkAllowance, StepResult
     from aiworker.schemas.spec import WorkerSpec
@@ -29,6 +31,7 @@ from aiworker.workflows.budget import Admission
 async def run_agent(
     worker: WorkerSpec,
     *,
+    specs: Mapping[str, WorkerSpec],
     child_id: str,
     key: str,
     step_id: str,
@@ -41,7 +44,12 @@ async def run_agent(
     summary: str,
     priority: Priority,
 ) -> StepResult:
-    """Run an llm-agent call as ``AgentWorkflow``; its result (never raises on failure)."""
+    """Run an llm-agent call as ``AgentWorkflow``; its result (never raises on failure).
+
+    ``specs`` are the run's worker specs: the child gets the ones it uses
+    (:func:`~aiworker.schemas.agent.agent_specs`), so it decides from what the
+    pipeline recorded, never from a catalog.
+    """
     req = AgentInput(
         step_id=step_id,
         key=key,
@@ -55,6 +63,7 @@ async def run_agent(
             deadline=deadline,
         ),
         timeout_seconds=admission.timeout_seconds,
+        specs=agent_specs(worker, input, specs),
     )
     try:
         return await workflow.execute_child_workflow(

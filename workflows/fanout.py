@@ -256,6 +256,7 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
         lease_seconds=limits.lease_seconds,
         local=run.limits.is_local(worker.worker_id),
         store_outputs=by_ref,
+        spec=worker,  # the run's spec of its worker: chunks never read a catalog
     )
     # More leaf chunks than one workflow's children: groups of chunks (a tree).
     tree = leaves(len(resolved), step.chunk_size) > FANOUT and workflow.patched(TREE_PATCH)

@@ -16,6 +16,11 @@ than the plan's ``inline_items``) a leaf chunk stores its succeeded items'
 outputs as one part in the artifact store (:mod:`workflows.items`) and its
 result lists only the failed items: the counts and the part's reference
 travel up, never an item's outputs.
+
+The worker's spec comes with the chunk (``ChunkInput.spec``: the spec the
+pipeline recorded at its start), so a chunk decides as its pipeline does
+however the catalog of the process running it has changed; only a chunk of a
+pipeline started on older code (no spec) reads the process's catalog.
 """
 
 from __future__ import annotations
@@ -58,8 +63,10 @@ class PipelineForEachWorkflow(PermitSignals):
         """Run every item of the chunk; item failures are results, not exceptions."""
         if chunk.chunk_size is not None and len(chunk.items) > chunk.chunk_size:
             return await self._split(chunk, chunk.chunk_size)
-        with workflow.unsafe.sandbox_unrestricted():
-            worker = catalog.current_specs()[chunk.worker]
+        worker = chunk.spec
+        if worker is None:  # started by a pipeline from before specs were recorded
+            with workflow.unsafe.sandbox_unrestricted():
+                worker = catalog.current_specs()[chunk.worker]
         self._permits.step = chunk.step_id  # its waits are logged as the step's
         a = chunk.allowance
         # The pipeline's own deadline, as it is: a chunk started after it refuses every item.

@@ -53,10 +53,18 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import catalog, names
     from aiworker.schemas.causes import PipelineError
     from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.limits import Plan
     from aiworker.schemas.pipeline import PipelineResult, PipelineSpec, StepResult
-    from aiworker.schemas.pipeline_check import PipelineSpecError, cap_problems, parse_pipeline
+    from aiworker.schemas.pipeline_check import (
+        PipelineSpecError,
+        cap_problems,
+        check_workers,
+        parse_pipeline,
+        parse_structure,
+    )
     from aiworker.schemas.priority import task_priority
     from aiworker.schemas.protocol import TraceContext, Usage
+    from aiworker.schemas.recorded import named_workers, open_tools
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.budget import Ledger
@@ -69,13 +77,20 @@ from aiworker.workflows.state import Board, PipelineRun, now, search_attributes_
 # What ``progress`` leaves out unless asked: outputs, and the rejected outputs a cause keeps.
 _NO_OUTPUTS: dict[str, IncEx | bool] = {"outputs": True, "cause": {"__all__": {"outputs"}}}
 
-__all__ = ["PipelineWorkflow", "error_code_of", "invalid_input", "parse_spec"]
+__all__ = [
+    "RECORDED_SPECS_PATCH",
+    "PipelineWorkflow",
+    "error_code_of",
+    "invalid_input",
+    "parse_spec",
+    "recorded_workers",
+]
 
 
 def _specs() -> Mapping[str, WorkerSpec]:
-    # Worker processes install their catalog (built-ins, plugins, spec files)
-    # before workflows run; the module is passed through, so this reads no file
-    # and imports no plugin here.
+    # Only for runs started before RECORDED_SPECS_PATCH: they read the process's
+    # catalog (built-ins, plugins, spec files, installed at process start; the
+    # module is passed through, so this reads no file and imports no plugin here).
     with workflow.unsafe.sandbox_unrestricted():
         return catalog.current_specs()
 
@@ -85,6 +100,14 @@ def _specs() -> Mapping[str, WorkerSpec]:
 # The patch is asked only when that check refuses what the older one passed,
 # so a valid pipeline records no marker event.
 STEP_INPUTS_PATCH = "pipeline-check-step-inputs"
+
+# Runs started with this marker record the specs of the workers they name in
+# their ``limiter-plan`` result (``Plan.specs``) and decide from that record for
+# the rest of their life, on any process: the spec is parsed without the
+# workers' specs first (parse_structure), planned, then checked against the
+# recorded specs. Runs without it (started on older code) replay as they ran:
+# checked against, and calling with, the replaying process's catalog.
+RECORDED_SPECS_PATCH = "pipeline-recorded-specs"
 
 
 def _checked_spec(raw: Any, specs: Mapping[str, WorkerSpec]) -> PipelineSpec:
@@ -97,6 +120,25 @@ def _checked_spec(raw: Any, specs: Mapping[str, WorkerSpec]) -> PipelineSpec:
         if workflow.patched(STEP_INPUTS_PATCH):
             raise
         return older
+
+
+def _structure(raw: Any) -> PipelineSpec:
+    """:func:`~aiworker.schemas.pipeline_check.parse_structure` as ``invalid_input``."""
+    try:
+        return parse_structure(raw)
+    except PipelineSpecError as e:
+        raise invalid_input(str(e), e.problems) from None
+
+
+def recorded_workers(spec: PipelineSpec, planned: Plan) -> Mapping[str, WorkerSpec]:
+    """The specs the plan recorded, once ``spec`` passed the check against them:
+    an unknown worker is ``invalid_input`` naming it and every worker the planning
+    process knows, and so is a step input its worker's contract refuses."""
+    try:
+        check_workers(spec, {**dict.fromkeys(planned.known), **planned.specs})
+    except PipelineSpecError as e:
+        raise invalid_input(str(e), e.problems) from None
+    return planned.specs
 
 
 def parse_spec(
@@ -167,15 +209,20 @@ class PipelineWorkflow(PermitSignals):
         payload decoding, which would retry the workflow task forever.
         """
         board = self._board
-        specs = _specs()
+        recording = workflow.patched(RECORDED_SPECS_PATCH)
+        specs: Mapping[str, WorkerSpec] = {} if recording else _specs()
         try:
-            spec = _checked_spec(pipeline, specs)
+            spec = _structure(pipeline) if recording else _checked_spec(pipeline, specs)
         except ApplicationError:
             board.set_status("failed")
             raise
         run = self._run = self._start(spec, specs)
         try:
-            planned = await run.limits.plan(spec)
+            if recording:
+                planned = await run.limits.plan(spec, named_workers(spec), open_tools(spec))
+                run.workers = recorded_workers(spec, planned)
+            else:
+                planned = await run.limits.plan(spec)
             # The spec passed the hard ceilings at the start; now the process's caps.
             if found := cap_problems(spec, planned.caps):
                 problems = [str(p) for p in found]

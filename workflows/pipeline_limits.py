@@ -60,13 +60,16 @@ class PipelineLimits:
     # What the limiter-plan activity answered; None until planned.
     planned: Plan | None = None
 
-    async def plan(self, spec: PipelineSpec) -> Plan:
+    async def plan(
+        self, spec: PipelineSpec, record: list[str] | None = None, record_all: bool = False
+    ) -> Plan:
         """Ask once which of the pipeline's workers are rate limited, not per step,
-        and what its tenant may do; ``invalid_input`` when the tenant is refused."""
+        what its tenant may do and (``record``) the specs of the workers it calls;
+        ``invalid_input`` when the tenant is refused."""
         workers = [s.worker for s in spec.steps] + [s.fallback for s in spec.steps if s.fallback]
         resume = spec.resume_from.workflow_id if spec.resume_from else None
         try:
-            self.planned = await self.permits.plan(spec.tenant, workers, resume)
+            self.planned = await self.permits.plan(spec.tenant, workers, resume, record, record_all)
         except ActivityError as e:
             if error_code_of(e) != ErrorCode.INVALID_INPUT.value:
                 raise

@@ -284,6 +284,7 @@ class StepRunner:
             if worker.kind == "workflow":  # llm-agent: its turns and tool calls in a child
                 result = await run_agent(
                     worker,
+                    specs=run.workers,
                     child_id=workflow.info().workflow_id + key[len(run.key_base) :],
                     key=key,
                     step_id=step.id,

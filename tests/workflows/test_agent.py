@@ -391,6 +391,33 @@ async def test_an_unknown_tool_in_the_allow_list_is_invalid_input_before_any_tur
     assert agents.model.seen(agents.name) == []
 
 
+async def test_tools_named_by_an_earlier_steps_outputs_are_recorded_and_called(
+    agents: AgentStack,
+) -> None:
+    """The tool list is known only when the step runs, so the run recorded every
+    worker its process knows, and the agent calls the one the outputs name."""
+    agents.model.script(
+        agents.name, call(("validator", {"data": 1, "schema": {}})), say("Checked.")
+    )
+    pick = {
+        "id": "pick",
+        "worker": "aggregator",
+        "input": {"policy": "all", "branches": {"tools": ["validator"]}},
+    }
+    agent_input = {
+        "prompt": "Check it.",
+        "model": "openai-agent",
+        "tools": "${{ steps.pick.outputs.result.tools }}",
+    }
+    agent = {"id": "agent", "worker": names.LLM_AGENT, "input": agent_input}
+    handle = await agents.stack.start({"name": "picked", "steps": [pick, agent]})
+    result = await asyncio.wait_for(handle.result(), 90)
+    step = result.steps["agent"]
+    assert step.status == "succeeded", step
+    assert step.outputs["calls"] == {"validator": 1}
+    assert step.outputs["tool_errors"] == 0
+
+
 def test_aiworker_check_refuses_an_agent_step_it_cannot_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

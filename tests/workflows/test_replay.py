@@ -7,6 +7,10 @@ code before the pipeline workflow was split into modules (commit 8a3581a): rate
 and concurrency permits for a pipeline, a step and for_each items, a pipeline
 slot that expires at the deadline, and a cancellation during review. Their
 permit tickets carry the workflow id they ran under, so they replay under it.
+``recorded-specs`` is a run that recorded its workers' specs (``Plan.specs``,
+the ``pipeline-recorded-specs`` patch) on a catalog of spec files and a plugin
+this replay never installs; ``test_recorded_specs.py`` records it
+(``AIWORKER_RECORD_HISTORIES=1``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
 def test_histories_are_committed() -> None:
     names = {p.stem for p in HISTORIES}
-    assert {"dag", "foreach", "foreach-chunk", "loop", "review"} | WORKFLOW_IDS.keys() <= names
+    shapes = {"dag", "foreach", "foreach-chunk", "loop", "review", "recorded-specs"}
+    assert shapes | WORKFLOW_IDS.keys() <= names
 
 
 # Histories whose commands depend on their own workflow id (permit tickets).
