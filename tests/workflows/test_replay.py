@@ -29,6 +29,7 @@ from temporalio.worker import Replayer
 
 from aiworker.schemas import names
 from aiworker.schemas.settings import Settings
+from aiworker.workers.devserver import temporal_cli_path
 from aiworker.workers.registry import WORKFLOWS_BY_QUEUE
 from aiworker.workers.replay import load_history
 from aiworker.workers.temporal_client import data_converter
@@ -172,7 +173,7 @@ def test_nothing_to_replay_is_bad_usage(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 async def test_query_replays_running_and_closed_workflows_of_the_namespace(
-    client: Client, settings: Settings
+    client: Client, settings: Settings, tmp_path: Path
 ) -> None:
     pipeline = {
         "name": "gate",
@@ -205,13 +206,28 @@ async def test_query_replays_running_and_closed_workflows_of_the_namespace(
 
         await wait_until(awaiting, "review")
         query = f"WorkflowId = '{done.id}' OR WorkflowId = '{waiting.id}'"
-        env = {"TEMPORAL_ADDRESS": client.service_client.config.target_host}
-        proc = await asyncio.to_thread(cli, "--query", query, **env)
+        address = client.service_client.config.target_host
+        proc = await asyncio.to_thread(cli, "--query", query, TEMPORAL_ADDRESS=address)
         await waiting.terminate()
+        # what the temporal CLI writes is a history file as the gate reads it
+        show = [str(temporal_cli_path()), "workflow", "show", "--workflow-id", done.id]
+        shown = await asyncio.to_thread(
+            subprocess.run,
+            [*show, "--output", "json", "--address", address, "--namespace", client.namespace],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert proc.returncode == 0, proc.stderr
     assert f"ok workflow {done.id} run {done.result_run_id}" in proc.stdout
     assert f"ok workflow {waiting.id} run " in proc.stdout
     assert "replayed 2 histories" in proc.stdout
+    assert shown.returncode == 0, shown.stderr
+    file = tmp_path / "shown.json"
+    file.write_text(shown.stdout, "utf-8")
+    assert load_history(file).history.workflow_id == done.id
+    replayed = await asyncio.to_thread(cli, str(file))
+    assert replayed.returncode == 0, replayed.stderr
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
