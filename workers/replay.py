@@ -39,8 +39,6 @@ from google.protobuf.json_format import MessageToJson
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 
-from aiworker.schemas import names
-
 if TYPE_CHECKING:
     # the SDK's client and worker load when the command runs (``aiworker --help``
     # and the other commands do not pay for them)
@@ -170,10 +168,58 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
-async def query_histories(client: Client, query: str, limit: int) -> AsyncIterator[Recorded]:
+def aiworker_workflows() -> list[type]:
+    """Every workflow class aiworker runs: the pipelines queue's and the conformance kit's."""
+    from aiworker.workers.registry import WORKFLOWS_BY_QUEUE
+    from aiworker.workflows.conformance import ConformanceWorkflow
+
+    out: list[type] = [ConformanceWorkflow]
+    for classes in WORKFLOWS_BY_QUEUE.values():
+        out += [c for c in classes if c not in out]
+    return out
+
+
+def workflow_type_names() -> set[str]:
+    """The workflow type names of :func:`aiworker_workflows`."""
+    from temporalio.workflow import _Definition
+
+    return {d.name for d in map(_Definition.must_from_class, aiworker_workflows()) if d.name}
+
+
+def workflow_type(history: WorkflowHistory) -> str:
+    """The workflow type a history's first event names."""
+    return history.events[0].workflow_execution_started_event_attributes.workflow_type.name
+
+
+def check_types(recorded: Sequence[Recorded]) -> None:
+    """Refuse a history of a workflow type that aiworker does not define.
+
+    Raises:
+        HistoryFileError: naming the file and the type.
+    """
+    known = workflow_type_names()
+    for rec in recorded:
+        kind = workflow_type(rec.history)
+        if kind not in known:
+            raise HistoryFileError(
+                f"{rec.name}: a {kind!r} workflow is not aiworker's; "
+                f"the gate replays {', '.join(sorted(known))}"
+            )
+
+
+async def query_histories(
+    client: Client, query: str, limit: int, skipped: list[str] | None = None
+) -> AsyncIterator[Recorded]:
     """The histories of up to ``limit`` workflows (closed or running) a visibility
-    query finds in the client's namespace, newest first."""
+    query finds in the client's namespace, newest first; workflows of types
+    aiworker does not define (the namespace's other workflows) are named in
+    ``skipped`` instead of replayed."""
+    known = workflow_type_names()
     async for wf in client.list_workflows(query, limit=limit):
+        if wf.workflow_type not in known:
+            if skipped is not None:
+                skipped.append(f"workflow {wf.id} run {wf.run_id} ({wf.workflow_type})")
+            continue
         handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
         history = await handle.fetch_history()
         yield Recorded(f"workflow {wf.id} run {wf.run_id}", history)
@@ -184,11 +230,10 @@ def replayer(converter: DataConverter) -> Replayer:
     from temporalio.runtime import Runtime, TelemetryConfig
     from temporalio.worker import Replayer
 
-    from aiworker.workers.registry import WORKFLOWS_BY_QUEUE
     from aiworker.workers.worker import workflow_runner
 
     return Replayer(
-        workflows=WORKFLOWS_BY_QUEUE[names.PIPELINES_QUEUE],
+        workflows=aiworker_workflows(),
         workflow_runner=workflow_runner(),
         data_converter=converter,
         # Core logs each failed workflow task as a warning: the bisection in
@@ -328,6 +373,7 @@ async def cmd_replay(args: Any) -> int:
         return EXIT_USAGE
     try:
         recorded = [load_history(p) for p in history_files(args.files)]
+        check_types(recorded)
     except HistoryFileError as e:
         err(str(e))
         return EXIT_USAGE
@@ -345,10 +391,13 @@ async def cmd_replay(args: Any) -> int:
             from aiworker.workers.temporal_client import connect
 
             client = await connect(args.profile, target_host=args.address, settings=settings)
+            skipped: list[str] = []
             more, mismatch = await replay_all(
-                query_histories(client, args.query, args.limit), converter, on_ok=ok
+                query_histories(client, args.query, args.limit, skipped), converter, on_ok=ok
             )
             done += more
+            for name in skipped:
+                say(f"skip {name}: not an aiworker workflow")
     finally:
         from aiworker.workers.resources import close_connections
 

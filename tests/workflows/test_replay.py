@@ -17,15 +17,17 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from collector_probe import CollectorProbeWorkflow
 from conftest import running_stack
 from support.standins import fail, standin
 from support.waiting import wait_until
 from temporalio.client import Client
-from temporalio.worker import Replayer
+from temporalio.worker import Replayer, Worker
 
 from aiworker.schemas import names
 from aiworker.schemas.settings import Settings
@@ -144,9 +146,14 @@ def test_a_changed_history_stops_the_gate_naming_the_history_and_the_event(
             '{"events": [{"eventId": "1", "eventType": "EVENT_TYPE_TIMER_FIRED"}]}',
             "no workflow start",
         ),
+        (
+            '{"events": [{"eventId": "1", "eventType": "EVENT_TYPE_WORKFLOW_EXECUTION_STARTED", '
+            '"workflowExecutionStartedEventAttributes": {"workflowType": {"name": "Mine"}}}]}',
+            "a 'Mine' workflow is not aiworker's",
+        ),
         (b"\xff\xfe{", "not UTF-8"),
     ],
-    ids=["cut", "pipeline", "bad-enum", "no-start", "binary"],
+    ids=["cut", "pipeline", "bad-enum", "no-start", "foreign-type", "binary"],
 )
 def test_a_malformed_history_file_is_bad_usage(
     content: str | bytes, says: str, tmp_path: Path
@@ -205,7 +212,14 @@ async def test_query_replays_running_and_closed_workflows_of_the_namespace(
             return bool(p["awaiting_review"])
 
         await wait_until(awaiting, "review")
-        query = f"WorkflowId = '{done.id}' OR WorkflowId = '{waiting.id}'"
+        # a workflow of another kind in the namespace is named and skipped
+        queue = f"other-{uuid.uuid4().hex[:8]}"
+        async with Worker(client, task_queue=queue, workflows=[CollectorProbeWorkflow]):
+            other = await client.start_workflow(
+                CollectorProbeWorkflow.run, id=f"other-{uuid.uuid4().hex[:8]}", task_queue=queue
+            )
+            await other.result()
+        query = f"WorkflowId IN ('{done.id}', '{waiting.id}', '{other.id}')"
         address = client.service_client.config.target_host
         proc = await asyncio.to_thread(cli, "--query", query, TEMPORAL_ADDRESS=address)
         await waiting.terminate()
@@ -222,6 +236,9 @@ async def test_query_replays_running_and_closed_workflows_of_the_namespace(
     assert f"ok workflow {done.id} run {done.result_run_id}" in proc.stdout
     assert f"ok workflow {waiting.id} run " in proc.stdout
     assert "replayed 2 histories" in proc.stdout
+    assert f"skip workflow {other.id} run {other.result_run_id} (CollectorProbeWorkflow)" in (
+        proc.stdout
+    )
     assert shown.returncode == 0, shown.stderr
     file = tmp_path / "shown.json"
     file.write_text(shown.stdout, "utf-8")
