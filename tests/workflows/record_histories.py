@@ -5,6 +5,7 @@ Run from the repository root (a few minutes; it starts its own dev server)::
     .venv/bin/python tests/workflows/record_histories.py            # every recording
     .venv/bin/python tests/workflows/record_histories.py cancel agent  # only these
     .venv/bin/python tests/workflows/record_histories.py --list
+    .venv/bin/python tests/workflows/record_histories.py --out /tmp/h  # to look first
 
 Each recording runs one pipeline shape on the current code and writes the
 history of the pipeline (and of the child workflows named) as
@@ -445,14 +446,14 @@ RECORDINGS: dict[str, Recording] = {
 }
 
 
-async def record(client: Client, only: list[str]) -> None:
-    OUT.mkdir(exist_ok=True)
+async def record(client: Client, only: list[str], out: Path = OUT) -> None:
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     for name in only:
         with tempfile.TemporaryDirectory() as tmp:
             saved = await RECORDINGS[name](client, Path(tmp))
         for file, wid in saved.items():
             history = await client.get_workflow_handle(wid).fetch_history()
-            (OUT / f"{file}.json").write_text(history.to_json() + "\n", "utf-8")
+            (out / f"{file}.json").write_text(history.to_json() + "\n", "utf-8")
             print(f"{name}: wrote {file}.json ({wid}, {len(history.events)} events)", flush=True)
 
 
@@ -460,6 +461,12 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("recordings", nargs="*", help=f"any of {', '.join(RECORDINGS)}")
     parser.add_argument("--list", action="store_true", help="list the recordings and exit")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=OUT,
+        help=f"where to write (default {OUT.relative_to(HERE.parent.parent)})",
+    )
     args = parser.parse_args()
     if args.list:
         for name, fn in RECORDINGS.items():
@@ -474,7 +481,7 @@ async def main() -> None:
         dev_server_extra_args=local_server_extra_args(),
     )
     try:
-        await record(env.client, args.recordings or list(RECORDINGS))
+        await record(env.client, args.recordings or list(RECORDINGS), args.out)
     finally:
         await env.shutdown()
 
