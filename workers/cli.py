@@ -12,6 +12,7 @@ aiworker workers             list the worker specs (the published contracts)
 aiworker artifacts WF_ID     list the artifacts a workflow wrote (lineage)
 aiworker items WF_ID STEP    a for_each step's items as JSON Lines (inline or by reference)
 aiworker schemas export|check  write or check schemas/json/ and docs/reference/
+aiworker replay [FILES] [--query Q]  the replay gate: recorded histories against this code
 aiworker conformance WORKER_ID  check a live worker against its spec through Temporal
 aiworker serve               the HTTP front door (start, status, result, review, webhooks)
 aiworker keys add NAME       a new API key for the front door, stored hashed
@@ -54,6 +55,7 @@ from aiworker.workers.cli_common import (
 from aiworker.workers.cli_items import cmd_items
 from aiworker.workers.cli_parser import build_parser
 from aiworker.workers.cli_serve import cmd_keys, cmd_serve
+from aiworker.workers.replay import cmd_replay
 from aiworker.workers.schedule_commands import cmd_schedule
 
 if TYPE_CHECKING:
@@ -343,6 +345,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "items": cmd_items,
     "list": cmd_list,
     "redrive": cmd_redrive,
+    "replay": cmd_replay,
     "review": cmd_review,
     "run": cmd_run,
     "schedule": cmd_schedule,

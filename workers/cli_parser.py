@@ -37,6 +37,17 @@ def port_number(value: str) -> int:
     return port
 
 
+def _positive_int(value: str) -> int:
+    """A whole number of at least 1, for ``argparse``."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not at least 1")
+    return n
+
+
 def tenant_name(value: str) -> str:
     """A tenant name (``TENANT_PATTERN``), for ``argparse``."""
     if re.fullmatch(TENANT_PATTERN.strip("^$"), value) is None:
@@ -196,6 +207,32 @@ def build_parser() -> argparse.ArgumentParser:
     it.add_argument("step_id")
     it.add_argument("--run-id", help="the run (default: the latest)")
     conn(it)
+
+    rp = sub.add_parser(
+        "replay",
+        help="replay recorded histories against this code (the replay gate; exit 1 at the "
+        "first nondeterminism)",
+        description="Replay workflow histories with the SDK's Replayer, with the workflows, "
+        "sandbox, data converter and worker catalog of a worker process: files as "
+        "`temporal workflow show --output json` writes them (a directory: its *.json), "
+        "and with --query the histories of workflows (closed or running) a visibility "
+        "query finds. Exit 0 when all replay, 1 at the first that does not (naming the "
+        "history and the event), 2 for bad usage or a malformed file.",
+    )
+    rp.add_argument("files", nargs="*", metavar="HISTORY", help="history file or directory")
+    rp.add_argument(
+        "--query",
+        help="a visibility query, e.g. \"WorkflowType='PipelineWorkflow' AND "
+        "ExecutionStatus='Running'\" ('' for every workflow)",
+    )
+    rp.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=100,
+        help="at most this many workflows from --query (default 100)",
+    )
+    rp.add_argument("--quiet", action="store_true", help="no line per history that replayed")
+    conn(rp)
 
     sc = sub.add_parser("schemas", help="export or check schemas/json and the generated docs")
     sc.add_argument("action", choices=["export", "check"])

@@ -147,6 +147,7 @@ SHARED_WORKFLOW_MODULES = (
     "aiworker.workflows.limits",
     "aiworker.workflows.pipeline_limits",
     "aiworker.workflows.review",
+    "aiworker.workflows.runs",
     "aiworker.workflows.state",
     "aiworker.workflows.steps",
     "aiworker.workflows.tally",

@@ -7,6 +7,7 @@ top-level run), ``foreach`` (``PipelineForEachWorkflow``), ``limits``
 ``state`` (the run's state), ``dag`` (the scheduler), ``steps`` (the step
 runner), ``fanout`` (for_each), ``review`` (the review desk),
 ``pipeline_limits``, ``budget`` (ledger and deadline), ``calls`` (one worker
-call). Nothing is imported here, so that the sandbox, which re-imports a
-workflow's modules for every run, loads only what that workflow needs.
+call), ``runs`` (which run an object belongs to). Nothing is imported here,
+so that the sandbox, which re-imports a workflow's modules for every run,
+loads only what that workflow needs.
 """

@@ -27,6 +27,8 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.names import ENDED_STEP_STATUSES
     from aiworker.schemas.pipeline import StepResult
 
+from aiworker.workflows.runs import in_run, this_run
+
 # Rows past this are counted, not listed: the UI's details pane is for a glance.
 MAX_ROWS = 50
 # A hard ceiling on the Markdown (it travels in every metadata query's answer).
@@ -99,6 +101,7 @@ class StepTable:
     rows: dict[str, Row] = field(default_factory=dict)
     shown: str = ""
     started: bool = False
+    run_id: str | None = field(default_factory=this_run)  # shown only inside this run
 
     def start(self, name: str, workers: dict[str, str], status: str) -> None:
         """The spec is checked: name the steps and show the first table."""
@@ -122,10 +125,10 @@ class StepTable:
         """Set the workflow's current details, when the Markdown changed."""
         if not self.started:  # before the spec is checked there is no table
             return
-        if not workflow.in_workflow():
-            # a run's coroutines closed when the worker evicts it (a worker that
-            # stops while the run waits) write results outside the workflow's
-            # event loop: there is no workflow left to show them
+        if not in_run(self.run_id):
+            # a run's coroutines closed by the garbage collector after a worker
+            # that stopped dropped it write results outside any workflow, or in
+            # another run's task: never into another run's details (workflows.runs)
             return
         text = render_table(self.name, self.status, self.workers, self.rows)
         if text != self.shown:

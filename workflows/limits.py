@@ -60,6 +60,8 @@ with workflow.unsafe.imports_passed_through():
         RateCall,
     )
 
+from aiworker.workflows.runs import in_run, this_run
+
 # Continue-as-new well before histories get large.
 _MAX_HISTORY_EVENTS = 2000
 _MAX_ROUNDS = 500
@@ -326,6 +328,7 @@ class PermitBook:
         self.held: dict[str, str] = {}  # ticket -> limiter workflow id
         self.step = step
         self._told: set[tuple[str, str]] = set()
+        self.run_id = this_run()  # releases act only inside this run (workflows.runs)
 
     async def plan(
         self,
@@ -436,11 +439,12 @@ class PermitBook:
         return leases
 
     async def release_all(self, leases: Sequence[Lease]) -> None:
-        """Give every lease back. Called from ``finally`` blocks, so also when a
-        worker evicts the run and closes its coroutines outside the workflow's
-        event loop: nothing can be sent or recorded there, and nothing needs to
-        be, since the run goes on (replayed) wherever its next task runs."""
-        if not workflow.in_workflow():
+        """Give every lease back. Called from ``finally`` blocks, so also when the
+        garbage collector closes the coroutines of a run a stopped worker dropped,
+        outside any workflow or inside another run's task (:mod:`workflows.runs`):
+        nothing may be sent there, and nothing needs to be, since the run goes on
+        (replayed) wherever its next task runs."""
+        if not in_run(self.run_id):
             return
         for limiter_id, ticket in leases:
             await self.release(limiter_id, ticket)
@@ -451,6 +455,8 @@ class PermitBook:
         await self._signal_release(limiter_id, ticket)
 
     async def _signal_release(self, limiter_id: str, ticket: str) -> None:
+        if not in_run(self.run_id):
+            return
         handle = workflow.get_external_workflow_handle(limiter_id)
         try:
             await handle.signal(names.LIMITER_RELEASE_SIGNAL, ticket)

@@ -72,6 +72,7 @@ from aiworker.workflows.calls import error_code_of, invalid_input
 from aiworker.workflows.dag import run_dag
 from aiworker.workflows.limits import PermitSignals
 from aiworker.workflows.pipeline_limits import PipelineLimits
+from aiworker.workflows.runs import in_run
 from aiworker.workflows.state import Board, PipelineRun, now, search_attributes_on
 
 # What ``progress`` leaves out unless asked: outputs, and the rejected outputs a cause keeps.
@@ -315,8 +316,8 @@ class PipelineWorkflow(PermitSignals):
         )
 
     def _finish(self, status: str, spec: PipelineSpec) -> None:
-        if not workflow.in_workflow():
-            return  # a run closed at eviction ends nothing (see Board.set_status)
+        if not in_run(self._board.run_id):
+            return  # a dropped run closed by the collector ends nothing (workflows.runs)
         self._board.set_status(status)
         counter = workflow.metric_meter().create_counter(
             "aiworker_pipelines", "Pipelines that reached a terminal status."

@@ -42,6 +42,7 @@ from aiworker.workflows.items import ItemsUnavailable, load_items, needs_items
 from aiworker.workflows.limits import PermitBook
 from aiworker.workflows.pipeline_limits import PipelineLimits
 from aiworker.workflows.review import ReviewDesk
+from aiworker.workflows.runs import in_run, this_run
 
 MEMO_SEARCH_ATTRIBUTES = "search_attributes"
 
@@ -90,16 +91,19 @@ class Board:
     # Steps calling an external worker now: step id -> its queue and wait bound.
     external: dict[str, dict[str, Any]] = field(default_factory=dict)
     table: StepTable = field(default_factory=StepTable)
+    # Its status is set only inside this run (workflows.runs).
+    run_id: str | None = field(default_factory=this_run)
 
     def __post_init__(self) -> None:
         self.steps.on_set = self.table.note
 
     def set_status(self, status: str) -> None:
         """The run's status, upserted as the ``AiworkerStatus`` search attribute."""
-        if not workflow.in_workflow():
-            # A run's coroutines closed at eviction run their ``finally`` blocks
-            # (review's status reset) outside the workflow's event loop: nothing
-            # they did would be recorded, and the SDK refuses the call.
+        if not in_run(self.run_id):
+            # The coroutines of a run a stopped worker dropped, closed by the
+            # garbage collector, run their ``finally`` blocks (review's status
+            # reset) outside any workflow or inside another run's task: nothing
+            # they do may reach a history (workflows.runs).
             return
         self.table.set_status(status)
         if status != self.status or status == "running":

@@ -88,6 +88,9 @@ BAD_COMMANDS = {
     "worker-unknown-queue": (["worker", "-q", "nosuch", "--wait", "1"], EXIT_USAGE, "nosuch"),
     "dev-bad-port": (["dev", "--port", "x"], EXIT_USAGE, "invalid int value"),
     "demo-missing-pipeline": (["demo", "--pipeline", "/nonexistent.json"], EXIT_USAGE, "cannot"),
+    "replay-missing-file": (["replay", "/nonexistent/h.json"], EXIT_USAGE, "cannot read"),
+    "replay-bad-limit": (["replay", "--query", "", "--limit", "0"], EXIT_USAGE, "not at least 1"),
+    "replay-nothing": (["replay"], EXIT_USAGE, "needs history files"),
     "no-command": ([], EXIT_USAGE, "required"),
 }
 

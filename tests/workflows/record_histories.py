@@ -1,37 +1,63 @@
-"""Record workflow histories for the replay test (``test_replay.py``).
+"""Record workflow histories for the replay gate (``aiworker replay``, ``test_replay.py``).
 
-Run from the repository root after a deliberate, versioned change to the
-workflows (never to make a failing replay test pass by accident)::
+Run from the repository root (a few minutes; it starts its own dev server)::
 
-    .venv/bin/python tests/workflows/record_histories.py
+    .venv/bin/python tests/workflows/record_histories.py            # every recording
+    .venv/bin/python tests/workflows/record_histories.py cancel agent  # only these
+    .venv/bin/python tests/workflows/record_histories.py --list
+    .venv/bin/python tests/workflows/record_histories.py --out /tmp/h  # to look first
 
-It starts a local dev server, runs a few pipelines that cover the workflow's
-paths (DAG with gate and aggregation, for_each with child workflows, a
-validation loop with fallback, budget refusal, human review, cancellation)
-and writes each history as JSON under ``tests/workflows/histories/``.
+Each recording runs one pipeline shape on the current code and writes the
+history of the pipeline (and of the child workflows named) as
+``tests/workflows/histories/<name>.json``, the JSON ``temporal workflow show
+--output json`` writes; the workflow id a replay needs is in its first event.
+It overwrites only the files it records; every other file there stays. The
+histories of older code are the point of the gate: before re-recording after a
+workflow change, keep the committed files that guard running workflows under a
+name of their own (``git mv dag.json dag-v0.json``), then record, then commit
+both. Record only with a deliberate, versioned workflow change, never to make
+a failing replay pass.
+
+Shapes: DAG with gates, a skipped ``when`` and local activities (validator and
+aggregator run as local activities), for_each (chunk children; a tree of
+chunks of chunks; items by reference), the validation loop with fallback and
+budget refusal, review (retry, approve, reject, timeout), redrive, llm-agent
+with a scripted loopback model (parent and child), cancel, and a run started
+by a Temporal Schedule. ``limited*``, ``review-cancelled`` and
+``slot-expired`` came from code before the pipeline split (commit 8a3581a).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import sys
 import tempfile
-import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent.parent)]
 
-from conftest import running_stack  # noqa: E402
+from conftest import Stack, running_stack  # noqa: E402
+from fixtures.agent_model import call, models_file, say, start_scripted_model  # noqa: E402
+from prometheus_client import CollectorRegistry  # noqa: E402
+from support.payloads import stack_settings, workflow_tree  # noqa: E402
 from support.standins import fail, standin  # noqa: E402
 from support.waiting import wait_until  # noqa: E402
-from temporalio.client import Client, WorkflowHandle  # noqa: E402
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
+from aiworker.activities.llm import LlmMetrics  # noqa: E402
 from aiworker.schemas import names  # noqa: E402
 from aiworker.schemas.settings import Settings  # noqa: E402
+from aiworker.workers.client import PipelineClient  # noqa: E402
 from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path  # noqa: E402
+from aiworker.workers.resources import build_language_model, build_tools  # noqa: E402
+from aiworker.workers.schedule_specs import ScheduleOptions, parse_interval  # noqa: E402
+from aiworker.workers.schedules import create_schedule, trigger_schedule  # noqa: E402
 from aiworker.workers.temporal_client import data_converter  # noqa: E402
 
 OUT = HERE / "histories"
@@ -135,59 +161,327 @@ REVIEW = {
 }
 
 
-async def _save(handle: WorkflowHandle[Any, Any], name: str) -> None:
-    history = await handle.fetch_history()
-    (OUT / f"{name}.json").write_text(history.to_json(), "utf-8")
-    print(f"wrote {name}.json ({len(history.events)} events)")
+ESCALATE = {
+    "name": "replay-escalate",
+    "steps": [
+        {
+            "id": "draft",
+            "worker": "aggregator",
+            "input": {"policy": "all", "branches": {}},
+            "on_failure": "escalate",
+        }
+    ],
+    "output": {"draft": "${{ steps.draft.outputs.result }}"},
+}
+
+REDRIVE = {
+    "name": "replay-redrive",
+    "steps": [
+        {"id": "check", "worker": "validator", "input": {"data": 1, "schema": {}}},
+        {
+            "id": "pub",
+            "worker": "publish",
+            "depends_on": ["check"],
+            "input": {"sink": {"file": "redrive.jsonl"}, "record": {"n": 1}},
+        },
+    ],
+}
+
+TREE = {
+    "name": "replay-tree",
+    "steps": [
+        {
+            "id": "each",
+            "worker": "validator",
+            # 40 leaf chunks of one item: more than FANOUT (32), so group chunks of leaves
+            "for_each": list(range(40)),
+            "chunk_size": 1,
+            "max_parallel": 40,
+            "input": {"data": "${{ item }}", "schema": {"type": "integer"}},
+        }
+    ],
+}
+
+BY_REFERENCE = {
+    "name": "replay-items",
+    "steps": [
+        {
+            "id": "each",
+            "worker": "validator",
+            "for_each": [{"n": 1}, {"n": 2}, {"n": 3}, {"n": "x"}, {"n": 5}],
+            "chunk_size": 2,
+            "input": {"data": "${{ item }}", "schema": {"properties": {"n": {"type": "integer"}}}},
+        },
+        {
+            # reads the list held by reference: the items are loaded for it
+            "id": "all",
+            "worker": "aggregator",
+            "input": {"policy": "concat", "branches": ["${{ steps.each.outputs.items }}"]},
+        },
+    ],
+}
+
+CANCEL = {
+    "name": "replay-cancel",
+    "steps": [
+        {"id": "slow", "worker": "publish", "input": {"sink": {"file": "c"}, "record": {}}},
+        {
+            "id": "after",
+            "worker": "validator",
+            "depends_on": ["slow"],
+            "input": {"data": 1, "schema": {}},
+        },
+    ],
+}
+
+SCHEDULED = {
+    "name": "replay-scheduled",
+    "steps": [{"id": "check", "worker": "validator", "input": {"data": 1, "schema": {}}}],
+}
+
+DRAFT = {"policy": "all", "result": {"ok": True}, "used": [], "failed": []}
+
+Saved = dict[str, str]  # file name (without .json) -> workflow id
+Recording = Callable[[Client, Path], Awaitable[Saved]]
 
 
-async def record(client: Client, data_dir: Path) -> None:
-    settings = Settings(
-        data_dir=data_dir,
-        task_queue_suffix=f"-rec{uuid.uuid4().hex[:6]}",
-        metrics_port=0,
-        allow_private_networks=True,
-        shutdown_grace_seconds=2,
-    )
+def _settings(tmp: Path, **kw: Any) -> Settings:
+    return stack_settings(tmp, **kw)
+
+
+async def _run(stack: Stack, pipeline: dict[str, Any], wid: str) -> WorkflowHandle[Any, Any]:
+    handle = await stack.start(pipeline, id=wid)
+    await handle.result()
+    return handle
+
+
+async def rec_basic(client: Client, tmp: Path) -> Saved:
+    """DAG (gates, when, local activities), for_each (one chunk child), the loop."""
+    async with running_stack(client, _settings(tmp)) as stack:
+        for name, pipeline in (("dag", DAG), ("foreach", FOR_EACH), ("loop", LOOP)):
+            await _run(stack, pipeline, f"replay-{name}")
+    return {
+        "dag": "replay-dag",
+        "foreach": "replay-foreach",
+        "foreach-chunk": "replay-foreach/each/0",
+        "loop": "replay-loop",
+    }
+
+
+async def _escalated(
+    client: Client, tmp: Path, wid: str, pipeline: dict[str, Any], update: dict[str, Any] | None
+) -> None:
+    """Run ``pipeline`` whose aggregator fails once, and answer its review with ``update``
+    (None: let the review time out)."""
     calls: list[dict[str, Any]] = []
 
     async def draft(req: dict[str, Any]) -> dict[str, Any]:
         if len(calls) == 1:
             raise fail("invalid_output", "garbage")
-        return {"policy": "all", "result": {"ok": True}, "used": [], "failed": []}
+        return DRAFT
 
-    OUT.mkdir(exist_ok=True)
-    async with running_stack(client, settings) as stack:
-        for name, pipeline in (("dag", DAG), ("foreach", FOR_EACH), ("loop", LOOP)):
-            handle = await stack.start(pipeline, id=f"replay-{name}")
-            await handle.result()
-            await _save(handle, name)
-            if name == "foreach":
-                await _save(client.get_workflow_handle("replay-foreach/each/0"), "foreach-chunk")
     acts = {"aggregator": standin("aggregator", draft, calls)}
-    async with running_stack(client, settings, replace_activities=acts) as stack:
-        handle = await stack.start(REVIEW, id="replay-review")
+    async with running_stack(client, _settings(tmp), replace_activities=acts) as stack:
+        handle = await stack.start(pipeline, id=wid)
+        if update is not None:
 
-        async def awaiting() -> bool:
-            p = await handle.query(names.PROGRESS_QUERY)
-            return bool(p["awaiting_review"])
+            async def awaiting() -> bool:
+                p = await handle.query(names.PROGRESS_QUERY)
+                return bool(p["awaiting_review"])
 
-        await wait_until(awaiting, "review")
-        await handle.execute_update(names.REVIEW_UPDATE, {"decision": "retry", "reviewer": "r"})
+            await wait_until(awaiting, "review")
+            await handle.execute_update(names.REVIEW_UPDATE, update)
         await handle.result()
-        await _save(handle, "review")
+
+
+async def rec_review(client: Client, tmp: Path) -> Saved:
+    """Escalation to a human: retry (the old ``review``), approve, reject, timeout."""
+    await _escalated(client, tmp, "replay-review", REVIEW, {"decision": "retry", "reviewer": "r"})
+    approve = {"decision": "approve", "reviewer": "r", "outputs": DRAFT, "note": "fine"}
+    await _escalated(client, tmp, "replay-review-approve", ESCALATE, approve)
+    reject = {"decision": "reject", "reviewer": "r", "note": "no"}
+    await _escalated(client, tmp, "replay-review-reject", ESCALATE, reject)
+    timeout = json.loads(json.dumps(ESCALATE))
+    timeout["steps"][0]["review_timeout_seconds"] = 1
+    await _escalated(client, tmp, "replay-review-timeout", timeout, None)
+    return {
+        "review": "replay-review",
+        "review-approve": "replay-review-approve",
+        "review-reject": "replay-review-reject",
+        "review-timeout": "replay-review-timeout",
+    }
+
+
+async def rec_redrive(client: Client, tmp: Path) -> Saved:
+    """A run whose publish fails, and its redrive (reusing ``check``)."""
+    calls: list[dict[str, Any]] = []
+
+    async def publish(req: dict[str, Any]) -> dict[str, Any]:
+        if len(calls) == 1:
+            raise fail("access_denied", "not yet")
+        return {"written": True, "duplicate": False}
+
+    settings = _settings(tmp)
+    acts = {"publish": standin("publish", publish, calls)}
+    async with running_stack(client, settings, replace_activities=acts) as stack:
+        await _run(stack, REDRIVE, "replay-redrive")
+        pipelines = PipelineClient(client, settings)
+        again = await pipelines.start_redrive(await pipelines.redrive_input("replay-redrive"))
+        await again.result()
+    return {"redrive-failed": "replay-redrive", "redrive": again.id}
+
+
+async def rec_tree(client: Client, tmp: Path) -> Saved:
+    """A for_each over more leaf chunks than one chunk may start: chunks of chunks."""
+    async with running_stack(client, _settings(tmp)) as stack:
+        await _run(stack, TREE, "replay-tree")
+    tree = await workflow_tree(client, "replay-tree")
+    depth = {wid: wid.count("/") for wid in tree}
+    group = min((w for w in tree if depth[w] == 2), key=len)
+    leaf = next(w for w in sorted(tree) if depth[w] > 2 and w.startswith(group + "/"))
+    return {"foreach-tree": "replay-tree", "foreach-tree-group": group, "foreach-tree-leaf": leaf}
+
+
+async def rec_items(client: Client, tmp: Path) -> Saved:
+    """A for_each whose items are held by reference (over AIWORKER_FOREACH_INLINE_ITEMS)."""
+    async with running_stack(client, _settings(tmp, foreach_inline_items=2)) as stack:
+        await _run(stack, BY_REFERENCE, "replay-items")
+    return {"items-ref": "replay-items", "items-ref-chunk": "replay-items/each/0"}
+
+
+async def rec_agent(client: Client, tmp: Path) -> Saved:
+    """An llm-agent step (a child workflow) with one tool call, on a scripted model."""
+    model = start_scripted_model()
+    try:
+        path = models_file(model, tmp / "models.json", "replay-agent")
+        model.script(
+            "replay-agent",
+            call(("validator", {"data": {"n": 1}, "schema": {"type": "object"}})),
+            say("It is valid."),
+        )
+        settings = _settings(tmp, models_file=path)
+        tools = build_tools(settings)
+        tools["language_model"] = build_language_model(
+            settings, {}, llm_metrics=LlmMetrics(CollectorRegistry())
+        )
+        pipeline = {
+            "name": "replay-agent",
+            "tenant": "acme",
+            "budget": {"max_tokens": 5000, "max_external_calls": 20, "deadline_seconds": 120},
+            "steps": [
+                {
+                    "id": "agent",
+                    "worker": "llm-agent",
+                    "input": {
+                        "prompt": "Is it valid?",
+                        "model": "openai-agent",
+                        "tools": ["validator"],
+                        "max_turns": 3,
+                    },
+                }
+            ],
+            "output": {"answer": "${{ steps.agent.outputs.answer }}"},
+        }
+        try:
+            async with running_stack(client, settings, tools=tools) as stack:
+                await _run(stack, pipeline, "replay-agent")
+        finally:
+            await tools["language_model"].aclose()
+            await tools["fetch_url"].aclose()
+    finally:
+        model.stop()
+    return {"agent": "replay-agent", "agent-child": "replay-agent/agent"}
+
+
+async def rec_cancel(client: Client, tmp: Path) -> Saved:
+    """A pipeline cancelled while its first step's activity runs."""
+    started = asyncio.Event()
+
+    async def slow(req: dict[str, Any]) -> dict[str, Any]:
+        from temporalio import activity
+
+        started.set()
+        for _ in range(600):
+            activity.heartbeat()
+            await asyncio.sleep(0.1)
+        return {}
+
+    acts = {"publish": standin("publish", slow)}
+    async with running_stack(client, _settings(tmp), replace_activities=acts) as stack:
+        handle = await stack.start(CANCEL, id="replay-cancel")
+        await asyncio.wait_for(started.wait(), 60)
+        await handle.cancel()
+        try:
+            await handle.result()
+        except WorkflowFailureError:
+            pass
+    return {"cancel": "replay-cancel"}
+
+
+async def rec_schedule(client: Client, tmp: Path) -> Saved:
+    """A run started by a Temporal Schedule (paused, triggered once)."""
+    settings = _settings(tmp)
+    pipelines = PipelineClient(client, settings)
+    options = ScheduleOptions(intervals=[parse_interval("1h")], paused=True)
+    async with running_stack(client, settings):
+        schedule = await create_schedule(pipelines, "replay-schedule", SCHEDULED, options)
+        try:
+            triggered = await trigger_schedule(client, "replay-schedule", wait_seconds=30)
+            assert triggered.workflow_id is not None, "the schedule started no run"
+            await client.get_workflow_handle(triggered.workflow_id).result()
+        finally:
+            await schedule.delete()
+    return {"schedule": triggered.workflow_id}
+
+
+RECORDINGS: dict[str, Recording] = {
+    "basic": rec_basic,
+    "review": rec_review,
+    "redrive": rec_redrive,
+    "tree": rec_tree,
+    "items": rec_items,
+    "agent": rec_agent,
+    "cancel": rec_cancel,
+    "schedule": rec_schedule,
+}
+
+
+async def record(client: Client, only: list[str], out: Path = OUT) -> None:
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    for name in only:
+        with tempfile.TemporaryDirectory() as tmp:
+            saved = await RECORDINGS[name](client, Path(tmp))
+        for file, wid in saved.items():
+            history = await client.get_workflow_handle(wid).fetch_history()
+            (out / f"{file}.json").write_text(history.to_json() + "\n", "utf-8")
+            print(f"{name}: wrote {file}.json ({wid}, {len(history.events)} events)", flush=True)
 
 
 async def main() -> None:
-    keep = local_server_extra_args()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recordings", nargs="*", help=f"any of {', '.join(RECORDINGS)}")
+    parser.add_argument("--list", action="store_true", help="list the recordings and exit")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=OUT,
+        help=f"where to write (default {OUT.relative_to(HERE.parent.parent)})",
+    )
+    args = parser.parse_args()
+    if args.list:
+        for name, fn in RECORDINGS.items():
+            print(f"{name:<9} {(fn.__doc__ or '').strip()}")
+        return
+    unknown = [n for n in args.recordings if n not in RECORDINGS]
+    if unknown:
+        parser.error(f"unknown recordings {unknown}; known: {', '.join(RECORDINGS)}")
     env = await WorkflowEnvironment.start_local(
         data_converter=data_converter(None),
         dev_server_existing_path=temporal_cli_path(),
-        dev_server_extra_args=keep,
+        dev_server_extra_args=local_server_extra_args(),
     )
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            await record(env.client, Path(tmp))
+        await record(env.client, args.recordings or list(RECORDINGS), args.out)
     finally:
         await env.shutdown()
 

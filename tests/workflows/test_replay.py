@@ -1,12 +1,13 @@
-"""Replay committed histories: a change that breaks determinism fails here.
+"""The replay gate: every committed history replays on this code, through
+``aiworker replay`` (the CLI, as CI and a deploy pipeline run it) and in process
+with the SDK's default sandbox, which passes none of aiworker's modules through.
 
 The histories come from ``record_histories.py``; re-record them only with a
-deliberate, versioned workflow change (``workflow.patched`` or a new type).
-``limited*``, ``review-cancelled`` and ``slot-expired`` were recorded with the
-code before the pipeline workflow was split into modules (commit 8a3581a): rate
-and concurrency permits for a pipeline, a step and for_each items, a pipeline
-slot that expires at the deadline, and a cancellation during review. Their
-permit tickets carry the workflow id they ran under, so they replay under it.
+deliberate, versioned workflow change (``workflow.patched`` or a new type), and
+keep the files that guard older code (``*-20261122.json``: recorded before the
+current step path; ``limited*``, ``review-cancelled`` and ``slot-expired``:
+recorded before the pipeline workflow was split into modules, commit 8a3581a).
+A history's workflow id (permit tickets carry it) is read from its first event.
 ``recorded-specs`` is a run that recorded its workers' specs (``Plan.specs``,
 the ``pipeline-recorded-specs`` patch) on a catalog of spec files and a plugin
 this replay never installs; ``test_recorded_specs.py`` records it
@@ -15,46 +16,248 @@ this replay never installs; ``test_recorded_specs.py`` records it
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
-from temporalio.client import WorkflowHistory
-from temporalio.worker import Replayer
+from collector_probe import CollectorProbeWorkflow
+from conftest import running_stack
+from support.standins import fail, standin
+from support.waiting import wait_until
+from temporalio.client import Client
+from temporalio.worker import Replayer, Worker
 
+from aiworker.schemas import names
+from aiworker.schemas.settings import Settings
+from aiworker.workers.devserver import temporal_cli_path
+from aiworker.workers.registry import WORKFLOWS_BY_QUEUE
+from aiworker.workers.replay import load_history
 from aiworker.workers.temporal_client import data_converter
-from aiworker.workflows.foreach import PipelineForEachWorkflow
-from aiworker.workflows.pipeline import PipelineWorkflow
 
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+FOLDER = Path(__file__).parent / "histories"
+HISTORIES = sorted(FOLDER.glob("*.json"))
 
-
-def test_histories_are_committed() -> None:
-    names = {p.stem for p in HISTORIES}
-    shapes = {"dag", "foreach", "foreach-chunk", "loop", "review", "recorded-specs"}
-    assert shapes | WORKFLOW_IDS.keys() <= names
-
-
-# Histories whose commands depend on their own workflow id (permit tickets).
-WORKFLOW_IDS = {
-    "limited": "x-limited",
-    "limited-chunk0": "x-limited/each/0",
-    "limited-chunk1": "x-limited/each/1",
-    "review-cancelled": "x-holder",
-    "slot-expired": "x-waiter",
+# Every pipeline shape the recorder covers (record_histories.RECORDINGS).
+SHAPES = {
+    "dag",
+    "recorded-specs",
+    "foreach",
+    "foreach-chunk",
+    "loop",
+    "review",
+    "review-approve",
+    "review-reject",
+    "review-timeout",
+    "redrive",
+    "redrive-failed",
+    "foreach-tree",
+    "foreach-tree-group",
+    "foreach-tree-leaf",
+    "items-ref",
+    "items-ref-chunk",
+    "agent",
+    "agent-child",
+    "cancel",
+    "schedule",
+}
+OLDER_CODE = {
+    "dag-20261122",
+    "foreach-20261122",
+    "foreach-chunk-20261122",
+    "loop-20261122",
+    "review-20261122",
+    "limited",
+    "limited-chunk0",
+    "limited-chunk1",
+    "review-cancelled",
+    "slot-expired",
 }
 
 
-def _load(path: Path) -> WorkflowHistory:
-    workflow_id = WORKFLOW_IDS.get(path.stem, f"replay-{path.stem}")
-    return WorkflowHistory.from_json(workflow_id, path.read_text("utf-8"))
+def test_histories_are_committed() -> None:
+    assert SHAPES | OLDER_CODE <= {p.stem for p in HISTORIES}
+
+
+def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``aiworker replay ARGS`` in a process of its own, as CI runs it."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "aiworker.workers.cli", "replay", *args],
+        env=base | env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_the_gate_replays_every_committed_history() -> None:
+    proc = cli(str(FOLDER))
+    assert proc.returncode == 0, proc.stderr
+    replayed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("ok ")]
+    assert replayed == [str(p) for p in HISTORIES]
+    assert f"replayed {len(HISTORIES)} histories" in proc.stdout
+
+
+def _swap_activity(history: dict[str, Any], nth: int) -> tuple[str, str]:
+    """Rename the ``nth`` scheduled activity (to another worker): the history of
+    code that called another worker there. Returns its event id and new name."""
+    found = [e for e in history["events"] if "activityTaskScheduledEventAttributes" in e]
+    event = found[nth]
+    kind = event["activityTaskScheduledEventAttributes"]["activityType"]
+    kind["name"] = "aggregator" if kind["name"] != "aggregator" else "validator"
+    return event["eventId"], kind["name"]
+
+
+@pytest.mark.timeout(120)
+def test_a_changed_history_stops_the_gate_naming_the_history_and_the_event(
+    tmp_path: Path,
+) -> None:
+    history = json.loads((FOLDER / "agent-child.json").read_text("utf-8"))
+    event_id, _ = _swap_activity(history, 1)  # the tool call after the first turn
+    broken = tmp_path / "agent-child-changed.json"
+    broken.write_text(json.dumps(history), "utf-8")
+    good = FOLDER / "dag.json"
+    # files replay in the order given: the good one first, the gate stops at the broken one
+    proc = cli(str(good), str(broken), str(FOLDER / "cancel.json"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"ok {good}" in proc.stdout
+    assert "cancel.json" not in proc.stdout  # stopped at the first failure
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr  # one line, no traceback, no Core warnings
+    assert lines[0].startswith(f"aiworker: {broken}: nondeterminism at event {event_id} ")
+    assert "(EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)" in lines[0]
+    assert "workflow replay-agent/agent run " in lines[0]
+    assert "Activity type" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ('{"events": [1, 2', "not valid JSON"),
+        ('{"steps": []}', "not a workflow history"),
+        (
+            '{"events": [{"eventId": "1", "eventType": "EVENT_TYPE_NOPE"}]}',
+            "not a workflow history",
+        ),
+        (
+            '{"events": [{"eventId": "1", "eventType": "EVENT_TYPE_TIMER_FIRED"}]}',
+            "no workflow start",
+        ),
+        (
+            '{"events": [{"eventId": "1", "eventType": "EVENT_TYPE_WORKFLOW_EXECUTION_STARTED", '
+            '"workflowExecutionStartedEventAttributes": {"workflowType": {"name": "Mine"}}}]}',
+            "a 'Mine' workflow is not aiworker's",
+        ),
+        (b"\xff\xfe{", "not UTF-8"),
+    ],
+    ids=["cut", "pipeline", "bad-enum", "no-start", "foreign-type", "binary"],
+)
+def test_a_malformed_history_file_is_bad_usage(
+    content: str | bytes, says: str, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.json"
+    if isinstance(content, bytes):
+        bad.write_bytes(content)
+    else:
+        bad.write_text(content, "utf-8")
+    proc = cli(str(FOLDER / "dag.json"), str(bad))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""  # checked before anything replays
+    assert proc.stderr.startswith(f"aiworker: {bad}") and says in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_nothing_to_replay_is_bad_usage(tmp_path: Path) -> None:
+    assert cli().returncode == 2
+    proc = cli(str(tmp_path))
+    assert proc.returncode == 2 and "no *.json history files" in proc.stderr
+    proc = cli(str(tmp_path / "missing.json"))
+    assert proc.returncode == 2 and "cannot read" in proc.stderr
+
+
+@pytest.mark.timeout(120)
+async def test_query_replays_running_and_closed_workflows_of_the_namespace(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    pipeline = {
+        "name": "gate",
+        "steps": [{"id": "check", "worker": "validator", "input": {"data": 1, "schema": {}}}],
+    }
+    review = {
+        "name": "gate-review",
+        "steps": [
+            {
+                "id": "draft",
+                "worker": "aggregator",
+                "input": {"policy": "all", "branches": {}},
+                "on_failure": "escalate",
+            }
+        ],
+    }
+
+    async def garbage(req: dict[str, Any]) -> dict[str, Any]:
+        raise fail("invalid_output", "garbage")
+
+    acts = {"aggregator": standin("aggregator", garbage)}
+    async with running_stack(client, settings, replace_activities=acts) as stack:
+        done = await stack.start(pipeline)
+        await done.result()
+        waiting = await stack.start(review)
+
+        async def awaiting() -> bool:
+            p = await waiting.query(names.PROGRESS_QUERY)
+            return bool(p["awaiting_review"])
+
+        await wait_until(awaiting, "review")
+        # a workflow of another kind in the namespace is named and skipped
+        queue = f"other-{uuid.uuid4().hex[:8]}"
+        async with Worker(client, task_queue=queue, workflows=[CollectorProbeWorkflow]):
+            other = await client.start_workflow(
+                CollectorProbeWorkflow.run, id=f"other-{uuid.uuid4().hex[:8]}", task_queue=queue
+            )
+            await other.result()
+        query = f"WorkflowId IN ('{done.id}', '{waiting.id}', '{other.id}')"
+        address = client.service_client.config.target_host
+        proc = await asyncio.to_thread(cli, "--query", query, TEMPORAL_ADDRESS=address)
+        await waiting.terminate()
+        # what the temporal CLI writes is a history file as the gate reads it
+        show = [str(temporal_cli_path()), "workflow", "show", "--workflow-id", done.id]
+        shown = await asyncio.to_thread(
+            subprocess.run,
+            [*show, "--output", "json", "--address", address, "--namespace", client.namespace],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 0, proc.stderr
+    assert f"ok workflow {done.id} run {done.result_run_id}" in proc.stdout
+    assert f"ok workflow {waiting.id} run " in proc.stdout
+    assert "replayed 2 histories" in proc.stdout
+    assert f"skip workflow {other.id} run {other.result_run_id} (CollectorProbeWorkflow)" in (
+        proc.stdout
+    )
+    assert shown.returncode == 0, shown.stderr
+    file = tmp_path / "shown.json"
+    file.write_text(shown.stdout, "utf-8")
+    assert load_history(file).history.workflow_id == done.id
+    replayed = await asyncio.to_thread(cli, str(file))
+    assert replayed.returncode == 0, replayed.stderr
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
-async def test_replay(path: Path) -> None:
-    history = _load(path)
+async def test_replay_in_the_default_sandbox(path: Path) -> None:
+    """The same histories with the SDK's default sandbox (nothing of aiworker passed
+    through): the sandbox checks every workflow module, shared ones included."""
     replayer = Replayer(
-        workflows=[PipelineWorkflow, PipelineForEachWorkflow],
-        data_converter=data_converter(None),
+        workflows=WORKFLOWS_BY_QUEUE[names.PIPELINES_QUEUE], data_converter=data_converter(None)
     )
-    result = await replayer.replay_workflow(history)
+    result = await replayer.replay_workflow(load_history(path).history)
     assert result.replay_failure is None
