@@ -124,20 +124,29 @@ def settings_problems(
     spec: PipelineSpec,
     settings: Settings,
     specs: Mapping[str, WorkerSpec | None],
+    aliases: set[str] | None = None,
 ) -> list[Problem]:
-    """What of ``spec`` this process's settings refuse: tenants, then model aliases."""
+    """What of ``spec`` this process's settings refuse: tenants, then model aliases
+    (``aliases`` when given: the live workers' aliases, else the settings')."""
     problems = tenant_problems(spec, settings)
-    aliases = model_aliases(settings)
+    if aliases is None:
+        aliases = model_aliases(settings)
     if aliases is not None:
         problems += alias_problems(spec, specs, aliases)
     return problems
 
 
 def check_spec(
-    raw: Any, workers: Workers, settings: Settings, caps: Caps | None = None
+    raw: Any,
+    workers: Workers,
+    settings: Settings,
+    caps: Caps | None = None,
+    *,
+    aliases: set[str] | None = None,
 ) -> PipelineSpec:
     """Check a pipeline as a whole before it starts: the spec (with the workers'
-    specs when ``workers`` maps ids to them), then the settings' part.
+    specs when ``workers`` maps ids to them), then the settings' part; model
+    aliases against ``aliases`` when given (the live registry's), else the settings'.
 
     Raises:
         PipelineSpecError: every problem found, each naming step, field and JSON path.
@@ -155,7 +164,7 @@ def check_spec(
             raise e from None
         problems = e.details
     specs: Mapping[str, WorkerSpec | None] = workers if isinstance(workers, Mapping) else {}
-    problems += settings_problems(spec, settings, specs)
+    problems += settings_problems(spec, settings, specs, aliases)
     if problems:
         raise PipelineSpecError(problems)
     return spec
