@@ -265,11 +265,11 @@ def _print_live_workers(registry: LiveRegistry, *, as_json: bool) -> int:
     """The live registry's workers: one row per worker, version and spec hash, with
     the processes serving it and their build ids; conflicts on stderr."""
     rows = []
-    for wid, offers in sorted(registry.offers().items()):
+    for _, offers in sorted(registry.offers().items()):
         groups: dict[tuple[str, str], list[Any]] = {}
         for process, w in offers:
             groups.setdefault((w.version, w.spec_hash), []).append((process, w))
-        for (version, digest), group in sorted(groups.items()):
+        for (_, digest), group in sorted(groups.items()):
             w = group[0][1]
             rows.append(
                 {
