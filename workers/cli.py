@@ -379,8 +379,6 @@ async def cmd_conformance(args: argparse.Namespace) -> int:
     )
     for warning in view.warnings:
         err(f"warning: {warning}")
-    if client is not None:
-        err(f"checking against {view.describe()}")
     if view.source == "live" and view.registry is not None:
         registry = view.registry
         spec = view.specs.get(args.worker_id)
@@ -406,6 +404,7 @@ async def cmd_conformance(args: argparse.Namespace) -> int:
     if client is None:
         err(f"cannot reach Temporal: {unreachable}")
         return EXIT_USAGE
+    err(f"checking {args.worker_id!r} against its spec from {view.describe()}")
     report = await check_worker(
         client,
         spec,

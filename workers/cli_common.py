@@ -182,9 +182,7 @@ async def command_view(args: argparse.Namespace, say: str = "checked against") -
                 connect(profile, target_host=address, settings=settings), READ_TIMEOUT_SECONDS
             )
         except Exception as e:  # unreachable, slow, or a bad profile: check offline
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
-            target = connect_config(profile, target_host=address)["target_host"]
-            view = local_view(f"Temporal at {target} did not answer: {why[:200]}")
+            view = local_view(_no_answer(e, profile, address))
         else:
             view = await resolve_view(
                 client, settings, lambda: process_catalog().specs, read_timeout=READ_TIMEOUT_SECONDS
@@ -193,6 +191,25 @@ async def command_view(args: argparse.Namespace, say: str = "checked against") -
         err(f"warning: {warning}")
     err(f"{say} {view.describe()}")
     return view
+
+
+def _no_answer(e: Exception, profile: str | None, address: str | None) -> str:
+    """Why a command could not reach Temporal, in a few words."""
+    from aiworker.workers.live_registry import READ_TIMEOUT_SECONDS
+    from aiworker.workers.temporal_client import connect_config
+
+    try:
+        target = connect_config(profile, target_host=address)["target_host"]
+    except Exception as bad:  # a broken envconfig profile
+        return f"Temporal settings unusable: {str(bad)[:160]}"
+    text = str(e)
+    if isinstance(e, TimeoutError):
+        why = f"no answer within {READ_TIMEOUT_SECONDS:g}s"
+    elif "ConnectionRefused" in text or "Connection refused" in text:
+        why = "connection refused"
+    else:
+        why = (text.splitlines()[0] if text else type(e).__name__)[:160]
+    return f"Temporal at {target} did not answer: {why}"
 
 
 def pipeline_problems(raw: Any, view: WorkerView | None = None) -> list[Problem]:

@@ -7,22 +7,17 @@ test on its own queue family, so its own registry workflow."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any
-
 import pytest
 from conftest import running_stack
 from module_workers import SPEC as WORD_COUNT
+from support.registry import entry, publish_raw
 from support.waiting import wait_until
-from temporalio.client import Client, WithStartWorkflowOperation
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.client import Client
 
 from aiworker.schemas import names
 from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.live_registry import (
     REGISTRY_PROTOCOL,
-    PublishRequest,
-    RegistryState,
     spec_hash,
 )
 from aiworker.schemas.pipeline_check import PipelineSpecError
@@ -38,44 +33,10 @@ from aiworker.workers.live_registry import (
 from aiworker.workflows.worker_registry import WorkerRegistryWorkflow
 
 
-def entry(identity: str, *, specs: dict[str, Any] | None = None, **kw: Any) -> Any:
-    """A process entry serving the built-in validator (and ``specs``)."""
-    from aiworker.schemas.spec import WorkerSpec
-
-    all_specs = {names.VALIDATOR: load_specs()[names.VALIDATOR]}
-    for wid, raw in (specs or {}).items():
-        all_specs[wid] = WorkerSpec.model_validate(raw)
-    return process_entry(
-        identity=identity,
-        build_id=kw.pop("build_id", "b1"),
-        task_queues=["aiworker-pipelines-x"],
-        specs=all_specs,
-        served=set(all_specs),
-        **kw,
-    )
-
-
 async def live(client: Client, settings: Settings) -> LiveRegistry:
     reg = await read_registry(client, settings.task_queue_suffix)
     assert reg is not None
     return reg
-
-
-async def publish_raw(
-    client: Client, settings: Settings, identity: str, raw: dict[str, Any], ttl: float = 60
-) -> int:
-    return await client.execute_update_with_start_workflow(
-        WorkerRegistryWorkflow.publish,
-        PublishRequest(identity=identity, ttl_seconds=ttl, entry=raw),
-        start_workflow_operation=WithStartWorkflowOperation(
-            WorkerRegistryWorkflow.run,
-            RegistryState(),
-            id=names.worker_registry_workflow_id(settings.task_queue_suffix),
-            task_queue=settings.queue(names.PIPELINES_QUEUE),
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        ),
-        rpc_timeout=timedelta(seconds=10),
-    )
 
 
 async def test_a_published_entry_is_read_back_and_withdrawn_on_stop(
