@@ -7,7 +7,8 @@ with the workers' specs, the same check the workflow runs at start), then
 what only a process's settings know:
 
 - **model aliases**: an llm-call step's ``model`` (``default`` when left out)
-  and a prompt worker's alias must be one this deployment configures
+  and a prompt worker's alias must be one the live workers publish
+  (``aliases``, from the live registry), else one this process configures
   (``AIWORKER_LLM_*`` for ``default``, ``AIWORKER_MODELS_FILE`` for the
   rest). A process that configures no model at all is not where the models
   live, and checks no alias.
