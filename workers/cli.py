@@ -231,7 +231,7 @@ async def cmd_workers(args: argparse.Namespace) -> int:
     serving them, when the live registry answers; else the local worker specs
     (saying so). As a table or JSON; a worker id and version served with
     different specs is reported on stderr."""
-    view = await command_view(args, say="workers from")
+    view = await command_view(args, say="workers from")  # stderr: which, and why
     if view.source == "live" and view.registry is not None:
         return _print_live_workers(view.registry, as_json=args.json)
     cat = process_catalog()

@@ -163,14 +163,15 @@ def local_view(reason: str) -> WorkerView:
     return WorkerView(process_catalog().specs, "local", reason)
 
 
-async def command_view(args: argparse.Namespace, say: str = "checked against") -> WorkerView:
+async def command_view(args: argparse.Namespace, say: str | None = None) -> WorkerView:
     """The workers a command checks a pipeline against: the live registry's when
     Temporal answers (within a few seconds) and the registry lists a process,
     else the local specs with the reason (``--local`` asks for them). Loads no
-    plugin and no worker code when the registry answers. Says which on stderr,
-    with a line for each registry entry it ignored."""
+    plugin and no worker code when the registry answers. With ``say``, says
+    which on stderr (``<say> the live registry (3 processes)``); a line for
+    each registry entry it ignored in any case."""
     from aiworker.workers.live_registry import READ_TIMEOUT_SECONDS, resolve_view
-    from aiworker.workers.temporal_client import connect, connect_config
+    from aiworker.workers.temporal_client import connect
 
     if getattr(args, "local", False):
         view = local_view("--local")
@@ -189,7 +190,8 @@ async def command_view(args: argparse.Namespace, say: str = "checked against") -
             )
     for warning in view.warnings:
         err(f"warning: {warning}")
-    err(f"{say} {view.describe()}")
+    if say is not None:
+        err(f"{say} {view.describe()}")
     return view
 
 
@@ -236,7 +238,7 @@ async def check_pipeline_file(args: argparse.Namespace) -> int:
     Which workers it checked against is one line on stderr."""
     path, as_json = args.file, args.json
     raw = load_pipeline_file(path)
-    problems = pipeline_problems(raw, await command_view(args))
+    problems = pipeline_problems(raw, await command_view(args, say="checked against"))
     if as_json:
         print(json.dumps([p.to_json() for p in problems], indent=2, ensure_ascii=False))
     elif problems:
@@ -256,10 +258,14 @@ def read_pipeline(path: str) -> dict[str, Any]:
 
 def checked_pipeline(raw: Any, path: str, view: WorkerView | None) -> dict[str, Any]:
     """``raw`` (read from ``path``) when it passes the check against ``view``'s
-    workers (this process's when None); exit 2 with one line per problem."""
+    workers (this process's when None); exit 2 with one line per problem, then
+    (with a view) one saying what it was checked against. A pipeline that
+    passes adds nothing: ``run --json`` keeps stderr empty."""
     problems = pipeline_problems(raw, view)
     for p in problems:
         err(f"{path}: {p}")
+    if problems and view is not None:
+        err(f"checked against {view.describe()}")
     if problems or not isinstance(raw, dict):
         raise SystemExit(EXIT_USAGE)
     return raw

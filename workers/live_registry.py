@@ -281,14 +281,21 @@ async def publishing(
     entry: ProcessEntry,
     *,
     ttl_seconds: float | None = None,
+    until: asyncio.Event | None = None,
 ) -> AsyncIterator[RegistryPublisher]:
-    """Publish ``entry`` in the background for the block; withdraw it on the way out."""
+    """Publish ``entry`` in the background for the block; withdraw it when ``until``
+    is set (a process told to stop withdraws before it drains) or on the way out."""
     publisher = RegistryPublisher(client, settings, entry, ttl_seconds=ttl_seconds)
     stop = asyncio.Event()
     task = asyncio.create_task(publisher.run(stop))
+    relay = asyncio.create_task(until.wait()) if until is not None else None
+    if relay is not None:
+        relay.add_done_callback(lambda _: stop.set())
     try:
         yield publisher
     finally:
+        if relay is not None:
+            relay.cancel()
         stop.set()
         try:
             await asyncio.wait_for(asyncio.shield(task), publisher.timeout * 2 + 1)

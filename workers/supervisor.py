@@ -146,10 +146,9 @@ async def run_worker_process(
         try:
             async with contextlib.AsyncExitStack() as registry:
                 if settings.registry_ttl_seconds > 0:
+                    entry = live_entry(client, settings, runtime, served, queues)
                     await registry.enter_async_context(
-                        publishing(
-                            client, settings, live_entry(client, settings, runtime, served, queues)
-                        )
+                        publishing(client, settings, entry, until=stop)
                     )
                 await run_until_stopped(workers, stop, health)
         finally:

@@ -19,13 +19,13 @@ when the server suggests it or after a counted number of rounds.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.common import VersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
-    import json
-
     from aiworker.schemas import names
     from aiworker.schemas.live_registry import (
         MAX_ENTRY_BYTES,
@@ -42,7 +42,12 @@ _MAX_ROUNDS = 250
 _MAX_HISTORY_EVENTS = 2000
 
 
-@workflow.defn(name=names.WORKER_REGISTRY_WORKFLOW)
+# Auto-upgrade under Worker Deployment versioning: the registry outlives every build
+# (a pinned registry would keep a drained version from being stopped); it carries
+# only its records, so each build's code reads the same state.
+@workflow.defn(
+    name=names.WORKER_REGISTRY_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE
+)
 class WorkerRegistryWorkflow:
     """Keeps every live worker process's entry until it expires or is withdrawn."""
 
