@@ -23,7 +23,6 @@ import json
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
@@ -42,12 +41,11 @@ _MAX_ROUNDS = 250
 _MAX_HISTORY_EVENTS = 2000
 
 
-# Auto-upgrade under Worker Deployment versioning: the registry outlives every build
-# (a pinned registry would keep a drained version from being stopped); it carries
-# only its records, so each build's code reads the same state.
-@workflow.defn(
-    name=names.WORKER_REGISTRY_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE
-)
+# Under Worker Deployment versioning this workflow must auto-upgrade (set where the
+# workers get their deployment options; the server refuses a behavior without
+# them): the registry outlives every build, and a pinned one would keep a drained
+# version from being stopped. It carries only its records across builds.
+@workflow.defn(name=names.WORKER_REGISTRY_WORKFLOW)
 class WorkerRegistryWorkflow:
     """Keeps every live worker process's entry until it expires or is withdrawn."""
 

@@ -183,3 +183,31 @@ async def test_the_live_view_checks_workers_and_model_aliases_from_the_registry(
         view.check(unknown, settings)
     assert "unknown worker 'nobody'" in str(nobody.value)
     assert "word-count" in str(nobody.value)
+
+
+async def test_the_registry_continues_as_new_carrying_its_records(
+    client: Client, settings: Settings
+) -> None:
+    workflow_id = names.worker_registry_workflow_id(settings.task_queue_suffix)
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        await publish_raw(
+            client, settings, "quiet@host", entry("quiet@host").model_dump(mode="json")
+        )
+        first = (await client.get_workflow_handle(workflow_id).describe()).run_id
+        busy = entry("busy@host").model_dump(mode="json")
+        # each publish is a round of the workflow; past its count it continues as new
+        for _ in range(260):
+            await publish_raw(client, settings, "busy@host", busy)
+        desc = await client.get_workflow_handle(workflow_id).describe()
+        reg = await live(client, settings)
+    assert desc.run_id != first, "the registry never continued as new"
+    assert [p.identity for p in reg.processes] == ["busy@host", "quiet@host"]
+
+
+def test_the_build_id_is_the_setting_else_version_and_workflow_code_hash() -> None:
+    from aiworker.workers.build_info import build_id, package_version, workflow_code_hash
+
+    assert build_id(Settings(build_id="v42")) == "v42"
+    default = build_id(Settings())
+    assert default == f"{package_version()}+{workflow_code_hash()}"
+    assert len(workflow_code_hash()) == 12
