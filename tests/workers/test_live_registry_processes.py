@@ -27,6 +27,9 @@ from support.front_door import bearer, running_door, write_config
 from support.procs import WorkerProcess, worker_env
 from support.registry import entry, publish_raw
 from support.waiting import wait_until
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
 from aiworker.schemas import names
@@ -155,6 +158,32 @@ async def test_a_plugin_worker_published_by_its_process_is_known_to_every_client
         assert probe.stdout.splitlines()[-1] == "[]", probe.stdout
         assert f"ok: {f} (1 step)" in probe.stdout
         assert "aiworker: checked against the live registry (1 process)" in probe.stderr
+
+        # aiworker run and schedule create, from the same shell: accepted, started
+        ran = cli(["run", str(f), "--json"], env)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert json.loads(ran.stdout)["output"] == {"words": 3}
+        sid = f"count-{settings.task_queue_suffix}"
+        created = cli(
+            ["schedule", "create", str(f), "-s", sid, "--interval", "1h", "--paused"], env
+        )
+        try:
+            assert created.returncode == 0, created.stdout + created.stderr
+        finally:
+            await client.get_schedule_handle(sid).delete()
+
+        # a worker no live process serves: refused at start, naming it and the
+        # registry's list, then saying what it was checked against
+        n = tmp_path / "nobody.json"
+        n.write_text(json.dumps({"name": "n", "steps": [{"id": "x", "worker": "nobody"}]}))
+        nobody_run = cli(["run", str(n)], env)
+        assert nobody_run.returncode == 2, nobody_run.stdout + nobody_run.stderr
+        first, last = nobody_run.stderr.splitlines()
+        assert first.startswith(
+            f"aiworker: {n}: step 'x': field 'worker': unknown worker 'nobody' (known: "
+        )
+        assert "word-count" in first
+        assert last == "aiworker: checked against the live registry (1 process)"
 
         g = tmp_path / "gpt5.json"
         g.write_text(json.dumps(GPT5_PIPELINE))
@@ -289,3 +318,36 @@ async def test_check_says_so_when_the_registry_does_not_answer(
         "aiworker: checked against local specs (the live registry (aiworker-registry-"
     )
     assert "did not answer within 3s" in line
+
+
+async def test_a_process_polls_without_a_registry_and_publishes_once_one_runs(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    scrape = settings.queue(names.SCRAPE_QUEUE)
+    with worker_process(
+        client, settings, tmp_path, "s", "-q", names.SCRAPE_QUEUE, AIWORKER_REGISTRY_TTL_SECONDS="3"
+    ) as s:
+
+        async def polls() -> bool:
+            assert s.proc.poll() is None, s.output()
+            resp = await client.workflow_service.describe_task_queue(
+                DescribeTaskQueueRequest(
+                    namespace=client.namespace,
+                    task_queue=TaskQueue(name=scrape),
+                    task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+                )
+            )
+            return any(p.identity == identity_of(s) for p in resp.pollers)
+
+        # no pipelines worker runs the registry: it polls all the same, and says why
+        # it is not listed (once, however many refreshes fail)
+        await wait_until(polls, "the scrape process to poll", timeout=60)
+        await wait_until(
+            lambda: "registry_publish_failed" in s.output(), "the failed publish logged", timeout=30
+        )
+        # a pipelines worker comes up: the next refresh lists the process
+        async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+            await wait_listed(client, settings, s)
+            served = {w.worker_id for w in (await listed(client, settings))[identity_of(s)].workers}
+        assert served == {names.WEB_SCRAPE}
+        assert s.output().count("registry_publish_failed") == 1, s.output()
