@@ -12,6 +12,7 @@ from conftest import running_stack
 from module_workers import SPEC as WORD_COUNT
 from support.registry import entry, publish_raw
 from support.waiting import wait_until
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from aiworker.schemas import names
@@ -211,3 +212,34 @@ def test_the_build_id_is_the_setting_else_version_and_workflow_code_hash() -> No
     default = build_id(Settings())
     assert default == f"{package_version()}+{workflow_code_hash()}"
     assert len(workflow_code_hash()) == 12
+
+
+async def test_a_registry_history_replays_in_the_default_sandbox(
+    client: Client, settings: Settings
+) -> None:
+    from temporalio.worker import Replayer
+
+    from aiworker.workers.temporal_client import data_converter
+
+    workflow_id = names.worker_registry_workflow_id(settings.task_queue_suffix)
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        await publish_raw(
+            client, settings, "a@host", entry("a@host").model_dump(mode="json"), ttl=1
+        )
+        await publish_raw(client, settings, "b@host", entry("b@host").model_dump(mode="json"))
+        handle = client.get_workflow_handle(workflow_id)
+        await handle.signal(WorkerRegistryWorkflow.withdraw, "b@host")
+
+        async def empty() -> bool:
+            return not (await handle.query(WorkerRegistryWorkflow.entries)).records
+
+        await wait_until(empty, "a withdrawn and an expired entry gone")
+        history = await handle.fetch_history()
+    # publish, expiry timer, withdraw: the same decisions on replay, default sandbox
+    result = await Replayer(
+        workflows=[WorkerRegistryWorkflow], data_converter=data_converter(None)
+    ).replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
+    kinds = {e.event_type for e in history.events}
+    assert EventType.EVENT_TYPE_TIMER_FIRED in kinds
+    assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED in kinds
