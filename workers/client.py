@@ -32,6 +32,7 @@ given settings).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import getpass
 import logging
@@ -132,6 +133,7 @@ class PipelineClient:
         self._known = set(known_workers) if known_workers is not None else None
         self._view: WorkerView | None = None
         self._view_read_at = 0.0
+        self._view_lock = asyncio.Lock()
 
     @classmethod
     async def connect(
@@ -168,13 +170,15 @@ class PipelineClient:
         :data:`VIEW_MAX_AGE_SECONDS` unless ``refresh``."""
         if self._known is not None:
             return WorkerView(catalog.current_specs(), "local", "known_workers given")
-        now = time.monotonic()
-        if self._view is None or refresh or now - self._view_read_at > VIEW_MAX_AGE_SECONDS:
-            self._view = await resolve_view(self.temporal, self.settings, catalog.current_specs)
-            self._view_read_at = now
-            for warning in self._view.warnings:
-                log.warning(warning)
-        return self._view
+        # one read at a time: concurrent starts (the front door) share its answer
+        async with self._view_lock:
+            age = time.monotonic() - self._view_read_at
+            if self._view is None or refresh or age > VIEW_MAX_AGE_SECONDS:
+                view = await resolve_view(self.temporal, self.settings, catalog.current_specs)
+                for warning in view.warnings:
+                    log.warning(warning)
+                self._view, self._view_read_at = view, time.monotonic()
+            return self._view
 
     async def check_live(self, pipeline: Mapping[str, Any]) -> PipelineSpec:
         """:meth:`check` against the live registry's workers (:meth:`worker_view`):
