@@ -142,6 +142,11 @@ SETTINGS: dict[str, str] = {
     "Read when a pipeline starts and kept for that run",
     "deployment_name": "Worker Deployment name (Worker Versioning; the Lambda worker)",
     "build_id": "Worker Deployment build id",
+    "registry_ttl_seconds": "how long a worker process's entry in the live worker registry "
+    "lives unless refreshed; the process refreshes it every third of this while it polls and "
+    "withdraws it when it stops gracefully (a killed process drops out after this long). "
+    "0: the process does not publish (clients then check pipelines against local specs). "
+    "See docs/registry.md",
     "artifact_store": "`file` (under the data directory) or `s3://bucket/prefix`",
     "payload_threshold_bytes": "payloads this large or larger leave the history for the "
     "artifact store (0: all)",

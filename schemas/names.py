@@ -130,3 +130,16 @@ BREAKER_MEMO_KEY: Final = "open_until"
 def shared_breaker_workflow_id(key: str, queue_suffix: str = "") -> str:
     """The id of the workflow that shares one breaker (``host:example.com``) across processes."""
     return f"aiworker-breaker{queue_suffix}/{key}"
+
+
+# The live worker registry (workflows/worker_registry.py): what each worker process
+# serves, published by the process, read by every client.
+WORKER_REGISTRY_WORKFLOW: Final = "WorkerRegistryWorkflow"
+REGISTRY_PUBLISH_UPDATE: Final = "publish"
+REGISTRY_WITHDRAW_SIGNAL: Final = "withdraw"
+REGISTRY_ENTRIES_QUERY: Final = "entries"
+
+
+def worker_registry_workflow_id(queue_suffix: str = "") -> str:
+    """The id of the registry workflow of one deployment (a queue family) in a namespace."""
+    return f"aiworker-registry{queue_suffix}"

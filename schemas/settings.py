@@ -90,6 +90,9 @@ class Settings(BaseModel):
     # Worker Deployment Versioning (the Lambda worker always uses it).
     deployment_name: str = Field(default="aiworker", min_length=1, max_length=255)
     build_id: str | None = Field(default=None, min_length=1, max_length=255)
+    # The live worker registry (workers/live_registry.py): how long a worker process's
+    # entry lives unless refreshed (every third of it); 0: the process does not publish.
+    registry_ttl_seconds: float = Field(default=30.0, ge=0, le=86_400, allow_inf_nan=False)
     artifact_store: str = "file"
     payload_threshold_bytes: int = Field(default=256 * 1024, ge=0)
     # Circuit breakers per host and per model provider (activities/breaker.py).
@@ -189,6 +192,7 @@ class Settings(BaseModel):
             "MALLOC_ARENAS",
             "DEPLOYMENT_NAME",
             "BUILD_ID",
+            "REGISTRY_TTL_SECONDS",
             "ARTIFACT_STORE",
             "PAYLOAD_THRESHOLD_BYTES",
             "BREAKER_FAILURE_THRESHOLD",
@@ -260,6 +264,7 @@ class Settings(BaseModel):
             ("LLM_PROVIDER", "llm_provider"),
             ("MODELS_FILE", "models_file"),
             ("SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds"),
+            ("REGISTRY_TTL_SECONDS", "registry_ttl_seconds"),
             ("DEPLOYMENT_NAME", "deployment_name"),
             ("BUILD_ID", "build_id"),
             ("ARTIFACT_STORE", "artifact_store"),

@@ -8,7 +8,7 @@ aiworker check FILE|-        check a pipeline without running it (exit 0 valid, 
 aiworker review ID DECISION  approve|reject|retry an escalated step (Workflow Update)
 aiworker list [--status S]   pipelines by status, tenant, name (visibility query)
 aiworker redrive ID          run a failed pipeline again, reusing its succeeded steps
-aiworker workers             list the worker specs (the published contracts)
+aiworker workers             the live workers and the processes serving them (offline: the specs)
 aiworker artifacts WF_ID     list the artifacts a workflow wrote (lineage)
 aiworker items WF_ID STEP    a for_each step's items as JSON Lines (inline or by reference)
 aiworker schemas export|check  write or check schemas/json/ and docs/reference/
@@ -42,6 +42,7 @@ from aiworker.workers.cli_common import (
     EXIT_USAGE,
     check_pipeline_file,
     cli_span,
+    command_view,
     configure_logs,
     dev_settings,
     err,
@@ -49,6 +50,7 @@ from aiworker.workers.cli_common import (
     outcome_code,
     pipelines_session,
     process_catalog,
+    read_checked_pipeline,
     read_pipeline,
     start_worker_process,
 )
@@ -60,6 +62,7 @@ from aiworker.workers.schedule_commands import cmd_schedule
 
 if TYPE_CHECKING:
     from aiworker.workers.client import PipelineClient, PipelineHandle
+    from aiworker.workers.live_registry import LiveRegistry
     from aiworker.workers.supervisor import DevOptions
 
 
@@ -67,7 +70,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     """``aiworker run FILE|-``: start a pipeline, then print its id or its outcome."""
     from aiworker.workers.client import PipelineClient
 
-    raw = read_pipeline(args.file)
+    raw = await read_checked_pipeline(args)
     settings = load_settings()
     configure_logs(settings)
     # The root of the pipeline's trace: start, workflow, every activity attempt.
@@ -79,7 +82,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         pipelines = await PipelineClient.connect(
             args.profile, target_host=args.address, telemetry=telemetry, settings=settings
         )
-        # read_pipeline checked it against this process's catalog already
+        # read_checked_pipeline checked it (the live registry's workers, or local ones)
         handle = await pipelines.start(raw, workflow_id=args.id, check=False)
         return await _print_or_wait(pipelines, handle, args, raw, settings.ui_url)
 
@@ -100,7 +103,7 @@ async def _print_or_wait(
 
 async def cmd_check(args: argparse.Namespace) -> int:
     """``aiworker check FILE|-``: every problem of a pipeline, before anything runs."""
-    return check_pipeline_file(args.file, as_json=args.json)
+    return await check_pipeline_file(args)
 
 
 async def cmd_review(args: argparse.Namespace) -> int:
@@ -226,7 +229,13 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 
 
 async def cmd_workers(args: argparse.Namespace) -> int:
-    """``aiworker workers``: the worker specs, as a table or JSON."""
+    """``aiworker workers``: the live workers, with the processes and build ids
+    serving them, when the live registry answers; else the local worker specs
+    (saying so). As a table or JSON; a worker id and version served with
+    different specs is reported on stderr."""
+    view = await command_view(args, say="workers from")  # stderr: which, and why
+    if view.source == "live" and view.registry is not None:
+        return _print_live_workers(view.registry, as_json=args.json)
     cat = process_catalog()
     entries = sorted(cat.entries.values(), key=lambda e: e.worker_id)
     if args.json:
@@ -250,6 +259,69 @@ async def cmd_workers(args: argparse.Namespace) -> int:
         print(
             f"{s.worker_id:<{width}} {s.kind:<8} {s.version:<8} {s.task_queue:<20} "
             f"{s.constraints.timeout_seconds:>7g}s {s.retries.max_attempts:>8}  {e.origin}"
+        )
+    return EXIT_OK
+
+
+def _print_live_workers(registry: LiveRegistry, *, as_json: bool) -> int:
+    """The live registry's workers: one row per worker, version and spec hash, with
+    the processes serving it and their build ids; conflicts on stderr."""
+    rows = []
+    for _, offers in sorted(registry.offers().items()):
+        groups: dict[tuple[str, str], list[Any]] = {}
+        for process, w in offers:
+            groups.setdefault((w.version, w.spec_hash), []).append((process, w))
+        for (_, digest), group in sorted(groups.items()):
+            w = group[0][1]
+            rows.append(
+                {
+                    **w.spec,
+                    "origin": "live registry",
+                    "spec_hash": digest,
+                    "served": w.served,
+                    "processes": [
+                        {"identity": p.identity, "build_id": p.build_id} for p, _ in group
+                    ],
+                }
+            )
+    for conflict in registry.conflicts():
+        err(f"conflict: {conflict}")
+    if as_json:
+        # the offline listing's shape (worker id -> spec and origin), plus who serves it
+        specs = registry.specs()
+        doc = {
+            wid: {
+                **specs[wid].model_dump(mode="json"),
+                "origin": "live registry",
+                "processes": [
+                    {
+                        "identity": p.identity,
+                        "build_id": p.build_id,
+                        "version": w.version,
+                        "spec_hash": w.spec_hash,
+                        "served": w.served,
+                    }
+                    for p, w in offers
+                ],
+            }
+            for wid, offers in sorted(registry.offers().items())
+        }
+        print(json.dumps(doc, indent=2))
+        return EXIT_OK
+    width = max([6, *(len(r["worker_id"]) for r in rows)])
+    print(
+        f"{'worker':<{width}} {'kind':<8} {'version':<8} {'spec':<12} "
+        f"{'task queue':<20} processes (build id)"
+    )
+    for r in rows:
+        impl = r.get("implementation") or {}
+        kind = impl.get("kind", "python") if isinstance(impl, dict) else "python"
+        served = ", ".join(f"{p['identity']} ({p['build_id']})" for p in r["processes"])
+        if not r["served"]:
+            served = f"served elsewhere (external; known to {served})"
+        print(
+            f"{r['worker_id']:<{width}} {kind:<8} {r['version']:<8} {r['spec_hash'][:12]:<12} "
+            f"{r['task_queue']:<20} {served}"
         )
     return EXIT_OK
 
@@ -284,12 +356,43 @@ async def cmd_artifacts(args: argparse.Namespace) -> int:
 
 
 async def cmd_conformance(args: argparse.Namespace) -> int:
-    """``aiworker conformance WORKER_ID``: check a live worker against its spec."""
+    """``aiworker conformance WORKER_ID``: check a live worker against its spec.
+
+    With the live registry readable, a worker no live process serves fails at
+    once (exit 1) instead of waiting for calls nobody answers, and the spec
+    checked is the one the live processes publish.
+    """
     from aiworker.workers.conformance import check_worker, checkable_spec, load_examples
+    from aiworker.workers.live_registry import resolve_view
     from aiworker.workers.temporal_client import TemporalUnreachableError, connect
 
+    settings = load_settings()
+    client = None
+    unreachable = ""
     try:
-        spec = checkable_spec(process_catalog().specs, args.worker_id)
+        client = await connect(args.profile, target_host=args.address, settings=settings)
+    except TemporalUnreachableError as e:
+        unreachable = str(e)
+    view = await resolve_view(
+        client,
+        settings,
+        lambda: process_catalog().specs,
+        why_no_client=f"cannot reach Temporal: {unreachable}",
+    )
+    for warning in view.warnings:
+        err(f"warning: {warning}")
+    if view.source == "live" and view.registry is not None:
+        registry = view.registry
+        spec = view.specs.get(args.worker_id)
+        if args.worker_id not in registry.served() and (spec is None or spec.kind != "external"):
+            listed = ", ".join(sorted(registry.served())) or "none"
+            err(
+                f"no live worker process serves {args.worker_id!r} "
+                f"(the live registry lists: {listed})"
+            )
+            return EXIT_FAILED
+    try:
+        spec = checkable_spec(view.specs, args.worker_id)
     except (KeyError, ValueError) as e:
         err(e.args[0])
         return EXIT_USAGE
@@ -300,12 +403,10 @@ async def cmd_conformance(args: argparse.Namespace) -> int:
         except ValueError as e:
             err(f"--examples {e}")
             return EXIT_USAGE
-    settings = load_settings()
-    try:
-        client = await connect(args.profile, target_host=args.address, settings=settings)
-    except TemporalUnreachableError as e:
-        err(f"cannot reach Temporal: {e}")
+    if client is None:
+        err(f"cannot reach Temporal: {unreachable}")
         return EXIT_USAGE
+    err(f"checking {args.worker_id!r} against its spec from {view.describe()}")
     report = await check_worker(
         client,
         spec,

@@ -12,6 +12,7 @@ workflow or schedule with that id), 130 Ctrl-C. How errors map to them:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -26,6 +27,7 @@ from aiworker.schemas.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     from aiworker.workers.client import PipelineClient
+    from aiworker.workers.live_registry import WorkerView
     from aiworker.workers.telemetry import Telemetry
 
 EXIT_OK = 0
@@ -153,16 +155,74 @@ def load_pipeline_file(path: str) -> Any:
         raise SystemExit(EXIT_USAGE) from None
 
 
-def pipeline_problems(raw: Any) -> list[Problem]:
-    """Every problem of a pipeline as this process would start it: the spec under
-    this process's workers, caps, model aliases and tenants (one code path for
-    ``check`` and ``run``); empty when it may start."""
-    from aiworker.activities.llm import ModelsFileError
-    from aiworker.schemas.pipeline_check import PipelineSpecError
-    from aiworker.workers.pipeline_settings import check_spec
+def local_view(reason: str) -> WorkerView:
+    """The workers this process would know as a worker process (spec files,
+    installed plugins), as the view a pipeline is checked against."""
+    from aiworker.workers.live_registry import WorkerView
+
+    return WorkerView(process_catalog().specs, "local", reason)
+
+
+async def command_view(args: argparse.Namespace, say: str | None = None) -> WorkerView:
+    """The workers a command checks a pipeline against: the live registry's when
+    Temporal answers (within a few seconds) and the registry lists a process,
+    else the local specs with the reason (``--local`` asks for them). Loads no
+    plugin and no worker code when the registry answers. With ``say``, says
+    which on stderr (``<say> the live registry (3 processes)``); a line for
+    each registry entry it ignored in any case."""
+    from aiworker.workers.live_registry import READ_TIMEOUT_SECONDS, resolve_view
+    from aiworker.workers.temporal_client import connect
+
+    if getattr(args, "local", False):
+        view = local_view("--local")
+    else:
+        settings = load_settings()
+        profile, address = getattr(args, "profile", None), getattr(args, "address", None)
+        try:
+            client = await asyncio.wait_for(
+                connect(profile, target_host=address, settings=settings), READ_TIMEOUT_SECONDS
+            )
+        except Exception as e:  # unreachable, slow, or a bad profile: check offline
+            view = local_view(_no_answer(e, profile, address))
+        else:
+            view = await resolve_view(
+                client, settings, lambda: process_catalog().specs, read_timeout=READ_TIMEOUT_SECONDS
+            )
+    for warning in view.warnings:
+        err(f"warning: {warning}")
+    if say is not None:
+        err(f"{say} {view.describe()}")
+    return view
+
+
+def _no_answer(e: Exception, profile: str | None, address: str | None) -> str:
+    """Why a command could not reach Temporal, in a few words."""
+    from aiworker.workers.live_registry import READ_TIMEOUT_SECONDS
+    from aiworker.workers.temporal_client import connect_config
 
     try:
-        check_spec(raw, dict(process_catalog().specs), load_settings())
+        target = connect_config(profile, target_host=address)["target_host"]
+    except Exception as bad:  # a broken envconfig profile
+        return f"Temporal settings unusable: {str(bad)[:160]}"
+    text = str(e)
+    if isinstance(e, TimeoutError):
+        why = f"no answer within {READ_TIMEOUT_SECONDS:g}s"
+    elif "ConnectionRefused" in text or "Connection refused" in text:
+        why = "connection refused"
+    else:
+        why = (text.splitlines()[0] if text else type(e).__name__)[:160]
+    return f"Temporal at {target} did not answer: {why}"
+
+
+def pipeline_problems(raw: Any, view: WorkerView | None = None) -> list[Problem]:
+    """Every problem of a pipeline as this process would start it: the spec under
+    ``view``'s workers (this process's when omitted), caps, model aliases and
+    tenants (one code path for ``check`` and ``run``); empty when it may start."""
+    from aiworker.activities.llm import ModelsFileError
+    from aiworker.schemas.pipeline_check import PipelineSpecError
+
+    try:
+        (view or local_view("")).check(raw, load_settings())
     except PipelineSpecError as e:
         return e.details
     except ModelsFileError as e:
@@ -171,12 +231,14 @@ def pipeline_problems(raw: Any) -> list[Problem]:
     return []
 
 
-def check_pipeline_file(path: str, as_json: bool = False) -> int:
+async def check_pipeline_file(args: argparse.Namespace) -> int:
     """``aiworker check``: print ``ok: <file> (<n> steps)``, or one line per problem
-    (``<file>: step 'a': field 'input.url': ...``), or (``as_json``) the problems as
-    a JSON list of ``{step, field, path, message, suggestion}``; the exit code."""
+    (``<file>: step 'a': field 'input.url': ...``), or (``--json``) the problems as
+    a JSON list of ``{step, field, path, message, suggestion}``; the exit code.
+    Which workers it checked against is one line on stderr."""
+    path, as_json = args.file, args.json
     raw = load_pipeline_file(path)
-    problems = pipeline_problems(raw)
+    problems = pipeline_problems(raw, await command_view(args, say="checked against"))
     if as_json:
         print(json.dumps([p.to_json() for p in problems], indent=2, ensure_ascii=False))
     elif problems:
@@ -189,14 +251,31 @@ def check_pipeline_file(path: str, as_json: bool = False) -> int:
 
 
 def read_pipeline(path: str) -> dict[str, Any]:
-    """Read and check a pipeline file (``-`` for stdin); exit 2 with one line per problem."""
-    raw = load_pipeline_file(path)
-    problems = pipeline_problems(raw)
+    """Read and check a pipeline file (``-`` for stdin) against this process's
+    workers; exit 2 with one line per problem."""
+    return checked_pipeline(load_pipeline_file(path), path, None)
+
+
+def checked_pipeline(raw: Any, path: str, view: WorkerView | None) -> dict[str, Any]:
+    """``raw`` (read from ``path``) when it passes the check against ``view``'s
+    workers (this process's when None); exit 2 with one line per problem, then
+    (with a view) one saying what it was checked against. A pipeline that
+    passes adds nothing: ``run --json`` keeps stderr empty."""
+    problems = pipeline_problems(raw, view)
     for p in problems:
         err(f"{path}: {p}")
+    if problems and view is not None:
+        err(f"checked against {view.describe()}")
     if problems or not isinstance(raw, dict):
         raise SystemExit(EXIT_USAGE)
     return raw
+
+
+async def read_checked_pipeline(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`read_pipeline` of ``args.file`` against :func:`command_view`'s workers
+    (``run``, ``schedule create``)."""
+    raw = load_pipeline_file(args.file)  # a bad file is refused before connecting
+    return checked_pipeline(raw, args.file, await command_view(args))
 
 
 def outcome_code(doc: Mapping[str, Any]) -> int:

@@ -131,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="check a pipeline without running it (exit 0 valid, 2 invalid)",
         description="Check a pipeline file as `aiworker run` would, before anything starts: "
         "the spec, each step's input against its worker's contract, references, selectors, "
-        "schemas, model aliases and tenants. One line per problem.",
+        "schemas, model aliases and tenants. One line per problem. Checks against the "
+        "workers the live registry lists when Temporal answers within a few seconds, else "
+        "against local specs (spec files, installed plugins); stderr says which.",
     )
     ck.add_argument("file", help="pipeline JSON file, or - for stdin")
     ck.add_argument(
@@ -139,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the problems as a JSON list of {step, field, path, message, suggestion}",
     )
+    ck.add_argument(
+        "--local",
+        action="store_true",
+        help="check against this process's spec files and plugins, not the live registry",
+    )
+    conn(ck)
 
     for name, helptext in (
         ("dev", "embedded Temporal server, UI and worker"),
@@ -187,8 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--json", action="store_true", help=JSON_RESULT_HELP)
     conn(rd)
 
-    ws = sub.add_parser("workers", help="list worker specs")
+    ws = sub.add_parser(
+        "workers",
+        help="list the live workers and the processes serving them (offline: the specs)",
+        description="The workers the live registry lists, with the worker processes and "
+        "build ids serving each, and any worker id and version served with different specs "
+        "(on stderr); when Temporal or the registry does not answer, the worker specs this "
+        "process knows (spec files, installed plugins), saying so.",
+    )
     ws.add_argument("--json", action="store_true")
+    ws.add_argument("--local", action="store_true", help="list local specs only")
+    conn(ws)
 
     ar = sub.add_parser("artifacts", help="list the artifacts a workflow wrote (lineage)")
     ar.add_argument("workflow_id")

@@ -32,8 +32,11 @@ given settings).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import getpass
+import logging
+import time
 import uuid
 from collections.abc import Collection, Mapping
 from typing import Any, TypeAlias
@@ -55,6 +58,7 @@ from aiworker.schemas.priority import start_priority
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers import visibility
+from aiworker.workers.live_registry import WorkerView, resolve_view
 from aiworker.workers.pipeline_settings import check_spec
 from aiworker.workers.step_items import StepItemsError, read_items, spec_step
 from aiworker.workers.temporal_client import TemporalUnreachableError, connect
@@ -74,6 +78,12 @@ __all__ = [
     "send_review",
     "start_pipeline",
 ]
+
+log = logging.getLogger("aiworker.client")
+
+# How long a client keeps what it read of the live registry before reading it again
+# (a front door starting many pipelines asks once, not once a start).
+VIEW_MAX_AGE_SECONDS = 5.0
 
 # Ids a redrive tries past the highest one visibility lists before it gives up.
 MAX_REDRIVE_ID_TRIES = 100
@@ -96,10 +106,14 @@ class PipelineClient:
         settings: the deployment's settings; the task queue suffix, the
             external payload storage and the caps (``AIWORKER_MAX_*``, checked
             before a pipeline starts) matter here. Defaults to ``Settings()``.
-        known_workers: the worker ids a pipeline's steps may name. Defaults to
-            the workers this process knows (the built-ins, or the catalog a
-            worker process installed); pass the ids when the workers are
-            served elsewhere.
+        known_workers: the worker ids a pipeline's steps may name, instead of
+            the live registry's (their input is checked only where this
+            process knows their spec). By default a pipeline is checked
+            against the workers the live registry lists (every live worker
+            process publishes what it serves, :mod:`aiworker.workers.live_registry`),
+            and against the workers this process knows (the built-ins, or the
+            catalog a worker process installed) when the registry cannot be
+            read or lists no process.
 
     Attributes:
         temporal: the underlying Temporal client, for anything this class
@@ -117,6 +131,9 @@ class PipelineClient:
         self.temporal = client
         self.settings = settings if settings is not None else Settings()
         self._known = set(known_workers) if known_workers is not None else None
+        self._view: WorkerView | None = None
+        self._view_read_at = 0.0
+        self._view_lock = asyncio.Lock()
 
     @classmethod
     async def connect(
@@ -146,15 +163,49 @@ class PipelineClient:
         client = await connect(profile, settings=settings, **overrides)
         return cls(client, settings, known_workers=known_workers)
 
-    def check(self, pipeline: Mapping[str, Any]) -> PipelineSpec:
-        """Check a pipeline spec without starting it: the spec, each step's input
-        against its worker's contract, and this client's settings (model aliases,
-        the tenant registry), as ``aiworker check`` does.
+    async def worker_view(self, *, refresh: bool = False) -> WorkerView:
+        """The workers pipelines are checked against: the live registry's when it
+        answers and lists a process, else this process's (``view.source`` and
+        ``view.describe()`` say which, and why). Read at most every
+        :data:`VIEW_MAX_AGE_SECONDS` unless ``refresh``."""
+        if self._known is not None:
+            return WorkerView(catalog.current_specs(), "local", "known_workers given")
+        # one read at a time: concurrent starts (the front door) share its answer
+        async with self._view_lock:
+            age = time.monotonic() - self._view_read_at
+            if self._view is None or refresh or age > VIEW_MAX_AGE_SECONDS:
+                view = await resolve_view(self.temporal, self.settings, catalog.current_specs)
+                for warning in view.warnings:
+                    log.warning(warning)
+                self._view, self._view_read_at = view, time.monotonic()
+            return self._view
+
+    async def check_live(self, pipeline: Mapping[str, Any]) -> PipelineSpec:
+        """:meth:`check` against the live registry's workers (:meth:`worker_view`):
+        a pipeline that names a worker no live process serves is refused, naming
+        the worker and the registry's list; a worker the registry knows passes
+        with the same input checks as a local one, though this process lacks it.
 
         Raises:
             PipelineSpecError: every problem found, each naming the step and field.
             ModelsFileError: the settings name a models file that is unusable.
         """
+        await self.worker_view()
+        return self.check(pipeline)
+
+    def check(self, pipeline: Mapping[str, Any]) -> PipelineSpec:
+        """Check a pipeline spec without starting it: the spec, each step's input
+        against its worker's contract, and this client's settings (model aliases,
+        the tenant registry), as ``aiworker check`` does; against the workers the
+        live registry listed when :meth:`worker_view` last read it, else this
+        process's.
+
+        Raises:
+            PipelineSpecError: every problem found, each naming the step and field.
+            ModelsFileError: the settings name a models file that is unusable.
+        """
+        if self._view is not None and self._known is None:
+            return self._view.check(dict(pipeline), self.settings)
         specs = catalog.current_specs()
         if self._known is None:
             workers: dict[str, WorkerSpec | None] = dict(specs)
@@ -175,7 +226,7 @@ class PipelineClient:
         Args:
             pipeline: the pipeline spec as JSON (the ``aiworker run`` file's content).
             workflow_id: the workflow id; ``<name>-<random>`` when omitted.
-            check: check the spec here first. ``False`` leaves the check to the
+            check: check the spec here first (:meth:`check_live`). ``False`` leaves the check to the
                 workflow, which fails the run with a non-retryable
                 ``invalid_input`` (for a client that cannot know the workers).
             id_reuse_policy: whether a workflow id that ended may start again
@@ -188,7 +239,7 @@ class PipelineClient:
             PipelineSpecError: the spec is invalid; nothing was started.
         """
         if check:
-            self.check(pipeline)
+            await self.check_live(pipeline)
         name = str(pipeline.get("name") or "pipeline")
         return await self.temporal.start_workflow(
             PipelineWorkflow.run,

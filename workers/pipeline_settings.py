@@ -7,7 +7,8 @@ with the workers' specs, the same check the workflow runs at start), then
 what only a process's settings know:
 
 - **model aliases**: an llm-call step's ``model`` (``default`` when left out)
-  and a prompt worker's alias must be one this deployment configures
+  and a prompt worker's alias must be one the live workers publish
+  (``aliases``, from the live registry), else one this process configures
   (``AIWORKER_LLM_*`` for ``default``, ``AIWORKER_MODELS_FILE`` for the
   rest). A process that configures no model at all is not where the models
   live, and checks no alias.
@@ -124,20 +125,29 @@ def settings_problems(
     spec: PipelineSpec,
     settings: Settings,
     specs: Mapping[str, WorkerSpec | None],
+    aliases: set[str] | None = None,
 ) -> list[Problem]:
-    """What of ``spec`` this process's settings refuse: tenants, then model aliases."""
+    """What of ``spec`` this process's settings refuse: tenants, then model aliases
+    (``aliases`` when given: the live workers' aliases, else the settings')."""
     problems = tenant_problems(spec, settings)
-    aliases = model_aliases(settings)
+    if aliases is None:
+        aliases = model_aliases(settings)
     if aliases is not None:
         problems += alias_problems(spec, specs, aliases)
     return problems
 
 
 def check_spec(
-    raw: Any, workers: Workers, settings: Settings, caps: Caps | None = None
+    raw: Any,
+    workers: Workers,
+    settings: Settings,
+    caps: Caps | None = None,
+    *,
+    aliases: set[str] | None = None,
 ) -> PipelineSpec:
     """Check a pipeline as a whole before it starts: the spec (with the workers'
-    specs when ``workers`` maps ids to them), then the settings' part.
+    specs when ``workers`` maps ids to them), then the settings' part; model
+    aliases against ``aliases`` when given (the live registry's), else the settings'.
 
     Raises:
         PipelineSpecError: every problem found, each naming step, field and JSON path.
@@ -155,7 +165,7 @@ def check_spec(
             raise e from None
         problems = e.details
     specs: Mapping[str, WorkerSpec | None] = workers if isinstance(workers, Mapping) else {}
-    problems += settings_problems(spec, settings, specs)
+    problems += settings_problems(spec, settings, specs, aliases)
     if problems:
         raise PipelineSpecError(problems)
     return spec

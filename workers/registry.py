@@ -24,6 +24,7 @@ from aiworker.workflows.breakers import SharedBreakerWorkflow
 from aiworker.workflows.foreach import PipelineForEachWorkflow
 from aiworker.workflows.limits import LimiterWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
+from aiworker.workflows.worker_registry import WorkerRegistryWorkflow
 
 WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {
     names.PIPELINES_QUEUE: [
@@ -32,6 +33,7 @@ WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {
         AgentWorkflow,
         LimiterWorkflow,
         SharedBreakerWorkflow,
+        WorkerRegistryWorkflow,
     ],
 }
 

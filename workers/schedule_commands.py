@@ -22,7 +22,7 @@ from aiworker.workers.cli_common import (
     configure_logs,
     err,
     load_settings,
-    read_pipeline,
+    read_checked_pipeline,
 )
 
 if TYPE_CHECKING:
@@ -47,7 +47,8 @@ async def schedule_create(args: argparse.Namespace) -> int:
     from aiworker.workers.schedule_specs import ScheduleOptions
     from aiworker.workers.schedules import create_schedule, describe_schedule
 
-    pipeline = read_pipeline(args.file)  # exit 2 naming each problem: nothing created
+    # exit 2 naming each problem (against the live registry's workers): nothing created
+    pipeline = await read_checked_pipeline(args)
     schedule_id = args.schedule_id or str(pipeline["name"])
     args.schedule_id = schedule_id  # for the error line (cli_errors)
     options = ScheduleOptions(

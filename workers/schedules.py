@@ -120,7 +120,7 @@ async def create_schedule(
         options: when and how it runs.
         workflow_id: each run's workflow id before the server appends its
             nominal time; the schedule id when omitted.
-        check: check the pipeline first (:meth:`PipelineClient.check`).
+        check: check the pipeline first (:meth:`PipelineClient.check_live`).
 
     Returns:
         The new schedule's handle.
@@ -134,7 +134,7 @@ async def create_schedule(
     if not options.cron and not options.intervals:
         raise ScheduleSpecError("--cron/--interval", "a schedule needs a cron line or an interval")
     if check:
-        pipelines.check(pipeline)
+        await pipelines.check_live(pipeline)
     start = pipelines.start_options(pipeline)
     action = ScheduleActionStartWorkflow(
         PipelineWorkflow.run,

@@ -16,8 +16,11 @@ body naming another tenant is refused and another tenant's pipelines read as
 not found. Webhooks are authenticated by their HMAC signature instead.
 
 A request is checked on the same path as ``aiworker run``
-(:meth:`PipelineClient.check <aiworker.workers.client.PipelineClient.check>`):
-nothing starts unless the spec is valid. ``Idempotency-Key`` (and a webhook's
+(:meth:`PipelineClient.check_live <aiworker.workers.client.PipelineClient.check_live>`):
+against the workers the live registry lists (so a plugin worker served by a
+worker process passes, with its input checked, though the front door lacks
+it), or this process's when the registry cannot be read; nothing starts
+unless the spec is valid. ``Idempotency-Key`` (and a webhook's
 delivery id) names the workflow: the id is derived from the tenant and the key,
 the start refuses a duplicate id, and a retry with the same body answers 200
 with the first run's id instead of 201; another body under the same key is 409.

@@ -175,7 +175,7 @@ class Service:
         """Check and start ``pipeline``; 201, or 200 for a retry of the same start."""
         pipelines = self.door.pipelines
         try:
-            pipelines.check(pipeline)
+            await pipelines.check_live(pipeline)
         except PipelineSpecError as e:
             raise _spec_error(e) from None
         try:

@@ -2,7 +2,9 @@
 
 ``aiworker worker`` is :func:`run_worker_process`: load the process's
 workers, connect, register search attributes, serve ``/metrics`` and the
-probes, poll until SIGTERM or SIGINT, drain, exit.
+probes, poll (publishing what it serves to the live registry in the
+background, :mod:`aiworker.workers.live_registry`) until SIGTERM or SIGINT,
+withdraw from the registry, drain, exit.
 
 ``aiworker dev`` and ``aiworker demo`` are :func:`run_dev_stack`, which
 owns everything it starts and stops it in reverse order on every path out:
@@ -95,6 +97,7 @@ async def run_worker_process(
 
     from aiworker.activities.metrics import WorkerMetrics
     from aiworker.workers.http_server import Health, MetricsServer
+    from aiworker.workers.live_registry import live_entry, publishing
     from aiworker.workers.registry import all_queues
     from aiworker.workers.resources import close_connections
     from aiworker.workers.temporal_client import connect
@@ -141,7 +144,13 @@ async def run_worker_process(
         if on_ready:
             on_ready()
         try:
-            await run_until_stopped(workers, stop, health)
+            async with contextlib.AsyncExitStack() as registry:
+                if settings.registry_ttl_seconds > 0:
+                    entry = live_entry(client, settings, runtime, served, queues)
+                    await registry.enter_async_context(
+                        publishing(client, settings, entry, until=stop)
+                    )
+                await run_until_stopped(workers, stop, health)
         finally:
             render = runtime.tools.get("render")
             if render is not None:  # Chromium and its driver, if a step rendered a page

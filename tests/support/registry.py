@@ -1,0 +1,52 @@
+"""The live registry as tests drive it: a process entry serving the built-in
+validator (and more specs), and a raw publish (update-with-start) of any entry,
+malformed ones included."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client, WithStartWorkflowOperation
+from temporalio.common import WorkflowIDConflictPolicy
+
+from aiworker.schemas import names
+from aiworker.schemas.catalog import load_specs
+from aiworker.schemas.live_registry import ProcessEntry, PublishRequest, RegistryState
+from aiworker.schemas.settings import Settings
+from aiworker.workers.live_registry import process_entry
+from aiworker.workflows.worker_registry import WorkerRegistryWorkflow
+
+
+def entry(identity: str, *, specs: dict[str, Any] | None = None, **kw: Any) -> ProcessEntry:
+    """A process entry serving the built-in validator (and ``specs``)."""
+    from aiworker.schemas.spec import WorkerSpec
+
+    all_specs = {names.VALIDATOR: load_specs()[names.VALIDATOR]}
+    for wid, raw in (specs or {}).items():
+        all_specs[wid] = WorkerSpec.model_validate(raw)
+    return process_entry(
+        identity=identity,
+        build_id=kw.pop("build_id", "b1"),
+        task_queues=["aiworker-pipelines-x"],
+        specs=all_specs,
+        served=set(all_specs),
+        **kw,
+    )
+
+
+async def publish_raw(
+    client: Client, settings: Settings, identity: str, raw: dict[str, Any], ttl: float = 60
+) -> int:
+    return await client.execute_update_with_start_workflow(
+        WorkerRegistryWorkflow.publish,
+        PublishRequest(identity=identity, ttl_seconds=ttl, entry=raw),
+        start_workflow_operation=WithStartWorkflowOperation(
+            WorkerRegistryWorkflow.run,
+            RegistryState(),
+            id=names.worker_registry_workflow_id(settings.task_queue_suffix),
+            task_queue=settings.queue(names.PIPELINES_QUEUE),
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        ),
+        rpc_timeout=timedelta(seconds=10),
+    )
