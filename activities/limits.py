@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from temporalio import activity
@@ -51,6 +51,10 @@ from aiworker.schemas.spec import WorkerSpec, parse_rate, recorded
 from aiworker.schemas.tenants import tighter_rate
 
 WINDOW_SECONDS = 60.0
+
+# What the live worker registry publishes, by worker id (the worker process
+# supplies the reader: activities never import the process side).
+LiveSpecs = Callable[[], Awaitable[Mapping[str, WorkerSpec]]]
 
 
 def rate_limit_for(
@@ -87,30 +91,53 @@ class LimiterActivities:
         settings: Settings,
         specs: Mapping[str, WorkerSpec],
         local: Iterable[str] = (),
+        live_specs: LiveSpecs | None = None,
     ) -> None:
         """``local``: the workers this process can run as local activities (registered
-        beside the pipeline workflows), which every plan it answers names."""
+        beside the pipeline workflows), which every plan it answers names.
+        ``live_specs``: what the live worker registry knows (the worker process
+        passes it), asked only when a run names a worker this process does not know.
+        """
         self._settings = settings
         self._specs = specs
         self._local = sorted(set(local))
+        self._live_specs = live_specs
 
-    def specs_for(self, worker_ids: Iterable[str]) -> dict[str, WorkerSpec]:
-        """The specs a run records of ``worker_ids``: those this process knows, each
-        as :func:`~aiworker.schemas.spec.recorded` (without examples); an unknown id
-        is left out (the run refuses it, naming :meth:`known_workers`).
+    def specs_for(
+        self, worker_ids: Iterable[str], live: Mapping[str, WorkerSpec] | None = None
+    ) -> dict[str, WorkerSpec]:
+        """The specs a run records of ``worker_ids``: those this process knows, else
+        those the live registry publishes (``live``), each as
+        :func:`~aiworker.schemas.spec.recorded` (without examples); an unknown id is
+        left out (the run refuses it, naming :meth:`known_workers`).
 
-        The one place a run's specs come from. Today that is the process's catalog
-        (built-ins, plugins, spec files: ``WorkerSet.specs``); a live registry of
-        what worker processes serve can answer here too, and every run records
-        whatever this returns, so the workflows need no change for it.
+        The one place a run's specs come from: this process's catalog (built-ins,
+        plugins, spec files: ``WorkerSet.specs``) first, so a process that has a
+        worker decides as it would call it; the registry only fills in workers
+        other processes serve. Every run records whatever this returns.
         """
-        return {w: recorded(self._specs[w]) for w in sorted(set(worker_ids)) if w in self._specs}
+        more = live or {}
+        out = {}
+        for w in sorted(set(worker_ids)):
+            spec = self._specs.get(w) or more.get(w)
+            if spec is not None:
+                out[w] = recorded(spec)
+        return out
 
-    def known_workers(self) -> list[str]:
+    def known_workers(self, live: Mapping[str, WorkerSpec] | None = None) -> list[str]:
         """Every worker id :meth:`specs_for` could answer: for a refusal's message,
         and what a run records whose agent's tools are known only as it runs
         (``PlanCall.record_all``)."""
-        return sorted(self._specs)
+        return sorted({*self._specs, *(live or {})})
+
+    async def _live(self, wanted: Iterable[str], everything: bool) -> Mapping[str, WorkerSpec]:
+        """The live registry's specs, read only when a run names a worker this process
+        does not know (or records every worker); none when there is no registry."""
+        if self._live_specs is None:
+            return {}
+        if not everything and all(w in self._specs for w in wanted):
+            return {}
+        return await self._live_specs()
 
     @activity.defn(name=names.LIMITER_PLAN)
     async def plan(self, call: PlanCall) -> Plan:
@@ -139,17 +166,19 @@ class LimiterActivities:
         known: list[str] = []
         local = self._local
         if call.record is not None:
-            wanted = self.known_workers() if call.record_all else call.record
-            specs = self.specs_for(wanted)
+            live = await self._live(call.record, call.record_all)
+            wanted = self.known_workers(live) if call.record_all else call.record
+            specs = self.specs_for(wanted, live)
             if any(w not in specs for w in call.record):
-                known = self.known_workers()
+                known = self.known_workers(live)
             # local only as the recorded specs say (execution "local")
             local = [w for w in local if w in specs and specs[w].execution == "local"]
         return Plan(
             rate_limited=sorted(
                 w
                 for w in set(call.workers)
-                if rate_limit_for(self._settings, self._specs, w, call.tenant) is not None
+                if rate_limit_for(self._settings, {**specs, **self._specs}, w, call.tenant)
+                is not None
             ),
             tenant=policy,
             caps=self._settings.caps,

@@ -443,6 +443,21 @@ async def read_registry(
     return LiveRegistry(tuple(processes), tuple(warnings))
 
 
+async def live_specs(client: Client, queue_suffix: str = "") -> dict[str, WorkerSpec]:
+    """The specs the live registry publishes, for a run's plan (which records them);
+    empty, with a warning, when no process published or the registry cannot be read:
+    the run then knows only its planning process's own workers."""
+    try:
+        live = await read_registry(client, queue_suffix)
+    except RegistryUnreadableError as e:
+        log.warning(
+            "registry.unreadable",
+            extra={"aiworker": {"event": "registry_unreadable", "error": str(e)}},
+        )
+        return {}
+    return live.specs() if live is not None else {}
+
+
 @dataclass(frozen=True)
 class WorkerView:
     """The workers a pipeline is checked against, and where they came from.

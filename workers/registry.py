@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from temporalio import activity
+
 from aiworker.activities.items import ItemsActivities
 from aiworker.activities.limits import LimiterActivities
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import names
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
+from aiworker.workers.live_registry import live_specs
 from aiworker.workers.plugins import WorkerSet
 from aiworker.workers.resources import artifact_store
 from aiworker.workflows.agent import AgentWorkflow
@@ -60,8 +63,13 @@ def activities_for(
     if queue == names.PIPELINES_QUEUE:
         # the limiter's local activity runs beside the pipeline workflows; its plan
         # names the workers whose calls run as local activities here too
+        # a run naming a worker this process lacks records the live registry's spec
+        suffix = runtime.settings.task_queue_suffix
         limiter = LimiterActivities(
-            runtime.settings, runtime.specs, local_workers(runtime.settings, workers)
+            runtime.settings,
+            runtime.specs,
+            local_workers(runtime.settings, workers),
+            live_specs=lambda: live_specs(activity.client(), suffix),
         )
         out += [limiter.acquire, limiter.plan]
         # a large for_each's item outputs, stored by its chunks and loaded where needed
