@@ -87,9 +87,23 @@ class Settings(BaseModel):
     # A for_each over more items than this keeps its items' outputs in the artifact
     # store and its `outputs.items` as a reference (schemas.pipeline.ItemsRef).
     foreach_inline_items: int = Field(default=DEFAULT_FOREACH_INLINE_ITEMS, ge=0)
-    # Worker Deployment Versioning (the Lambda worker always uses it).
-    deployment_name: str = Field(default="aiworker", min_length=1, max_length=255)
-    build_id: str | None = Field(default=None, min_length=1, max_length=255)
+    # Worker Deployment Versioning (workers/deployments.py; the Lambda worker always uses
+    # it). On for processes built from the environment (AIWORKER_VERSIONING, default
+    # true), off for settings built in code (embedded and test stacks poll unversioned).
+    versioning: bool = False
+    # The deployment is `deployment_name` + `task_queue_suffix` (an isolated stack is an
+    # isolated deployment); the build id defaults to the package version plus a hash of
+    # the workflow code (workers/deployments.py `build_id`).
+    deployment_name: str = Field(
+        default="aiworker", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_-]+$"
+    )
+    build_id: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$"
+    )
+    # Who makes a new version current: `auto` this process when the deployment has no
+    # current version (a first deploy, compose, one process), `always` this process
+    # (`aiworker dev`), `never` the operator (`aiworker deployment set-current`).
+    deployment_current: Literal["auto", "always", "never"] = "auto"
     artifact_store: str = "file"
     payload_threshold_bytes: int = Field(default=256 * 1024, ge=0)
     # Circuit breakers per host and per model provider (activities/breaker.py).
@@ -187,8 +201,10 @@ class Settings(BaseModel):
             "POLLERS",
             "SHUTDOWN_GRACE_SECONDS",
             "MALLOC_ARENAS",
+            "VERSIONING",
             "DEPLOYMENT_NAME",
             "BUILD_ID",
+            "DEPLOYMENT_CURRENT",
             "ARTIFACT_STORE",
             "PAYLOAD_THRESHOLD_BYTES",
             "BREAKER_FAILURE_THRESHOLD",
@@ -262,6 +278,7 @@ class Settings(BaseModel):
             ("SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds"),
             ("DEPLOYMENT_NAME", "deployment_name"),
             ("BUILD_ID", "build_id"),
+            ("DEPLOYMENT_CURRENT", "deployment_current"),
             ("ARTIFACT_STORE", "artifact_store"),
             ("SERVE_HOST", "serve_host"),
             ("API_KEYS_FILE", "api_keys_file"),
@@ -281,6 +298,7 @@ class Settings(BaseModel):
         raw["local_activities"] = _bool(
             ENV_PREFIX + "LOCAL_ACTIVITIES", get("LOCAL_ACTIVITIES"), True
         )
+        raw["versioning"] = _bool(ENV_PREFIX + "VERSIONING", get("VERSIONING"), True)
         raw["egress_allow"] = tuple(_csv(get("EGRESS_ALLOW")))
         raw["worker_modules"] = tuple(_csv(get("WORKER_MODULES")))
         raw["worker_specs"] = tuple(Path(p) for p in _csv(get("WORKER_SPECS")))
