@@ -439,7 +439,7 @@ async def move_runs(client: Client, settings: Settings, *, limit: int = 10_000) 
     """
     version = deployment_version(settings)
     query = (
-        f"TemporalWorkerDeploymentName = '{version.deployment_name}' "
+        f"TemporalWorkerDeployment = '{version.deployment_name}' "
         "AND ExecutionStatus = 'Running' "
         f"AND TemporalWorkerDeploymentVersion != '{version_key(version)}'"
     )

@@ -1,0 +1,176 @@
+"""Worker Deployment Versioning on the real dev server (workers/deployments.py).
+
+Two in-process stacks of one deployment with different build ids stand for two
+worker processes (v1 and v2): each serves every queue through ``build_workers``
+with versioning on, and the validator is a stand-in that records which build
+ran it. Each test's deployment is ``aiworker`` plus its own queue suffix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import running_stack
+from support.payloads import stack_settings
+from support.pipelines import one_step_pipeline
+from support.standins import standin
+from support.waiting import wait_until
+from temporalio import activity
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkerDeploymentVersion
+
+from aiworker.schemas import names
+from aiworker.schemas.settings import Settings, SettingsError
+from aiworker.workers.deployments import (
+    DeploymentError,
+    build_id,
+    code_hash,
+    deployment_config,
+    deployment_name,
+    describe_deployment,
+    ensure_current,
+    move_runs,
+    running_on,
+    set_current,
+)
+
+VALID = {"valid": True, "errors": []}
+
+
+def versioned(tmp: Path, **kw: Any) -> Settings:
+    # Plain activities, so the held stand-in runs on a worker of the run's build.
+    return stack_settings(tmp, versioning=True, local_activities=False, **kw)
+
+
+def built(settings: Settings, build: str, **kw: Any) -> Settings:
+    return settings.model_copy(update={"build_id": build, **kw})
+
+
+async def build_of(handle: WorkflowHandle[Any, Any]) -> str:
+    """The build a run is pinned to (its override when it was moved)."""
+    info = (await handle.describe()).raw_description.workflow_execution_info.versioning_info
+    if info.versioning_override.HasField("pinned"):
+        return info.versioning_override.pinned.version.build_id
+    return info.deployment_version.build_id
+
+
+def recorder(build: str, ran: list[str], hold: asyncio.Event | None = None) -> Any:
+    async def validate(request: dict[str, Any]) -> dict[str, Any]:
+        ran.append(f"{build}:{request['idempotency_key'].split('/')[0]}")
+        if hold is not None:
+            await hold.wait()
+        return VALID
+
+    return standin(names.VALIDATOR, validate)
+
+
+def test_settings_turn_versioning_on_for_processes_and_name_the_build() -> None:
+    from_env = Settings.from_env({"AIWORKER_TASK_QUEUE_SUFFIX": "-b.1"})
+    assert from_env.versioning is True
+    assert Settings().versioning is False  # settings built in code: unversioned
+    assert deployment_config(Settings()) is None
+    assert deployment_name(from_env) == "aiworker-b-1"
+    default = build_id(from_env)
+    assert default.startswith("0.") and default.endswith("-" + code_hash()[:12])
+    config = deployment_config(from_env)
+    assert config is not None and config.version.build_id == default
+    named = Settings.from_env({"AIWORKER_BUILD_ID": "2026.11-abc", "AIWORKER_VERSIONING": "off"})
+    assert build_id(named) == "2026.11-abc" and deployment_config(named) is None
+    with pytest.raises(SettingsError, match="AIWORKER_DEPLOYMENT_CURRENT"):
+        Settings.from_env({"AIWORKER_DEPLOYMENT_CURRENT": "sometimes"})
+    with pytest.raises(SettingsError, match="AIWORKER_DEPLOYMENT_NAME"):
+        Settings.from_env({"AIWORKER_DEPLOYMENT_NAME": "a.b"})
+
+
+async def test_runs_finish_on_the_build_they_started_on(client: Client, tmp_path: Path) -> None:
+    base = versioned(tmp_path)
+    v1, v2 = built(base, "v1"), built(base, "v2", deployment_current="never")
+    name = deployment_name(base)
+    ran: list[str] = []
+    hold = asyncio.Event()
+    pipeline = one_step_pipeline("rolling")
+    async with contextlib.AsyncExitStack() as v1_process:
+        old = await v1_process.enter_async_context(
+            running_stack(
+                client, v1, replace_activities={names.VALIDATOR: recorder("v1", ran, hold)}
+            )
+        )
+        assert await ensure_current(client, v1) == "v1"  # the first build of a deployment
+        first = await old.start(pipeline, id=f"first{base.task_queue_suffix}")
+        await wait_until(lambda: ran == [f"v1:{first.id}"], lambda: f"v1 to run, ran {ran}")
+
+        async with running_stack(
+            client, v2, replace_activities={names.VALIDATOR: recorder("v2", ran)}
+        ) as new:
+            # v2 polls but is not current: it says so and takes nothing yet
+            assert await ensure_current(client, v2) == "v1"
+            await set_current(client, name, "v2")
+            second = await new.start(pipeline, id=f"second{base.task_queue_suffix}")
+            assert (await second.result()).status == "succeeded"
+            assert await build_of(second) == "v2"
+            assert ran == [f"v1:{first.id}", f"v2:{second.id}"]
+
+            state = await describe_deployment(client, name)
+            assert (state.current, [v.build_id for v in state.versions]) == ("v2", ["v1", "v2"])
+            assert await build_of(first) == "v1"  # still open, still on v1
+            hold.set()
+            assert (await first.result()).status == "succeeded"
+            assert ran == [f"v1:{first.id}", f"v2:{second.id}"]  # the step ran on v1 only
+            assert await build_of(first) == "v1"  # pinned: it ended on v1 too
+
+            async def v1_drained() -> bool:
+                return await running_on(client, WorkerDeploymentVersion(name, "v1")) == 0
+
+            await wait_until(v1_drained, lambda: "v1 to have no open runs")
+            old_state = (await describe_deployment(client, name)).version("v1")
+            assert old_state is not None and old_state.running == 0
+            assert old_state.status in ("draining", "drained")
+            await v1_process.aclose()  # v1 stops; new runs go on on v2
+            third = await new.start(pipeline, id=f"third{base.task_queue_suffix}")
+            assert (await third.result()).status == "succeeded"
+            assert ran[-1] == f"v2:{third.id}" and await build_of(third) == "v2"
+
+
+async def test_dev_moves_runs_of_an_earlier_build_onto_its_own(
+    client: Client, tmp_path: Path
+) -> None:
+    base = versioned(tmp_path, deployment_current="always")
+    ran: list[str] = []
+
+    async def until_stopped(request: dict[str, Any]) -> dict[str, Any]:
+        ran.append("a")
+        await activity.wait_for_worker_shutdown()  # completes while build a stops
+        return VALID
+
+    async with running_stack(
+        client,
+        built(base, "a"),
+        replace_activities={names.VALIDATOR: standin(names.VALIDATOR, until_stopped)},
+    ) as a:
+        await ensure_current(client, built(base, "a"))
+        run = await a.start(one_step_pipeline("edited"), id=f"edited{base.task_queue_suffix}")
+        await wait_until(lambda: ran == ["a"], lambda: "build a to start the step")
+    # build a is gone; the run's next workflow task waits for it (pinned)
+    assert await build_of(run) == "a"
+    b = built(base, "b")
+    async with running_stack(client, b, replace_activities={names.VALIDATOR: recorder("b", ran)}):
+        assert await ensure_current(client, b) == "b"
+
+        async def moved() -> bool:  # visibility may lag the run's last task
+            return await move_runs(client, b) == [run.id]
+
+        await wait_until(moved, lambda: "the run of build a to be moved")
+        assert (await run.result()).status == "succeeded"
+        assert await build_of(run) == "b"
+        assert await move_runs(client, b) == []  # nothing left of other builds
+
+
+async def test_describe_names_an_unknown_deployment(client: Client) -> None:
+    with pytest.raises(DeploymentError, match="no worker deployment 'nobody-"):
+        await describe_deployment(
+            client, "nobody-" + stack_settings(Path("/tmp")).task_queue_suffix
+        )
