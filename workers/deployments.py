@@ -72,7 +72,15 @@ CODE_HASH_DIGITS = 12
 
 
 class DeploymentError(RuntimeError):
-    """A deployment operation Temporal refused or could not answer; the message says which."""
+    """A deployment operation Temporal refused or could not answer; the message says which.
+
+    Attributes:
+        not_found: the deployment or build does not exist (no worker of it polled).
+    """
+
+    def __init__(self, message: str, not_found: bool = False) -> None:
+        super().__init__(message)
+        self.not_found = not_found
 
 
 # --- which build this process is ------------------------------------------------------------
@@ -269,7 +277,7 @@ async def describe_deployment(client: Client, name: str, *, count: bool = True) 
     except RPCError as e:
         if e.status == RPCStatusCode.NOT_FOUND:
             raise DeploymentError(
-                f"no worker deployment {name!r} (no worker of it polled)"
+                f"no worker deployment {name!r} (no worker of it polled)", not_found=True
             ) from None
         raise
     info = resp.worker_deployment_info
@@ -305,21 +313,25 @@ async def describe_deployment(client: Client, name: str, *, count: bool = True) 
     return state
 
 
-async def set_current(client: Client, name: str, build: str) -> None:
+async def set_current(client: Client, name: str, build: str, *, wait_seconds: float = 0.0) -> None:
     """Make ``build`` the current version of deployment ``name`` (new workflows go there).
+
+    ``wait_seconds``: how long to ask again while the build's task queues register
+    (a process making itself current just after its first poll).
 
     Raises:
         DeploymentError: the build never polled, or Temporal refused.
     """
+    request = SetWorkerDeploymentCurrentVersionRequest(
+        namespace=client.namespace,
+        deployment_name=name,
+        build_id=build,
+        identity=client.identity,
+        ignore_missing_task_queues=True,
+    )
     try:
-        await client.workflow_service.set_worker_deployment_current_version(
-            SetWorkerDeploymentCurrentVersionRequest(
-                namespace=client.namespace,
-                deployment_name=name,
-                build_id=build,
-                identity=client.identity,
-                ignore_missing_task_queues=True,
-            )
+        await _until_registered(
+            client.workflow_service.set_worker_deployment_current_version, request, wait_seconds
         )
     except RPCError as e:
         raise DeploymentError(f"cannot make {name}/{build} current: {e.message}") from None
@@ -398,7 +410,9 @@ async def ensure_current(
         )
         return state.current
     if mode == "always" or (mode == "auto" and state.current is None):
-        await set_current(client, version.deployment_name, version.build_id)
+        await set_current(
+            client, version.deployment_name, version.build_id, wait_seconds=wait_seconds
+        )
         log.info(
             "deployment.made_current",
             extra={
@@ -446,14 +460,27 @@ async def move_runs(client: Client, settings: Settings, *, limit: int = 10_000) 
     override = PinnedVersioningOverride(version)._to_proto()
     moved: list[str] = []
     async for wf in client.list_workflows(query, limit=limit):
-        await client.workflow_service.update_workflow_execution_options(
-            UpdateWorkflowExecutionOptionsRequest(
-                namespace=client.namespace,
-                workflow_execution=WorkflowExecution(workflow_id=wf.id, run_id=wf.run_id),
-                workflow_execution_options=WorkflowExecutionOptions(versioning_override=override),
-                update_mask=FieldMask(paths=["versioning_override"]),
-                identity=client.identity,
-            )
+        request = UpdateWorkflowExecutionOptionsRequest(
+            namespace=client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=wf.id, run_id=wf.run_id),
+            workflow_execution_options=WorkflowExecutionOptions(versioning_override=override),
+            update_mask=FieldMask(paths=["versioning_override"]),
+            identity=client.identity,
         )
+        await _until_registered(client.workflow_service.update_workflow_execution_options, request)
         moved.append(wf.id)
     return moved
+
+
+async def _until_registered(call: Any, request: Any, wait_seconds: float = 30.0) -> None:
+    """``call(request)``, again while the server says this build is not yet in a task
+    queue (its pollers register it there a moment after the deployment lists it)."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            await call(request)
+            return
+        except RPCError as e:
+            if e.status != RPCStatusCode.FAILED_PRECONDITION or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(0.2)

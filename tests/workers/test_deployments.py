@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ from aiworker.workers.deployments import (
 )
 
 VALID = {"valid": True, "errors": []}
+AIWORKER = str(Path(sys.executable).parent / "aiworker")
 
 
 def versioned(tmp: Path, **kw: Any) -> Settings:
@@ -174,3 +179,64 @@ async def test_describe_names_an_unknown_deployment(client: Client) -> None:
         await describe_deployment(
             client, "nobody-" + stack_settings(Path("/tmp")).task_queue_suffix
         )
+
+
+async def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run,
+        [AIWORKER, "deployment", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def test_deployment_commands_show_switch_and_drain(client: Client, tmp_path: Path) -> None:
+    base = versioned(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
+    env["TEMPORAL_ADDRESS"] = client.service_client.config.target_host
+    env["AIWORKER_TASK_QUEUE_SUFFIX"] = base.task_queue_suffix  # the default deployment
+    async with (
+        running_stack(client, built(base, "v1")),
+        running_stack(client, built(base, "v2")),
+    ):
+        assert await ensure_current(client, built(base, "v1")) == "v1"
+        await wait_until(
+            lambda: _has_versions(client, deployment_name(base), {"v1", "v2"}),
+            lambda: "both builds to register",
+        )
+        shown = await _cli("versions", "--json", env=env)
+        assert shown.returncode == 0, shown.stderr
+        doc = json.loads(shown.stdout)
+        assert doc["deployment"] == deployment_name(base) and doc["current"] == "v1"
+        assert {v["build_id"]: v["status"] for v in doc["versions"]}["v1"] == "current"
+
+        busy = await _cli("drain", "v1", env=env)
+        assert busy.returncode == 1 and "is current" in busy.stdout
+
+        ramp = await _cli("ramp", "v2", "25", env=env)
+        assert ramp.returncode == 0, ramp.stderr
+        state = await describe_deployment(client, deployment_name(base))
+        assert (state.ramping, state.ramp_percentage) == ("v2", 25)
+        assert (await _cli("ramp", "v2", env=env)).returncode == 2
+
+        switched = await _cli("set-current", "v2", env=env)
+        assert switched.returncode == 0, switched.stderr
+        assert (await describe_deployment(client, deployment_name(base))).current == "v2"
+        drained = await _cli("drain", "v1", "--wait", "30", "--json", env=env)
+        assert drained.returncode == 0, drained.stdout + drained.stderr
+        assert json.loads(drained.stdout)["running"] == 0
+
+        unknown = await _cli("versions", "-d", f"nobody{base.task_queue_suffix}", env=env)
+        assert unknown.returncode == 3 and "no worker deployment" in unknown.stderr
+        refused = await _cli("set-current", "v9", env=env)
+        assert refused.returncode == 1 and "cannot make" in refused.stderr
+
+
+async def _has_versions(client: Client, name: str, builds: set[str]) -> bool:
+    try:
+        state = await describe_deployment(client, name, count=False)
+    except DeploymentError:
+        return False
+    return builds <= {v.build_id for v in state.versions}
