@@ -142,8 +142,8 @@ SETTINGS: dict[str, str] = {
     "Read when a pipeline starts and kept for that run",
     "versioning": "worker processes poll as a Worker Deployment version (deployment name "
     "plus build id): pipelines finish on the build they started on (deploy/README.md, "
-    '"Rolling out new code"). True for processes (`aiworker worker`, `dev`, `serve`), '
-    "false for settings built in code (embedded and test stacks)",
+    '"Rolling out new code"). Unset: on in `aiworker worker` and `dev`, off where '
+    "workers are built in code (`build_workers` in embedded and test stacks)",
     "deployment_name": "Worker Deployment name; the deployment is this plus "
     "`AIWORKER_TASK_QUEUE_SUFFIX` (`.` as `-`), so an isolated stack is an isolated "
     "deployment (the Lambda worker uses it as given)",

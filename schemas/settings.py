@@ -88,9 +88,9 @@ class Settings(BaseModel):
     # store and its `outputs.items` as a reference (schemas.pipeline.ItemsRef).
     foreach_inline_items: int = Field(default=DEFAULT_FOREACH_INLINE_ITEMS, ge=0)
     # Worker Deployment Versioning (workers/deployments.py; the Lambda worker always uses
-    # it). On for processes built from the environment (AIWORKER_VERSIONING, default
-    # true), off for settings built in code (embedded and test stacks poll unversioned).
-    versioning: bool = False
+    # it). None (AIWORKER_VERSIONING unset): on in `aiworker worker` and `dev` processes
+    # (workers/supervisor.py), off where workers are built in code (embedded, tests).
+    versioning: bool | None = None
     # The deployment is `deployment_name` + `task_queue_suffix` (an isolated stack is an
     # isolated deployment); the build id defaults to the package version plus a hash of
     # the workflow code (workers/deployments.py `build_id`).
@@ -298,7 +298,8 @@ class Settings(BaseModel):
         raw["local_activities"] = _bool(
             ENV_PREFIX + "LOCAL_ACTIVITIES", get("LOCAL_ACTIVITIES"), True
         )
-        raw["versioning"] = _bool(ENV_PREFIX + "VERSIONING", get("VERSIONING"), True)
+        if (v := get("VERSIONING")) is not None:
+            raw["versioning"] = _bool(ENV_PREFIX + "VERSIONING", v, True)
         raw["egress_allow"] = tuple(_csv(get("EGRESS_ALLOW")))
         raw["worker_modules"] = tuple(_csv(get("WORKER_MODULES")))
         raw["worker_specs"] = tuple(Path(p) for p in _csv(get("WORKER_SPECS")))

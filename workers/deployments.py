@@ -1,7 +1,8 @@
 """Worker Deployment Versioning: which build a worker process is, and what each build runs.
 
-A worker process with ``AIWORKER_VERSIONING`` on (the default for processes)
-polls as one version of a Temporal Worker Deployment: the deployment is
+A worker process with ``AIWORKER_VERSIONING`` on (unset: on in ``aiworker
+worker`` and ``dev``, off where workers are built in code) polls as one version
+of a Temporal Worker Deployment: the deployment is
 ``AIWORKER_DEPLOYMENT_NAME`` plus the task-queue suffix (an isolated stack is an
 isolated deployment), the build id is ``AIWORKER_BUILD_ID`` or, by default, the
 package version plus a hash of the workflow code (:func:`build_id`, the one
@@ -170,7 +171,7 @@ def deployment_config(settings: Settings) -> WorkerDeploymentConfig | None:
     user's, registered beside them) auto-upgrades, which is what an unversioned
     worker did.
     """
-    if not settings.versioning:
+    if not settings.versioning:  # None (unset) is off here: run_worker_process turns it on
         return None
     return WorkerDeploymentConfig(
         version=deployment_version(settings),

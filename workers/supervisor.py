@@ -110,6 +110,8 @@ async def run_worker_process(
         run_until_stopped,
     )
 
+    if settings.versioning is None:  # unset: a worker process is a deployment version
+        settings = settings.model_copy(update={"versioning": True})
     health = Health()
     server = None
     if telemetry is not None:

@@ -74,10 +74,12 @@ def recorder(build: str, ran: list[str], hold: asyncio.Event | None = None) -> A
 
 
 def test_settings_turn_versioning_on_for_processes_and_name_the_build() -> None:
-    from_env = Settings.from_env({"AIWORKER_TASK_QUEUE_SUFFIX": "-b.1"})
-    assert from_env.versioning is True
-    assert Settings().versioning is False  # settings built in code: unversioned
+    # unset: unversioned where workers are built in code, on in `aiworker worker`/`dev`
+    assert Settings.from_env({}).versioning is None
     assert deployment_config(Settings()) is None
+    from_env = Settings.from_env(
+        {"AIWORKER_TASK_QUEUE_SUFFIX": "-b.1", "AIWORKER_VERSIONING": "true"}
+    )
     assert deployment_name(from_env) == "aiworker-b-1"
     default = build_id(from_env)
     assert default.startswith("0.") and default.endswith("-" + code_hash()[:12])
