@@ -6,10 +6,12 @@ of a Temporal Worker Deployment: the deployment is
 ``AIWORKER_DEPLOYMENT_NAME`` plus the task-queue suffix (an isolated stack is an
 isolated deployment), the build id is ``AIWORKER_BUILD_ID`` or, by default, the
 package version plus a hash of the workflow code (:func:`build_id`, the one
-place that computes it). Pipelines, their for_each chunks and agent children
-are ``PINNED``: a run finishes on the build it started on. The long-lived
-limiter and breaker workflows are ``AUTO_UPGRADE``: they move to the current
-build at their next task (they continue-as-new and guard changes with patches).
+place that computes it). Every workflow of a versioned process is ``PINNED``
+(the worker's default behavior, :func:`deployment_config`): a pipeline, its
+for_each chunks and agent children finish on the build they started on. The
+long-lived limiter and breaker workflows are started with an auto-upgrade
+override (``activities/limits.py``, ``activities/breakers.py``): they move to
+the current build at their next task.
 
 Temporal sends new workflows to the deployment's *current* version, so a
 version that is not current gets nothing. Who makes a build current is
@@ -167,16 +169,20 @@ def deployment_version(settings: Settings) -> WorkerDeploymentVersion:
 def deployment_config(settings: Settings) -> WorkerDeploymentConfig | None:
     """The ``Worker(deployment_config=...)`` of a worker process; ``None`` unversioned.
 
-    Every aiworker workflow declares its behavior; a workflow that does not (a
-    user's, registered beside them) auto-upgrades, which is what an unversioned
-    worker did.
+    Every workflow of a versioned process is ``PINNED`` (a run ends on the build it
+    started on). The behavior is the worker's default, not each ``@workflow.defn``'s:
+    Temporal refuses a declared behavior from an unversioned worker, and
+    ``PipelineWorkflow`` also runs on unversioned workers (tests, embedded stacks,
+    ``AiworkerPlugin`` in a user's worker). The long-lived limiter and breaker
+    workflows auto-upgrade through the override they are started with
+    (:data:`AUTO_UPGRADE`).
     """
     if not settings.versioning:  # None (unset) is off here: run_worker_process turns it on
         return None
     return WorkerDeploymentConfig(
         version=deployment_version(settings),
         use_worker_versioning=True,
-        default_versioning_behavior=VersioningBehavior.AUTO_UPGRADE,
+        default_versioning_behavior=VersioningBehavior.PINNED,
     )
 
 

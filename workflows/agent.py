@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import catalog, messages, names, safe_schema
@@ -96,7 +95,7 @@ class AgentState:
         return out
 
 
-@workflow.defn(name=names.AGENT_WORKFLOW, versioning_behavior=VersioningBehavior.PINNED)
+@workflow.defn(name=names.AGENT_WORKFLOW)
 class AgentWorkflow:
     """Runs one llm-agent step: model turns and tool calls, each an activity."""
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
@@ -29,9 +28,7 @@ _MAX_HISTORY_EVENTS = 1000
 _MEMO_PATCH = "breaker-memo"
 
 
-@workflow.defn(
-    name=names.SHARED_BREAKER_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE
-)
+@workflow.defn(name=names.SHARED_BREAKER_WORKFLOW)
 class SharedBreakerWorkflow:
     """Holds one target's open-until time for every worker process."""
 

@@ -19,7 +19,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
@@ -54,7 +53,7 @@ class ConformancePlan(BaseModel):
     calls: list[ConformanceCall] = Field(max_length=200)
 
 
-@workflow.defn(name="ConformanceWorkflow", versioning_behavior=VersioningBehavior.PINNED)
+@workflow.defn(name="ConformanceWorkflow")
 class ConformanceWorkflow:
     """Calls a worker once per :class:`ConformanceCall`, one after the other.
 

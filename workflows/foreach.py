@@ -24,7 +24,6 @@ import asyncio
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import catalog, names
@@ -40,7 +39,7 @@ from aiworker.workflows.items import ItemsUnavailable, store_index, store_items
 from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals, WaitExpired
 
 
-@workflow.defn(name=names.FOREACH_WORKFLOW, versioning_behavior=VersioningBehavior.PINNED)
+@workflow.defn(name=names.FOREACH_WORKFLOW)
 class PipelineForEachWorkflow(PermitSignals):
     """Runs one chunk of a for_each step with bounded concurrency."""
 

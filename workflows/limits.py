@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, VersioningBehavior
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -78,7 +78,7 @@ def _record_wait(kind: str, seconds: float) -> None:
     ).record(seconds, {"kind": kind})
 
 
-@workflow.defn(name=names.LIMITER_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+@workflow.defn(name=names.LIMITER_WORKFLOW)
 class LimiterWorkflow:
     """Grants permits for one key, in arrival order, across all processes."""
 

@@ -45,7 +45,6 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -114,7 +113,7 @@ def parse_spec(
         raise invalid_input(str(e), e.problems) from None
 
 
-@workflow.defn(name=names.PIPELINE_WORKFLOW, versioning_behavior=VersioningBehavior.PINNED)
+@workflow.defn(name=names.PIPELINE_WORKFLOW)
 class PipelineWorkflow(PermitSignals):
     """Runs a pipeline: a DAG of AI worker steps with references between them."""
 

@@ -21,6 +21,7 @@ import pytest
 from conftest import running_stack
 from support.payloads import stack_settings
 from support.pipelines import one_step_pipeline
+from support.procs import WorkerProcess
 from support.standins import standin
 from support.waiting import wait_until
 from temporalio import activity
@@ -41,6 +42,7 @@ from aiworker.workers.deployments import (
     running_on,
     set_current,
 )
+from aiworker.workers.devserver import free_port
 
 VALID = {"valid": True, "errors": []}
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
@@ -242,3 +244,80 @@ async def _has_versions(client: Client, name: str, builds: set[str]) -> bool:
     except DeploymentError:
         return False
     return builds <= {v.build_id for v in state.versions}
+
+
+def _dev(tmp_path: Path, port: int, build: str) -> WorkerProcess:
+    """``aiworker dev`` of build ``build`` on one data directory (headless, no model)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
+    env.update(
+        AIWORKER_BUILD_ID=build,
+        AIWORKER_METRICS_PORT="0",
+        AIWORKER_LOG_LEVEL="WARNING",
+        AIWORKER_SHUTDOWN_GRACE_SECONDS="2",
+    )
+    cmd = [AIWORKER, "dev", "--data-dir", str(tmp_path / "dev"), "--port", str(port)]
+    return WorkerProcess([*cmd, "--headless", "--no-model"], env, tmp_path / f"dev-{build}.out")
+
+
+async def _dev_ready(dev: WorkerProcess) -> None:
+    await wait_until(
+        lambda: "Press Ctrl-C" in dev.output(),
+        lambda: f"the dev stack to start: {dev.output()}",
+        timeout=90,
+        interval=0.3,
+    )
+
+
+@pytest.mark.timeout(180)
+async def test_dev_restarted_on_edited_code_moves_the_open_run_and_says_so(
+    tmp_path: Path,
+) -> None:
+    from aiworker.workers.client import send_review
+    from aiworker.workers.temporal_client import data_converter
+
+    port = free_port()
+    # a loopback webhook is egress_denied: the step escalates and the run waits for a review
+    pipeline = {
+        "name": "edited",
+        "tenant": "acme",
+        "steps": [
+            {
+                "id": "notify",
+                "worker": names.PUBLISH,
+                "input": {"sink": {"webhook": "http://127.0.0.1:9/hook"}, "record": {"a": 1}},
+                "on_failure": "escalate",
+            }
+        ],
+    }
+    before = _dev(tmp_path, port, "a")
+    try:
+        await _dev_ready(before)
+        client = await Client.connect(f"127.0.0.1:{port}", data_converter=data_converter(None))
+        run = await client.start_workflow(
+            names.PIPELINE_WORKFLOW, pipeline, id="edited-run", task_queue=names.PIPELINES_QUEUE
+        )
+
+        seen: list[Any] = []
+
+        async def awaiting() -> bool:
+            seen[:] = [await run.query(names.PROGRESS_QUERY)]
+            return bool(seen[0]["awaiting_review"])
+
+        await wait_until(awaiting, lambda: f"the run to await its review: {seen}")
+        assert await build_of(run) == "a"
+        await asyncio.to_thread(before.terminate)  # stopped: the run stays open, on build a
+    finally:
+        before.close()
+    after = _dev(tmp_path, port, "b")  # the code changed: another build
+    try:
+        await _dev_ready(after)
+        said = "moved 1 open run(s) of earlier builds onto build b"
+        await wait_until(lambda: said in after.output(), lambda: f"{said!r} in {after.output()}")
+        assert "edited-run" in after.output()
+        client = await Client.connect(f"127.0.0.1:{port}", data_converter=data_converter(None))
+        await send_review(client, "edited-run", "reject", reviewer="dev")
+        result = await client.get_workflow_handle("edited-run").result()
+        assert result["status"] == "rejected"
+        assert await build_of(client.get_workflow_handle("edited-run")) == "b"
+    finally:
+        after.close()
