@@ -29,7 +29,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkerDeploymentVersion
 
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings, SettingsError
+from aiworker.schemas.settings import Settings, SettingsError, parse_rate_limits
 from aiworker.workers.deployments import (
     DeploymentError,
     build_id,
@@ -321,3 +321,40 @@ async def test_dev_restarted_on_edited_code_moves_the_open_run_and_says_so(
         assert await build_of(client.get_workflow_handle("edited-run")) == "b"
     finally:
         after.close()
+
+
+async def test_the_limiter_follows_the_current_build(client: Client, tmp_path: Path) -> None:
+    base = versioned(tmp_path, rate_limits=tuple(parse_rate_limits("validator:acme=600/min")))
+    name = deployment_name(base)
+    ran: list[str] = []
+    queue = base.queue(names.PIPELINES_QUEUE)
+    query = f"WorkflowType = '{names.LIMITER_WORKFLOW}' AND TaskQueue = '{queue}'"
+
+    async def limiter() -> WorkflowHandle[Any, Any] | None:
+        found = [wf async for wf in client.list_workflows(query)]
+        return client.get_workflow_handle(found[0].id) if found else None
+
+    pipeline = one_step_pipeline("limited")
+    async with running_stack(
+        client, built(base, "v1"), replace_activities={names.VALIDATOR: recorder("v1", ran)}
+    ) as old:
+        await ensure_current(client, built(base, "v1"))
+        first = await old.start(pipeline)
+        assert (await first.result()).status == "succeeded"
+        handle = await wait_until(limiter, "the limiter to be listed")
+        info = (await handle.describe()).raw_description.workflow_execution_info.versioning_info
+        assert info.versioning_override.auto_upgrade  # started to follow the current build
+        assert info.deployment_version.build_id == "v1"
+        async with running_stack(
+            client, built(base, "v2"), replace_activities={names.VALIDATOR: recorder("v2", ran)}
+        ) as new:
+            await ensure_current(client, built(base, "v2", deployment_current="always"))
+            second = await new.start(pipeline)
+            assert (await second.result()).status == "succeeded"
+            assert await build_of(second) == "v2" and await build_of(first) == "v1"
+
+            async def moved() -> bool:
+                desc = (await handle.describe()).raw_description.workflow_execution_info
+                return desc.versioning_info.deployment_version.build_id == "v2"
+
+            await wait_until(moved, f"the limiter of {name} to move to v2")
