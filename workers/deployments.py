@@ -462,7 +462,9 @@ async def move_runs(client: Client, settings: Settings, *, limit: int = 10_000) 
     query = (
         f"TemporalWorkerDeployment = '{version.deployment_name}' "
         "AND ExecutionStatus = 'Running' "
-        f"AND TemporalWorkerDeploymentVersion != '{version_key(version)}'"
+        f"AND TemporalWorkerDeploymentVersion != '{version_key(version)}' "
+        # auto-upgrade workflows (limiter, breaker) move on their own
+        "AND TemporalWorkflowVersioningBehavior = 'Pinned'"
     )
     override = PinnedVersioningOverride(version)._to_proto()
     moved: list[str] = []
