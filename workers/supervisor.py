@@ -190,6 +190,10 @@ async def _settle_version(
                     flush=True,
                 )
     except Exception as e:
+        deployments.log.warning(
+            "deployment.settle_failed",
+            extra={"aiworker": {"event": "deployment_settle_failed", "error": str(e)}},
+        )
         print(f"aiworker: worker deployment: {e}", file=sys.stderr, flush=True)
     finally:
         if on_ready:
