@@ -58,6 +58,7 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowQueryRejectedError,
 )
+from temporalio.common import AutoUpgradeVersioningOverride
 from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.activities.errors import CircuitOpenError
@@ -247,6 +248,9 @@ class SharedBreakers:
                 start_signal=names.BREAKER_OPENED_SIGNAL,
                 start_signal_args=[open_until],
                 static_summary=f"breaker {key}",
+                # Long-lived: on a versioned worker it follows the current build (pipelines
+                # are pinned); unversioned workers ignore it (workers/deployments.py).
+                versioning_override=AutoUpgradeVersioningOverride(),
             )
         except Exception as e:
             log.warning(

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from temporalio import activity
+from temporalio.common import AutoUpgradeVersioningOverride
 
 from aiworker.activities.errors import BudgetExceededError, InvalidInputError, RateLimitedError
 from aiworker.activities.tenancy import check_redrive_tenant
@@ -232,6 +233,9 @@ class LimiterActivities:
             start_signal=names.LIMITER_ACQUIRE_SIGNAL,
             start_signal_args=[request],
             static_summary=f"limiter {key}",
+            # Long-lived: on a versioned worker it follows the current build (pipelines
+            # are pinned); unversioned workers ignore it (workers/deployments.py).
+            versioning_override=AutoUpgradeVersioningOverride(),
         )
         return result.model_copy(update={"limiter_id": limiter_id})
 

@@ -140,8 +140,20 @@ SETTINGS: dict[str, str] = {
     'is a reference (`{"kind": "aiworker.items", "count", "parts"}`); a `${{ }}` '
     "reference to the list still sees the list. 0 sends every non-empty for_each by reference. "
     "Read when a pipeline starts and kept for that run",
-    "deployment_name": "Worker Deployment name (Worker Versioning; the Lambda worker)",
-    "build_id": "Worker Deployment build id",
+    "versioning": "worker processes poll as a Worker Deployment version (deployment name "
+    "plus build id): pipelines finish on the build they started on (deploy/README.md, "
+    '"Rolling out new code"). Unset: on in `aiworker worker` and `dev`, off where '
+    "workers are built in code (`build_workers` in embedded and test stacks)",
+    "deployment_name": "Worker Deployment name; the deployment is this plus "
+    "`AIWORKER_TASK_QUEUE_SUFFIX` (`.` as `-`), so an isolated stack is an isolated "
+    "deployment (the Lambda worker uses it as given)",
+    "build_id": "the build this process polls as; unset: the package version plus 12 hex "
+    "digits of a SHA-256 over the workflow code and the schemas it imports "
+    "(`aiworker.workers.deployments.build_id`)",
+    "deployment_current": "who makes a build current (new pipelines go to the current "
+    "build): `auto` the process, when the deployment has no current build yet; `always` the "
+    "process (what `aiworker dev` does); `never` the operator (`aiworker deployment "
+    "set-current`). A process whose build is not current says so on stderr",
     "registry_ttl_seconds": "how long a worker process's entry in the live worker registry "
     "lives unless refreshed; the process refreshes it every third of this while it polls and "
     "withdraws it when it stops gracefully (a killed process drops out after this long). "

@@ -87,9 +87,23 @@ class Settings(BaseModel):
     # A for_each over more items than this keeps its items' outputs in the artifact
     # store and its `outputs.items` as a reference (schemas.pipeline.ItemsRef).
     foreach_inline_items: int = Field(default=DEFAULT_FOREACH_INLINE_ITEMS, ge=0)
-    # Worker Deployment Versioning (the Lambda worker always uses it).
-    deployment_name: str = Field(default="aiworker", min_length=1, max_length=255)
-    build_id: str | None = Field(default=None, min_length=1, max_length=255)
+    # Worker Deployment Versioning (workers/deployments.py; the Lambda worker always uses
+    # it). None (AIWORKER_VERSIONING unset): on in `aiworker worker` and `dev` processes
+    # (workers/supervisor.py), off where workers are built in code (embedded, tests).
+    versioning: bool | None = None
+    # The deployment is `deployment_name` + `task_queue_suffix` (an isolated stack is an
+    # isolated deployment); the build id defaults to the package version plus a hash of
+    # the workflow code (workers/deployments.py `build_id`).
+    deployment_name: str = Field(
+        default="aiworker", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_-]+$"
+    )
+    build_id: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$"
+    )
+    # Who makes a new version current: `auto` this process when the deployment has no
+    # current version (a first deploy, compose, one process), `always` this process
+    # (`aiworker dev`), `never` the operator (`aiworker deployment set-current`).
+    deployment_current: Literal["auto", "always", "never"] = "auto"
     # The live worker registry (workers/live_registry.py): how long a worker process's
     # entry lives unless refreshed (every third of it); 0: the process does not publish.
     registry_ttl_seconds: float = Field(default=30.0, ge=0, le=86_400, allow_inf_nan=False)
@@ -190,9 +204,11 @@ class Settings(BaseModel):
             "POLLERS",
             "SHUTDOWN_GRACE_SECONDS",
             "MALLOC_ARENAS",
+            "VERSIONING",
             "DEPLOYMENT_NAME",
             "BUILD_ID",
             "REGISTRY_TTL_SECONDS",
+            "DEPLOYMENT_CURRENT",
             "ARTIFACT_STORE",
             "PAYLOAD_THRESHOLD_BYTES",
             "BREAKER_FAILURE_THRESHOLD",
@@ -267,6 +283,7 @@ class Settings(BaseModel):
             ("REGISTRY_TTL_SECONDS", "registry_ttl_seconds"),
             ("DEPLOYMENT_NAME", "deployment_name"),
             ("BUILD_ID", "build_id"),
+            ("DEPLOYMENT_CURRENT", "deployment_current"),
             ("ARTIFACT_STORE", "artifact_store"),
             ("SERVE_HOST", "serve_host"),
             ("API_KEYS_FILE", "api_keys_file"),
@@ -286,6 +303,8 @@ class Settings(BaseModel):
         raw["local_activities"] = _bool(
             ENV_PREFIX + "LOCAL_ACTIVITIES", get("LOCAL_ACTIVITIES"), True
         )
+        if (v := get("VERSIONING")) is not None:
+            raw["versioning"] = _bool(ENV_PREFIX + "VERSIONING", v, True)
         raw["egress_allow"] = tuple(_csv(get("EGRESS_ALLOW")))
         raw["worker_modules"] = tuple(_csv(get("WORKER_MODULES")))
         raw["worker_specs"] = tuple(Path(p) for p in _csv(get("WORKER_SPECS")))

@@ -57,6 +57,7 @@ from aiworker.workers.cli_common import (
 from aiworker.workers.cli_items import cmd_items
 from aiworker.workers.cli_parser import build_parser
 from aiworker.workers.cli_serve import cmd_keys, cmd_serve
+from aiworker.workers.deployment_commands import cmd_deployment
 from aiworker.workers.replay import cmd_replay
 from aiworker.workers.schedule_commands import cmd_schedule
 
@@ -441,6 +442,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "artifacts": cmd_artifacts,
     "check": cmd_check,
     "conformance": cmd_conformance,
+    "deployment": cmd_deployment,
     "demo": cmd_demo,
     "dev": cmd_dev,
     "items": cmd_items,

@@ -314,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     schedule_parsers = add_schedule_commands(sub, conn)
+    schedule_parsers += add_deployment_commands(sub, conn)
     # Every command takes --debug after its name too; SUPPRESS keeps the global
     # flag's value when the command does not repeat it.
     for each in [*sub.choices.values(), *schedule_parsers]:
@@ -410,3 +411,50 @@ def add_schedule_commands(
         conn(a)
         made.append(a)
     return made
+
+
+def add_deployment_commands(
+    sub: Any, conn: Callable[[argparse.ArgumentParser], None]
+) -> list[argparse.ArgumentParser]:
+    """The ``aiworker deployment ...`` parsers (returned, for the shared ``--debug``)."""
+    dep = sub.add_parser(
+        "deployment",
+        help="see worker deployment versions, set the current one, ramp, watch one drain",
+        description="Worker processes poll as versions (build ids) of a Temporal Worker "
+        "Deployment; new pipelines go to the current version and each run finishes on "
+        "the build it started on. `temporal worker deployment ...` shows and changes "
+        "the same.",
+    )
+    actions = dep.add_subparsers(dest="action", required=True)
+    ls = actions.add_parser("list", help="the worker deployments of the namespace")
+    vs = actions.add_parser("versions", help="a deployment's builds: status, ramp, open runs")
+    sc = actions.add_parser("set-current", help="send new pipelines to BUILD_ID")
+    sc.add_argument("build_id", metavar="BUILD_ID")
+    rp = actions.add_parser(
+        "ramp", help="send PERCENT of new pipelines to BUILD_ID (the rest to the current)"
+    )
+    rp.add_argument("build_id", metavar="BUILD_ID", nargs="?")
+    rp.add_argument("percent", metavar="PERCENT", type=float, nargs="?")
+    rp.add_argument("--stop", action="store_true", help="stop ramping (all to the current)")
+    dr = actions.add_parser(
+        "drain", help="the runs still open on BUILD_ID; exit 0 once none is (safe to stop it)"
+    )
+    dr.add_argument("build_id", metavar="BUILD_ID")
+    dr.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the build to drain (default: answer now)",
+    )
+    parsers = [ls, vs, sc, rp, dr]
+    for p in parsers:
+        conn(p)
+        p.add_argument("--json", action="store_true", help="print JSON")
+        if p is not ls:
+            p.add_argument(
+                "-d",
+                "--deployment-name",
+                help="the deployment (default: AIWORKER_DEPLOYMENT_NAME + the task-queue suffix)",
+            )
+    return parsers

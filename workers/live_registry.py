@@ -145,7 +145,7 @@ def live_entry(
     """The entry of a worker process: ``runtime`` (a ``WorkerRuntime``) and
     ``workers`` (its ``WorkerSet``) polling the base ``queues``; identity is the
     client's (the SDK's ``pid@host``), the build id :func:`build_id`'s."""
-    from aiworker.workers.build_info import build_id
+    from aiworker.workers.deployments import build_id
 
     specs: Mapping[str, WorkerSpec] = workers.specs
     return process_entry(

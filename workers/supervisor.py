@@ -70,6 +70,7 @@ async def run_worker_process(
     on_ready: Callable[[], None] | None = None,
     telemetry: Telemetry | None = None,
     connect_wait: float = CONNECT_WAIT_SECONDS,
+    move_runs: bool = False,
 ) -> None:
     """Connect, register search attributes, serve metrics, poll until stopped.
 
@@ -87,6 +88,8 @@ async def run_worker_process(
             its runtime and tracing interceptors.
         connect_wait: seconds to wait for the frontend to be healthy when
             connecting here (a worker pod may start before its server).
+        move_runs: with versioning, pin the open runs of this deployment's other
+            builds to this one once it polls, and say which (``aiworker dev``).
 
     Raises:
         StartupError: a broken plugin, the metrics port taken, a search
@@ -110,6 +113,8 @@ async def run_worker_process(
         run_until_stopped,
     )
 
+    if settings.versioning is None:  # unset: a worker process is a deployment version
+        settings = settings.model_copy(update={"versioning": True})
     health = Health()
     server = None
     if telemetry is not None:
@@ -141,7 +146,13 @@ async def run_worker_process(
         workers = build_workers(client, settings, runtime, queues, workers=served)
         stop = stop or asyncio.Event()
         install_signal_handlers(stop)
-        if on_ready:
+        # With versioning, "ready" waits until the build is current (or said not to be)
+        settle = (
+            asyncio.create_task(_settle_version(client, settings, move_runs, on_ready))
+            if settings.versioning
+            else None
+        )
+        if on_ready and settle is None:
             on_ready()
         try:
             async with contextlib.AsyncExitStack() as registry:
@@ -152,6 +163,10 @@ async def run_worker_process(
                     )
                 await run_until_stopped(workers, stop, health)
         finally:
+            if settle is not None:
+                settle.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await settle
             render = runtime.tools.get("render")
             if render is not None:  # Chromium and its driver, if a step rendered a page
                 await render.aclose()
@@ -161,6 +176,37 @@ async def run_worker_process(
         if telemetry is not None:
             telemetry.shutdown()
         await close_connections()
+
+
+async def _settle_version(
+    client: Client, settings: Settings, move: bool, on_ready: Callable[[], None] | None
+) -> None:
+    """Once this process polls: make its build current as the settings say (or say
+    that it is not), then, for ``aiworker dev``, move other builds' open runs onto it.
+    A failure here is said, never fatal: the process still polls its version."""
+    from aiworker.workers import deployments
+
+    try:
+        await deployments.ensure_current(client, settings)
+        if move:
+            moved = await deployments.move_runs(client, settings)
+            if moved:
+                first = ", ".join(moved[:5]) + (", ..." if len(moved) > 5 else "")
+                print(
+                    f"aiworker: moved {len(moved)} open run(s) of earlier builds onto build "
+                    f"{deployments.build_id(settings)}; they replay on this code: {first}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    except Exception as e:
+        deployments.log.warning(
+            "deployment.settle_failed",
+            extra={"aiworker": {"event": "deployment_settle_failed", "error": str(e)}},
+        )
+        print(f"aiworker: worker deployment: {e}", file=sys.stderr, flush=True)
+    finally:
+        if on_ready:
+            on_ready()
 
 
 @dataclass(frozen=True)
@@ -313,9 +359,17 @@ async def _background_worker(
     out, sets ``stop`` and waits for the drain, bounded by the grace period.
     """
     ready = asyncio.Event()
+    # The dev stack is one process: its build takes every new run and the open runs
+    # of the code before an edit (which no process polls any more).
     task = asyncio.create_task(
         run_worker_process(
-            settings, [], client=client, stop=stop, on_ready=ready.set, telemetry=telemetry
+            settings.model_copy(update={"deployment_current": "always"}),
+            [],
+            client=client,
+            stop=stop,
+            on_ready=ready.set,
+            telemetry=telemetry,
+            move_runs=True,
         )
     )
     try:

@@ -32,6 +32,7 @@ from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import catalog, names
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import PromptImplementation
+from aiworker.workers.deployments import deployment_config
 from aiworker.workers.errors import StartupError as StartupError  # raised here, re-exported
 from aiworker.workers.http_server import Health
 from aiworker.workers.plugins import PluginError, WorkerSet, builtin_set, install, load_workers
@@ -180,6 +181,7 @@ def build_workers(
     unknown = [q for q in queues if q not in known]
     if unknown:
         raise StartupError(f"unknown task queue(s) {unknown}; known: {', '.join(known)}")
+    versioned = deployment_config(settings)  # None: unversioned (settings built in code)
     out = []
     for q in queues:
         workflows = WORKFLOWS_BY_QUEUE.get(q, [])
@@ -208,6 +210,8 @@ def build_workers(
                 # An activity without a heartbeat timeout (a streaming llm-call) would
                 # reach the server every 30 s; its progress is read live (describe).
                 default_heartbeat_throttle_interval=timedelta(seconds=1),
+                # One Worker Deployment version per process (workers/deployments.py).
+                deployment_config=versioned,
             )
         )
     return out

@@ -205,15 +205,6 @@ async def test_the_registry_continues_as_new_carrying_its_records(
     assert [p.identity for p in reg.processes] == ["busy@host", "quiet@host"]
 
 
-def test_the_build_id_is_the_setting_else_version_and_workflow_code_hash() -> None:
-    from aiworker.workers.build_info import build_id, package_version, workflow_code_hash
-
-    assert build_id(Settings(build_id="v42")) == "v42"
-    default = build_id(Settings())
-    assert default == f"{package_version()}+{workflow_code_hash()}"
-    assert len(workflow_code_hash()) == 12
-
-
 async def test_a_registry_history_replays_in_the_default_sandbox(
     client: Client, settings: Settings
 ) -> None:

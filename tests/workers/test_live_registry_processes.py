@@ -36,8 +36,8 @@ from aiworker.schemas import names
 from aiworker.schemas.live_registry import ProcessEntry
 from aiworker.schemas.pipeline_check import PipelineSpecError
 from aiworker.schemas.settings import Settings
-from aiworker.workers.build_info import build_id
 from aiworker.workers.client import PipelineClient
+from aiworker.workers.deployments import build_id
 from aiworker.workers.live_registry import read_registry
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
