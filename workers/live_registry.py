@@ -38,7 +38,7 @@ from temporalio.client import (
     WorkflowQueryFailedError,
     WorkflowQueryRejectedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.common import AutoUpgradeVersioningOverride, WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.schemas import names
@@ -200,6 +200,9 @@ class RegistryPublisher:
             task_queue=self.settings.queue(names.PIPELINES_QUEUE),
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             static_summary="aiworker live worker registry",
+            # like the limiter: a long-lived workflow follows the current build (its
+            # continue-as-new runs inherit the override), so a drained build can stop
+            versioning_override=AutoUpgradeVersioningOverride(),
         )
         return await asyncio.wait_for(
             self.client.execute_update_with_start_workflow(
