@@ -4,7 +4,8 @@ with the SDK's default sandbox, which passes none of aiworker's modules through.
 
 The histories come from ``record_histories.py``; re-record them only with a
 deliberate, versioned workflow change (``workflow.patched`` or a new type), and
-keep the files that guard older code (``*-20261122.json``: recorded before the
+keep the files that guard older code (``*-20261127.json``: every shape recorded
+before runs recorded their specs; ``*-20261122.json``: recorded before the
 current step path; ``limited*``, ``review-cancelled`` and ``slot-expired``:
 recorded before the pipeline workflow was split into modules, commit 8a3581a).
 A history's workflow id (permit tickets carry it) is read from its first event.
@@ -78,6 +79,10 @@ OLDER_CODE = {
     "review-cancelled",
     "slot-expired",
 }
+# Every shape as the code before runs recorded their specs (the last main before
+# the ``pipeline-recorded-specs`` patch) ran it: what runs in flight during that
+# deploy replay.
+OLDER_CODE |= {f"{shape}-20261127" for shape in SHAPES - {"recorded-specs"}}
 
 
 def test_histories_are_committed() -> None:
