@@ -80,14 +80,19 @@ def parse_pipeline(raw: Any, known_workers: Workers, caps: Caps | None = None) -
     Raises:
         PipelineSpecError: naming every problem found.
     """
-    try:
-        spec = PipelineSpec.model_validate(raw)
-    except ValidationError as e:
-        raise PipelineSpecError(field_problems(raw, e)) from None
+    spec = _validated(raw)
     problems = check_pipeline(spec, known_workers, caps)
     if problems:
         raise PipelineSpecError(problems)
     return spec
+
+
+def _validated(raw: Any) -> PipelineSpec:
+    """The pipeline model of ``raw``; its field errors as :class:`PipelineSpecError`."""
+    try:
+        return PipelineSpec.model_validate(raw)
+    except ValidationError as e:
+        raise PipelineSpecError(field_problems(raw, e)) from None
 
 
 def parse_structure(raw: Any) -> PipelineSpec:
@@ -100,10 +105,7 @@ def parse_structure(raw: Any) -> PipelineSpec:
     Raises:
         PipelineSpecError: naming every problem found.
     """
-    try:
-        spec = PipelineSpec.model_validate(raw)
-    except ValidationError as e:
-        raise PipelineSpecError(field_problems(raw, e)) from None
+    spec = _validated(raw)
     named = {s.worker for s in spec.steps} | {s.fallback for s in spec.steps if s.fallback}
     problems = check_pipeline(spec, named)
     if problems:
