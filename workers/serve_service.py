@@ -99,9 +99,11 @@ def idempotent_id(prefix: str, tenant: str, key: str) -> str:
     return f"{prefix}-{tenant}-{digest}"
 
 
-def _spec_error(e: PipelineSpecError) -> ApiError:
+def _spec_error(e: PipelineSpecError, checked_against: str) -> ApiError:
     problems = [p.to_json() for p in e.details]
-    return ApiError(400, ErrorCode.INVALID_INPUT, str(e), problems=problems)
+    return ApiError(
+        400, ErrorCode.INVALID_INPUT, str(e), problems=problems, checked_against=checked_against
+    )
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -177,7 +179,9 @@ class Service:
         try:
             await pipelines.check_live(pipeline)
         except PipelineSpecError as e:
-            raise _spec_error(e) from None
+            # which workers it was checked against: the live registry or local specs
+            view = await pipelines.worker_view()
+            raise _spec_error(e, view.describe()) from None
         try:
             handle = await pipelines.start(
                 pipeline,

@@ -215,6 +215,7 @@ async def test_a_plugin_worker_published_by_its_process_is_known_to_every_client
         assert nobody.status_code == 400, nobody.text
         message = nobody.json()["error"]["message"]
         assert "unknown worker 'nobody'" in message and "word-count" in message, message
+        assert nobody.json()["error"]["checked_against"].startswith("the live registry (")
 
         # aiworker workers: the live workers with their processes and build ids, and a
         # conflict when another process serves word-count 1.0.0 with another spec

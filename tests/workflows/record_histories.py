@@ -23,7 +23,8 @@ aggregator run as local activities), for_each (chunk children; a tree of
 chunks of chunks; items by reference), the validation loop with fallback and
 budget refusal, review (retry, approve, reject, timeout), redrive, llm-agent
 with a scripted loopback model (parent and child), cancel, and a run started
-by a Temporal Schedule. ``limited*``, ``review-cancelled`` and
+by a Temporal Schedule, and the live worker registry (publish, expiry, withdraw).
+``limited*``, ``review-cancelled`` and
 ``slot-expired`` came from code before the pipeline split (commit 8a3581a).
 """
 
@@ -45,6 +46,7 @@ from conftest import Stack, running_stack  # noqa: E402
 from fixtures.agent_model import call, models_file, say, start_scripted_model  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 from support.payloads import stack_settings, workflow_tree  # noqa: E402
+from support.registry import entry, publish_raw  # noqa: E402
 from support.standins import fail, standin  # noqa: E402
 from support.waiting import wait_until  # noqa: E402
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle  # noqa: E402
@@ -55,10 +57,12 @@ from aiworker.schemas import names  # noqa: E402
 from aiworker.schemas.settings import Settings  # noqa: E402
 from aiworker.workers.client import PipelineClient  # noqa: E402
 from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path  # noqa: E402
+from aiworker.workers.live_registry import read_registry  # noqa: E402
 from aiworker.workers.resources import build_language_model, build_tools  # noqa: E402
 from aiworker.workers.schedule_specs import ScheduleOptions, parse_interval  # noqa: E402
 from aiworker.workers.schedules import create_schedule, trigger_schedule  # noqa: E402
 from aiworker.workers.temporal_client import data_converter  # noqa: E402
+from aiworker.workflows.worker_registry import WorkerRegistryWorkflow  # noqa: E402
 
 OUT = HERE / "histories"
 
@@ -434,6 +438,29 @@ async def rec_schedule(client: Client, tmp: Path) -> Saved:
     return {"schedule": triggered.workflow_id}
 
 
+async def rec_registry(client: Client, tmp: Path) -> Saved:
+    """The live worker registry: two processes publish, one expires, one withdraws."""
+    settings = _settings(tmp)
+    wid = names.worker_registry_workflow_id(settings.task_queue_suffix)
+
+    async def listed() -> set[str]:
+        live = await read_registry(client, settings.task_queue_suffix)
+        return {p.identity for p in live.processes} if live is not None else set()
+
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        await publish_raw(client, settings, "a@host", entry("a@host").model_dump(mode="json"), 1)
+        await publish_raw(client, settings, "b@host", entry("b@host").model_dump(mode="json"))
+        # a's entry expires at the workflow's timer; b withdraws (a process told to stop)
+        await wait_until(lambda: _equal(listed(), {"b@host"}), "a@host expired", timeout=30)
+        await client.get_workflow_handle(wid).signal(WorkerRegistryWorkflow.withdraw, "b@host")
+        await wait_until(lambda: _equal(listed(), set()), "b@host withdrawn", timeout=30)
+    return {"registry": wid}
+
+
+async def _equal(found: Awaitable[set[str]], want: set[str]) -> bool:
+    return await found == want
+
+
 RECORDINGS: dict[str, Recording] = {
     "basic": rec_basic,
     "review": rec_review,
@@ -443,6 +470,7 @@ RECORDINGS: dict[str, Recording] = {
     "agent": rec_agent,
     "cancel": rec_cancel,
     "schedule": rec_schedule,
+    "registry": rec_registry,
 }
 
 

@@ -66,6 +66,7 @@ SHAPES = {
     "agent-child",
     "cancel",
     "schedule",
+    "registry",
 }
 OLDER_CODE = {
     "dag-20261122",
@@ -82,7 +83,7 @@ OLDER_CODE = {
 # Every shape as the code before runs recorded their specs (the last main before
 # the ``pipeline-recorded-specs`` patch) ran it: what runs in flight during that
 # deploy replay.
-OLDER_CODE |= {f"{shape}-20261127" for shape in SHAPES - {"recorded-specs"}}
+OLDER_CODE |= {f"{shape}-20261127" for shape in SHAPES - {"recorded-specs", "registry"}}
 
 
 def test_histories_are_committed() -> None:
