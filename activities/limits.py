@@ -204,7 +204,10 @@ class LimiterActivities:
             )
             result = AcquireResult(limited=True, key=key, limit=call.limit)
         else:
-            rate = rate_limit_for(self._settings, self._specs, call.worker_id, call.tenant)
+            specs = self._specs
+            if call.worker_id not in specs:  # served by another process: its published spec
+                specs = await self._live([call.worker_id], everything=False)
+            rate = rate_limit_for(self._settings, specs, call.worker_id, call.tenant)
             if rate is None:
                 return AcquireResult(limited=False)
             limit, period = rate

@@ -1,7 +1,8 @@
 """A run records the live registry's spec of a worker its pipelines process
 lacks (issue #28): the process that runs pipelines knows only the built-ins,
 another process serves ``remote-count`` on its own queue and publishes it; the
-run's plan records that spec and calls the worker there. With nothing
+run's plan records that spec and calls the worker there, under the rate limit
+the spec declares. With nothing
 published, the same pipeline is refused at start naming the worker."""
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from aiworker.workers.live_registry import publishing
 from aiworker.workers.plugins import WorkerSet
 
 REMOTE_QUEUE = "aiworker-remote"
-REMOTE_SPEC = WORD_COUNT | {"worker_id": "remote-count", "task_queue": REMOTE_QUEUE}
+REMOTE_SPEC = WORD_COUNT | {
+    "worker_id": "remote-count",
+    "task_queue": REMOTE_QUEUE,
+    # a limit far above demand: the call asks the limiter, and is granted at once
+    "constraints": WORD_COUNT["constraints"] | {"rate_limit": "6000/min"},
+}
 
 
 class RemoteCount(WordCount):
@@ -75,6 +81,10 @@ async def test_a_run_records_the_registry_spec_of_a_worker_another_process_serve
             ("remote-count", settings.queue(REMOTE_QUEUE))
         ]
         assert WorkerSpec.model_validate(REMOTE_SPEC).task_queue == REMOTE_QUEUE
+        # the published spec's rate limit holds too: the call went through its limiter
+        limiter = names.limiter_workflow_id("rate:remote-count:default", settings.task_queue_suffix)
+        described = await client.get_workflow_handle(limiter).describe()
+        assert described.workflow_type == names.LIMITER_WORKFLOW
 
 
 async def test_a_worker_nobody_publishes_is_refused_at_start(
