@@ -2,7 +2,14 @@
 
 ``BENCH_QUICK=1`` runs a reduced version. Figures are ratios against a
 baseline measured in the same run, or counts: the machine is shared and noisy.
-The ``targets`` block states issue 17's targets with ``met`` from this run's figures.
+The ``targets`` block states the targets (issues 17 and 29) with ``met`` from the
+figures on record.
+
+``BENCH_ONLY=crawl,limiter`` runs only the named parts (``engine`` is the runtime
+overhead and throughput shapes; the others are the keys below) and replaces just
+their keys in the existing latest.json: each part's ratios compare against a
+baseline measured inside that part's own run, so parts run at different times
+stay comparable. ``measured_at`` says when each key was last measured.
 """
 
 from __future__ import annotations
@@ -22,15 +29,35 @@ from bench.report import print_report, targets
 
 RESULTS = Path(__file__).parent / "results"
 
+# (module, key in latest.json): each exposes run(quick) -> dict (sync or async)
+PARTS = (
+    ("bench.scrape", "scrape"),
+    ("bench.article", "article"),
+    ("bench.foreach", "for_each"),
+    ("bench.limiter", "limiter"),
+    ("bench.crawl", "crawl"),
+    ("bench.scale_out", "scale_out"),
+    ("bench.llm_stream", "llm_stream"),
+)
+ENGINE = "engine"
 
-async def main() -> int:
-    quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
-    started = time.time()
-    out: dict[str, Any] = {
-        "quick": quick,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-    }
+
+def _selected() -> set[str] | None:
+    raw = os.environ.get("BENCH_ONLY", "").strip()
+    if not raw:
+        return None
+    chosen = {p.strip() for p in raw.split(",") if p.strip()}
+    known = {ENGINE} | {key for _, key in PARTS}
+    unknown = chosen - known
+    if unknown:
+        raise SystemExit(
+            f"BENCH_ONLY: unknown part(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    return chosen
+
+
+async def _engine(out: dict[str, Any], quick: bool) -> None:
     ov = await overhead.run(quick)
     out["runtime_overhead"] = ov
     out["runtime_overhead_p50_us"] = round(ov["overhead_p50_us"], 1)
@@ -41,11 +68,25 @@ async def main() -> int:
     out["idle_latency_ratio_vs_bare"] = {case: i["ratio"] for case, i in tp["idle"].items()}
     out["idle_latency"] = tp["idle"]
     out["per_pipeline"] = tp["per_pipeline"]
-    for name, key in (
-        ("bench.scrape", "scrape"),
-        ("bench.article", "article"),
-        ("bench.foreach", "for_each"),
-    ):
+
+
+async def main() -> int:
+    quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+    only = _selected()
+    started = time.time()
+    latest = RESULTS / "latest.json"
+    out: dict[str, Any] = {}
+    if only is not None and latest.exists():
+        out = json.loads(latest.read_text())
+    out.update({"quick": quick, "python": platform.python_version(), "cpus": os.cpu_count()})
+    measured: dict[str, str] = dict(out.get("measured_at") or {})
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if only is None or ENGINE in only:
+        await _engine(out, quick)
+        measured[ENGINE] = stamp
+    for name, key in PARTS:
+        if only is not None and key not in only:
+            continue
         try:
             mod = importlib.import_module(name)
         except ImportError:
@@ -53,11 +94,12 @@ async def main() -> int:
             continue
         res = mod.run(quick)
         out[key] = await res if asyncio.iscoroutine(res) else res
-    if isinstance(out.get("scrape"), dict) and "scrape_ratio_vs_direct" in out["scrape"]:
-        out["scrape_ratio_vs_direct"] = out["scrape"]["scrape_ratio_vs_direct"]
-    else:
-        out["scrape_ratio_vs_direct"] = None
-    article = out.get("article")
+        measured[key] = stamp
+    out["measured_at"] = measured
+    scrape, article = out.get("scrape"), out.get("article")
+    out["scrape_ratio_vs_direct"] = (
+        scrape.get("scrape_ratio_vs_direct") if isinstance(scrape, dict) else None
+    )
     out["article_ratio_vs_direct"] = (
         article.get("article_ratio_vs_direct") if isinstance(article, dict) else None
     )
@@ -66,18 +108,22 @@ async def main() -> int:
     out["targets"] = targets(out)
 
     print_report(out)
-    print(
-        f"\nruntime overhead per call: p50 {ov['overhead_p50_us']:.0f} us, "
-        f"p99 {ov['overhead_p99_us']:.0f} us (direct p50 {ov['direct_us']['p50']:.0f} us, "
-        f"through runtime p50 {ov['runtime_us']['p50']:.0f} us)"
-    )
-    print(f"throughput_ratio_vs_bare (one step): {out['throughput_ratio_vs_bare']}")
-    print(f"scrape_ratio_vs_direct: {out['scrape_ratio_vs_direct']}")
-    print(f"article_ratio_vs_direct: {out['article_ratio_vs_direct']}")
-    print(f"for_each: {json.dumps(out.get('for_each'))}")
+    ov = out.get("runtime_overhead")
+    if isinstance(ov, dict):
+        print(
+            f"\nruntime overhead per call: p50 {ov['overhead_p50_us']:.0f} us, "
+            f"p99 {ov['overhead_p99_us']:.0f} us (direct p50 {ov['direct_us']['p50']:.0f} us, "
+            f"through runtime p50 {ov['runtime_us']['p50']:.0f} us)"
+        )
+    print(f"throughput_ratio_vs_bare (one step): {out.get('throughput_ratio_vs_bare')}")
+    for key in ("scrape_ratio_vs_direct", "article_ratio_vs_direct"):
+        print(f"{key}: {out.get(key)}")
+    for _, key in PARTS[2:]:
+        part = out.get(key)
+        print(f"{key}: {json.dumps(part, default=str)[:400] if part is not None else None}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "latest.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
-    print(f"written {RESULTS / 'latest.json'} in {out['wall_seconds']}s")
+    latest.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(f"written {latest} in {out['wall_seconds']}s")
     return 0
 
 

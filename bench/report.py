@@ -1,4 +1,4 @@
-"""The bench's printed tables and its targets (issue 17), from the figures of one run."""
+"""The bench's printed tables and its targets (issues 17 and 29), from the figures on record."""
 
 from __future__ import annotations
 
@@ -11,6 +11,13 @@ THROUGHPUT_MIN_RATIO = 0.9
 IDLE_MAX_RATIO = 1.1
 HISTORY_MAX_BYTES = 2_000_000
 RSS_MAX_FACTOR = 1.5
+# issue 29: against what users would pick instead
+LIMITER_MIN_PERMITS_PER_S = 200.0
+LIMITER_MAX_P95_MS = 100.0
+CRAWL_MIN_RATIO = 0.8
+PAGE_MIN_RATIO = 0.9
+LLM_STREAM_MIN_RATIO = 0.95
+LLM_FIRST_TOKEN_MAX_MS = 50.0
 
 
 def _check(target: str, value: Any, limit: float, ok: bool | None) -> dict[str, Any]:
@@ -62,7 +69,55 @@ def targets(out: dict[str, Any]) -> dict[str, Any]:
             factor <= RSS_MAX_FACTOR if factor is not None else None,
         )
     )
+    checks.extend(_issue29(out))
     return {"checks": checks, "all_met": all(c["met"] is True for c in checks)}
+
+
+def _part(out: dict[str, Any], key: str) -> dict[str, Any]:
+    part = out.get(key)
+    return part if isinstance(part, dict) else {}
+
+
+def _at_least(target: str, value: Any, limit: float) -> dict[str, Any]:
+    return _check(target, value, limit, value >= limit if _number(value) else None)
+
+
+def _below(target: str, value: Any, limit: float) -> dict[str, Any]:
+    return _check(target, value, limit, value < limit if _number(value) else None)
+
+
+def _issue29(out: dict[str, Any]) -> list[dict[str, Any]]:
+    lim, crawl, stream = _part(out, "limiter"), _part(out, "crawl"), _part(out, "llm_stream")
+    return [
+        _at_least(
+            "limiter: one key sustains >= 200 permits/s",
+            lim.get("permits_per_s"),
+            LIMITER_MIN_PERMITS_PER_S,
+        ),
+        _below("limiter: grant latency p95 < 100 ms", lim.get("grant_p95_ms"), LIMITER_MAX_P95_MS),
+        _at_least("crawl: pages/s ratio to Scrapy >= 0.8", crawl.get("ratio"), CRAWL_MIN_RATIO),
+        _at_least("crawl: field agreement with Scrapy = 1.0", crawl.get("field_agreement"), 1.0),
+        _at_least(
+            "single page: ratio to httpx + BeautifulSoup >= 0.9",
+            out.get("scrape_ratio_vs_direct"),
+            PAGE_MIN_RATIO,
+        ),
+        _at_least(
+            "article mode: ratio to trafilatura >= 0.9",
+            out.get("article_ratio_vs_direct"),
+            PAGE_MIN_RATIO,
+        ),
+        _at_least(
+            "llm stream: tokens/s ratio to llama-server direct >= 0.95",
+            stream.get("ratio"),
+            LLM_STREAM_MIN_RATIO,
+        ),
+        _below(
+            "llm stream: first-token overhead p50 < 50 ms",
+            stream.get("first_token_overhead_p50_ms"),
+            LLM_FIRST_TOKEN_MAX_MS,
+        ),
+    ]
 
 
 def print_report(out: dict[str, Any]) -> None:
