@@ -20,8 +20,6 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from support.procs import WorkerProcess, worker_env
-from support.waiting import wait_until
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -33,6 +31,8 @@ from temporalio.client import Client
 
 from aiworker.schemas import names
 from aiworker.schemas.settings import Settings
+from support.procs import WorkerProcess, worker_env
+from support.waiting import wait_until
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 
@@ -44,9 +44,7 @@ DEFAULT_QUEUES: tuple[tuple[str, TaskQueueType.ValueType], ...] = (
 )
 
 
-async def poller_identities(
-    client: Client, queue: str, kind: TaskQueueType.ValueType
-) -> list[str]:
+async def poller_identities(client: Client, queue: str, kind: TaskQueueType.ValueType) -> list[str]:
     """The identities (``pid@host``) that polled ``queue`` of ``kind`` lately."""
     resp = await client.workflow_service.describe_task_queue(
         DescribeTaskQueueRequest(
