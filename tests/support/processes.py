@@ -98,9 +98,14 @@ async def worker_processes(
         for i in range(n):
             procs.append(WorkerProcess([AIWORKER, "worker"], base, tmp_path / f"worker{i}.log"))
         for p in procs:
+
+            async def up(p: WorkerProcess = p) -> bool:
+                # an exited process ends the wait at once (the check below says why)
+                return p.proc.poll() is not None or await polls(client, settings, p.pid, wanted)
+
             await wait_until(
-                lambda p=p: p.proc.poll() is not None or polls(client, settings, p.pid, wanted),
-                lambda p=p: f"worker process {p.pid} to poll its queues: {p.output()}",
+                up,
+                f"worker process {p.pid} to poll its queues (log {p.log})",
                 timeout=ready_timeout,
                 interval=0.2,
             )
