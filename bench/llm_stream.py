@@ -213,12 +213,14 @@ async def run(quick: bool = False) -> dict[str, Any]:
             "tokens_per_s_p50": _p50(d, "tokens_per_s"),
             "total_s_p50": _p50(d, "total_s"),
             "tokens": sorted({r["tokens"] for r in d}),
+            "rounds_tokens_per_s": [round(r["tokens_per_s"], 1) for r in d],
         },
         "step": {
             "ttft_ms": percentiles([r["ttft_ms"] for r in s]),
             "tokens_per_s_p50": _p50(s, "tokens_per_s"),
             "total_s_p50": _p50(s, "total_s"),
             "tokens": sorted({r["tokens"] for r in s}),
+            "rounds_tokens_per_s": [round(r["tokens_per_s"], 1) for r in s],
             # p50s: request -> activity scheduled (pipeline start, first workflow
             # task, limiter plan) -> taken by the worker -> first heartbeat received
             "ttft_parts_ms": {

@@ -185,7 +185,7 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def run(quick: bool = False) -> dict[str, Any]:
     """Chain-3 pipelines/s with one and with two worker processes (see the module doc)."""
-    count, rounds, concurrency = (200, 3, 40) if quick else (500, 5, 60)
+    count, rounds, concurrency = (200, 3, 100) if quick else (500, 5, 100)
     spec = pipeline("chain", 3)
     samples: dict[str, list[dict[str, Any]]] = {"one": [], "two": []}
     with (
@@ -229,12 +229,28 @@ async def run(quick: bool = False) -> dict[str, Any]:
                 if p is not None:
                     p.stop()
     one, two = _summary(samples["one"]), _summary(samples["two"])
+    for summary in (one, two):
+        # what the cores could do if nothing else ran: cores / CPU-seconds per pipeline
+        # of the workers, the server and this client together
+        own = sum(v for k, v in summary["cpu_s_per_pipeline"].items() if k != "others")
+        summary["cpu_ceiling_per_s"] = (os.cpu_count() or 1) / own if own else float("nan")
+    # The bound the cores set, from the CPU each pipeline cost (two-process rounds'
+    # figures): a worker process runs its event loop on at most one core, and all
+    # processes together on at most every core.
+    cost = two["cpu_s_per_pipeline"]
+    own = cost["workers"] + cost["server"] + cost["client"]
+    cores = os.cpu_count() or 1
+    bound = {n: min(n / cost["workers"], cores / own) for n in (1, 2)}
     return {
         "ratio": two["per_s"] / one["per_s"],
         "one_per_s": one["per_s"],
         "two_per_s": two["per_s"],
         "one": one,
         "two": two,
+        # what the cores allow if nothing else ran (see docs/benchmarks.md, "Scale out")
+        "bound_one_per_s": bound[1],
+        "bound_two_per_s": bound[2],
+        "ratio_bound": bound[2] / bound[1],
         "workload": f"chain-3 validator pipelines, {count} per round at {concurrency} in flight",
         "rounds": rounds,
         "cores": os.cpu_count(),
