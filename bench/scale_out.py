@@ -258,10 +258,17 @@ async def run(quick: bool = False) -> dict[str, Any]:
     }
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     import json
 
     quick = os.environ.get("BENCH_QUICK") == "1"
+    # SIGTERM (a `timeout`, Ctrl-C in a pipeline) unwinds like Ctrl-C, so the worker
+    # processes, the model server and the Temporal server are stopped by PID
+    signal.signal(signal.SIGTERM, _terminate)
     print(json.dumps(asyncio.run(run(quick)), indent=2, default=str))
 
 
