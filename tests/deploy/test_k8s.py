@@ -6,10 +6,11 @@ ConfigMap, the plugin's queue): its YAML block is built, as written, in a copy
 of ``deploy/k8s``, and what it mounts is loaded as a worker process would.
 
 kubernetes-validate ships schemas for the built-in kinds only. The
-ServiceMonitor (a prometheus-operator CRD, in an optional component that the
-prod overlay includes) is split off before validation and checked here by
-shape instead, so nothing is skipped silently: the strict run must report no
-kind without a schema.
+ServiceMonitor (a prometheus-operator CRD) and the KEDA ScaledObjects (the
+``keda-backlog`` component), both in optional components that the prod
+overlay includes, are split off before validation and checked here by shape
+instead, so nothing is skipped silently: the strict run must report no kind
+without a schema, and every CRD object split off is one a shape test reads.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ QUEUES = {
 # specs stay within it); the pods' drain must outlast it.
 LONGEST_ACTIVITY_TIMEOUT_SECONDS = 60
 PRIVATE_V4 = {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8"}
-CRD_GROUPS = ("monitoring.coreos.com/",)
+CRD_GROUPS = ("monitoring.coreos.com/", "keda.sh/")
+# The CRD kinds the shape tests below read; any other CRD object fails the strict test.
+CRD_KINDS = {"ServiceMonitor", "ScaledObject"}
 # The overlay deploy/README.md shows in "Your own workers", built as overlays/<this>.
 DOCUMENTED = "acme"
 SPECS_DIR = "/etc/aiworker/workers"
@@ -150,8 +153,9 @@ def test_overlays_pass_strict_validation(
         docs = documented if overlay == DOCUMENTED else render(overlay)
         kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
         passed = out.count(f"{overlay}.yaml passed for resource")
-        crds = sum(1 for d in docs if d["apiVersion"].startswith(CRD_GROUPS))
-        assert passed == len(kinds) - crds, out
+        crds = [d for d in docs if d["apiVersion"].startswith(CRD_GROUPS)]
+        assert passed == len(kinds) - len(crds), out
+        assert {d["kind"] for d in crds} <= CRD_KINDS, crds
 
 
 def test_strict_validation_rejects_an_unknown_field() -> None:
@@ -229,23 +233,91 @@ def test_pods_run_non_root_with_a_read_only_root(
         assert _configmap_env(docs)["AIWORKER_DATA_DIR"] == "/data"
 
 
-def test_each_deployment_has_an_hpa_and_a_pdb(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+def test_each_deployment_has_one_autoscaler_and_a_pdb(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
     _, docs = rendered
     deployments = of_kind(docs, "Deployment")
     hpas = of_kind(docs, "HorizontalPodAutoscaler")
+    scaled = of_kind(docs, "ScaledObject")
     pdbs = of_kind(docs, "PodDisruptionBudget")
+    target = {"apiVersion": "apps/v1", "kind": "Deployment"}
     for name, d in deployments.items():
-        hpa = hpas[name]
-        assert hpa["spec"]["scaleTargetRef"] == {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "name": name,
-        }
-        assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+        # Exactly one autoscaler per Deployment: KEDA owns an HPA of its own, and two
+        # HPAs on one Deployment would fight.
+        assert (name in hpas) != (name in scaled), name
+        if name in hpas:
+            hpa = hpas[name]["spec"]
+            assert hpa["scaleTargetRef"] == {**target, "name": name}
+            assert 1 <= hpa["minReplicas"] <= hpa["maxReplicas"]
+        else:
+            so = scaled[name]["spec"]
+            assert so["scaleTargetRef"] == {**target, "name": name}
+            assert 1 <= so["minReplicaCount"] <= so["maxReplicaCount"]
         pod_labels = d["spec"]["template"]["metadata"]["labels"]
         selector = pdbs[name]["spec"]["selector"]["matchLabels"]
         assert selector.items() <= pod_labels.items()
         assert d["spec"]["selector"]["matchLabels"] == selector
+    assert not set(hpas) - set(deployments), hpas
+    assert not set(scaled) - set(deployments), scaled
+
+
+# What each queue's pods poll: the pipelines pods run workflow tasks and the
+# light activities, the others activities only.
+QUEUE_TYPES = {"aiworker-pipelines": {"workflow", "activity"}}
+TEMPORAL_TRIGGER_KEYS = {
+    "endpoint",
+    "namespace",
+    "taskQueue",
+    "queueTypes",
+    "targetQueueSize",
+    "activationTargetQueueSize",
+    "workerDeploymentName",
+    "workerDeploymentBuildId",
+}
+
+
+def test_prod_scales_worker_pods_on_task_queue_backlog() -> None:
+    """KEDA's ``temporal`` scaler on each worker Deployment's own queue, in the
+    namespace and on the frontend the pods use, counting the build they run."""
+    from aiworker.workers.deployments import deployment_name
+
+    docs = render("prod")
+    settings = Settings.from_env(_configmap_env(docs))
+    scaled = of_kind(docs, "ScaledObject")
+    assert set(scaled) == set(QUEUES), scaled
+    assert not set(QUEUES) & set(of_kind(docs, "HorizontalPodAutoscaler"))
+    deployments = of_kind(docs, "Deployment")
+    for name, so in scaled.items():
+        assert so["apiVersion"] == "keda.sh/v1alpha1"
+        spec = so["spec"]
+        assert spec["scaleTargetRef"]["name"] == name
+        assert spec["minReplicaCount"] >= 2, name  # a PDB lets one pod go at a time
+        assert spec["minReplicaCount"] <= spec["maxReplicaCount"]
+        down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+        assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 120}]
+        (trigger,) = spec["triggers"]
+        assert trigger["type"] == "temporal"
+        meta = trigger["metadata"]
+        assert set(meta) <= TEMPORAL_TRIGGER_KEYS, set(meta) - TEMPORAL_TRIGGER_KEYS
+        # KEDA reads trigger metadata as strings only
+        assert all(isinstance(v, str) for v in meta.values()), meta
+        (c,) = deployments[name]["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        pod = Settings.from_env(
+            {k: v for k, v in {**_configmap_env(docs), **env}.items() if v is not None}
+        )
+        assert meta["taskQueue"] == pod.queue(QUEUES[name])
+        assert meta["endpoint"] == _configmap_env(docs)["TEMPORAL_ADDRESS"]
+        assert meta["namespace"] == _configmap_env(docs)["TEMPORAL_NAMESPACE"]
+        assert set(meta["queueTypes"].split(",")) == QUEUE_TYPES.get(name, {"activity"})
+        assert int(meta["targetQueueSize"]) >= 1
+        assert int(meta["activationTargetQueueSize"]) >= 0
+        # versioned pods: the backlog of this build, under the deployment's real name
+        assert meta["workerDeploymentName"] == deployment_name(settings)
+        assert settings.build_id and meta["workerDeploymentBuildId"] == settings.build_id
+    # dev (kind, minikube: no KEDA) keeps the CPU HPAs
+    assert not of_kind(render("dev"), "ScaledObject")
 
 
 def test_network_policy_limits_egress(rendered: tuple[str, list[dict[str, Any]]]) -> None:

@@ -1,0 +1,276 @@
+"""One worker process against two, on the same embedded server, same run.
+
+The workload is ``bench.throughput``'s chain-3 pipeline (three validator
+steps): CPU-light work that still goes the whole step path (limiter plan,
+budget, resolution, the worker runtime, schema checks, the result), so what
+is measured is the engine and the server, not the work. The workers are real
+``aiworker worker`` processes, started as a user starts them and stopped by
+PID; this process only starts pipelines and awaits their results.
+
+Rounds alternate one and two processes (one, two, two, one, ...): the second
+process is started before a two-round and stopped (SIGTERM, drained) after
+it, so drift on a shared machine hits both alike. Each round is a burst of
+``count`` pipelines with ``concurrency`` in flight. Reports pipelines/s per
+setup, ``ratio`` = two / one (median rounds), and CPU seconds per pipeline
+of the worker processes, the server and this client process, plus the
+share of the machine's cores they kept busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client
+
+from aiworker.schemas import names
+from aiworker.workers.temporal_client import data_converter
+from bench.common import embedded_server, percentiles, process_cpu_seconds
+from bench.throughput import pipeline
+
+AIWORKER = str(Path(sys.executable).parent / "aiworker")
+COMMAND = "BENCH_QUICK=1 .venv/bin/python -m bench.scale_out"
+
+
+class _Proc:
+    """One ``aiworker worker`` process, stopped by its PID."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [AIWORKER, "worker"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def _env(address: str, suffix: str, data: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
+    env.update(
+        TEMPORAL_ADDRESS=address,
+        TEMPORAL_NAMESPACE="default",
+        AIWORKER_TASK_QUEUE_SUFFIX=suffix,
+        AIWORKER_METRICS_PORT="0",
+        AIWORKER_DATA_DIR=str(data),
+        AIWORKER_SHUTDOWN_GRACE_SECONDS="5",
+        AIWORKER_LOG_LEVEL="WARNING",
+    )
+    return env
+
+
+async def _polling(client: Client, queue: str, pid: int, timeout: float = 90) -> None:
+    """Until process ``pid`` polls the pipelines queue (workflow and activity side)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = 0
+        for kind in (
+            TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+            TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+        ):
+            resp = await client.workflow_service.describe_task_queue(
+                DescribeTaskQueueRequest(
+                    namespace=client.namespace,
+                    task_queue=TaskQueue(name=queue),
+                    task_queue_type=kind,
+                )
+            )
+            seen += any(p.identity.startswith(f"{pid}@") for p in resp.pollers)
+        if seen == 2:
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"worker process {pid} did not poll {queue} within {timeout}s")
+
+
+async def _burst(
+    client: Client,
+    queue: str,
+    spec: dict[str, Any],
+    count: int,
+    concurrency: int,
+    pids: dict[str, list[int]],
+) -> dict[str, Any]:
+    sem = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+
+    async def one() -> None:
+        async with sem:
+            t0 = time.perf_counter()
+            result = await client.execute_workflow(
+                names.PIPELINE_WORKFLOW,
+                spec,
+                id=f"scale-{uuid.uuid4().hex}",
+                task_queue=queue,
+            )
+            if result["status"] != "succeeded":
+                raise RuntimeError(f"pipeline ended {result['status']}: {result.get('error')}")
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+    def cpu() -> dict[str, float]:
+        return {
+            role: sum(process_cpu_seconds(p) for p in ps) if ps else process_cpu_seconds()
+            for role, ps in pids.items()
+        }
+
+    before, machine0 = cpu(), _machine_busy_seconds()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(count)))
+    wall = time.perf_counter() - t0
+    after, machine1 = cpu(), _machine_busy_seconds()
+    spent = {role: after[role] - before[role] for role in before}
+    # everything else on the machine (other work sharing the cores)
+    spent["others"] = max(0.0, machine1 - machine0 - sum(spent.values()))
+    return {
+        "per_s": count / wall,
+        "wall_s": wall,
+        "latency_ms": percentiles(latencies),
+        "cpu_s_per_pipeline": {role: s / count for role, s in spent.items()},
+        # cores kept busy during the burst (2.0 = both cores of this machine)
+        "cores_busy": {role: s / wall for role, s in spent.items()},
+    }
+
+
+def _machine_busy_seconds() -> float:
+    """CPU seconds all cores spent busy since boot (``/proc/stat``; NaN elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return float("nan")
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    mid = sorted(rounds, key=lambda r: r["per_s"])[len(rounds) // 2]
+    roles = rounds[0]["cpu_s_per_pipeline"]
+    return {
+        "per_s": mid["per_s"],
+        "rounds_per_s": [round(r["per_s"], 2) for r in rounds],
+        "latency_ms": mid["latency_ms"],
+        "cpu_s_per_pipeline": {
+            k: statistics.median(r["cpu_s_per_pipeline"][k] for r in rounds) for k in roles
+        },
+        "cores_busy": {k: statistics.median(r["cores_busy"][k] for r in rounds) for k in roles},
+    }
+
+
+async def run(quick: bool = False) -> dict[str, Any]:
+    """Chain-3 pipelines/s with one and with two worker processes (see the module doc)."""
+    count, rounds, concurrency = (200, 3, 100) if quick else (500, 5, 100)
+    spec = pipeline("chain", 3)
+    samples: dict[str, list[dict[str, Any]]] = {"one": [], "two": []}
+    with (
+        embedded_server() as server,
+        tempfile.TemporaryDirectory(prefix="aiworker-scale-") as tmp,
+    ):
+        client = await Client.connect(server.address, data_converter=data_converter(None))
+        suffix = f"-scale{uuid.uuid4().hex[:6]}"
+        queue = f"{names.PIPELINES_QUEUE}{suffix}"
+        env = _env(server.address, suffix, Path(tmp) / "data")
+        server_pid = server.process.pid if server.process else None
+        first = _Proc(env, Path(tmp) / "worker0.log")
+        second: _Proc | None = None
+        try:
+            await _polling(client, queue, first.pid)
+
+            def roles(*procs: _Proc) -> dict[str, list[int]]:
+                return {
+                    "workers": [p.pid for p in procs],
+                    "server": [server_pid] if server_pid else [],
+                    "client": [],
+                }
+
+            # warm-up: imports, sandbox caches and the server's queues
+            await _burst(client, queue, spec, 20, 10, roles(first))
+            order = [s for i in range(rounds) for s in (("one", "two"), ("two", "one"))[i % 2]]
+            for setup in order:
+                if setup == "two" and second is None:
+                    second = _Proc(env, Path(tmp) / f"worker{len(samples['two']) + 1}.log")
+                    await _polling(client, queue, second.pid)
+                    await _burst(client, queue, spec, 40, 20, roles(first, second))
+                if setup == "one" and second is not None:
+                    second.stop()
+                    second = None
+                procs = (first, second) if second is not None else (first,)
+                samples[setup].append(
+                    await _burst(client, queue, spec, count, concurrency, roles(*procs))
+                )
+        finally:
+            for p in (first, second):
+                if p is not None:
+                    p.stop()
+    one, two = _summary(samples["one"]), _summary(samples["two"])
+    for summary in (one, two):
+        # what the cores could do if nothing else ran: cores / CPU-seconds per pipeline
+        # of the workers, the server and this client together
+        own = sum(v for k, v in summary["cpu_s_per_pipeline"].items() if k != "others")
+        summary["cpu_ceiling_per_s"] = (os.cpu_count() or 1) / own if own else float("nan")
+    # The bound the cores set, from the CPU each pipeline cost (two-process rounds'
+    # figures): a worker process runs its event loop on at most one core, and all
+    # processes together on at most every core.
+    cost = two["cpu_s_per_pipeline"]
+    own = cost["workers"] + cost["server"] + cost["client"]
+    cores = os.cpu_count() or 1
+    bound = {n: min(n / cost["workers"], cores / own) for n in (1, 2)}
+    return {
+        "ratio": two["per_s"] / one["per_s"],
+        "one_per_s": one["per_s"],
+        "two_per_s": two["per_s"],
+        "one": one,
+        "two": two,
+        # what the cores allow if nothing else ran (see docs/benchmarks.md, "Scale out")
+        "bound_one_per_s": bound[1],
+        "bound_two_per_s": bound[2],
+        "ratio_bound": bound[2] / bound[1],
+        "workload": f"chain-3 validator pipelines, {count} per round at {concurrency} in flight",
+        "rounds": rounds,
+        "cores": os.cpu_count(),
+        "command": COMMAND if quick else ".venv/bin/python -m bench.scale_out",
+    }
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    import json
+
+    quick = os.environ.get("BENCH_QUICK") == "1"
+    # SIGTERM (a `timeout`, Ctrl-C in a pipeline) unwinds like Ctrl-C, so the worker
+    # processes, the model server and the Temporal server are stopped by PID
+    signal.signal(signal.SIGTERM, _terminate)
+    print(json.dumps(asyncio.run(run(quick)), indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
