@@ -34,7 +34,8 @@ processes' ``write_bytes`` from ``/proc``), history bytes and events per page
 
 ``BENCH_QUICK=1 python -m bench.crawl`` (2,000 pages) or ``python -m bench.crawl``
 (10,000). ``BENCH_CRAWL_VARIANTS=off`` runs only the limiter-off variant,
-``on`` only the shipped one (default ``on,off``).
+``on`` only the shipped one (default ``on,off``); a variant may add flags of
+``aiworker dev`` after ``+`` (``off+fast-poll`` runs ``aiworker dev --fast-poll``).
 """
 
 from __future__ import annotations
@@ -317,6 +318,34 @@ def _write_bytes(pid: int) -> int:
     return 0
 
 
+def _spy(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the worker (``BENCH_CRAWL_PROFILE=1``; the dev extra), or None."""
+    if os.environ.get("BENCH_CRAWL_PROFILE", "") in ("", "0"):
+        return None
+    from bench.profile import _py_spy
+
+    argv = [_py_spy(), "record", "--pid", str(pid), "--format", "raw", "--full-filenames"]
+    argv += ["--nolineno", "--gil", "-r", "100", "-o", str(out)]
+    spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the crawl starts
+    return spy
+
+
+def _spy_summary(spy: subprocess.Popen[bytes] | None, out: Path) -> dict[str, Any] | None:
+    if spy is None:
+        return None
+    from bench.profile import summarize
+
+    spy.send_signal(2)  # SIGINT: py-spy writes its samples and exits
+    spy.wait(timeout=60)
+    summary = summarize(out.read_text()) if out.exists() else {"error": "no samples"}
+    keep = os.environ.get("BENCH_CRAWL_PROFILE", "")
+    if keep not in ("", "1") and out.exists():  # a path: keep the raw samples there
+        Path(keep).write_text(out.read_text())
+    summary.pop("module_bodies_inclusive", None)
+    return summary
+
+
 def _server_pid(data_dir: Path) -> int:
     for line in (data_dir / "dev.lock").read_text().splitlines():
         if line.startswith("server pid "):
@@ -324,7 +353,7 @@ def _server_pid(data_dir: Path) -> int:
     raise RuntimeError("dev.lock names no server pid")
 
 
-async def run_aiworker(base: str, n: int, limiter: bool) -> dict[str, Any]:
+async def run_aiworker(base: str, n: int, limiter: bool, flags: list[str]) -> dict[str, Any]:
     from aiworker.schemas import names
     from aiworker.schemas.settings import Settings
     from aiworker.workers.client import PipelineClient
@@ -343,6 +372,7 @@ async def run_aiworker(base: str, n: int, limiter: bool) -> dict[str, Any]:
             "AIWORKER_RATE_LIMITS": "web-scrape:*=100000/min",
         }
         dev_args = ["dev", "--headless", "--no-model", "--port", str(port), "--data-dir", tmp]
+        dev_args += flags
         head = ["-m", "aiworker.workers.cli"] if limiter else ["-c", _NO_LIMIT]
         proc = subprocess.Popen(
             [sys.executable, *head, *dev_args],
@@ -371,10 +401,12 @@ async def run_aiworker(base: str, n: int, limiter: bool) -> dict[str, Any]:
             disk0, io0 = _dir_bytes(data), [_write_bytes(p) for p in pids]
             cpu0 = [process_cpu_seconds(p) for p in pids]
             wid = f"bench-crawl-{uuid.uuid4().hex[:8]}"
+            spy = _spy(proc.pid, data / "py-spy.txt")
             with _PeakRss(proc.pid) as worker_rss, _PeakRss(server_pid) as server_rss:
                 t0 = time.perf_counter()
                 result = await crawl(f"{base}/sitemap.xml", wid)
                 wall = time.perf_counter() - t0
+            profile = _spy_summary(spy, data / "py-spy.txt")
             cpu1 = [process_cpu_seconds(p) for p in pids]
             io1 = [_write_bytes(p) for p in pids]
             # let the server flush what it buffered before sizing its database
@@ -387,12 +419,15 @@ async def run_aiworker(base: str, n: int, limiter: bool) -> dict[str, Any]:
                 for u, o in zip(result["output"]["urls"], outputs, strict=True)
             ]
             hist = {"history_bytes": 0, "events": 0, "workflows": 0, "largest": 0}
+            by_event: dict[str, int] = {}
             async for h in run_histories(client, wid):
                 c = count_history(h)
                 hist["history_bytes"] += c["history_bytes"]
                 hist["events"] += c["events"]
                 hist["workflows"] += 1
                 hist["largest"] = max(hist["largest"], c["history_bytes"])
+                for ev, b in c["payload_bytes_by_event"].items():
+                    by_event[ev] = by_event.get(ev, 0) + b
             idle_rss = _rss_mb(proc.pid)
         finally:
             proc.terminate()
@@ -404,6 +439,7 @@ async def run_aiworker(base: str, n: int, limiter: bool) -> dict[str, Any]:
     grown = {k: disk1[k] - disk0[k] for k in disk0}
     return {
         "limiter": "on" if limiter else "off",
+        "dev_flags": " ".join(flags),
         "pages": n,
         "wall_seconds": round(wall, 2),
         "pages_per_s": round(n / wall, 2),
@@ -428,9 +464,12 @@ async def run_aiworker(base: str, n: int, limiter: bool) -> dict[str, Any]:
             "events": round(hist["events"] / n, 2),
             "workflows": hist["workflows"],
             "largest_history_bytes": hist["largest"],
+            "payload_bytes_by_event": {
+                k: round(v / n) for k, v in sorted(by_event.items(), key=lambda kv: -kv[1])
+            },
         },
         "_items": items,
-    }
+    } | ({"profile": profile} if profile else {})
 
 
 def _agreement(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
@@ -458,7 +497,10 @@ async def run(quick: bool = False) -> dict[str, Any]:
     site = Site(n)
     try:
         scrapy = run_scrapy(site.base)
-        runs = [await run_aiworker(site.base, n, limiter=v == "on") for v in variants]
+        runs = []
+        for v in variants:
+            limiter, *flags = v.split("+")
+            runs.append(await run_aiworker(site.base, n, limiter == "on", [f"--{f}" for f in flags]))
     finally:
         site.stop()
     scrapy_items = scrapy.pop("items")
@@ -481,7 +523,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
             r["cpu_s_per_page"]["total"] / out["scrapy"]["cpu_s_per_page"], 2
         )
         r["fields"] = _agreement(items, scrapy_items)
-        out[f"aiworker_limiter_{r['limiter']}"] = r
+        out["aiworker_limiter_" + "+".join([r["limiter"], *r["dev_flags"].split()])] = r
     headline = runs[0]
     out["ratio"] = headline["ratio_to_scrapy"]
     out["ratio_is"] = f"aiworker (limiter {headline['limiter']}) pages/s / Scrapy pages/s"
