@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -172,6 +173,8 @@ class Site:
         if self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=30)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 # ---------------------------------------------------------------- Scrapy
@@ -258,6 +261,8 @@ _NO_LIMIT = (
 
 
 def _pipeline(sitemap: str) -> dict[str, Any]:
+    # BENCH_CRAWL_CHUNK_SIZE: a diagnostic (the shipped default is 100)
+    chunk = os.environ.get("BENCH_CRAWL_CHUNK_SIZE")
     return {
         "name": "bench-crawl",
         "tenant": "bench",
@@ -277,6 +282,7 @@ def _pipeline(sitemap: str) -> dict[str, Any]:
                 "depends_on": ["find"],
                 "for_each": "${{ steps.find.outputs.data.urls }}",
                 "max_parallel": CONCURRENCY,
+                **({"chunk_size": int(chunk)} if chunk else {}),
                 "input": {
                     "url": "${{ item }}",
                     "cache": "off",
@@ -412,7 +418,8 @@ async def run_aiworker(base: str, n: int, limiter: bool, flags: list[str]) -> di
             # let the server flush what it buffered before sizing its database
             disk1 = _dir_bytes(data)
             if result["status"] not in ("succeeded",) or result["output"]["succeeded"] != n:
-                raise RuntimeError(f"crawl: {result['status']}, {result['output'].get('succeeded')}")
+                got = result["output"].get("succeeded")
+                raise RuntimeError(f"crawl: {result['status']}, {got} of {n} pages")
             outputs = await pipelines.items(wid, "pages")
             items = [
                 {"url": u, **{k: (o or {}).get("data", {}).get(k) for k in FIELDS}}
@@ -420,12 +427,15 @@ async def run_aiworker(base: str, n: int, limiter: bool, flags: list[str]) -> di
             ]
             hist = {"history_bytes": 0, "events": 0, "workflows": 0, "largest": 0}
             by_event: dict[str, int] = {}
+            spans: dict[str, tuple[float, float]] = {}
             async for h in run_histories(client, wid):
                 c = count_history(h)
                 hist["history_bytes"] += c["history_bytes"]
                 hist["events"] += c["events"]
                 hist["workflows"] += 1
                 hist["largest"] = max(hist["largest"], c["history_bytes"])
+                first, last = h.events[0].event_time, h.events[-1].event_time
+                spans[h.workflow_id] = (first.ToNanoseconds() / 1e9, last.ToNanoseconds() / 1e9)
                 for ev, b in c["payload_bytes_by_event"].items():
                     by_event[ev] = by_event.get(ev, 0) + b
             idle_rss = _rss_mb(proc.pid)
@@ -437,6 +447,18 @@ async def run_aiworker(base: str, n: int, limiter: bool, flags: list[str]) -> di
                 proc.kill()
                 proc.wait()
     grown = {k: disk1[k] - disk0[k] for k in disk0}
+    # where the pipeline's time went: inside chunk workflows, or between them
+    chunks = sorted(v for k, v in spans.items() if k != wid)
+    busy, edge = 0.0, 0.0
+    for a, b in chunks:
+        busy += max(0.0, b - max(a, edge))
+        edge = max(edge, b)
+    timeline = {
+        "pipeline_s": round(spans[wid][1] - spans[wid][0], 2),
+        "in_chunks_s": round(busy, 2),
+        "before_first_chunk_s": round(chunks[0][0] - spans[wid][0], 2) if chunks else None,
+        "chunks": len(chunks),
+    }
     return {
         "limiter": "on" if limiter else "off",
         "dev_flags": " ".join(flags),
@@ -468,6 +490,7 @@ async def run_aiworker(base: str, n: int, limiter: bool, flags: list[str]) -> di
                 k: round(v / n) for k, v in sorted(by_event.items(), key=lambda kv: -kv[1])
             },
         },
+        "timeline": timeline,
         "_items": items,
     } | ({"profile": profile} if profile else {})
 
@@ -496,32 +519,49 @@ async def run(quick: bool = False) -> dict[str, Any]:
     variants = os.environ.get("BENCH_CRAWL_VARIANTS", "on,off").split(",")
     site = Site(n)
     try:
-        scrapy = run_scrapy(site.base)
+        # Scrapy before and after each aiworker run: each run's ratio is against the
+        # two Scrapy runs beside it (the machine's load drifts over minutes)
+        scrapys = [run_scrapy(site.base)]
         runs = []
         for v in variants:
             limiter, *flags = v.split("+")
-            runs.append(await run_aiworker(site.base, n, limiter == "on", [f"--{f}" for f in flags]))
+            flags = [f"--{f}" for f in flags]
+            runs.append(await run_aiworker(site.base, n, limiter == "on", flags))
+            scrapys.append(run_scrapy(site.base))
     finally:
         site.stop()
-    scrapy_items = scrapy.pop("items")
-    scrapy_ps = len(scrapy_items) / scrapy["elapsed"]
+    rows = []
+    for s in scrapys:
+        items = s.pop("items")
+        rows.append(
+            {
+                "pages": len(items),
+                "wall_seconds": round(s["elapsed"], 2),
+                "pages_per_s": round(len(items) / s["elapsed"], 2),
+                "cpu_s_per_page": round(s["cpu"] / len(items), 5),
+                "peak_rss_mb": round(s["maxrss_mb"], 1),
+                "_items": items,
+            }
+        )
+    scrapy_items = rows[0].pop("_items")
+    for r in rows[1:]:
+        r.pop("_items")
     out: dict[str, Any] = {
         "pages": n,
         "concurrency": CONCURRENCY,
         "scrapy": {
-            "pages": len(scrapy_items),
-            "wall_seconds": round(scrapy["elapsed"], 2),
-            "pages_per_s": round(scrapy_ps, 2),
-            "cpu_s_per_page": round(scrapy["cpu"] / len(scrapy_items), 5),
-            "peak_rss_mb": round(scrapy["maxrss_mb"], 1),
-        },
+            k: statistics.median(r[k] for r in rows)
+            for k in ("pages_per_s", "cpu_s_per_page", "peak_rss_mb")
+        }
+        | {"runs": rows},
     }
-    for r in runs:
+    for i, r in enumerate(runs):
         items = r.pop("_items")
-        r["ratio_to_scrapy"] = round(r["pages_per_s"] / scrapy_ps, 3)
-        r["cpu_ratio_to_scrapy"] = round(
-            r["cpu_s_per_page"]["total"] / out["scrapy"]["cpu_s_per_page"], 2
-        )
+        beside = (rows[i]["pages_per_s"] + rows[i + 1]["pages_per_s"]) / 2
+        cpu_beside = (rows[i]["cpu_s_per_page"] + rows[i + 1]["cpu_s_per_page"]) / 2
+        r["scrapy_pages_per_s_beside"] = round(beside, 2)
+        r["ratio_to_scrapy"] = round(r["pages_per_s"] / beside, 3)
+        r["cpu_ratio_to_scrapy"] = round(r["cpu_s_per_page"]["total"] / cpu_beside, 2)
         r["fields"] = _agreement(items, scrapy_items)
         out["aiworker_limiter_" + "+".join([r["limiter"], *r["dev_flags"].split()])] = r
     headline = runs[0]
