@@ -352,6 +352,27 @@ def _spy_summary(spy: subprocess.Popen[bytes] | None, out: Path) -> dict[str, An
     return summary
 
 
+def _latencies(h: Any, acc: dict[str, list[float]]) -> None:
+    """Per activity: scheduled to started (``queued``: dispatch through matching) and
+    started to completed (``running``); per workflow task, scheduled to started."""
+    from temporalio.api.enums.v1 import EventType
+
+    def t(e: Any) -> float:
+        return float(e.event_time.ToNanoseconds()) / 1e9
+
+    by_id = {e.event_id: e for e in h.events}
+    for e in h.events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            sched = by_id[e.activity_task_started_event_attributes.scheduled_event_id]
+            acc["queued"].append(t(e) - t(sched))
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            started = by_id[e.activity_task_completed_event_attributes.started_event_id]
+            acc["running"].append(t(e) - t(started))
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            sched = by_id[e.workflow_task_started_event_attributes.scheduled_event_id]
+            acc["wft_queued"].append(t(e) - t(sched))
+
+
 def _server_pid(data_dir: Path) -> int:
     for line in (data_dir / "dev.lock").read_text().splitlines():
         if line.startswith("server pid "):
@@ -428,12 +449,14 @@ async def run_aiworker(base: str, n: int, limiter: bool, flags: list[str]) -> di
             hist = {"history_bytes": 0, "events": 0, "workflows": 0, "largest": 0}
             by_event: dict[str, int] = {}
             spans: dict[str, tuple[float, float]] = {}
+            lat: dict[str, list[float]] = {"queued": [], "running": [], "wft_queued": []}
             async for h in run_histories(client, wid):
                 c = count_history(h)
                 hist["history_bytes"] += c["history_bytes"]
                 hist["events"] += c["events"]
                 hist["workflows"] += 1
                 hist["largest"] = max(hist["largest"], c["history_bytes"])
+                _latencies(h, lat)
                 first, last = h.events[0].event_time, h.events[-1].event_time
                 spans[h.workflow_id] = (first.ToNanoseconds() / 1e9, last.ToNanoseconds() / 1e9)
                 for ev, b in c["payload_bytes_by_event"].items():
@@ -490,7 +513,8 @@ async def run_aiworker(base: str, n: int, limiter: bool, flags: list[str]) -> di
                 k: round(v / n) for k, v in sorted(by_event.items(), key=lambda kv: -kv[1])
             },
         },
-        "timeline": timeline,
+        "timeline": timeline
+        | {f"{k}_ms_p50": round(statistics.median(v) * 1000, 1) for k, v in lat.items() if v},
         "_items": items,
     } | ({"profile": profile} if profile else {})
 
