@@ -261,7 +261,7 @@ _NO_LIMIT = (
 
 
 def _pipeline(sitemap: str) -> dict[str, Any]:
-    # BENCH_CRAWL_CHUNK_SIZE: a diagnostic (the shipped default is 100)
+    # BENCH_CRAWL_CHUNK_SIZE: a diagnostic (the default is 100)
     chunk = os.environ.get("BENCH_CRAWL_CHUNK_SIZE")
     return {
         "name": "bench-crawl",
@@ -281,7 +281,8 @@ def _pipeline(sitemap: str) -> dict[str, Any]:
                 "worker": "web-scrape",
                 "depends_on": ["find"],
                 "for_each": "${{ steps.find.outputs.data.urls }}",
-                "max_parallel": CONCURRENCY,
+                # BENCH_CRAWL_PARALLEL: a diagnostic (Scrapy keeps 16)
+                "max_parallel": int(os.environ.get("BENCH_CRAWL_PARALLEL") or CONCURRENCY),
                 **({"chunk_size": int(chunk)} if chunk else {}),
                 "input": {
                     "url": "${{ item }}",
