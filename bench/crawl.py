@@ -9,7 +9,9 @@ core; both crawlers need a few hundred).
 - **Scrapy** (bench-only dependency, ``pip install -e '.[bench]'``): a
   ``SitemapSpider`` starting at robots.txt, three fields by CSS selector,
   ``CONCURRENT_REQUESTS=16``, no delay, robots obeyed, AutoThrottle off, in a
-  process of its own. Its time is Scrapy's own ``elapsed_time_seconds`` stat
+  process of its own, before and after every aiworker run (each aiworker run's
+  ratio is against the mean of the two beside it: the shared machine's load
+  drifts over minutes). Its time is Scrapy's own ``elapsed_time_seconds`` stat
   (spider open to close), its CPU the process's CPU over the same span.
 - **aiworker**: ``aiworker dev --headless --no-model`` as shipped (a process that
   is the worker, with the Temporal server as its child), then one pipeline:
