@@ -64,7 +64,9 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/aiworker schemas export
 
+## bench/crawl.py compares against Scrapy: the `bench` extra installs it (bench only).
 bench: compile
+	$(BIN)/python -c 'import scrapy' 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m bench
 
 ## Where the bench worker's CPU goes: the throughput shapes under py-spy, by module.
