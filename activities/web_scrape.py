@@ -42,8 +42,8 @@ from aiworker.activities.tools.extract import Extraction, HtmlParser
 from aiworker.activities.tools.fetch import FetchResult, FetchTool
 from aiworker.activities.tools.revalidate import NotModified, PageValidators, Revalidation
 from aiworker.schemas.catalog import builtin_spec
-from aiworker.schemas.discover_spec import compile_discover
-from aiworker.schemas.extraction_spec import SpecError, compile_selector
+from aiworker.schemas.discover_spec import DiscoverSpec, compile_discover
+from aiworker.schemas.extraction_spec import CompiledSpec, SpecError, compile_selector
 from aiworker.schemas.protocol import WarningInfo
 
 # Leave the runtime's own deadline a margin, so a slow site is `fetch_timeout`
@@ -157,7 +157,12 @@ class WebScrape(Worker):
                 return soup, Extraction(data={})
             return soup, parser.extract_from(soup, spec, page.final_url)
 
-        if len(text) > _INLINE_PARSE_CHARS:
+        soup: BeautifulSoup | None = None
+        if not _needs_soup(spec, find):
+            # content only: trafilatura parses the page itself (lxml); a BeautifulSoup
+            # tree nobody reads cost more than the extraction (bench/article.py)
+            result = Extraction(data={})
+        elif len(text) > _INLINE_PARSE_CHARS:
             # Big pages parse in a thread so the event loop keeps serving other activities.
             soup, result = await asyncio.to_thread(parse_and_extract)
         else:
@@ -185,7 +190,7 @@ class WebScrape(Worker):
                 fetcher,
                 find,
                 input,
-                (soup, page.final_url),
+                (soup, page.final_url) if soup is not None else None,
                 _time_left(ctx.remaining()),
             )
             result.data["urls"] = urls
@@ -223,6 +228,12 @@ class WebScrape(Worker):
                 **log_fields,
             },
         )
+
+
+def _needs_soup(spec: CompiledSpec | None, find: DiscoverSpec | None) -> bool:
+    """Whether anything reads the page's BeautifulSoup tree: fields, ``metadata`` or
+    discovery (a discover step always reads the page it fetched)."""
+    return find is not None or spec is None or bool(spec.fields) or spec.metadata
 
 
 def _wait_for(input: dict[str, Any]) -> str | None:

@@ -94,7 +94,9 @@ def extract_content(html: str, mode: str, base_url: str) -> dict[str, Any]:
             plain = copy.deepcopy(doc.body)  # rendering changes the tree: text from a copy
             strip_tags(plain, "ref")  # link text stays, its target goes
             out["text"] = xmltotxt(plain, False).strip()
-            out["markdown"] = xmltotxt(doc.body, True).strip()
+            # bare_extraction already rendered the body with formatting (Markdown) for
+            # doc.text, from a copy of it: rendering it again would do the same work twice
+            out["markdown"] = (doc.text or "").strip()
             meta = doc
         else:
             meta = trafilatura.extract_metadata(tree, base_url)
