@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from bs4 import BeautifulSoup
@@ -64,6 +65,18 @@ class WebScrape(Worker):
     """Fetches one page and extracts the fields of an ``extraction_spec``."""
 
     spec = builtin_spec("web-scrape")
+
+    def __init__(self) -> None:
+        # the conditional-request store of the last artifact store and data directory
+        # seen: built once per process, not per call (it resolves its directory)
+        self._validators: tuple[ArtifactStore, Path, PageValidators] | None = None
+
+    def _page_validators(self, store: ArtifactStore, data_dir: Path) -> PageValidators:
+        known = self._validators
+        if known is None or known[0] is not store or known[1] != data_dir:
+            known = (store, data_dir, PageValidators.beside(store, data_dir))
+            self._validators = known
+        return known[2]
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
         parser: HtmlParser = ctx.tools.use("parse_html")
@@ -118,7 +131,7 @@ class WebScrape(Worker):
             body, media_type = text.encode("utf-8"), "text/html"
         else:
             fetcher = ctx.tools.use("fetch_url")
-            revalidation = PageValidators.beside(store, ctx.settings.data_dir).session(
+            revalidation = self._page_validators(store, ctx.settings.data_dir).session(
                 ctx.tenant,
                 input,
                 self.spec.version,
