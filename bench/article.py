@@ -84,10 +84,20 @@ async def run(quick: bool = False) -> dict[str, Any]:
         "worker_pages_per_s": round(worker_ps, 2),
         "direct_pages_per_s": round(direct_ps, 2),
         "article_ratio_vs_direct": round(ratio, 3),
+        "ratio": round(ratio, 3),
+        "command": command(quick),
     }
+
+
+def command(quick: bool) -> str:
+    """The command that reproduces these figures."""
+    return f"{'BENCH_QUICK=1 ' if quick else ''}.venv/bin/python -m bench.article"
 
 
 if __name__ == "__main__":
     import asyncio
+    import json
+    import os
 
-    asyncio.run(run(quick="--quick" in sys.argv))
+    quick = "--quick" in sys.argv or os.environ.get("BENCH_QUICK", "") not in ("", "0")
+    print(json.dumps(asyncio.run(run(quick=quick)), indent=2))
