@@ -161,55 +161,19 @@ class WebScrape(Worker):
             page = fetched
             text, body = page.text, page.body
             media_type = page.content_type.split(";", 1)[0].strip() or "text/html"
-        ref = await store.put(ctx.request.tenant, body, media_type)
-
-        def parse_and_extract() -> tuple[BeautifulSoup, Extraction]:
-            # one parse serves the fields and the discovered links
-            soup = parser.parse(text)
-            if spec is None:
-                return soup, Extraction(data={})
-            return soup, parser.extract_from(soup, spec, page.final_url)
-
-        soup: BeautifulSoup | None = None
-        if not _needs_soup(spec, find):
-            # content only: trafilatura parses the page itself (lxml); a BeautifulSoup
-            # tree nobody reads cost more than the extraction (bench/article.py)
-            result = Extraction(data={})
-        elif len(text) > _INLINE_PARSE_CHARS:
-            # Big pages parse in a thread so the event loop keeps serving other activities.
-            soup, result = await asyncio.to_thread(parse_and_extract)
-        else:
-            soup, result = parse_and_extract()
-        partial = bool(result.missing_required)
-        warnings = list(result.warnings)
-        if spec is not None and spec.content is not None:
-            # imported on first use: trafilatura takes ~0.2 s to import, which a
-            # process whose steps never ask for content should not pay
-            from aiworker.activities.tools.content import main_content
-
-            content = await main_content(
-                text,
-                spec.content,
-                page.final_url,
-                max_chars=spec.max_content_chars,
-                timeout=_time_left(ctx.remaining()),
+        # The raw page is stored while it is parsed and extracted: the file store writes
+        # in a thread (activities/artifacts.py), and nothing reads ``ref`` before the
+        # write is done.
+        saving = asyncio.ensure_future(store.put(ctx.request.tenant, body, media_type))
+        await asyncio.sleep(0)  # the write starts before the parse holds the event loop
+        try:
+            result, warnings, partial, log_fields = await self._extract(
+                ctx, input, parser, spec, find, fetcher, page.final_url, text
             )
-            result.data["content"] = content.content
-            warnings.extend(content.warnings)
-            partial = partial or content.partial
-        log_fields: dict[str, Any] = {}
-        if find is not None:
-            urls, found = await discover_urls(
-                fetcher,
-                find,
-                input,
-                (soup, page.final_url) if soup is not None else None,
-                _time_left(ctx.remaining()),
-            )
-            result.data["urls"] = urls
-            warnings.extend(found.warnings)
-            partial = partial or found.incomplete
-            log_fields = {"urls": len(urls), "discover_fetches": found.fetches}
+        except BaseException:
+            _abandon(saving)
+            raise
+        ref = await saving
         source = page.source()
         source["redirects"] = page.redirects
         source["not_modified"] = False
@@ -241,6 +205,80 @@ class WebScrape(Worker):
                 **log_fields,
             },
         )
+
+    async def _extract(
+        self,
+        ctx: WorkerContext,
+        input: dict[str, Any],
+        parser: HtmlParser,
+        spec: CompiledSpec | None,
+        find: DiscoverSpec | None,
+        fetcher: FetchTool,
+        final_url: str,
+        text: str,
+    ) -> tuple[Extraction, list[dict[str, str]], bool, dict[str, Any]]:
+        """Fields, content and discovered URLs of the page ``text`` fetched from
+        ``final_url``: the extraction, its warnings, whether it is partial, log fields."""
+
+        def parse_and_extract() -> tuple[BeautifulSoup, Extraction]:
+            # one parse serves the fields and the discovered links
+            soup = parser.parse(text)
+            if spec is None:
+                return soup, Extraction(data={})
+            return soup, parser.extract_from(soup, spec, final_url)
+
+        soup: BeautifulSoup | None = None
+        if not _needs_soup(spec, find):
+            # content only: trafilatura parses the page itself (lxml); a BeautifulSoup
+            # tree nobody reads cost more than the extraction (bench/article.py)
+            result = Extraction(data={})
+        elif len(text) > _INLINE_PARSE_CHARS:
+            # Big pages parse in a thread so the event loop keeps serving other activities.
+            soup, result = await asyncio.to_thread(parse_and_extract)
+        else:
+            soup, result = parse_and_extract()
+        partial = bool(result.missing_required)
+        warnings = list(result.warnings)
+        if spec is not None and spec.content is not None:
+            # imported on first use: trafilatura takes ~0.2 s to import, which a
+            # process whose steps never ask for content should not pay
+            from aiworker.activities.tools.content import main_content
+
+            content = await main_content(
+                text,
+                spec.content,
+                final_url,
+                max_chars=spec.max_content_chars,
+                timeout=_time_left(ctx.remaining()),
+            )
+            result.data["content"] = content.content
+            warnings.extend(content.warnings)
+            partial = partial or content.partial
+        log_fields: dict[str, Any] = {}
+        if find is not None:
+            urls, found = await discover_urls(
+                fetcher,
+                find,
+                input,
+                (soup, final_url) if soup is not None else None,
+                _time_left(ctx.remaining()),
+            )
+            result.data["urls"] = urls
+            warnings.extend(found.warnings)
+            partial = partial or found.incomplete
+            log_fields = {"urls": len(urls), "discover_fetches": found.fetches}
+        return result, warnings, partial, log_fields
+
+
+def _abandon(task: asyncio.Future[Any]) -> None:
+    """Give up on ``task`` (the step failed first): cancel it, and take any failure it
+    already had so that it is not reported as never retrieved. A file write already
+    running in its thread still finishes (atomic, content-addressed: harmless)."""
+    if task.done():
+        if not task.cancelled():
+            task.exception()
+    else:
+        task.cancel()
 
 
 def _needs_soup(spec: CompiledSpec | None, find: DiscoverSpec | None) -> bool:
