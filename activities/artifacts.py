@@ -24,6 +24,8 @@ from aiworker.activities.errors import AccessDeniedError, InvalidInputError, Not
 from aiworker.schemas.protocol import ArtifactRef
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Writes under this size are cheaper inline than through a worker thread.
+_INLINE_BYTES = 256 * 1024
 
 
 class ArtifactStore(Protocol):
@@ -82,19 +84,17 @@ class FileArtifactStore:
     async def put(
         self, tenant: str, data: bytes, media_type: str = "application/octet-stream"
     ) -> ArtifactRef:
-        # Hashing and writing in a thread, whatever the size: creating a file can take
-        # milliseconds on a busy disk, which would stall every activity of the process
-        # on the event loop; in a thread it also overlaps the caller's own work
-        # (web-scrape parses the page meanwhile).
-        path = await asyncio.to_thread(self._store, tenant, data)
+        digest = hashlib.sha256(data).hexdigest()
+        path = self.path_for(tenant, digest)
+        if len(data) <= _INLINE_BYTES:
+            # A page-sized write costs less inline than the hop to a thread and back,
+            # which on a busy machine waits for the scheduler twice (bench/scrape.py).
+            self._write(path, data)
+        else:
+            await asyncio.to_thread(self._write, path, data)
         return ArtifactRef(
-            uri=path.as_uri(), sha256=path.name, size_bytes=len(data), media_type=media_type
+            uri=path.as_uri(), sha256=digest, size_bytes=len(data), media_type=media_type
         )
-
-    def _store(self, tenant: str, data: bytes) -> Path:
-        path = self.path_for(tenant, hashlib.sha256(data).hexdigest())
-        self._write(path, data)
-        return path
 
     @staticmethod
     def _write(path: Path, data: bytes) -> None:

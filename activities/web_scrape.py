@@ -161,19 +161,10 @@ class WebScrape(Worker):
             page = fetched
             text, body = page.text, page.body
             media_type = page.content_type.split(";", 1)[0].strip() or "text/html"
-        # The raw page is stored while it is parsed and extracted: the file store writes
-        # in a thread (activities/artifacts.py), and nothing reads ``ref`` before the
-        # write is done.
-        saving = asyncio.ensure_future(store.put(ctx.request.tenant, body, media_type))
-        await asyncio.sleep(0)  # the write starts before the parse holds the event loop
-        try:
-            result, warnings, partial, log_fields = await self._extract(
-                ctx, input, parser, spec, find, fetcher, page.final_url, text
-            )
-        except BaseException:
-            _abandon(saving)
-            raise
-        ref = await saving
+        ref = await store.put(ctx.request.tenant, body, media_type)
+        result, warnings, partial, log_fields = await self._extract(
+            ctx, input, parser, spec, find, fetcher, page.final_url, text
+        )
         source = page.source()
         source["redirects"] = page.redirects
         source["not_modified"] = False
@@ -268,17 +259,6 @@ class WebScrape(Worker):
             partial = partial or found.incomplete
             log_fields = {"urls": len(urls), "discover_fetches": found.fetches}
         return result, warnings, partial, log_fields
-
-
-def _abandon(task: asyncio.Future[Any]) -> None:
-    """Give up on ``task`` (the step failed first): cancel it, and take any failure it
-    already had so that it is not reported as never retrieved. A file write already
-    running in its thread still finishes (atomic, content-addressed: harmless)."""
-    if task.done():
-        if not task.cancelled():
-            task.exception()
-    else:
-        task.cancel()
 
 
 def _needs_soup(spec: CompiledSpec | None, find: DiscoverSpec | None) -> bool:

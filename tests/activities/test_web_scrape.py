@@ -365,23 +365,3 @@ def test_spec_contract() -> None:
     assert {"fetch_url", "parse_html"} <= set(spec.constraints.tools_allowed)
     assert spec.constraints.rate_limit == "10/min"
     assert (spec.retries.max_attempts, spec.retries.backoff) == (2, "exponential")
-
-
-async def test_a_failed_extraction_abandons_the_page_write(tmp_path: Path) -> None:
-    """The page is stored while it is parsed; when the extraction fails first, the
-    write is cancelled if still pending, and a write that already failed is not left
-    as a never-retrieved exception (warnings are errors here)."""
-    from aiworker.activities.web_scrape import _abandon
-
-    async def fails() -> None:
-        raise OSError("disk full")
-
-    done = asyncio.ensure_future(fails())
-    await asyncio.sleep(0)
-    assert done.done() and done._log_traceback  # type: ignore[attr-defined]
-    _abandon(done)
-    assert not done._log_traceback  # type: ignore[attr-defined]  # retrieved: no report
-    pending = asyncio.ensure_future(asyncio.sleep(10))
-    _abandon(pending)
-    with pytest.raises(asyncio.CancelledError):
-        await pending
