@@ -257,3 +257,36 @@ async def test_content_only_builds_no_soup(tmp_path: Path, article_site: Loopbac
             assert ("h1" in resp.outputs["data"]) == bool(parses)
     finally:
         await tools["fetch_url"].aclose()
+
+
+async def test_small_pages_are_extracted_inline_when_time_is_ample(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page of at most INLINE_CHARS with INLINE_MIN_SECONDS left is extracted on the
+    calling thread; a bigger page, or less time, goes to the content pool (where the
+    deadline can cut it short)."""
+    import threading
+
+    from fixtures.article_site import article_page
+
+    from aiworker.activities.tools import content as content_module
+
+    threads: list[str] = []
+    real = content_module.extract_content
+
+    def recording(html: str, mode: str, base_url: str) -> dict[str, Any]:
+        threads.append(threading.current_thread().name)
+        return real(html, mode, base_url)
+
+    monkeypatch.setattr(content_module, "extract_content", recording)
+    small = article_page(1)
+    big = small.replace("</body>", "<!--" + "x" * content_module.INLINE_CHARS + "--></body>")
+    ample = content_module.INLINE_MIN_SECONDS + 1
+    for page, timeout in ((small, ample), (big, ample), (small, 1.0)):
+        result = await main_content(page, "article", "https://example.com/", max_chars=None,
+                                    timeout=timeout)  # fmt: skip
+        assert FIRST in result.content["text"]
+    here = threading.current_thread().name
+    assert threads[0] == here
+    assert threads[1] != here and threads[2] != here
+    assert threads[1].startswith("aiworker-content")
