@@ -216,7 +216,7 @@ class WebScrape(Worker):
             soup = parser.parse(text)
             if spec is None:
                 return soup, Extraction(data={})
-            return soup, parser.extract_from(soup, spec, final_url)
+            return soup, parser.extract_from(soup, spec, final_url, source=text)
 
         soup: BeautifulSoup | None = None
         if not _needs_soup(spec, find):
