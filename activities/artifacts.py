@@ -51,8 +51,11 @@ def tenant_dir(tenant: str) -> str:
 
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see all of it or nothing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    except FileNotFoundError:  # the directory's first file: one mkdir, not one per write
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -84,6 +87,8 @@ class FileArtifactStore:
         digest = hashlib.sha256(data).hexdigest()
         path = self.path_for(tenant, digest)
         if len(data) <= _INLINE_BYTES:
+            # A page-sized write costs less inline than the hop to a thread and back,
+            # which on a busy machine waits for the scheduler twice (bench/scrape.py).
             self._write(path, data)
         else:
             await asyncio.to_thread(self._write, path, data)

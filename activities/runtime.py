@@ -53,6 +53,7 @@ from aiworker.activities.call_telemetry import (
     tracer,
 )
 from aiworker.activities.constraints import tighten
+from aiworker.activities.contracts import Contract
 from aiworker.activities.errors import (
     Failure,
     InternalError,
@@ -61,7 +62,7 @@ from aiworker.activities.errors import (
     WorkerTimeoutError,
     map_failures,
 )
-from aiworker.activities.jsonschema_cache import SchemaError, describe, validator_for
+from aiworker.activities.jsonschema_cache import SchemaError, describe
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.redaction import Redactor
 from aiworker.activities.step_cache import StepCache
@@ -185,9 +186,13 @@ _CONTRACTS: dict[str, tuple[type[InvalidInputError | InvalidOutputError], str]] 
 
 
 def conform(
-    validator: Validator, value: Any, what: Literal["input", "output"], max_depth: int
+    validator: Validator | Contract,
+    value: Any,
+    what: Literal["input", "output"],
+    max_depth: int,
 ) -> None:
-    """Check ``value`` against a spec's ``input_schema`` or ``output_schema`` (compiled).
+    """Check ``value`` against a spec's ``input_schema`` or ``output_schema`` (compiled,
+    or a :class:`~aiworker.activities.contracts.Contract`: the same errors).
 
     ``invalid_input`` or ``invalid_output`` names the first failing field and
     rule, with every problem in ``reasons``. Nesting deeper than ``max_depth``
@@ -200,7 +205,10 @@ def conform(
         raise error(f"{what}: {e} (AIWORKER_MAX_JSON_DEPTH)", field=root) from None
     with tracer.start_as_current_span(f"validate {what}") as span:
         try:
-            errors = safe_schema.errors(validator, value)
+            if isinstance(validator, Contract):
+                errors = validator.errors(value)
+            else:
+                errors = safe_schema.errors(validator, value)
         except SchemaError as e:
             raise error(f"{what}: {e.message}", field=root) from None
         span.set_attribute("aiworker.schema_errors", len(errors))
@@ -232,19 +240,24 @@ class WorkerRuntime:
         self.metrics = metrics
         self.cache = cache or StepCache.beside(self.tools.get("artifact_store"), settings.data_dir)
         self.redactor = Redactor([*settings.secret_values(), *tool_secrets(self.tools)])
-        # Each spec's compiled validators, found by the schema object itself: the
+        # Each spec's compiled contracts, found by the schema object itself: the
         # content-keyed cache would serialize the whole schema on every call to
-        # find them. The schema is kept with its validator so that the id is never
-        # another object's.
-        self._validators: dict[int, tuple[Any, Validator]] = {}
+        # find them. The contract keeps its schema so that the id is never another
+        # object's.
+        self._contracts: dict[tuple[int, bool], Contract] = {}
+
+    def contract(self, schema: dict[str, Any], *, remember: bool = False) -> Contract:
+        """The compiled contract of a spec's ``input_schema`` (``remember``: with the
+        memo of valid parts, :mod:`~aiworker.activities.contracts`) or ``output_schema``."""
+        hit = self._contracts.get((id(schema), remember))
+        if hit is None or hit.schema is not schema:
+            hit = Contract(schema, remember=remember)
+            self._contracts[(id(schema), remember)] = hit
+        return hit
 
     def validator(self, schema: dict[str, Any]) -> Validator:
         """The compiled validator of a spec's ``input_schema`` or ``output_schema``."""
-        hit = self._validators.get(id(schema))
-        if hit is None or hit[0] is not schema:
-            hit = (schema, validator_for(schema))
-            self._validators[id(schema)] = hit
-        return hit[1]
+        return self.contract(schema).validator
 
     def interceptor(self) -> CallTelemetryInterceptor:
         """The activity interceptor that emits the telemetry of this runtime's workers'
@@ -322,7 +335,7 @@ class WorkerRuntime:
             call.bind(request)
             policy = admit(self.settings, request)
             depth = self.settings.caps.max_json_depth
-            conform(self.validator(spec.input_schema), request.input, "input", depth)
+            conform(self.contract(spec.input_schema, remember=True), request.input, "input", depth)
             ctx = self._enforce_constraints(spec, request, call, usage)
             hit = await self.cache.lookup(request, spec)
             if hit is not None:  # no tokens, no external calls: nothing for the budget
@@ -331,7 +344,7 @@ class WorkerRuntime:
                 return self._respond(ctx, kept, call).model_copy(update={"cached": True})
             with tenant_egress(policy.egress_allow if policy is not None else None):
                 result = await self._execute(worker, ctx, call)
-            conform(self.validator(spec.output_schema), result.outputs, "output", depth)
+            conform(self.contract(spec.output_schema), result.outputs, "output", depth)
             response = self._respond(ctx, result, call)
             await self.cache.store(request, response)
             return response

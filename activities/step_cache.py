@@ -142,8 +142,13 @@ class FileCacheBackend:
         return self.base / tenant_dir(tenant) / key[:2] / f"{key}.json"
 
     async def read(self, tenant: str, key: str) -> bytes | None:
+        path = self.path_for(tenant, key)
+        if not path.is_file():
+            # A miss is one stat on the event loop: cheaper than the hop to a thread,
+            # and every first scrape of a page (most of a crawl) is one.
+            return None
         try:
-            return await asyncio.to_thread(self.path_for(tenant, key).read_bytes)
+            return await asyncio.to_thread(path.read_bytes)
         except FileNotFoundError:
             return None
 

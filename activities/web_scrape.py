@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from bs4 import BeautifulSoup
@@ -42,8 +43,8 @@ from aiworker.activities.tools.extract import Extraction, HtmlParser
 from aiworker.activities.tools.fetch import FetchResult, FetchTool
 from aiworker.activities.tools.revalidate import NotModified, PageValidators, Revalidation
 from aiworker.schemas.catalog import builtin_spec
-from aiworker.schemas.discover_spec import compile_discover
-from aiworker.schemas.extraction_spec import SpecError, compile_selector
+from aiworker.schemas.discover_spec import DiscoverSpec, compile_discover
+from aiworker.schemas.extraction_spec import CompiledSpec, SpecError, compile_selector
 from aiworker.schemas.protocol import WarningInfo
 
 # Leave the runtime's own deadline a margin, so a slow site is `fetch_timeout`
@@ -64,6 +65,18 @@ class WebScrape(Worker):
     """Fetches one page and extracts the fields of an ``extraction_spec``."""
 
     spec = builtin_spec("web-scrape")
+
+    def __init__(self) -> None:
+        # the conditional-request store of the last artifact store and data directory
+        # seen: built once per process, not per call (it resolves its directory)
+        self._validators: tuple[ArtifactStore, Path, PageValidators] | None = None
+
+    def _page_validators(self, store: ArtifactStore, data_dir: Path) -> PageValidators:
+        known = self._validators
+        if known is None or known[0] is not store or known[1] != data_dir:
+            known = (store, data_dir, PageValidators.beside(store, data_dir))
+            self._validators = known
+        return known[2]
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
         parser: HtmlParser = ctx.tools.use("parse_html")
@@ -118,7 +131,7 @@ class WebScrape(Worker):
             body, media_type = text.encode("utf-8"), "text/html"
         else:
             fetcher = ctx.tools.use("fetch_url")
-            revalidation = PageValidators.beside(store, ctx.settings.data_dir).session(
+            revalidation = self._page_validators(store, ctx.settings.data_dir).session(
                 ctx.tenant,
                 input,
                 self.spec.version,
@@ -149,49 +162,9 @@ class WebScrape(Worker):
             text, body = page.text, page.body
             media_type = page.content_type.split(";", 1)[0].strip() or "text/html"
         ref = await store.put(ctx.request.tenant, body, media_type)
-
-        def parse_and_extract() -> tuple[BeautifulSoup, Extraction]:
-            # one parse serves the fields and the discovered links
-            soup = parser.parse(text)
-            if spec is None:
-                return soup, Extraction(data={})
-            return soup, parser.extract_from(soup, spec, page.final_url)
-
-        if len(text) > _INLINE_PARSE_CHARS:
-            # Big pages parse in a thread so the event loop keeps serving other activities.
-            soup, result = await asyncio.to_thread(parse_and_extract)
-        else:
-            soup, result = parse_and_extract()
-        partial = bool(result.missing_required)
-        warnings = list(result.warnings)
-        if spec is not None and spec.content is not None:
-            # imported on first use: trafilatura takes ~0.2 s to import, which a
-            # process whose steps never ask for content should not pay
-            from aiworker.activities.tools.content import main_content
-
-            content = await main_content(
-                text,
-                spec.content,
-                page.final_url,
-                max_chars=spec.max_content_chars,
-                timeout=_time_left(ctx.remaining()),
-            )
-            result.data["content"] = content.content
-            warnings.extend(content.warnings)
-            partial = partial or content.partial
-        log_fields: dict[str, Any] = {}
-        if find is not None:
-            urls, found = await discover_urls(
-                fetcher,
-                find,
-                input,
-                (soup, page.final_url),
-                _time_left(ctx.remaining()),
-            )
-            result.data["urls"] = urls
-            warnings.extend(found.warnings)
-            partial = partial or found.incomplete
-            log_fields = {"urls": len(urls), "discover_fetches": found.fetches}
+        result, warnings, partial, log_fields = await self._extract(
+            ctx, input, parser, spec, find, fetcher, page.final_url, text
+        )
         source = page.source()
         source["redirects"] = page.redirects
         source["not_modified"] = False
@@ -223,6 +196,75 @@ class WebScrape(Worker):
                 **log_fields,
             },
         )
+
+    async def _extract(
+        self,
+        ctx: WorkerContext,
+        input: dict[str, Any],
+        parser: HtmlParser,
+        spec: CompiledSpec | None,
+        find: DiscoverSpec | None,
+        fetcher: FetchTool,
+        final_url: str,
+        text: str,
+    ) -> tuple[Extraction, list[dict[str, str]], bool, dict[str, Any]]:
+        """Fields, content and discovered URLs of the page ``text`` fetched from
+        ``final_url``: the extraction, its warnings, whether it is partial, log fields."""
+
+        def parse_and_extract() -> tuple[BeautifulSoup, Extraction]:
+            # one parse serves the fields and the discovered links
+            soup = parser.parse(text)
+            if spec is None:
+                return soup, Extraction(data={})
+            return soup, parser.extract_from(soup, spec, final_url, source=text)
+
+        soup: BeautifulSoup | None = None
+        if not _needs_soup(spec, find):
+            # content only: trafilatura parses the page itself (lxml); a BeautifulSoup
+            # tree nobody reads cost more than the extraction (bench/article.py)
+            result = Extraction(data={})
+        elif len(text) > _INLINE_PARSE_CHARS:
+            # Big pages parse in a thread so the event loop keeps serving other activities.
+            soup, result = await asyncio.to_thread(parse_and_extract)
+        else:
+            soup, result = parse_and_extract()
+        partial = bool(result.missing_required)
+        warnings = list(result.warnings)
+        if spec is not None and spec.content is not None:
+            # imported on first use: trafilatura takes ~0.2 s to import, which a
+            # process whose steps never ask for content should not pay
+            from aiworker.activities.tools.content import main_content
+
+            content = await main_content(
+                text,
+                spec.content,
+                final_url,
+                max_chars=spec.max_content_chars,
+                timeout=_time_left(ctx.remaining()),
+            )
+            result.data["content"] = content.content
+            warnings.extend(content.warnings)
+            partial = partial or content.partial
+        log_fields: dict[str, Any] = {}
+        if find is not None:
+            urls, found = await discover_urls(
+                fetcher,
+                find,
+                input,
+                (soup, final_url) if soup is not None else None,
+                _time_left(ctx.remaining()),
+            )
+            result.data["urls"] = urls
+            warnings.extend(found.warnings)
+            partial = partial or found.incomplete
+            log_fields = {"urls": len(urls), "discover_fetches": found.fetches}
+        return result, warnings, partial, log_fields
+
+
+def _needs_soup(spec: CompiledSpec | None, find: DiscoverSpec | None) -> bool:
+    """Whether anything reads the page's BeautifulSoup tree: fields, ``metadata`` or
+    discovery (a discover step always reads the page it fetched)."""
+    return find is not None or spec is None or bool(spec.fields) or spec.metadata
 
 
 def _wait_for(input: dict[str, Any]) -> str | None:

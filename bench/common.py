@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import statistics
@@ -14,10 +15,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from aiworker.activities.errors import NotFoundError
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.tools import scrape_tools
 from aiworker.schemas.catalog import load_specs
+from aiworker.schemas.protocol import ArtifactRef
 from aiworker.schemas.settings import Settings
 from aiworker.workers.devserver import DevServer, free_port
 
@@ -61,6 +64,27 @@ async def scrape_runtime(prefix: str) -> AsyncIterator[WorkerRuntime]:
             )
         finally:
             await tools["fetch_url"].aclose()
+
+
+class UnwrittenPages:
+    """An artifact store that hashes and refers but writes nothing: the scrape benches'
+    third path, which shows what storing the raw page (one file per page) costs."""
+
+    async def put(
+        self, tenant: str, data: bytes, media_type: str = "application/octet-stream"
+    ) -> ArtifactRef:
+        digest = hashlib.sha256(data).hexdigest()
+        uri = f"file:///unwritten/{digest}"
+        return ArtifactRef(uri=uri, sha256=digest, size_bytes=len(data), media_type=media_type)
+
+    async def get(self, tenant: str, ref: ArtifactRef | str) -> bytes:
+        raise NotFoundError("the bench's unwritten store keeps nothing")
+
+
+def without_page_writes(runtime: WorkerRuntime) -> WorkerRuntime:
+    """``runtime`` with the same tools and settings but :class:`UnwrittenPages`."""
+    tools = {**runtime.tools, "artifact_store": UnwrittenPages()}
+    return WorkerRuntime(runtime.settings, runtime.specs, tools=tools, metrics=runtime.metrics)
 
 
 async def interleaved(

@@ -8,6 +8,9 @@ and schema validation, spec compilation, egress policy, robots.txt (cached),
 politeness slot, breaker, streamed body cap, charset handling, the artifact
 written to disk, extraction and output validation. The direct path is what a
 developer would write by hand: ``httpx.AsyncClient.get`` + ``BeautifulSoup``.
+A third path, the worker with a store that hashes the page but writes no file
+(``bench.common.UnwrittenPages``), gives ``ratio_without_page_write``: what
+the one file per page that the step keeps costs, in the same run.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import httpx
 from bs4 import BeautifulSoup
 
 from aiworker.activities.call_telemetry import observe_call
+from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.tools.extract import PARSER
 from aiworker.activities.web_scrape import WebScrape
-from bench.common import interleaved, scrape_runtime
+from bench.common import interleaved, scrape_runtime, without_page_writes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fixtures.scrape_site import FixtureSite
@@ -81,8 +85,11 @@ async def run(quick: bool = False) -> dict[str, Any]:
             scrape_runtime("aiworker-bench-scrape-") as runtime,
             httpx.AsyncClient(timeout=30) as client,
         ):
+            unwritten, unwritten_scrape = without_page_writes(runtime), WebScrape()
 
-            async def via_worker() -> None:
+            async def via_worker(
+                runtime: WorkerRuntime = runtime, worker: WebScrape = worker
+            ) -> None:
                 request = {
                     "worker_id": "web-scrape",
                     "idempotency_key": f"bench/{seq}",
@@ -98,7 +105,10 @@ async def run(quick: bool = False) -> dict[str, Any]:
                 data = await _direct(client, url())
                 assert len(data["items"]) == ITEMS_PER_PAGE
 
-            paths = {"worker": via_worker, "direct": direct}
+            async def unwritten_worker() -> None:
+                await via_worker(unwritten, unwritten_scrape)
+
+            paths = {"worker": via_worker, "direct": direct, "unwritten": unwritten_worker}
             # warm up both paths (connections, robots.txt, caches)
             await interleaved(20, paths, next_page)
             spent = await interleaved(pages, paths, next_page)
@@ -107,9 +117,12 @@ async def run(quick: bool = False) -> dict[str, Any]:
     n = pages
     worker_ps, direct_ps = n / spent["worker"], n / spent["direct"]
     ratio = worker_ps / direct_ps
+    # the same worker path with the raw page hashed but not written to disk
+    unwritten_ratio = (n / spent["unwritten"]) / direct_ps
     print(
         f"web-scrape: worker {worker_ps:.1f} pages/s, direct httpx+bs4 {direct_ps:.1f} pages/s, "
-        f"ratio {ratio:.3f} (parser {PARSER}, {n} pages of {ITEMS_PER_PAGE} items each)"
+        f"ratio {ratio:.3f} (parser {PARSER}, {n} pages of {ITEMS_PER_PAGE} items each); "
+        f"without writing the page {unwritten_ratio:.3f}"
     )
     return {
         "pages": n,
@@ -118,10 +131,22 @@ async def run(quick: bool = False) -> dict[str, Any]:
         "worker_pages_per_s": round(worker_ps, 2),
         "direct_pages_per_s": round(direct_ps, 2),
         "scrape_ratio_vs_direct": round(ratio, 3),
+        "ratio": round(ratio, 3),
+        "worker_unwritten_pages_per_s": round(n / spent["unwritten"], 2),
+        "ratio_without_page_write": round(unwritten_ratio, 3),
+        "command": command(quick),
     }
+
+
+def command(quick: bool) -> str:
+    """The command that reproduces these figures."""
+    return f"{'BENCH_QUICK=1 ' if quick else ''}.venv/bin/python -m bench.scrape"
 
 
 if __name__ == "__main__":
     import asyncio
+    import json
+    import os
 
-    asyncio.run(run(quick="--quick" in sys.argv))
+    quick = "--quick" in sys.argv or os.environ.get("BENCH_QUICK", "") not in ("", "0")
+    print(json.dumps(asyncio.run(run(quick=quick)), indent=2))

@@ -217,16 +217,26 @@ def json_depth(value: Any, limit: int) -> int:
     Raises:
         ReferenceLimitError: ``value`` nests deeper than ``limit``.
     """
+    if not isinstance(value, Mapping | list):
+        return 0
     deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
+    # Only containers go on the stack, and plain dicts, lists and scalars are told
+    # by their exact type first: this walk runs on every worker call's input and
+    # output, and the ABC check per value was most of its cost.
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         v, depth = stack.pop()
-        if isinstance(v, Mapping | list):
-            depth += 1
-            if depth > limit:
-                raise _too_deep(limit)
-            deepest = max(deepest, depth)
-            stack.extend((c, depth) for c in (v.values() if isinstance(v, Mapping) else v))
+        if depth > limit:
+            raise _too_deep(limit)
+        if depth > deepest:
+            deepest = depth
+        children = v.values() if type(v) is dict or isinstance(v, Mapping) else v
+        for c in children:
+            t = type(c)
+            if t is str or t is int or t is float or t is bool or c is None:
+                continue
+            if t is dict or t is list or isinstance(c, Mapping | list):
+                stack.append((c, depth + 1))
     return deepest
 
 

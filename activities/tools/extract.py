@@ -43,6 +43,10 @@ except ImportError:  # pragma: no cover
     PARSER = "html.parser"
 
 
+# Elements come only from tags: no "<base" in the text, no <base> in the tree.
+_BASE_TAG = re.compile(r"<base", re.IGNORECASE)
+
+
 @dataclass
 class Extraction:
     """Extracted data, warnings, and the required fields that are missing."""
@@ -79,13 +83,21 @@ class HtmlParser:
 
     def extract(self, text: str, spec: CompiledSpec, base_url: str) -> Extraction:
         """Apply ``spec`` to the page ``text`` fetched from ``base_url``."""
-        return self.extract_from(self.parse(text), spec, base_url)
+        return self.extract_from(self.parse(text), spec, base_url, source=text)
 
-    def extract_from(self, soup: BeautifulSoup, spec: CompiledSpec, base_url: str) -> Extraction:
-        """Apply ``spec`` to a page already parsed (:meth:`parse`); reads, never changes it."""
-        base = soup.find("base", href=True)
-        if isinstance(base, Tag):
-            base_url = urljoin(base_url, str(base["href"]))
+    def extract_from(
+        self, soup: BeautifulSoup, spec: CompiledSpec, base_url: str, *, source: str | None = None
+    ) -> Extraction:
+        """Apply ``spec`` to a page already parsed (:meth:`parse`); reads, never changes it.
+
+        ``source`` is the text ``soup`` was parsed from, when known: a page whose
+        text never says ``<base`` has no ``<base>`` element, and the walk of the
+        whole tree looking for one is skipped.
+        """
+        if source is None or _BASE_TAG.search(source):
+            base = soup.find("base", href=True)
+            if isinstance(base, Tag):
+                base_url = urljoin(base_url, str(base["href"]))
         out = Extraction(data={})
         out.data = _record(soup, spec.fields, base_url, "", out)
         if spec.metadata:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from bs4 import BeautifulSoup
 from conftest import Stack
 from fixtures.article_site import (  # noqa: F401  (module fixture)
     FIRST,
@@ -33,9 +34,14 @@ from support.payloads import stack_settings
 from support.scraping import scrape_stack
 from temporalio.client import Client
 
+from aiworker.activities.runtime import WorkerRuntime
+from aiworker.activities.tools import scrape_tools
 from aiworker.activities.tools.content import extract_content, main_content
+from aiworker.activities.tools.extract import HtmlParser
+from aiworker.activities.web_scrape import WebScrape
+from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import parse_rate_limits
+from aiworker.schemas.settings import Settings, parse_rate_limits
 from aiworker.workers import cli
 
 BOILERPLATE = ("NAVMARK", "ADMARK", "COMMENTMARK", "FOOTMARK")
@@ -209,3 +215,78 @@ async def test_the_deadline_bounds_the_extraction() -> None:
     assert "deadline" in result.warnings[0]["message"]
     assert result.content["text"] == ""
     await asyncio.sleep(0)
+
+
+class _CountingParser(HtmlParser):
+    """The real ``parse_html`` tool, counting the BeautifulSoup trees it builds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parses = 0
+
+    def parse(self, text: str) -> BeautifulSoup:
+        self.parses += 1
+        return super().parse(text)
+
+
+async def test_content_only_builds_no_soup(tmp_path: Path, article_site: Loopback) -> None:
+    """A content-only spec is extracted by trafilatura alone: no BeautifulSoup tree is
+    built for it (it cost more than the extraction); fields still get theirs, and the
+    Markdown is the one trafilatura renders."""
+    settings = Settings(data_dir=tmp_path, metrics_port=0, allow_private_networks=True)
+    tools = scrape_tools(settings)
+    parser = tools["parse_html"] = _CountingParser()
+    runtime = WorkerRuntime(settings, load_specs(), tools=tools)
+    try:
+        for i, (spec, parses) in enumerate(
+            [({"content": "article"}, 0), ({"content": "article", "fields": {"h1": "h1"}}, 1)]
+        ):
+            request = {
+                "worker_id": "web-scrape",
+                "idempotency_key": f"soup/{i}",
+                "tenant": "acme",
+                "input": {"url": article_site.url("/news/1"), "extraction_spec": spec},
+            }
+            before = parser.parses
+            resp = await runtime.run(WebScrape(), request)
+            assert parser.parses - before == parses
+            content = resp.outputs["data"]["content"]
+            assert FIRST in content["markdown"] and FIRST in content["text"]
+            assert f"[{LINK_TEXT}]({LINK_HREF})" in content["markdown"]
+            assert LINK_HREF not in content["text"]
+            assert ("h1" in resp.outputs["data"]) == bool(parses)
+    finally:
+        await tools["fetch_url"].aclose()
+
+
+async def test_small_pages_are_extracted_inline_when_time_is_ample(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page of at most INLINE_CHARS with INLINE_MIN_SECONDS left is extracted on the
+    calling thread; a bigger page, or less time, goes to the content pool (where the
+    deadline can cut it short)."""
+    import threading
+
+    from fixtures.article_site import article_page
+
+    from aiworker.activities.tools import content as content_module
+
+    threads: list[str] = []
+    real = content_module.extract_content
+
+    def recording(html: str, mode: str, base_url: str) -> dict[str, Any]:
+        threads.append(threading.current_thread().name)
+        return real(html, mode, base_url)
+
+    monkeypatch.setattr(content_module, "extract_content", recording)
+    small = article_page(1)
+    big = small.replace("</body>", "<!--" + "x" * content_module.INLINE_CHARS + "--></body>")
+    ample = content_module.INLINE_MIN_SECONDS + 1
+    for page, timeout in ((small, ample), (big, ample), (small, 1.0)):
+        result = await main_content(page, "article", "https://example.com/", max_chars=None,
+                                    timeout=timeout)  # fmt: skip
+        assert FIRST in result.content["text"]
+    here = threading.current_thread().name
+    assert threads[0] == here
+    assert threads[1] != here and threads[2] != here
+    assert threads[1].startswith("aiworker-content")

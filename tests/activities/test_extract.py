@@ -216,3 +216,20 @@ def test_locale_tolerant_numbers(text: str, locale: str | None, expected: float)
 )
 def test_dates_to_iso(text: str, locale: str | None, expected: str) -> None:
     assert parse_datetime(text, locale).isoformat() == expected
+
+
+@pytest.mark.parametrize(
+    "head",
+    ['<base href="https://cdn.example/x/">', '<BASE\n HREF="https://cdn.example/x/">', ""],
+)
+def test_base_href_with_and_without_the_source_text(head: str) -> None:
+    """Links resolve against ``<base href>`` whatever its case; given the source text,
+    a page that never says ``<base`` skips the search and resolves against its URL."""
+    page = f"<html><head>{head}</head><body><a href='p/1'>one</a></body></html>"
+    spec = compile_spec({"fields": {"link": {"selector": "a", "type": "url"}}})
+    expected = "https://cdn.example/x/p/1" if head else "https://site.example/list/p/1"
+    for source in (None, page):
+        soup = P.parse(page)
+        got = P.extract_from(soup, spec, "https://site.example/list/", source=source)
+        assert got.data["link"] == expected
+    assert P.extract(page, spec, "https://site.example/list/").data["link"] == expected

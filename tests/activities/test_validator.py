@@ -129,16 +129,16 @@ async def test_gate_blocks_the_gated_step_in_a_pipeline(stack: Stack) -> None:
 async def test_spec_validators_compile_once_and_still_refuse(
     runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aiworker.activities import runtime as runtime_module
+    from aiworker.activities import contracts as contracts_module
 
     compiled: list[Any] = []
-    real = runtime_module.validator_for
+    real = contracts_module.validator_for
 
     def counting(schema: Any) -> Any:
         compiled.append(schema)
         return real(schema)
 
-    monkeypatch.setattr(runtime_module, "validator_for", counting)
+    monkeypatch.setattr(contracts_module, "validator_for", counting)
     for _ in range(3):
         await run(runtime, req({"a": 1}, {"type": "object"}))
     spec = runtime.specs["validator"]

@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from aiworker.schemas.refs import ReferenceError_, find_refs, resolve
+from aiworker.schemas.refs import (
+    ReferenceError_,
+    ReferenceLimitError,
+    find_refs,
+    json_depth,
+    resolve,
+)
 
 SCOPE = {
     "inputs": {"url": "https://x", "n": 3, "tags": ["a", "b"]},
@@ -49,3 +55,22 @@ def test_malformed_references(bad: str) -> None:
 def test_missing_path_names_where_it_stopped() -> None:
     with pytest.raises(ReferenceError_, match="inputs has no 'missing'"):
         resolve("${{ inputs.missing }}", SCOPE)
+
+
+def test_json_depth_counts_mappings_and_lists_only() -> None:
+    """Dicts, other mappings and lists nest; tuples, bytes and scalars do not; past
+    the limit is refused, at it is not."""
+    from types import MappingProxyType
+
+    assert json_depth("s", 0) == 0 and json_depth((1, [2]), 0) == 0
+    assert json_depth([], 1) == 1 and json_depth({}, 1) == 1
+    value = {"a": [1, "x", None, {"b": MappingProxyType({"c": [(1, [2])]})}], "d": 2.5}
+    assert json_depth(value, 5) == 5
+    with pytest.raises(ReferenceLimitError):
+        json_depth(value, 4)
+    deep: list[object] = []
+    for _ in range(200):
+        deep = [deep, 1, "s"]
+    assert json_depth(deep, 201) == 201
+    with pytest.raises(ReferenceLimitError):
+        json_depth(deep, 200)
