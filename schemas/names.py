@@ -111,6 +111,9 @@ PERMIT_SIGNAL: Final = "permit"
 # The limiter asks a lease's holder, before taking an expired lease back, whether it
 # still holds it: the signal fails when the holder's workflow is gone.
 LEASE_CHECK_SIGNAL: Final = "lease-check"
+# A worker process leases a block of rate permits for its own pool (an update: the
+# limiter answers how many it grants, at once, or refuses).
+LIMITER_BLOCK_UPDATE: Final = "lease-block"
 # Histogram (seconds) of permit waits, recorded by LimiterWorkflow through the SDK meter.
 LIMITER_WAIT_METRIC: Final = "aiworker_limiter_wait"
 
