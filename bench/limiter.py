@@ -80,14 +80,21 @@ def _latencies(history: WorkflowHistory) -> list[float]:
             if a.marker_name != _LOCAL_MARKER:
                 continue
             kind = json.loads(a.details["data"].payloads[0].data)["activity_type"]
-            if kind != names.LIMITER_ACQUIRE or not a.details["result"].payloads:
+            if not a.details["result"].payloads:
                 continue
-            r = json.loads(a.details["result"].payloads[0].data)
-            if r.get("pooled"):
-                pooled.append(r["granted_at"] - r["asked_at"])
-            elif r.get("limited"):
-                # a limiter from before asked_at: the marker's time
-                queued.append(r.get("asked_at") or e.event_time.ToDatetime().timestamp())
+            answer = json.loads(a.details["result"].payloads[0].data)
+            if kind == names.LIMITER_ACQUIRE:
+                answers = [answer]
+            elif kind == names.LIMITER_ACQUIRE_MANY:
+                answers = answer["results"]
+            else:
+                continue
+            for r in answers:
+                if r.get("pooled"):
+                    pooled.append(r["granted_at"] - r["asked_at"])
+                elif r.get("limited"):
+                    # an answer from before asked_at: the marker's time
+                    queued.append(r.get("asked_at") or e.event_time.ToDatetime().timestamp())
         elif (
             e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
             and e.workflow_execution_signaled_event_attributes.signal_name == names.PERMIT_SIGNAL

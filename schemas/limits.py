@@ -120,6 +120,12 @@ AcquireCall = TypeAliasType(
 )
 
 
+class AcquireBatch(Model):
+    """The input of ``limiter-acquire-many``: requests one workflow task asks together."""
+
+    calls: list[AcquireCall] = Field(min_length=1, max_length=1000)
+
+
 class AcquireResult(Model):
     """What the ``limiter-acquire`` activity did."""
 
@@ -138,6 +144,12 @@ class AcquireResult(Model):
     granted_at: float | None = Field(
         default=None, description="wall-clock time a pooled permit was taken (seconds)"
     )
+
+
+class AcquireResults(Model):
+    """What ``limiter-acquire-many`` did, one answer per request, in order."""
+
+    results: list[AcquireResult]
 
 
 class PlanCall(Model):

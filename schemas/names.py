@@ -100,6 +100,8 @@ def queue_suffix_of(task_queue: str) -> str:
 # Limits that hold across worker processes (see workflows/limits.py).
 LIMITER_WORKFLOW: Final = "LimiterWorkflow"
 LIMITER_ACQUIRE: Final = "limiter-acquire"
+# The requests of one workflow task of a for_each chunk, asked together.
+LIMITER_ACQUIRE_MANY: Final = "limiter-acquire-many"
 # The for_each item outputs by reference (activities/items.py): a leaf chunk stores
 # its items' outputs, a pipeline loads them where a reference needs the list.
 STORE_ITEMS: Final = "foreach-store-items"

@@ -50,7 +50,7 @@ class PipelineForEachWorkflow(PermitSignals):
 
     def __init__(self) -> None:
         self._done = 0
-        self._permits = PermitBook()
+        self._permits = PermitBook(batch=True)
 
     @workflow.query(name=names.PROGRESS_QUERY)
     def progress(self) -> dict[str, Any]:

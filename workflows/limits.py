@@ -49,9 +49,11 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
     from aiworker.schemas.limits import (
+        AcquireBatch,
         AcquireCall,
         AcquireRequest,
         AcquireResult,
+        AcquireResults,
         BlockGrant,
         BlockRequest,
         ConcurrencyCall,
@@ -71,6 +73,9 @@ _MAX_ROUNDS = 500
 _IDLE_SECONDS = 300.0
 # Replay: limiters that ran before lease checks existed took expired leases back at once.
 _LEASE_CHECK_PATCH = "lease-check"
+# A for_each chunk asks for the permits of one workflow task in one local activity
+# (chunks before asked one ``limiter-acquire`` per item).
+_BATCH_ASK_PATCH = "limiter-acquire-many"
 # Grants of one round are signalled together (limiters before awaited each in turn:
 # one permit per workflow task, about 10 a second).
 _BATCH_PATCH = "limiter-batch-grants"
@@ -434,7 +439,9 @@ class PermitBook:
     a for_each chunk's book serves (its waiters are items).
     """
 
-    def __init__(self, step: str | None = None) -> None:
+    def __init__(self, step: str | None = None, batch: bool = False) -> None:
+        """``batch``: ask for the permits requested in one workflow task together
+        (one ``limiter-acquire-many``), as a for_each chunk's items do."""
         self.received: dict[str, Permit] = {}
         # ticket -> (who waits: a step id, or "" for the pipeline; "rate" or "concurrency")
         self.waiting: dict[str, tuple[str, str]] = {}
@@ -444,6 +451,10 @@ class PermitBook:
         self.step = step
         self._told: set[tuple[str, str]] = set()
         self.run_id = this_run()  # releases act only inside this run (workflows.runs)
+        self._batch = batch
+        self._batching: bool | None = None  # decided at the first ask (workflow.patched)
+        self._asks: list[tuple[AcquireCall, asyncio.Future[AcquireResult]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
 
     async def plan(
         self,
@@ -494,13 +505,7 @@ class PermitBook:
         self, call: AcquireCall, wait: timedelta | None, who: str = ""
     ) -> AcquireResult | None:
         """Wait for a permit; the limiter's answer, or None if ``wait`` passed first."""
-        result: AcquireResult = await workflow.execute_local_activity(
-            names.LIMITER_ACQUIRE,
-            call,
-            result_type=AcquireResult,
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
-        )
+        result = await self._ask(call)
         if not result.limited:
             return result
         self.waiting[call.ticket] = (who, call.kind)
@@ -518,6 +523,53 @@ class PermitBook:
         if call.kind == "concurrency" and result.limiter_id is not None:
             self.held[call.ticket] = result.limiter_id
         return result
+
+    async def _ask(self, call: AcquireCall) -> AcquireResult:
+        """The limiter's answer to ``call``: one local activity per call, or with
+        ``batch`` the calls of one workflow task together (:meth:`_ask_together`)."""
+        if self._batch and self._batching is None:
+            self._batching = workflow.patched(_BATCH_ASK_PATCH)
+        if self._batching:
+            answer: asyncio.Future[AcquireResult] = asyncio.get_running_loop().create_future()
+            self._asks.append((call, answer))
+            if len(self._asks) == 1:  # the first ask of this task sends them all
+                task = asyncio.create_task(self._ask_together())
+                self._sending.add(task)
+                task.add_done_callback(self._sending.discard)
+            return await answer
+        result: AcquireResult = await workflow.execute_local_activity(
+            names.LIMITER_ACQUIRE,
+            call,
+            result_type=AcquireResult,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
+        )
+        return result
+
+    async def _ask_together(self) -> None:
+        """Send every ask made so far in this workflow task as one local activity
+        (it runs after the coroutines already woken in this task have asked)."""
+        asks, self._asks = self._asks, []
+        try:
+            answers: AcquireResults = await workflow.execute_local_activity(
+                names.LIMITER_ACQUIRE_MANY,
+                AcquireBatch(calls=[c for c, _ in asks]),
+                result_type=AcquireResults,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
+            )
+        except asyncio.CancelledError:
+            for _, answer in asks:
+                answer.cancel()
+            raise
+        except Exception as e:
+            for _, answer in asks:
+                if not answer.done():
+                    answer.set_exception(e)
+            return
+        for (_, answer), result in zip(asks, answers.results, strict=True):
+            if not answer.done():
+                answer.set_result(result)
 
     def _tell_wait(self, who: str, kind: str, result: AcquireResult, waited: float) -> None:
         """Log a step's first wait of a second or more at a limiter

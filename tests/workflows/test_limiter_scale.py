@@ -88,13 +88,12 @@ def _grants(history: WorkflowHistory) -> tuple[list[float], list[float]]:
             a = e.marker_recorded_event_attributes
             if a.marker_name != LOCAL_MARKER:
                 continue
-            if json.loads(a.details["data"].payloads[0].data)["activity_type"] != (
-                names.LIMITER_ACQUIRE
-            ):
+            kind = json.loads(a.details["data"].payloads[0].data)["activity_type"]
+            if kind not in (names.LIMITER_ACQUIRE, names.LIMITER_ACQUIRE_MANY):
                 continue
-            result = json.loads(a.details["result"].payloads[0].data)
-            if result.get("pooled"):
-                pooled.append(result["granted_at"])
+            answer = json.loads(a.details["result"].payloads[0].data)
+            answers = answer["results"] if kind == names.LIMITER_ACQUIRE_MANY else [answer]
+            pooled += [r["granted_at"] for r in answers if r.get("pooled")]
         elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             a2 = e.workflow_execution_signaled_event_attributes
             if a2.signal_name == names.PERMIT_SIGNAL:
