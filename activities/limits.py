@@ -38,7 +38,7 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client, WithStartWorkflowOperation
-from temporalio.common import AutoUpgradeVersioningOverride, WorkflowIDConflictPolicy
+from temporalio.common import AutoUpgradeVersioningOverride, Priority, WorkflowIDConflictPolicy
 
 from aiworker.activities.errors import BudgetExceededError, InvalidInputError, RateLimitedError
 from aiworker.activities.tenancy import check_redrive_tenant
@@ -67,7 +67,7 @@ WINDOW_SECONDS = 60.0
 # validity, so a short one wastes little of the window) ...
 BLOCK_TTL_SECONDS = 1.0
 # ... holds at most this many permits, half what the limit allows in its validity
-BLOCK_MAX = 256
+BLOCK_MAX = 1000
 # ... and blocks are leased only when one would hold at least this many: a tighter
 # limit (10/min) queues every request at the limiter, in exact arrival order.
 BLOCK_MIN = 4
@@ -77,6 +77,9 @@ REFUSED_SECONDS = 0.1
 LEASE_TRIES = 3
 
 log = logging.getLogger(__name__)
+# A limiter's workflow tasks go first in a backlogged queue (Temporal's task priority):
+# they are small, and every request waiting at the key waits for them.
+LIMITER_PRIORITY = Priority(priority_key=names.PRIORITY_HIGHEST)
 
 # What the live worker registry publishes, by worker id (the worker process
 # supplies the reader: activities never import the process side).
@@ -140,6 +143,10 @@ class _Keyed:
         now = time.monotonic()
         return sum(b[0] for b in self.blocks if now < b[1])
 
+    def valid_for(self) -> float:
+        """Seconds until the last block held ends."""
+        return max((b[1] for b in self.blocks), default=0.0) - time.monotonic()
+
 
 class PermitPool:
     """Rate permits a worker process leased from the keys' limiters, in blocks.
@@ -151,8 +158,8 @@ class PermitPool:
     at tens of permits a second. With a block, the ``limiter-acquire`` local
     activity answers from memory at once; its answer is recorded in the
     requester's history, so the workflow stays deterministic. The next block is
-    leased when half of the current one is used, so a steady stream of
-    requests never waits for the limiter.
+    leased when half of the current one is used or half its validity has
+    passed, so a steady stream of requests never waits for the limiter.
 
     Exact across processes: the limiter counts a block of ``k`` granted at its
     time ``t`` as ``k`` permits used anywhere in ``[t, t + ttl]``, and grants
@@ -181,7 +188,8 @@ class PermitPool:
             return False
         keyed = self._keys.setdefault(limiter_id, _Keyed())
         if keyed.take():
-            if keyed.left() < count / 2:  # lease the next block before this one runs out
+            # lease the next block before this one is used up or ends
+            if keyed.left() < count / 2 or keyed.valid_for() < ttl / 2:
                 self._lease(keyed, client, limiter_id, start, count, ttl, limit, period_seconds)
             return True
         for _ in range(LEASE_TRIES):
@@ -399,6 +407,7 @@ class LimiterActivities:
                     id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                     static_summary=f"limiter {key}",
                     versioning_override=AutoUpgradeVersioningOverride(),
+                    priority=LIMITER_PRIORITY,
                 )
 
             if await self.pool.take(client, limiter_id, start, request.limit, period):
@@ -422,6 +431,7 @@ class LimiterActivities:
             # Long-lived: on a versioned worker it follows the current build (pipelines
             # are pinned); unversioned workers ignore it (workers/deployments.py).
             versioning_override=AutoUpgradeVersioningOverride(),
+            priority=LIMITER_PRIORITY,
         )
         return result.model_copy(update={"limiter_id": limiter_id, "asked_at": asked_at})
 
