@@ -1,9 +1,9 @@
 """Limits on the workflow side: the limiter workflow that owns a limit key, and
 the pipeline's way of asking it for permits.
 
-Long on purpose (a little over 400 lines): both ends of one signal protocol
-(acquire, permit, release, lease-check) live here, so that a change to one end
-is made beside the other.
+Long on purpose (about 650 lines): both ends of one protocol (acquire, permit,
+release, lease-check signals, the lease-block update) live here, so that a
+change to one end is made beside the other.
 
 1. :class:`LimiterWorkflow`: one limit key, shared by every worker process.
 
@@ -20,7 +20,13 @@ is made beside the other.
    another period and gives it back itself if it no longer holds it. So a
    vanished requester cannot hold a slot forever, and a long one (a pipeline
    waiting days for review) is never overrun.
-   History stays bounded with continue-as-new; an idle limiter completes and the
+   One workflow task grants every request the window allows and signals them
+   all at once. For a rate limit high for its period, worker processes lease
+   blocks of permits (the ``lease-block`` update, answered at once or refused)
+   and hand them out from memory (``activities/limits.PermitPool``); a block
+   counts as used over its whole validity, so every window stays within the
+   limit (:func:`_used`). History stays bounded with continue-as-new; an idle
+   limiter completes once nothing it granted counts in the window, and the
    next request starts a fresh one.
 
 2. :class:`PermitBook`, the requesting side (a pipeline or a for_each chunk): ask,
@@ -28,7 +34,10 @@ is made beside the other.
    concurrency requests of one worker call, :class:`PermitSignals` answers the
    limiter's signals; both serve every workflow that asks for permits.
 
-   Deterministic: asking is a local activity (``limiter-acquire``), waiting is
+   Deterministic: asking is a local activity (``limiter-acquire``; a for_each
+   chunk asks for the permits of one workflow task with one
+   ``limiter-acquire-many``), whose answer may be a permit from the process's
+   leased block (``pooled``: no wait), waiting is
    ``workflow.wait_condition`` on the ``permit`` signal, releasing a concurrency
    lease is a signal to the limiter workflow. A limiter that finds a lease past
    its time asks the holder (``lease-check``); a lease this workflow no longer
