@@ -107,14 +107,19 @@ def _record_wait(kind: str, seconds: float) -> None:
 class LimiterWorkflow:
     """Grants permits for one key, in arrival order, across all processes."""
 
-    def __init__(self) -> None:
-        self._s = LimiterState(key="")
+    @workflow.init
+    def __init__(self, state: LimiterState) -> None:
+        """The window the previous run carried over (grants, blocks), in place
+        before any update of this run is handled: a ``lease-block`` delivered with
+        the start must count them. The queue and the leases are merged in
+        :meth:`run`, after the signals delivered with the start, as always."""
+        self._s = state
         self._waiters: list[tuple[AcquireRequest, float]] = []
         self._holders: dict[str, float] = {}
         self._leases: dict[str, AcquireRequest] = {}
-        self._grants: list[float] = []
+        self._grants: list[float] = list(state.grants)
         # (granted at, permits, ttl) of the blocks leased to worker processes
-        self._blocks: list[tuple[float, int, float]] = []
+        self._blocks: list[tuple[float, int, float]] = list(state.blocks)
         self._sending: set[asyncio.Task[None]] = set()
         self._batch = False
         self._changed = False
@@ -196,16 +201,12 @@ class LimiterWorkflow:
 
     @workflow.run
     async def run(self, state: LimiterState) -> LimiterState:
-        """Serve the key until idle; continue-as-new to keep history bounded."""
-        # blocks leased by an update delivered with the start count too
-        early = sum(k for _, k, _ in self._blocks)
-        self._s = state.model_copy(update={"granted_total": state.granted_total + early})
+        """Serve the key until idle; continue-as-new to keep history bounded (the
+        window in ``state`` is taken over in ``__init__``)."""
         # carry over what the previous run held; signals may already have queued more
         self._waiters = [*state.waiters, *self._waiters]
         self._holders = {**state.holders, **self._holders}
         self._leases = {**state.leases, **self._leases}
-        self._grants = list(state.grants)
-        self._blocks = [*state.blocks, *self._blocks]
         self._batch = workflow.patched(_BATCH_PATCH)
         idle_since = self._now()
         for _ in range(_MAX_ROUNDS):

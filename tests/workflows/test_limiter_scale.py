@@ -255,3 +255,45 @@ async def test_limits_hold_exactly_with_three_worker_processes_under_load(
             p.terminate()
             p.close()
         server.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_limits_hold_across_the_limiters_continue_as_new(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A limiter that continues as new every few dozen events carries its queue,
+    grants and leased blocks: the window stays exact across runs, nothing is lost."""
+    from conftest import running_stack
+    from support.payloads import stack_settings
+
+    from aiworker.schemas.settings import parse_rate_limits
+    from aiworker.workflows import limits as limiter_module
+
+    monkeypatch.setattr(limiter_module, "_MAX_HISTORY_EVENTS", 40)
+    run = uuid.uuid4().hex[:6]
+    queued, blocks = f"q-{run}", f"b-{run}"
+    rules = f"validator:{queued}=5/1s,validator:{blocks}=300/3s"
+    settings = stack_settings(tmp_path, rate_limits=tuple(parse_rate_limits(rules)))
+    async with running_stack(client, settings) as stack:
+        handles = [
+            await stack.start(_each(queued, 30, 30), id=f"can-q-{run}"),
+            await stack.start(_each(blocks, 400, 100), id=f"can-b-{run}"),
+        ]
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 150)
+    for h, n, result in zip(handles, (30, 400), results, strict=True):
+        outcome = result if isinstance(result, dict) else result.model_dump(mode="json")
+        assert outcome["status"] == "succeeded", outcome
+        assert outcome["steps"]["each"]["items"]["succeeded"] == n
+        pooled, granted = [], []
+        for history in await _histories(client, h.id):
+            p, q = _grants(history)
+            pooled += p
+            granted += q
+        assert len(pooled) + len(granted) == n
+        limit, period = (5, 1.0) if n == 30 else (300, 3.0)
+        _assert_window(pooled + granted, limit, period)
+    # both limiters continued as new, more than once
+    for key in (f"rate:validator:{queued}", f"rate:validator:{blocks}"):
+        wid = names.limiter_workflow_id(key, settings.task_queue_suffix)
+        runs = [w async for w in client.list_workflows(f"WorkflowId = '{wid}'")]
+        assert len(runs) >= 2, (key, len(runs))
