@@ -65,12 +65,14 @@ WINDOW_SECONDS = 60.0
 # Leased blocks of rate permits (:class:`PermitPool`): a block is valid this long
 # at most, a tenth of the period at most (the limiter counts it over its whole
 # validity, so a short one wastes little of the window) ...
-BLOCK_TTL_SECONDS = 1.0
+BLOCK_TTL_SECONDS = 5.0
 # ... holds at most this many permits, half what the limit allows in its validity
 BLOCK_MAX = 1000
-# ... and blocks are leased only when one would hold at least this many: a tighter
-# limit (10/min) queues every request at the limiter, in exact arrival order.
+# ... and blocks are leased only when one would hold at least this many, for a limit
+# of at least this many permits a second: a tighter limit (10/min, 100/min) queues
+# every request at the limiter, in exact arrival order.
 BLOCK_MIN = 4
+BLOCK_MIN_RATE = 5.0
 # A refused process queues its requests this long before it asks for a block again.
 REFUSED_SECONDS = 0.1
 # Leases one request may wait for when other requests took the new block first.
@@ -115,6 +117,8 @@ def _configured_rate(
 def block_size(limit: int, period_seconds: float) -> tuple[int, float]:
     """(permits per leased block, validity in seconds) for a rate limit of ``limit``
     per ``period_seconds``; ``(0, 0.0)`` when the limit is too tight for blocks."""
+    if limit / period_seconds < BLOCK_MIN_RATE:
+        return (0, 0.0)
     ttl = min(BLOCK_TTL_SECONDS, period_seconds / 10)
     count = min(BLOCK_MAX, int(limit / period_seconds * ttl / 2))
     return (count, ttl) if count >= BLOCK_MIN else (0, 0.0)

@@ -31,8 +31,8 @@ LOCAL_MARKER = "core_local_activity"
 def test_block_size_only_for_limits_high_for_their_period() -> None:
     assert block_size(10, 60.0) == (0, 0.0)  # 10/min: every request queues, in order
     assert block_size(100, 60.0) == (0, 0.0)
-    assert block_size(100_000, 60.0) == (833, 1.0)  # half of what 1 s allows
-    assert block_size(10**8, 60.0) == (BLOCK_MAX, 1.0)
+    assert block_size(6_000, 60.0) == (250, 5.0)  # half of what 5 s allows
+    assert block_size(10**8, 60.0) == (BLOCK_MAX, 5.0)
     count, ttl = block_size(150, 3.0)  # 50/s: small blocks, valid a tenth of the period
     assert (count, ttl) == (7, pytest.approx(0.3))
 
