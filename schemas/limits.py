@@ -33,6 +33,26 @@ class Permit(Model):
     ticket: str
     key: str
     waited_seconds: float = 0.0
+    granted_at: float | None = Field(
+        default=None, description="the limiter's time of the grant (seconds since the epoch)"
+    )
+
+
+class BlockRequest(Model):
+    """A worker process asks for a block of up to ``count`` rate permits for its own
+    pool, usable for ``ttl_seconds`` from the moment it sent the request."""
+
+    count: int = Field(ge=1, le=1000)
+    ttl_seconds: float = Field(gt=0, le=60)
+    limit: int = Field(ge=1)
+    period_seconds: float = Field(gt=0)
+
+
+class BlockGrant(Model):
+    """How many permits of a :class:`BlockRequest` the limiter granted (at least one)."""
+
+    count: int = Field(ge=1)
+    ttl_seconds: float = Field(gt=0)
 
 
 class LimiterState(Model):
@@ -51,6 +71,11 @@ class LimiterState(Model):
         default_factory=dict, description="ticket -> the request it was granted for"
     )
     granted_total: int = 0
+    blocks: list[tuple[float, int, float]] = Field(
+        default_factory=list,
+        description="(granted at, permits, ttl seconds) of the blocks leased to worker "
+        "processes: each counts as used anywhere in [granted at, granted at + ttl]",
+    )
 
 
 class LeaseCheck(Model):
@@ -95,6 +120,12 @@ AcquireCall = TypeAliasType(
 )
 
 
+class AcquireBatch(Model):
+    """The input of ``limiter-acquire-many``: requests one workflow task asks together."""
+
+    calls: list[AcquireCall] = Field(min_length=1, max_length=1000)
+
+
 class AcquireResult(Model):
     """What the ``limiter-acquire`` activity did."""
 
@@ -103,6 +134,22 @@ class AcquireResult(Model):
     limiter_id: str | None = Field(default=None, description="workflow id of the limiter")
     limit: int | None = None
     period_seconds: float | None = None
+    pooled: bool = Field(
+        default=False,
+        description="granted at once from the process's leased block (limited is false)",
+    )
+    asked_at: float | None = Field(
+        default=None, description="wall-clock time the process took the request (seconds)"
+    )
+    granted_at: float | None = Field(
+        default=None, description="wall-clock time a pooled permit was taken (seconds)"
+    )
+
+
+class AcquireResults(Model):
+    """What ``limiter-acquire-many`` did, one answer per request, in order."""
+
+    results: list[AcquireResult]
 
 
 class PlanCall(Model):

@@ -100,6 +100,8 @@ def queue_suffix_of(task_queue: str) -> str:
 # Limits that hold across worker processes (see workflows/limits.py).
 LIMITER_WORKFLOW: Final = "LimiterWorkflow"
 LIMITER_ACQUIRE: Final = "limiter-acquire"
+# The requests of one workflow task of a for_each chunk, asked together.
+LIMITER_ACQUIRE_MANY: Final = "limiter-acquire-many"
 # The for_each item outputs by reference (activities/items.py): a leaf chunk stores
 # its items' outputs, a pipeline loads them where a reference needs the list.
 STORE_ITEMS: Final = "foreach-store-items"
@@ -111,6 +113,9 @@ PERMIT_SIGNAL: Final = "permit"
 # The limiter asks a lease's holder, before taking an expired lease back, whether it
 # still holds it: the signal fails when the holder's workflow is gone.
 LEASE_CHECK_SIGNAL: Final = "lease-check"
+# A worker process leases a block of rate permits for its own pool (an update: the
+# limiter answers how many it grants, at once, or refuses).
+LIMITER_BLOCK_UPDATE: Final = "lease-block"
 # Histogram (seconds) of permit waits, recorded by LimiterWorkflow through the SDK meter.
 LIMITER_WAIT_METRIC: Final = "aiworker_limiter_wait"
 

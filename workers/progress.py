@@ -54,6 +54,8 @@ class Snapshot:
         awaiting_review: the steps waiting for a human decision.
         streams: step id -> the heartbeat details of its streaming model call
             (``partial_text``, ``chars``, ``tokens``, ``usage``: :func:`stream_of`).
+        limits: step id (or "" for the pipeline) -> the limit it waits for, with its
+            configured rate (``rate:web-scrape:acme (10 per 60s)``).
     """
 
     status: str = "running"
@@ -61,6 +63,7 @@ class Snapshot:
     waits: Counter[Wait] = field(default_factory=Counter)
     awaiting_review: tuple[str, ...] = ()
     streams: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    limits: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -68,6 +71,7 @@ class Snapshot:
         progress: Mapping[str, Any],
         waits: Counter[Wait] | None = None,
         streams: Mapping[str, Mapping[str, Any]] | None = None,
+        limits: Mapping[str, str] | None = None,
     ) -> Snapshot:
         """A snapshot of a ``progress`` answer (or a result document), its waits and
         its streaming steps."""
@@ -78,6 +82,7 @@ class Snapshot:
             waits=waits or Counter(),
             awaiting_review=tuple(progress.get("awaiting_review") or ()),
             streams=streams or {},
+            limits={**(progress.get("limits") or {}), **(limits or {})},
         )
 
 

@@ -46,11 +46,17 @@ _WHY = {
 }
 
 
-def wait_line(step: str, kind: str, seconds: float, items: int | None = None) -> str:
-    """The line that says who has waited how long, and for what."""
+def wait_line(
+    step: str, kind: str, seconds: float, items: int | None = None, limit: str | None = None
+) -> str:
+    """The line that says who has waited how long, and for what: ``limit`` names the
+    limit and its configured rate (``rate:web-scrape:acme (10 per 60s)``)."""
     why = _WHY.get(kind, f"for a {kind} permit")
+    if limit:
+        why = f"{why}: {limit}"
     if not step:
-        return f"the pipeline has waited {seconds:.0f}s for its concurrency slot"
+        slot = f": {limit}" if limit else ""
+        return f"the pipeline has waited {seconds:.0f}s for its concurrency slot{slot}"
     count = f"; {items} of its for_each items wait" if items else ""
     return f"step {step!r} has waited {seconds:.0f}s {why}{count}; it goes on when a permit comes"
 
@@ -61,6 +67,7 @@ async def snapshot(temporal: Client, workflow_id: str) -> Snapshot:
     handle = temporal.get_workflow_handle(workflow_id)
     progress: dict[str, Any] = await handle.query(names.PROGRESS_QUERY)
     now: Counter[Wait] = Counter()
+    limits: dict[str, str] = {}
     for who, kind in (progress.get("waiting") or {}).items():
         now[(who, kind, False)] += 1
     steps = progress.get("steps") or {}
@@ -78,7 +85,9 @@ async def snapshot(temporal: Client, workflow_id: str) -> Snapshot:
             chunk = await temporal.get_workflow_handle(chunk_id).query(names.PROGRESS_QUERY)
             for kind in (chunk.get("waiting") or {}).values():
                 now[(step, kind, True)] += 1
-    return Snapshot.of(progress, now, streams)
+            for text in (chunk.get("limits") or {}).values():
+                limits[step] = text
+    return Snapshot.of(progress, now, streams, limits)
 
 
 async def _streams(
@@ -107,15 +116,20 @@ class WaitNotices:
     since: dict[Wait, float] = field(default_factory=dict)  # when each wait was first seen
     told: set[Wait] = field(default_factory=set)
 
-    def seen(self, now: Counter[Wait], clock: float) -> list[str]:
-        """The waits of one poll at ``clock`` (monotonic seconds); the lines to say."""
+    def seen(
+        self, now: Counter[Wait], clock: float, limits: Mapping[str, str] | None = None
+    ) -> list[str]:
+        """The waits of one poll at ``clock`` (monotonic seconds); the lines to say
+        (``limits``: step -> the limit it waits for, :attr:`Snapshot.limits`)."""
         self.since = {key: self.since.get(key, clock) for key in now}
         lines = []
         for key, first in self.since.items():
             if key not in self.told and clock - first >= self.notice_after:
                 self.told.add(key)
                 step, kind, items = key
-                lines.append(wait_line(step, kind, clock - first, now[key] if items else None))
+                count = now[key] if items else None
+                text = (limits or {}).get(step)
+                lines.append(wait_line(step, kind, clock - first, count, text))
         return lines
 
 
@@ -138,7 +152,7 @@ async def report_waits(
             snap = await snapshot(temporal, workflow_id)
         except TemporalError:  # RPC errors and refused queries: advice only, try again
             continue
-        for line in notices.seen(snap.waits, time.monotonic()):
+        for line in notices.seen(snap.waits, time.monotonic(), snap.limits):
             say(line)
 
 

@@ -118,7 +118,7 @@ class PlainView(_Output):
         """Say what changed since the last snapshot, and the waits now worth a line."""
         for line in step_events(self.last, snap):
             self._say(elapsed, line)
-        for line in self.notices.seen(snap.waits, time.monotonic()):
+        for line in self.notices.seen(snap.waits, time.monotonic(), snap.limits):
             self._say(elapsed, line)
         if snap.streams and elapsed - self.streamed_at >= STREAM_LINE_SECONDS:
             lines = stream_events(self.streamed, snap)

@@ -50,13 +50,18 @@ class PipelineForEachWorkflow(PermitSignals):
 
     def __init__(self) -> None:
         self._done = 0
-        self._permits = PermitBook()
+        self._permits = PermitBook(batch=True)
 
     @workflow.query(name=names.PROGRESS_QUERY)
     def progress(self) -> dict[str, Any]:
         """Items finished so far in this chunk, and the items waiting at a limiter
-        now (item index -> ``rate`` or ``concurrency``)."""
-        return {"done": self._done, "waiting": self._permits.waiting_for()}
+        now (item index -> ``rate`` or ``concurrency``) and the limits they wait for
+        (item index -> ``limit_text``)."""
+        return {
+            "done": self._done,
+            "waiting": self._permits.waiting_for(),
+            "limits": self._permits.waiting_limits(),
+        }
 
     @workflow.run
     async def run(self, chunk: ChunkInput) -> ChunkResult:

@@ -1,9 +1,9 @@
 """Limits on the workflow side: the limiter workflow that owns a limit key, and
 the pipeline's way of asking it for permits.
 
-Long on purpose (a little over 400 lines): both ends of one signal protocol
-(acquire, permit, release, lease-check) live here, so that a change to one end
-is made beside the other.
+Long on purpose (about 650 lines): both ends of one protocol (acquire, permit,
+release, lease-check signals, the lease-block update) live here, so that a
+change to one end is made beside the other.
 
 1. :class:`LimiterWorkflow`: one limit key, shared by every worker process.
 
@@ -20,7 +20,13 @@ is made beside the other.
    another period and gives it back itself if it no longer holds it. So a
    vanished requester cannot hold a slot forever, and a long one (a pipeline
    waiting days for review) is never overrun.
-   History stays bounded with continue-as-new; an idle limiter completes and the
+   One workflow task grants every request the window allows and signals them
+   all at once. For a rate limit high for its period, worker processes lease
+   blocks of permits (the ``lease-block`` update, answered at once or refused)
+   and hand them out from memory (``activities/limits.PermitPool``); a block
+   counts as used over its whole validity, so every window stays within the
+   limit (:func:`_used`). History stays bounded with continue-as-new; an idle
+   limiter completes once nothing it granted counts in the window, and the
    next request starts a fresh one.
 
 2. :class:`PermitBook`, the requesting side (a pipeline or a for_each chunk): ask,
@@ -28,7 +34,10 @@ is made beside the other.
    concurrency requests of one worker call, :class:`PermitSignals` answers the
    limiter's signals; both serve every workflow that asks for permits.
 
-   Deterministic: asking is a local activity (``limiter-acquire``), waiting is
+   Deterministic: asking is a local activity (``limiter-acquire``; a for_each
+   chunk asks for the permits of one workflow task with one
+   ``limiter-acquire-many``), whose answer may be a permit from the process's
+   leased block (``pooled``: no wait), waiting is
    ``workflow.wait_condition`` on the ``permit`` signal, releasing a concurrency
    lease is a signal to the limiter workflow. A limiter that finds a lease past
    its time asks the holder (``lease-check``); a lease this workflow no longer
@@ -37,6 +46,7 @@ is made beside the other.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -48,9 +58,13 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
     from aiworker.schemas.limits import (
+        AcquireBatch,
         AcquireCall,
         AcquireRequest,
         AcquireResult,
+        AcquireResults,
+        BlockGrant,
+        BlockRequest,
         ConcurrencyCall,
         LeaseCheck,
         LimiterState,
@@ -68,6 +82,15 @@ _MAX_ROUNDS = 500
 _IDLE_SECONDS = 300.0
 # Replay: limiters that ran before lease checks existed took expired leases back at once.
 _LEASE_CHECK_PATCH = "lease-check"
+# A for_each chunk asks for the permits of one workflow task in one local activity
+# (chunks before asked one ``limiter-acquire`` per item).
+_BATCH_ASK_PATCH = "limiter-acquire-many"
+# Grants of one round are signalled together (limiters before awaited each in turn:
+# one permit per workflow task, about 10 a second).
+_BATCH_PATCH = "limiter-batch-grants"
+# A limiter stays while grants or leased blocks are inside the window (limiters
+# before could complete idle with grants of a period longer than the idle time).
+_WINDOW_PATCH = "limiter-window-idle"
 
 Lease = tuple[str, str]  # (limiter workflow id, ticket)
 
@@ -84,12 +107,21 @@ def _record_wait(kind: str, seconds: float) -> None:
 class LimiterWorkflow:
     """Grants permits for one key, in arrival order, across all processes."""
 
-    def __init__(self) -> None:
-        self._s = LimiterState(key="")
+    @workflow.init
+    def __init__(self, state: LimiterState) -> None:
+        """The window the previous run carried over (grants, blocks), in place
+        before any update of this run is handled: a ``lease-block`` delivered with
+        the start must count them. The queue and the leases are merged in
+        :meth:`run`, after the signals delivered with the start, as always."""
+        self._s = state
         self._waiters: list[tuple[AcquireRequest, float]] = []
         self._holders: dict[str, float] = {}
         self._leases: dict[str, AcquireRequest] = {}
-        self._grants: list[float] = []
+        self._grants: list[float] = list(state.grants)
+        # (granted at, permits, ttl) of the blocks leased to worker processes
+        self._blocks: list[tuple[float, int, float]] = list(state.blocks)
+        self._sending: set[asyncio.Task[None]] = set()
+        self._batch = False
         self._changed = False
 
     def _now(self) -> float:
@@ -113,6 +145,45 @@ class LimiterWorkflow:
         self._waiters = [(w, t) for w, t in self._waiters if w.ticket != ticket]
         self._changed = True
 
+    @workflow.update(name=names.LIMITER_BLOCK_UPDATE)
+    def lease_block(self, request: BlockRequest) -> BlockGrant:
+        """Lease a block of rate permits to a worker process's pool (see
+        ``activities/limits.py``): granted at once or refused by the validator,
+        never queued. The block counts as used anywhere in ``[now, now + ttl]``,
+        so the window check in :meth:`_rate_used` stays exact."""
+        self._s = self._s.model_copy(
+            update={
+                "kind": "rate",
+                "limit": request.limit,
+                "period_seconds": request.period_seconds,
+            }
+        )
+        now = self._now()
+        count = min(request.count, self._s.limit - self._rate_used(now))
+        self._blocks.append((now, count, request.ttl_seconds))
+        self._s = self._s.model_copy(update={"granted_total": self._s.granted_total + count})
+        self._changed = True  # keeps the limiter from completing idle meanwhile
+        return BlockGrant(count=count, ttl_seconds=request.ttl_seconds)
+
+    @lease_block.validator
+    def _check_block(self, request: BlockRequest) -> None:
+        """Refuse (nothing in history) when requests wait in the queue, which go
+        first in arrival order, or when no permit is left in the window."""
+        now = self._now()
+        used = _used(self._grants, self._blocks, now - request.period_seconds)
+        if self._waiters:
+            raise ApplicationError("requests are queued", type="limiter_busy")
+        if used >= request.limit:
+            raise ApplicationError("no permit left in the window", type="limiter_busy")
+
+    def _rate_used(self, now: float) -> int:
+        """Permits counted in the window ending now (expired entries dropped): single
+        grants at their time, blocks over their whole validity."""
+        start = now - self._s.period_seconds
+        self._grants = [t for t in self._grants if t > start]
+        self._blocks = [b for b in self._blocks if b[0] + b[2] > start]
+        return _used(self._grants, self._blocks, start)
+
     @workflow.query(name="state")
     def state(self) -> dict[str, object]:
         """Holders, queue length and recent grants, for operators."""
@@ -124,27 +195,29 @@ class LimiterWorkflow:
             "holders": sorted(self._holders),
             "waiting": [w.ticket for w, _ in self._waiters],
             "recent_grants": len(self._grants),
+            "leased_blocks": len(self._blocks),
             "granted_total": self._s.granted_total,
         }
 
     @workflow.run
     async def run(self, state: LimiterState) -> LimiterState:
-        """Serve the key until idle; continue-as-new to keep history bounded."""
-        self._s = state
+        """Serve the key until idle; continue-as-new to keep history bounded (the
+        window in ``state`` is taken over in ``__init__``)."""
         # carry over what the previous run held; signals may already have queued more
         self._waiters = [*state.waiters, *self._waiters]
         self._holders = {**state.holders, **self._holders}
         self._leases = {**state.leases, **self._leases}
-        self._grants = list(state.grants)
+        self._batch = workflow.patched(_BATCH_PATCH)
         idle_since = self._now()
         for _ in range(_MAX_ROUNDS):
             # reset before granting: a signal that lands while grants are being
             # sent must wake the next round, not wait for the timer
             self._changed = False
             await self._grant_ready()
-            if self._waiters or self._holders:
+            if self._waiters or self._holders or self._in_window():
                 idle_since = self._now()
             elif self._now() - idle_since >= _IDLE_SECONDS:
+                await workflow.wait_condition(lambda: not self._sending)
                 return self._snapshot()
             if workflow.info().get_current_history_length() > _MAX_HISTORY_EVENTS:
                 break
@@ -155,8 +228,18 @@ class LimiterWorkflow:
                 )
             except TimeoutError:
                 pass
+        await workflow.wait_condition(lambda: not self._sending)
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(self._snapshot())
+
+    def _in_window(self) -> bool:
+        """Whether grants or blocks still count in the window (a limiter that
+        completed now would forget them)."""
+        if not self._grants and not self._blocks:
+            return False
+        if _used(self._grants, self._blocks, self._now() - self._s.period_seconds) == 0:
+            return False
+        return workflow.patched(_WINDOW_PATCH)
 
     def _snapshot(self) -> LimiterState:
         return self._s.model_copy(
@@ -165,6 +248,7 @@ class LimiterWorkflow:
                 "holders": dict(self._holders),
                 "leases": {t: r for t, r in self._leases.items() if t in self._holders},
                 "grants": list(self._grants),
+                "blocks": list(self._blocks),
             }
         )
 
@@ -173,6 +257,10 @@ class LimiterWorkflow:
         candidates = [idle_since + _IDLE_SECONDS - now]
         if self._waiters and self._s.kind == "rate" and self._grants:
             candidates.append(self._grants[0] + self._s.period_seconds - now)
+        if self._waiters and self._s.kind == "rate" and self._blocks:
+            candidates.append(
+                min(t + ttl for t, _, ttl in self._blocks) + self._s.period_seconds - now
+            )
         if self._holders:
             candidates.append(min(self._holders.values()) - now)
         return max(0.05, min(candidates))
@@ -222,9 +310,7 @@ class LimiterWorkflow:
                 }
             )
             if request.kind == "rate":
-                window_start = now - self._s.period_seconds
-                self._grants = [t for t in self._grants if t > window_start]
-                if len(self._grants) >= self._s.limit:
+                if self._rate_used(now) >= self._s.limit:
                     return
                 self._grants.append(now)
             else:
@@ -238,6 +324,13 @@ class LimiterWorkflow:
             permit = Permit(
                 ticket=request.ticket, key=self._s.key, waited_seconds=round(now - queued_at, 3)
             )
+            if self._batch:
+                # sent without waiting: one workflow task grants the whole round
+                permit = permit.model_copy(update={"granted_at": now})
+                task = asyncio.create_task(self._deliver(request, permit))
+                self._sending.add(task)
+                task.add_done_callback(self._sending.discard)
+                continue
             try:
                 await workflow.get_external_workflow_handle(request.requester).signal(
                     names.PERMIT_SIGNAL, permit
@@ -252,6 +345,41 @@ class LimiterWorkflow:
                 )
                 self._holders.pop(request.ticket, None)
                 self._leases.pop(request.ticket, None)
+
+    async def _deliver(self, request: AcquireRequest, permit: Permit) -> None:
+        """Signal one permit; a requester that cannot be signalled frees its slot
+        (a rate grant stays counted: never more than the limit)."""
+        try:
+            await workflow.get_external_workflow_handle(request.requester).signal(
+                names.PERMIT_SIGNAL, permit
+            )
+        except Exception as e:
+            workflow.logger.warning(
+                "limiter %s: cannot signal %s: %s", self._s.key, request.requester, e
+            )
+            self._holders.pop(request.ticket, None)
+            self._leases.pop(request.ticket, None)
+            self._changed = True
+
+
+def _used(grants: list[float], blocks: list[tuple[float, int, float]], start: float) -> int:
+    """Permits that count in a window starting at ``start``: a grant inside it, and a
+    block whose validity (granted at + ttl) reaches into it, with all its permits.
+
+    Exact across processes: a block granted at t_j, and any earlier block or grant
+    i that reaches into a window W that t_j's block also reaches into, was inside
+    the window ending at t_j when j was granted (t_i + ttl_i > start of W >
+    t_j - period); so every window holds at most what one grant decision counted.
+    """
+    return sum(1 for t in grants if t > start) + sum(k for t, k, ttl in blocks if t + ttl > start)
+
+
+def limit_text(result: AcquireResult) -> str:
+    """Which limit a request waits for and its configured rate, as people read it:
+    ``rate:web-scrape:acme (10 per 60s)``, ``concurrency:c1 (2 at once)``."""
+    if result.period_seconds:
+        return f"{result.key} ({result.limit} per {result.period_seconds:g}s)"
+    return f"{result.key} ({result.limit} at once)"
 
 
 @dataclass(frozen=True)
@@ -321,14 +449,22 @@ class PermitBook:
     a for_each chunk's book serves (its waiters are items).
     """
 
-    def __init__(self, step: str | None = None) -> None:
+    def __init__(self, step: str | None = None, batch: bool = False) -> None:
+        """``batch``: ask for the permits requested in one workflow task together
+        (one ``limiter-acquire-many``), as a for_each chunk's items do."""
         self.received: dict[str, Permit] = {}
         # ticket -> (who waits: a step id, or "" for the pipeline; "rate" or "concurrency")
         self.waiting: dict[str, tuple[str, str]] = {}
         self.held: dict[str, str] = {}  # ticket -> limiter workflow id
+        # ticket -> which limit it waits for and its configured rate (limit_text)
+        self.limits: dict[str, str] = {}
         self.step = step
         self._told: set[tuple[str, str]] = set()
         self.run_id = this_run()  # releases act only inside this run (workflows.runs)
+        self._batch = batch
+        self._batching: bool | None = None  # decided at the first ask (workflow.patched)
+        self._asks: list[tuple[AcquireCall, asyncio.Future[AcquireResult]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
 
     async def plan(
         self,
@@ -370,20 +506,20 @@ class PermitBook:
         """Who waits for a permit now: step id (or "") -> ``rate`` or ``concurrency``."""
         return dict(self.waiting.values())
 
+    def waiting_limits(self) -> dict[str, str]:
+        """Who waits for a permit now -> the limit it waits for, with its configured
+        rate (``rate:validator:acme, 5 per 20s``): what ``aiworker run`` says."""
+        return {self.waiting[t][0]: text for t, text in self.limits.items() if t in self.waiting}
+
     async def acquire(
         self, call: AcquireCall, wait: timedelta | None, who: str = ""
     ) -> AcquireResult | None:
         """Wait for a permit; the limiter's answer, or None if ``wait`` passed first."""
-        result: AcquireResult = await workflow.execute_local_activity(
-            names.LIMITER_ACQUIRE,
-            call,
-            result_type=AcquireResult,
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
-        )
+        result = await self._ask(call)
         if not result.limited:
             return result
         self.waiting[call.ticket] = (who, call.kind)
+        self.limits[call.ticket] = limit_text(result)
         try:
             await workflow.wait_condition(lambda: call.ticket in self.received, timeout=wait)
         except TimeoutError:
@@ -392,10 +528,58 @@ class PermitBook:
             return None
         finally:
             self.waiting.pop(call.ticket, None)
+            self.limits.pop(call.ticket, None)
         self._tell_wait(who, call.kind, result, self.received[call.ticket].waited_seconds)
         if call.kind == "concurrency" and result.limiter_id is not None:
             self.held[call.ticket] = result.limiter_id
         return result
+
+    async def _ask(self, call: AcquireCall) -> AcquireResult:
+        """The limiter's answer to ``call``: one local activity per call, or with
+        ``batch`` the calls of one workflow task together (:meth:`_ask_together`)."""
+        if self._batch and self._batching is None:
+            self._batching = workflow.patched(_BATCH_ASK_PATCH)
+        if self._batching:
+            answer: asyncio.Future[AcquireResult] = asyncio.get_running_loop().create_future()
+            self._asks.append((call, answer))
+            if len(self._asks) == 1:  # the first ask of this task sends them all
+                task = asyncio.create_task(self._ask_together())
+                self._sending.add(task)
+                task.add_done_callback(self._sending.discard)
+            return await answer
+        result: AcquireResult = await workflow.execute_local_activity(
+            names.LIMITER_ACQUIRE,
+            call,
+            result_type=AcquireResult,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
+        )
+        return result
+
+    async def _ask_together(self) -> None:
+        """Send every ask made so far in this workflow task as one local activity
+        (it runs after the coroutines already woken in this task have asked)."""
+        asks, self._asks = self._asks, []
+        try:
+            answers: AcquireResults = await workflow.execute_local_activity(
+                names.LIMITER_ACQUIRE_MANY,
+                AcquireBatch(calls=[c for c, _ in asks]),
+                result_type=AcquireResults,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
+            )
+        except asyncio.CancelledError:
+            for _, answer in asks:
+                answer.cancel()
+            raise
+        except Exception as e:
+            for _, answer in asks:
+                if not answer.done():
+                    answer.set_exception(e)
+            return
+        for (_, answer), result in zip(asks, answers.results, strict=True):
+            if not answer.done():
+                answer.set_result(result)
 
     def _tell_wait(self, who: str, kind: str, result: AcquireResult, waited: float) -> None:
         """Log a step's first wait of a second or more at a limiter
@@ -405,18 +589,12 @@ class PermitBook:
             return
         self._told.add((step, kind))
         what = f"step {step!r}" + (" (for_each items)" if self.step is not None else "")
-        limit = (
-            f"{result.limit} per {result.period_seconds:g}s"
-            if result.period_seconds
-            else f"{result.limit} at once"
-        )
         workflow.logger.info(
-            "%s waited %.1fs for a %s permit of %s (%s)",
+            "%s waited %.1fs for a %s permit of %s",
             what if step else "the pipeline",
             waited,
             kind,
-            result.key,
-            limit,
+            limit_text(result),
         )
 
     async def acquire_all(

@@ -185,6 +185,8 @@ class PipelineWorkflow(PermitSignals):
             "steps": steps,
             # who waits at a limiter now: step id ("" for the pipeline) -> rate or concurrency
             "waiting": waiting,
+            # and which limit each waits for, with its configured rate
+            "limits": board.permits.waiting_limits(),
             "usage": (ledger.used if ledger else Usage()).model_dump(mode="json"),
             "budget": ledger.view() if ledger else None,
             "awaiting_review": sorted(board.desk.awaiting),

@@ -128,6 +128,11 @@ async def test_run_says_when_a_step_waits_at_a_rate_limit(
         line.startswith("step 'b' has waited ") and "at its worker's rate limit" in line
         for line in lines
     ), proc.stdout
+    # which limit, at its configured rate
+    assert any(
+        line.startswith("step 'b' has waited ") and f"rate:validator:{tenant} (1 per 7s)" in line
+        for line in lines
+    ), proc.stdout
     assert any(
         line.startswith("step 'each' has waited") and "2 of its for_each items" in line
         for line in lines

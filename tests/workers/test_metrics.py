@@ -208,8 +208,9 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
         AIWORKER_LLM_API_KEY=secret,
         AIWORKER_LLM_MODEL="test-model",
         AIWORKER_SHUTDOWN_GRACE_SECONDS="2",
-        # the validator step asks a LimiterWorkflow (in this process) for a permit
-        AIWORKER_RATE_LIMITS="validator:*=1000/min",
+        # the validator step asks a LimiterWorkflow (in this process) for a permit,
+        # queued (a limit this tight leases no blocks: activities/limits.block_size)
+        AIWORKER_RATE_LIMITS="validator:*=100/min",
         TEMPORAL_NAMESPACE=env.client.namespace,
     )
     stderr = (tmp_path / "worker.stderr").open("w+")

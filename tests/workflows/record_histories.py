@@ -23,7 +23,8 @@ aggregator run as local activities), for_each (chunk children; a tree of
 chunks of chunks; items by reference), the validation loop with fallback and
 budget refusal, review (retry, approve, reject, timeout), redrive, llm-agent
 with a scripted loopback model (parent and child), cancel, and a run started
-by a Temporal Schedule, and the live worker registry (publish, expiry, withdraw).
+by a Temporal Schedule, the live worker registry (publish, expiry, withdraw),
+and rate-limited for_each items with their limiters (leased blocks, queued).
 ``limited*``, ``review-cancelled`` and
 ``slot-expired`` came from code before the pipeline split (commit 8a3581a).
 """
@@ -54,7 +55,7 @@ from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from aiworker.activities.llm import LlmMetrics  # noqa: E402
 from aiworker.schemas import names  # noqa: E402
-from aiworker.schemas.settings import Settings  # noqa: E402
+from aiworker.schemas.settings import Settings, parse_rate_limits  # noqa: E402
 from aiworker.workers.client import PipelineClient  # noqa: E402
 from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path  # noqa: E402
 from aiworker.workers.live_registry import read_registry  # noqa: E402
@@ -353,6 +354,40 @@ async def rec_items(client: Client, tmp: Path) -> Saved:
     return {"items-ref": "replay-items", "items-ref-chunk": "replay-items/each/0"}
 
 
+def _limited(tenant: str, n: int) -> dict[str, Any]:
+    return {
+        "name": "replay-limited",
+        "tenant": tenant,
+        "steps": [
+            {
+                "id": "each",
+                "worker": "validator",
+                "for_each": list(range(n)),
+                "max_parallel": 4,
+                "input": {"data": "${{ item }}", "schema": {"type": "integer"}},
+            }
+        ],
+    }
+
+
+async def rec_limiter(client: Client, tmp: Path) -> Saved:
+    """Rate-limited for_each items and their limiters: permits from leased blocks (a
+    limit high for its period) and queued at the limiter (a tight one)."""
+    rules = "validator:replay-fast=100000/min,validator:replay-slow=3/2s"
+    settings = _settings(tmp, rate_limits=tuple(parse_rate_limits(rules)))
+    async with running_stack(client, settings) as stack:
+        await _run(stack, _limited("replay-fast", 12), "replay-limited-fast")
+        await _run(stack, _limited("replay-slow", 6), "replay-limited-slow")
+    suffix = settings.task_queue_suffix
+    return {
+        "limited-blocks": "replay-limited-fast",
+        "limited-blocks-chunk": "replay-limited-fast/each/0",
+        "limiter-blocks": names.limiter_workflow_id("rate:validator:replay-fast", suffix),
+        "limited-queued-chunk": "replay-limited-slow/each/0",
+        "limiter-queued": names.limiter_workflow_id("rate:validator:replay-slow", suffix),
+    }
+
+
 async def rec_agent(client: Client, tmp: Path) -> Saved:
     """An llm-agent step (a child workflow) with one tool call, on a scripted model."""
     model = start_scripted_model()
@@ -471,6 +506,7 @@ RECORDINGS: dict[str, Recording] = {
     "cancel": rec_cancel,
     "schedule": rec_schedule,
     "registry": rec_registry,
+    "limiter": rec_limiter,
 }
 
 

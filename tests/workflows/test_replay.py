@@ -67,6 +67,11 @@ SHAPES = {
     "cancel",
     "schedule",
     "registry",
+    "limited-blocks",
+    "limited-blocks-chunk",
+    "limiter-blocks",
+    "limited-queued-chunk",
+    "limiter-queued",
 }
 OLDER_CODE = {
     "dag-20261122",
@@ -83,7 +88,11 @@ OLDER_CODE = {
 # Every shape as the code before runs recorded their specs (the last main before
 # the ``pipeline-recorded-specs`` patch) ran it: what runs in flight during that
 # deploy replay.
-OLDER_CODE |= {f"{shape}-20261127" for shape in SHAPES - {"recorded-specs", "registry"}}
+OLDER_CODE |= {
+    f"{shape}-20261127"
+    for shape in SHAPES - {"recorded-specs", "registry"}
+    if not shape.startswith(("limited-", "limiter-"))
+}
 
 
 def test_histories_are_committed() -> None:
