@@ -43,6 +43,7 @@ processes' ``write_bytes`` from ``/proc``), history bytes and events per page
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import statistics
@@ -542,6 +543,9 @@ def _agreement(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, An
 
 
 async def run(quick: bool = False) -> dict[str, Any]:
+    if importlib.util.find_spec("scrapy") is None:
+        # the baseline is missing, so there is no ratio to report
+        return {"skipped": "Scrapy is not installed: pip install -e '.[bench]' (make bench does)"}
     n = int(os.environ.get("BENCH_CRAWL_PAGES") or (QUICK_PAGES if quick else FULL_PAGES))
     variants = os.environ.get("BENCH_CRAWL_VARIANTS", "on,off").split(",")
     site = Site(n)
