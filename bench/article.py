@@ -27,7 +27,7 @@ from aiworker.activities.call_telemetry import observe_call
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.tools.content import ARTICLE_OPTIONS
 from aiworker.activities.web_scrape import WebScrape
-from bench.common import interleaved, scrape_runtime, without_page_writes
+from bench.common import interleaved, scrape_runtime, standalone, without_page_writes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fixtures.article_site import FIRST, handle
@@ -108,9 +108,4 @@ def command(quick: bool) -> str:
 
 
 if __name__ == "__main__":
-    import asyncio
-    import json
-    import os
-
-    quick = "--quick" in sys.argv or os.environ.get("BENCH_QUICK", "") not in ("", "0")
-    print(json.dumps(asyncio.run(run(quick=quick)), indent=2))
+    standalone(run)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
 import logging
 import os
+import signal
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -137,3 +141,17 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
     return "" if v is None else str(v)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def standalone(run: Callable[[bool], Coroutine[Any, Any, dict[str, Any]]]) -> None:
+    """``python -m bench.<part>``: run one part (``BENCH_QUICK=1`` for the reduced
+    size, or ``--quick``) and print its JSON. SIGTERM (a ``timeout``, Ctrl-C in a pipeline) unwinds
+    like Ctrl-C, so the worker processes, the model server and the Temporal server
+    the part started are stopped by PID."""
+    signal.signal(signal.SIGTERM, _terminate)
+    quick = "--quick" in sys.argv or os.environ.get("BENCH_QUICK", "") not in ("", "0")
+    print(json.dumps(asyncio.run(run(quick)), indent=2, default=str))

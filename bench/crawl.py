@@ -55,7 +55,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import process_cpu_seconds
+from bench.common import process_cpu_seconds, standalone
 from bench.foreach import _PeakRss, _rss_mb
 
 QUICK_PAGES = 2_000
@@ -609,5 +609,4 @@ if __name__ == "__main__":
     elif len(sys.argv) > 1 and sys.argv[1] == "scrapy":
         _scrapy_main(sys.argv[2], sys.argv[3])
     else:
-        quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
-        print(json.dumps(asyncio.run(run(quick)), indent=2))
+        standalone(run)

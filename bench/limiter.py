@@ -29,7 +29,6 @@ a minute).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -45,7 +44,7 @@ from temporalio.client import Client, WorkflowHistory
 from aiworker.schemas import names
 from aiworker.schemas.settings import Settings
 from aiworker.workers.temporal_client import data_converter
-from bench.common import embedded_server, percentiles
+from bench.common import embedded_server, percentiles, standalone
 from bench.counts import run_histories
 
 COMMAND = "BENCH_QUICK=1 .venv/bin/python -m bench.limiter"
@@ -200,4 +199,4 @@ async def run(quick: bool = False) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(run(os.environ.get("BENCH_QUICK") == "1")), indent=2))
+    standalone(run)

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import statistics
 import tempfile
 import time
@@ -52,7 +50,7 @@ from temporalio.client import Client
 from aiworker.schemas import names
 from aiworker.workers.modelserver import MODEL_NAME, ModelServer
 from aiworker.workers.temporal_client import data_converter
-from bench.common import embedded_server, percentiles
+from bench.common import embedded_server, percentiles, standalone
 from bench.scale_out import _env, _polling, _Proc
 
 PROMPT = "Write a short story about a lighthouse keeper and a cat who live by the sea."
@@ -244,17 +242,5 @@ async def run(quick: bool = False) -> dict[str, Any]:
     }
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def main() -> None:
-    quick = os.environ.get("BENCH_QUICK") == "1"
-    # SIGTERM (a `timeout`, Ctrl-C in a pipeline) unwinds like Ctrl-C, so the worker
-    # processes, the model server and the Temporal server are stopped by PID
-    signal.signal(signal.SIGTERM, _terminate)
-    print(json.dumps(asyncio.run(run(quick)), indent=2, default=str))
-
-
 if __name__ == "__main__":
-    main()
+    standalone(run)

@@ -37,7 +37,7 @@ from temporalio.client import Client
 
 from aiworker.schemas import names
 from aiworker.workers.temporal_client import data_converter
-from bench.common import embedded_server, percentiles, process_cpu_seconds
+from bench.common import embedded_server, percentiles, process_cpu_seconds, standalone
 from bench.throughput import pipeline
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
@@ -258,19 +258,5 @@ async def run(quick: bool = False) -> dict[str, Any]:
     }
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def main() -> None:
-    import json
-
-    quick = os.environ.get("BENCH_QUICK") == "1"
-    # SIGTERM (a `timeout`, Ctrl-C in a pipeline) unwinds like Ctrl-C, so the worker
-    # processes, the model server and the Temporal server are stopped by PID
-    signal.signal(signal.SIGTERM, _terminate)
-    print(json.dumps(asyncio.run(run(quick)), indent=2, default=str))
-
-
 if __name__ == "__main__":
-    main()
+    standalone(run)

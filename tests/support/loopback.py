@@ -16,6 +16,8 @@ hang (``exchange.stopping.wait(seconds)``).
 
 :class:`Upstream` and :func:`upstream` are a ready-made upstream that fails on
 purpose and counts what reaches it (modes ``up``, ``down``, ``alternate``).
+:class:`InFlight` is a slow site that records how many requests per key are in
+flight at once (concurrency limits held at a real server).
 """
 
 from __future__ import annotations
@@ -308,3 +310,31 @@ def upstream(mode: str = "up") -> Iterator[Upstream]:
     with serve(state.handle) as server:
         state.port = server.port
         yield state
+
+
+class InFlight:
+    """A slow site (``/slow?k=<key>``, held ``hold`` seconds) that records how many
+    requests per key are in flight: ``peak[key]`` is the most at once, ``hits`` all
+    that arrived. Anything else (robots.txt) is 404."""
+
+    def __init__(self, hold: float = 0.5) -> None:
+        self.hold = hold
+        self.lock = threading.Lock()
+        self.running: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.hits = 0
+
+    def handle(self, ex: Exchange) -> None:
+        if not ex.target.startswith("/slow"):
+            return ex.send(404, b"", None)
+        key = ex.target.split("k=", 1)[1].split("&", 1)[0]
+        with self.lock:
+            self.hits += 1
+            self.running[key] = self.running.get(key, 0) + 1
+            self.peak[key] = max(self.peak.get(key, 0), self.running[key])
+        try:
+            ex.stopping.wait(self.hold)
+        finally:
+            with self.lock:
+                self.running[key] -= 1
+        ex.send(200, f"<html><body><h1>{key}</h1></body></html>".encode())

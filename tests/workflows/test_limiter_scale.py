@@ -8,13 +8,12 @@ import asyncio
 import json
 import random
 import sys
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.loopback import Exchange, Loopback
+from support.loopback import InFlight, Loopback
 from support.procs import WorkerProcess, worker_env
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
@@ -118,31 +117,6 @@ def _assert_window(times: list[float], limit: int, period: float) -> None:
         assert times[i + limit] - times[i] >= period, (i, times[i : i + limit + 1])
 
 
-class _InFlight:
-    """A loopback site that records how many requests per key are in flight."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.running: dict[str, int] = {}
-        self.peak: dict[str, int] = {}
-        self.hits = 0
-
-    def handle(self, ex: Exchange) -> None:
-        if not ex.target.startswith("/slow"):  # robots.txt
-            return ex.send(404, b"", None)
-        key = ex.target.split("k=", 1)[1].split("&", 1)[0]
-        with self.lock:
-            self.hits += 1
-            self.running[key] = self.running.get(key, 0) + 1
-            self.peak[key] = max(self.peak.get(key, 0), self.running[key])
-        try:
-            ex.stopping.wait(0.4)
-        finally:
-            with self.lock:
-                self.running[key] -= 1
-        ex.send(200, f"<html><body><h1>{key}</h1></body></html>".encode())
-
-
 def _each(tenant: str, n: int, parallel: int) -> dict[str, Any]:
     return {
         "name": "limiter-scale",
@@ -170,7 +144,7 @@ async def test_limits_hold_exactly_with_three_worker_processes_under_load(
     fast, slow = f"fast-{run}", f"slow-{run}"
     fast_limit, fast_period = 150, 3.0  # 50/s: permits in leased blocks
     slow_limit, slow_period = 6, 2.0  # 3/s: every permit queued at the limiter
-    site = _InFlight()
+    site = InFlight(hold=0.4)
     server = Loopback(site.handle).start()
     env = worker_env(client, settings, tmp_path / "data")
     env["AIWORKER_RATE_LIMITS"] = (

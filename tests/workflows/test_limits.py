@@ -7,7 +7,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import running_stack
 from support import history
-from support.loopback import Exchange, Loopback
+from support.loopback import InFlight, Loopback
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
@@ -194,38 +193,13 @@ async def test_concurrency_key_is_never_exceeded(client: Client, settings: Setti
     assert peak["c2"] == 2, peak
 
 
-class _ConcurrencyRecorder:
-    """A loopback site that records how many requests per key are in flight."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.running: dict[str, int] = {}
-        self.peak: dict[str, int] = {}
-        self.hits = 0
-
-    def handle(self, ex: Exchange) -> None:
-        if not ex.target.startswith("/slow"):
-            return ex.send(404, b"", None)
-        key = ex.target.split("k=", 1)[1].split("&", 1)[0]
-        with self.lock:
-            self.hits += 1
-            self.running[key] = self.running.get(key, 0) + 1
-            self.peak[key] = max(self.peak.get(key, 0), self.running[key])
-        try:
-            ex.stopping.wait(0.6)
-        finally:
-            with self.lock:
-                self.running[key] -= 1
-        ex.send(200, f"<html><body><h1>{key}</h1></body></html>".encode())
-
-
 @pytest.mark.timeout(180)
 async def test_concurrency_key_holds_across_two_worker_processes_at_a_real_server(
     client: Client, settings: Settings, tmp_path: Path
 ) -> None:
     from support.procs import WorkerProcess, worker_env
 
-    site = _ConcurrencyRecorder()
+    site = InFlight(hold=0.6)
     env = worker_env(client, settings, tmp_path / "data")
     env["AIWORKER_RATE_LIMITS"] = "web-scrape:*=100000/min"
     server = Loopback(site.handle).start()
