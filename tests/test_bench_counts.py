@@ -183,13 +183,42 @@ def test_targets_block_says_met_from_the_figures() -> None:
     }
     block = targets(out)
     # throughput chain-1, chain-3; idle chain-1, chain-3; history 1.5 MB; RSS 2.0x idle
-    assert [c["met"] for c in block["checks"]] == [True, False, True, False, True, False]
-    assert block["checks"][-1]["value"] == 2.0
+    engine = block["checks"][:6]
+    assert [c["met"] for c in engine] == [True, False, True, False, True, False]
+    assert engine[-1]["value"] == 2.0
+    # issue 29's parts did not run: unknown (null), never met
+    assert [c["met"] for c in block["checks"][6:]] == [None] * 8
     assert block["all_met"] is False
     # a skipped for_each: its targets are unknown (null), never met
     block = targets({"for_each": {"skipped": "bench.foreach not present"}})
-    assert [c["met"] for c in block["checks"]] == [None, None]
+    assert [c["met"] for c in block["checks"][:2]] == [None, None]
     assert block["all_met"] is False
+
+
+def test_targets_against_what_users_would_pick_instead() -> None:
+    out = {
+        "limiter": {"permits_per_s": 436.4, "grant_p95_ms": 120.0},
+        "crawl": {"ratio": 0.25, "field_agreement": 1.0},
+        "scrape_ratio_vs_direct": 0.91,
+        "article_ratio_vs_direct": 0.85,
+        "llm_stream": {"ratio": 0.97, "first_token_overhead_ms": 38.2},
+    }
+    checks = {c["target"].split(":")[0] + ":" + str(c["limit"]): c for c in targets(out)["checks"]}
+    met = {
+        k: c["met"]
+        for k, c in checks.items()
+        if not k.startswith(("throughput", "idle", "for_each"))
+    }
+    assert met == {
+        "limiter:200.0": True,
+        "limiter:100.0": False,  # p95 120 ms is over 100 ms
+        "crawl:0.8": False,
+        "crawl:1.0": True,
+        "single page:0.9": True,
+        "article mode:0.9": False,
+        "llm stream:0.95": True,
+        "llm stream:50.0": True,
+    }
 
 
 def test_profile_summary_groups_frames_by_module() -> None:
