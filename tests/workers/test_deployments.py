@@ -324,7 +324,9 @@ async def test_dev_restarted_on_edited_code_moves_the_open_run_and_says_so(
 
 
 async def test_the_limiter_follows_the_current_build(client: Client, tmp_path: Path) -> None:
-    base = versioned(tmp_path, rate_limits=tuple(parse_rate_limits("validator:acme=600/min")))
+    # a tight limit: each step asks the limiter itself (queued), never a leased block
+    # its process already holds, so every run gives the limiter a workflow task
+    base = versioned(tmp_path, rate_limits=tuple(parse_rate_limits("validator:acme=60/min")))
     name = deployment_name(base)
     ran: list[str] = []
     queue = base.queue(names.PIPELINES_QUEUE)
@@ -355,6 +357,12 @@ async def test_the_limiter_follows_the_current_build(client: Client, tmp_path: P
 
             async def moved() -> bool:
                 desc = (await handle.describe()).raw_description.workflow_execution_info
-                return desc.versioning_info.deployment_version.build_id == "v2"
+                if desc.versioning_info.deployment_version.build_id == "v2":
+                    return True
+                # It moves at its next workflow task on the current build; a task that
+                # ran before the server routed to v2 leaves it on v1 until the next one.
+                extra = await new.start(pipeline)
+                assert (await extra.result()).status == "succeeded"
+                return False
 
             await wait_until(moved, f"the limiter of {name} to move to v2")
