@@ -155,3 +155,22 @@ def standalone(run: Callable[[bool], Coroutine[Any, Any, dict[str, Any]]]) -> No
     signal.signal(signal.SIGTERM, _terminate)
     quick = "--quick" in sys.argv or os.environ.get("BENCH_QUICK", "") not in ("", "0")
     print(json.dumps(asyncio.run(run(quick)), indent=2, default=str))
+
+
+def worker_env(address: str, suffix: str, data: Path, **extra: str) -> dict[str, str]:
+    """The environment of an ``aiworker worker`` process a bench starts: this
+    process's environment without any ``AIWORKER_``/``TEMPORAL_`` setting of its
+    own, pointed at the bench's server, queues and data directory; ``extra`` adds
+    settings (e.g. ``AIWORKER_RATE_LIMITS``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
+    env.update(
+        TEMPORAL_ADDRESS=address,
+        TEMPORAL_NAMESPACE="default",
+        AIWORKER_TASK_QUEUE_SUFFIX=suffix,
+        AIWORKER_METRICS_PORT="0",
+        AIWORKER_DATA_DIR=str(data),
+        AIWORKER_SHUTDOWN_GRACE_SECONDS="5",
+        AIWORKER_LOG_LEVEL="WARNING",
+    )
+    env.update(extra)
+    return env

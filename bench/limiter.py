@@ -30,12 +30,12 @@ a minute).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
@@ -44,7 +44,7 @@ from temporalio.client import Client, WorkflowHistory
 from aiworker.schemas import names
 from aiworker.schemas.settings import Settings
 from aiworker.workers.temporal_client import data_converter
-from bench.common import embedded_server, percentiles, standalone
+from bench.common import embedded_server, percentiles, standalone, worker_env
 from bench.counts import run_histories
 
 COMMAND = "BENCH_QUICK=1 .venv/bin/python -m bench.limiter"
@@ -149,15 +149,12 @@ async def run(quick: bool = False) -> dict[str, Any]:
     with embedded_server() as server, tempfile.TemporaryDirectory(prefix="bench-lim-") as tmp:
         suffix = f"-bench{uuid.uuid4().hex[:6]}"
         settings = Settings(metrics_port=0, task_queue_suffix=suffix)
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("AIWORKER_")},
-            "TEMPORAL_ADDRESS": server.address,
-            "AIWORKER_DATA_DIR": tmp,
-            "AIWORKER_METRICS_PORT": "0",
-            "AIWORKER_TASK_QUEUE_SUFFIX": suffix,
-            "AIWORKER_LOG_LEVEL": "WARNING",
-            "AIWORKER_RATE_LIMITS": f"validator:far={_FAR},validator:tight={_TIGHT_PER_S}/s",
-        }
+        env = worker_env(
+            server.address,
+            suffix,
+            Path(tmp),
+            AIWORKER_RATE_LIMITS=f"validator:far={_FAR},validator:tight={_TIGHT_PER_S}/s",
+        )
         cmd = [sys.executable, "-m", "aiworker.workers.cli", "worker"]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:

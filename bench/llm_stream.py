@@ -50,8 +50,8 @@ from temporalio.client import Client
 from aiworker.schemas import names
 from aiworker.workers.modelserver import MODEL_NAME, ModelServer
 from aiworker.workers.temporal_client import data_converter
-from bench.common import embedded_server, percentiles, standalone
-from bench.scale_out import _env, _polling, _Proc
+from bench.common import embedded_server, percentiles, standalone, worker_env
+from bench.scale_out import _polling, _Proc
 
 PROMPT = "Write a short story about a lighthouse keeper and a cat who live by the sea."
 SEED = 7
@@ -184,7 +184,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
     ):
         model = ModelServer(Path(tmp) / "model-server.log").start()
         suffix = f"-llms{uuid.uuid4().hex[:6]}"
-        env = _env(server.address, suffix, Path(tmp) / "data")
+        env = worker_env(server.address, suffix, Path(tmp) / "data")
         env.update(AIWORKER_LLM_BASE_URL=model.base_url, AIWORKER_LLM_MODEL=MODEL_NAME)
         worker = _Proc(env, Path(tmp) / "worker.log")
         try:

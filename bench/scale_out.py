@@ -37,7 +37,13 @@ from temporalio.client import Client
 
 from aiworker.schemas import names
 from aiworker.workers.temporal_client import data_converter
-from bench.common import embedded_server, percentiles, process_cpu_seconds, standalone
+from bench.common import (
+    embedded_server,
+    percentiles,
+    process_cpu_seconds,
+    standalone,
+    worker_env,
+)
 from bench.throughput import pipeline
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
@@ -71,20 +77,6 @@ class _Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-
-
-def _env(address: str, suffix: str, data: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
-    env.update(
-        TEMPORAL_ADDRESS=address,
-        TEMPORAL_NAMESPACE="default",
-        AIWORKER_TASK_QUEUE_SUFFIX=suffix,
-        AIWORKER_METRICS_PORT="0",
-        AIWORKER_DATA_DIR=str(data),
-        AIWORKER_SHUTDOWN_GRACE_SECONDS="5",
-        AIWORKER_LOG_LEVEL="WARNING",
-    )
-    return env
 
 
 async def _polling(client: Client, queue: str, pid: int, timeout: float = 90) -> None:
@@ -195,7 +187,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
         client = await Client.connect(server.address, data_converter=data_converter(None))
         suffix = f"-scale{uuid.uuid4().hex[:6]}"
         queue = f"{names.PIPELINES_QUEUE}{suffix}"
-        env = _env(server.address, suffix, Path(tmp) / "data")
+        env = worker_env(server.address, suffix, Path(tmp) / "data")
         server_pid = server.process.pid if server.process else None
         first = _Proc(env, Path(tmp) / "worker0.log")
         second: _Proc | None = None
