@@ -399,6 +399,16 @@ class LimiterActivities:
             limit=request.limit,
             period_seconds=request.period_seconds,
         )
+        # How the key's limiter starts when it is not running, by either road below.
+        # Long-lived: on a versioned worker it follows the current build (pipelines
+        # are pinned); unversioned workers ignore it (workers/deployments.py).
+        started: dict[str, Any] = {
+            "id": limiter_id,
+            "task_queue": queue,
+            "static_summary": f"limiter {key}",
+            "versioning_override": AutoUpgradeVersioningOverride(),
+            "priority": LIMITER_PRIORITY,
+        }
         if request.kind == "rate":
 
             def start() -> WithStartWorkflowOperation[Any, Any]:
@@ -406,12 +416,8 @@ class LimiterActivities:
                 return WithStartWorkflowOperation(
                     names.LIMITER_WORKFLOW,
                     state,
-                    id=limiter_id,
-                    task_queue=queue,
                     id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                    static_summary=f"limiter {key}",
-                    versioning_override=AutoUpgradeVersioningOverride(),
-                    priority=LIMITER_PRIORITY,
+                    **started,
                 )
 
             if await self.pool.take(client, limiter_id, start, request.limit, period):
@@ -427,15 +433,9 @@ class LimiterActivities:
         await client.start_workflow(
             names.LIMITER_WORKFLOW,
             state,
-            id=limiter_id,
-            task_queue=queue,
             start_signal=names.LIMITER_ACQUIRE_SIGNAL,
             start_signal_args=[request],
-            static_summary=f"limiter {key}",
-            # Long-lived: on a versioned worker it follows the current build (pipelines
-            # are pinned); unversioned workers ignore it (workers/deployments.py).
-            versioning_override=AutoUpgradeVersioningOverride(),
-            priority=LIMITER_PRIORITY,
+            **started,
         )
         return result.model_copy(update={"limiter_id": limiter_id, "asked_at": asked_at})
 
