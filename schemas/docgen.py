@@ -330,7 +330,7 @@ def workers_index(specs: dict[str, WorkerSpec]) -> str:
         [
             _header("Built-in workers", "schemas/workers/*.json"),
             "`aiworker workers` lists the workers a process knows, yours included. Writing "
-            'your own: the repository\'s README, "Write your own worker".\n',
+            "your own: [Write your own worker](../../workers.md).\n",
             table(["worker", "task queue", "timeout", "attempts", "purpose"], rows),
             "",
         ]

@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted(
     [
         REPO / "README.md",
+        REPO / "CHANGELOG.md",
         REPO / "ARCHITECTURE.md",
         REPO / "deploy" / "README.md",
         *(REPO / "docs").rglob("*.md"),

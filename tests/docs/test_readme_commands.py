@@ -1,9 +1,11 @@
-"""The README's pipeline commands, run as written.
+"""The pipeline commands of the README and docs/running.md, run as written.
 
-Every `aiworker run|check|list|review|redrive` and `temporal workflow ...`
-line of the README's shell blocks is extracted and run by bash, in README
-order, from a directory laid out like a checkout after `make`
-(`.venv/bin/aiworker`, `.venv/bin/temporal` on the PATH, `examples/`),
+The README is the front page (a first pipeline); docs/running.md carries on
+from it (review, redrive). Every `aiworker run|check|list|review|redrive` and
+`temporal workflow ...` line of their shell blocks is extracted and run by
+bash, in reading order (the README, then docs/running.md), from a directory
+laid out like a checkout after `make` (`.venv/bin/aiworker`,
+`.venv/bin/temporal` on the PATH, `examples/`),
 against the session's Temporal server with a worker polling the unsuffixed
 queues the README names. Each command has its expectation below; a README
 command without one, or an expectation whose command left the README, fails.
@@ -37,6 +39,8 @@ from aiworker.workers.devserver import temporal_cli_path
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+# The pages whose pipeline commands run here, in reading order.
+PAGES = (README, REPO / "docs" / "running.md")
 PIPELINE_COMMANDS = {"run", "check", "list", "review", "redrive"}
 
 
@@ -53,6 +57,11 @@ def readme_commands(text: str) -> list[str]:
             if aiworker or temporal:
                 out.append(line.strip())
     return out
+
+
+def page_commands() -> list[str]:
+    """The pipeline commands of every page in PAGES, the README's first."""
+    return [line for page in PAGES for line in readme_commands(page.read_text("utf-8"))]
 
 
 def key(line: str) -> str:
@@ -233,7 +242,7 @@ async def sh(line: str, home: Path, env: dict[str, str]) -> Ran:
 
 
 def test_every_readme_pipeline_command_has_an_expectation() -> None:
-    found = [key(line) for line in readme_commands(README.read_text("utf-8"))]
+    found = [key(line) for line in page_commands()]
     expected = set(EXPECT) | set(EXPECT_CHECK)
     assert [c for c in found if c not in expected] == [], "README commands without a test"
     assert sorted(expected - set(found)) == [], "tested commands the README no longer has"
@@ -242,7 +251,7 @@ def test_every_readme_pipeline_command_has_an_expectation() -> None:
 async def test_readme_check_commands(tmp_path: Path) -> None:
     home = checkout(tmp_path)
     env = shell_env(home, None, tmp_path / "data")
-    lines = [ln for ln in readme_commands(README.read_text("utf-8")) if key(ln) in EXPECT_CHECK]
+    lines = [ln for ln in page_commands() if key(ln) in EXPECT_CHECK]
     assert len(lines) == len(EXPECT_CHECK)
     for line in lines:
         EXPECT_CHECK[key(line)](await sh(line, home, env))
@@ -254,7 +263,7 @@ async def test_readme_pipeline_commands_run_as_written(client: Client, tmp_path:
     home = checkout(tmp_path)
     env = shell_env(home, client, settings.data_dir)
     pipelines = PipelineClient(client, settings)
-    lines = [ln for ln in readme_commands(README.read_text("utf-8")) if key(ln) in EXPECT]
+    lines = [ln for ln in page_commands() if key(ln) in EXPECT]
     assert len(lines) == len(EXPECT)
     async with running_stack(client, settings):
         for line in lines:
@@ -298,3 +307,15 @@ def test_example_pipelines_pass_the_spec_check(name: str) -> None:
 
     raw = json.loads((REPO / "examples" / "pipelines" / f"{name}.json").read_text("utf-8"))
     assert parse_pipeline(raw, set(load_specs())).name == raw["name"]
+
+
+def test_the_front_page_keeps_the_two_commands_and_a_first_pipeline() -> None:
+    """The README is a front page: at most 300 lines, the two set-up commands
+    (.ci/run runs `make test`), and a first pipeline's commands of its own."""
+    text = README.read_text("utf-8")
+    assert len(text.splitlines()) <= 300
+    blocks = "".join(re.findall(r"^```sh\n(.*?)^```", text, re.S | re.M))
+    assert re.search(r"^make demo\b", blocks, re.M) and re.search(r"^make test\b", blocks, re.M)
+    own = {key(line) for line in readme_commands(text)}
+    assert ".venv/bin/aiworker run examples/pipelines/hello.json" in own
+    assert ".venv/bin/aiworker check examples/pipelines/hello.json" in own
