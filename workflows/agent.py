@@ -33,9 +33,8 @@ running it; only an agent of a pipeline started on older code reads that.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,11 +53,11 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import Budget, StepResult
     from aiworker.schemas.priority import task_priority
-    from aiworker.schemas.protocol import Usage
     from aiworker.schemas.spec import WorkerSpec
 
-from aiworker.workflows.budget import Admission, BudgetRefused, Deadline, Ledger
-from aiworker.workflows.calls import call_worker
+from aiworker.workflows.budget import Admission, Deadline, Ledger
+from aiworker.workflows.calls import CallContext, WorkerCall, call_worker
+from aiworker.workflows.governed import Governance, Refused, governed_call
 
 _BUDGET = ErrorCode.BUDGET_EXCEEDED.value
 
@@ -142,7 +141,13 @@ class Agent:
             started_at=start,
             ends=Deadline(ends),
         )
-        self.priority = task_priority(workflow.info().priority, None, req.tenant)
+        self.context = CallContext(
+            tenant=req.tenant,
+            trace_id=req.trace_id,
+            step_id=req.step_id,
+            queue_suffix=req.queue_suffix,
+            priority=task_priority(workflow.info().priority, None, req.tenant),
+        )
         self.tools: dict[str, Tool] = {}
 
     def _fail(
@@ -190,7 +195,6 @@ class Agent:
         inp, state = self.req.input, self.state
         definitions = [tool_definition(t.spec) for t in self.tools.values()]
         for turn in range(1, max_turns + 1):
-            admission = self._admit(self.llm, inp.get("turn_timeout_seconds"))
             call: dict[str, Any] = {
                 "messages": state.transcript,
                 "model": inp.get("model", "default"),
@@ -199,9 +203,17 @@ class Agent:
             for k in ("max_tokens", "temperature", "response_schema"):
                 if k in inp:
                     call[k] = inp[k]
-            state.turns = turn
+
+            def started(turn: int = turn) -> None:
+                state.turns = turn
+
             result = await self._call(
-                self.llm, f"{self.req.key}/turn-{turn}", call, admission, f"turn {turn}"
+                self.llm,
+                f"{self.req.key}/turn-{turn}",
+                call,
+                f"turn {turn}",
+                inp.get("turn_timeout_seconds"),
+                started,
             )
             if not result.ok:
                 if (
@@ -277,10 +289,12 @@ class Agent:
                 tool=name,
                 limit=tool.max_calls,
             )
-        admission = self._admit(tool.spec, None)
-        state.calls[name] = made + 1
         key = f"{self.req.key}/turn-{turn}/call-{index}"
-        result = await self._call(tool.spec, key, args, admission, f"turn {turn} {name}")
+
+        def started() -> None:
+            state.calls[name] = made + 1
+
+        result = await self._call(tool.spec, key, args, f"turn {turn} {name}", None, started)
         if not result.ok:
             return self._tool_error(
                 reply, result.error_code or ErrorCode.INTERNAL.value, result.error_message or ""
@@ -298,49 +312,41 @@ class Agent:
         content = json.dumps({"error": {"code": code, "message": message}}, ensure_ascii=False)
         return {**reply, "content": _bounded(content), "is_error": True}
 
-    def _admit(self, worker: WorkerSpec, timeout: float | None) -> Admission:
-        try:
-            return self.ledger.admit(worker, workflow.now().timestamp(), timeout)
-        except BudgetRefused as e:
-            what = "the step's deadline has passed" if e.resource == "deadline" else e.message
-            raise _Stop(e.resource, f"{what} (before {worker.worker_id})") from None
-
     async def _call(
         self,
         worker: WorkerSpec,
         key: str,
         call_input: dict[str, Any],
-        admission: Admission,
         what: str,
+        turn_timeout: float | None,
+        started: Callable[[], None],
     ) -> StepResult:
-        """One activity, cut at the deadline; its usage booked either way."""
+        """One activity through :func:`~aiworker.workflows.governed.governed_call`:
+        admitted by the agent's ledger (a refusal is a bound), cut at the deadline,
+        its usage booked either way. ``started`` counts the call once admitted.
+
+        No permits yet: this workflow receives no ``permit`` signals, and asking
+        would add commands to every agent's history (a patch of its own)."""
         req = self.req
-        call = call_worker(
+        call = WorkerCall(
             worker,
             key=key,
-            step_id=req.step_id,
-            tenant=req.tenant,
-            trace_id=req.trace_id,
             input=call_input,
-            admission=admission,
-            queue_suffix=req.queue_suffix,
+            context=self.context,
             summary=f"{req.step_id} {what}",
-            priority=self.priority,
+            timeout_seconds=turn_timeout,
         )
-        left = self.ledger.ends.left(workflow.now().timestamp())
-        if left is None:
-            result = await call
-        else:
-            task = asyncio.ensure_future(call)
-            done, _ = await workflow.wait([task], timeout=max(0.001, left))
-            if not done:
-                # call_worker turns the cancellation into a result; that is not ours
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                self.ledger.settle(admission, Usage())  # what the cut call used is unknown
+
+        async def invoke(admission: Admission | None) -> StepResult:
+            started()
+            return await call_worker(call, admission)
+
+        result = await governed_call(call, Governance(ledger=self.ledger, cut=True), invoke)
+        if isinstance(result, Refused):
+            if result.kind == "deadline":
                 raise _Stop("deadline", f"the step's deadline passed during {what}")
-            result = task.result()
-        self.ledger.settle(admission, result.usage)
+            msg = "the step's deadline has passed" if result.resource == "deadline" else None
+            raise _Stop(result.resource, f"{msg or result.message} (before {worker.worker_id})")
         return result
 
 

@@ -12,10 +12,8 @@ step's ``on_failure``. The child gets the specs it needs from the run's
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from temporalio import workflow
-from temporalio.common import Priority
 from temporalio.exceptions import ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
@@ -26,44 +24,40 @@ with workflow.unsafe.imports_passed_through():
 
 from aiworker.workflows.agent import AgentWorkflow
 from aiworker.workflows.budget import Admission
+from aiworker.workflows.calls import WorkerCall
 
 
 async def run_agent(
-    worker: WorkerSpec,
+    call: WorkerCall,
+    admission: Admission,
     *,
     specs: Mapping[str, WorkerSpec],
     child_id: str,
-    key: str,
-    step_id: str,
-    tenant: str,
-    trace_id: str,
-    input: dict[str, Any],
-    admission: Admission,
     deadline: float | None,
-    queue_suffix: str,
-    summary: str,
-    priority: Priority,
 ) -> StepResult:
     """Run an llm-agent call as ``AgentWorkflow``; its result (never raises on failure).
 
+    The step runner's ``invoke`` for :func:`~aiworker.workflows.governed.governed_call`:
+    the step's permits and admission are taken, the child spends the admission.
     ``specs`` are the run's worker specs: the child gets the ones it uses
     (:func:`~aiworker.schemas.agent.agent_specs`), so it decides from what the
     pipeline recorded, never from a catalog.
     """
+    worker, ctx, step_id = call.worker, call.context, call.context.step_id or ""
     req = AgentInput(
         step_id=step_id,
-        key=key,
-        tenant=tenant,
-        trace_id=trace_id,
-        queue_suffix=queue_suffix,
-        input=input,
+        key=call.key,
+        tenant=ctx.tenant,
+        trace_id=ctx.trace_id,
+        queue_suffix=ctx.queue_suffix,
+        input=call.input,
         allowance=ChunkAllowance(
             max_tokens=admission.max_tokens,
             max_external_calls=admission.max_external_calls,
             deadline=deadline,
         ),
         timeout_seconds=admission.timeout_seconds,
-        specs=agent_specs(worker, input, specs),
+        specs=agent_specs(worker, call.input, specs),
     )
     try:
         return await workflow.execute_child_workflow(
@@ -71,8 +65,8 @@ async def run_agent(
             req,
             id=child_id,
             task_queue=workflow.info().task_queue,
-            static_summary=f"{summary} ({worker.worker_id})",
-            priority=priority,
+            static_summary=f"{call.summary} ({worker.worker_id})",
+            priority=ctx.priority,
         )
     except ChildWorkflowError as e:
         cause = e.cause

@@ -31,6 +31,7 @@ until the pipeline's deadline (``schedule_to_start``), then fails as
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from temporalio import workflow
@@ -99,36 +100,63 @@ def error_details(err: BaseException) -> dict[str, Any]:
     return {}
 
 
-async def call_worker(
-    worker: WorkerSpec,
-    *,
-    key: str,
-    tenant: str,
-    trace_id: str,
-    input: dict[str, Any],
-    step_id: str | None = None,
-    admission: Admission | None = None,
-    timeout_seconds: float | None = None,
-    max_attempts: int | None = None,
-    queue_suffix: str = "",
-    summary: str | None = None,
-    cache: CachePolicy | None = None,
-    priority: Priority = Priority.default,
-    local: bool = False,
-) -> StepResult:
-    """Call ``worker`` once (Temporal retries inside); never raises on worker failure.
+@dataclass(frozen=True)
+class CallContext:
+    """What every call of one step (or item, or agent turn) shares: who runs it
+    (``tenant``, ``trace_id``), which step it belongs to, the task-queue suffix
+    of this deployment and the run's task ``priority`` (the default leaves the
+    command as it was before priorities)."""
+
+    tenant: str
+    trace_id: str
+    step_id: str | None = None
+    queue_suffix: str = ""
+    priority: Priority = Priority.default
+
+
+@dataclass(frozen=True)
+class WorkerCall:
+    """One worker call, as :func:`call_worker` and
+    :func:`~aiworker.workflows.governed.governed_call` take it.
+
+    ``key`` is the idempotency key, ``summary`` the activity's summary (the
+    worker id when None). ``timeout_seconds`` is the step's own timeout (the
+    budget's admission caps it by the deadline), ``max_attempts`` the step's cap
+    on retries (None: the spec's). ``cache`` goes in the request: the worker
+    runtime looks the call up before the worker runs
+    (:mod:`~aiworker.activities.step_cache`), so a step without one pays nothing.
+    ``local`` runs the call as a local activity in this worker process (the
+    run's recorded plan says which workers may): the same activity, envelope,
+    timeout and retry policy, so it ends in the same ``StepResult``.
+    """
+
+    worker: WorkerSpec
+    key: str
+    input: dict[str, Any]
+    context: CallContext
+    summary: str | None = None
+    timeout_seconds: float | None = None
+    max_attempts: int | None = None
+    cache: CachePolicy | None = None
+    local: bool = False
+
+
+async def call_worker(call: WorkerCall, admission: Admission | None = None) -> StepResult:
+    """Call ``call.worker`` once (Temporal retries inside); never raises on worker failure.
+
+    Only the call itself: permits, budget and settlement are
+    :func:`~aiworker.workflows.governed.governed_call`'s, which every worker call
+    of a workflow goes through; ``admission`` is what the budget admitted.
 
     Returns how the call ended: ``succeeded``/``partial`` with outputs, warnings,
     artifacts and usage (``cached`` when the step cache answered), or ``failed``
-    with the error code, message and reasons. ``cache`` goes in the request: the
-    worker runtime looks the call up before the worker runs
-    (:mod:`~aiworker.activities.step_cache`), so a step without one pays nothing.
-    ``priority`` is the run's task priority (``PipelineRun.priority``); the
-    default leaves the command as it was before priorities. ``local`` runs the
-    call as a local activity in this worker process (the run's recorded plan
-    says which workers may): the same activity, envelope, timeout and retry
-    policy, so it ends in the same ``StepResult``.
+    with the error code, message and reasons.
     """
+    worker, ctx = call.worker, call.context
+    key, tenant, trace_id, step_id = call.key, ctx.tenant, ctx.trace_id, ctx.step_id
+    queue_suffix, priority, summary = ctx.queue_suffix, ctx.priority, call.summary
+    timeout_seconds, max_attempts, cache = call.timeout_seconds, call.max_attempts, call.cache
+    local = call.local
     timeout = timeout_seconds
     if admission is not None and admission.timeout_seconds is not None:
         timeout = admission.timeout_seconds
@@ -144,7 +172,7 @@ async def call_worker(
         step_id=step_id,
         tenant=tenant,
         trace=TraceContext(trace_id=trace_id, span_id=workflow.uuid4().hex[:16]),
-        input=input,
+        input=call.input,
         constraints=constraints,
         cache=cache,
     )

@@ -3,7 +3,10 @@
 The pipeline splits a for_each list into chunks of ``chunk_size`` items and
 runs each chunk as a child workflow, so no history grows with the list: the
 parent records one child per chunk, a child at most ``chunk_size`` activities.
-Inside a chunk at most ``max_parallel`` items run at once. Each item's
+Inside a chunk at most ``max_parallel`` items run at once, each through
+:func:`~aiworker.workflows.governed.governed_call` (permits, then the budget;
+chunks recorded before ``foreach-item-permits-before-budget`` replay budget
+first). Each item's
 idempotency key is ``{key_prefix}/{item_index}``; its budget share comes from
 the parent as an allowance, spent item by item through the same ledger.
 
@@ -33,15 +36,22 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import catalog, names
     from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.limits import AcquireCall
     from aiworker.schemas.pipeline import Budget, ChunkInput, ChunkItem, ChunkResult, ItemResult
     from aiworker.schemas.priority import task_priority
     from aiworker.schemas.protocol import Usage
 
-from aiworker.workflows.budget import BudgetRefused, Deadline, Ledger
-from aiworker.workflows.calls import call_worker
+from aiworker.workflows.budget import Deadline, Ledger
+from aiworker.workflows.calls import CallContext, WorkerCall
 from aiworker.workflows.chunks import share, split
+from aiworker.workflows.governed import (
+    ITEM_PERMITS_FIRST_PATCH,
+    Governance,
+    Refused,
+    governed_call,
+)
 from aiworker.workflows.items import ItemsUnavailable, store_index, store_items
-from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals, WaitExpired
+from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals
 
 
 @workflow.defn(name=names.FOREACH_WORKFLOW)
@@ -95,14 +105,24 @@ class PipelineForEachWorkflow(PermitSignals):
                 index=item.index, status="failed", error_code=code, error_message=message
             )
 
+        context = CallContext(
+            tenant=chunk.tenant,
+            trace_id=chunk.trace_id,
+            step_id=chunk.step_id,
+            queue_suffix=chunk.queue_suffix,
+            priority=priority,
+        )
+        # Decided once, at the first item that asks for permits (see governed_call):
+        # items of a chunk recorded before the patch were admitted first.
+        order: list[bool] = []
+
+        def budget_first() -> bool:
+            if not order:
+                order.append(not workflow.patched(ITEM_PERMITS_FIRST_PATCH))
+            return order[0]
+
         async def one(item: ChunkItem) -> ItemResult:
             async with slots:
-                try:
-                    admission = ledger.admit(
-                        worker, workflow.now().timestamp(), chunk.timeout_seconds
-                    )
-                except BudgetRefused as e:
-                    return refused(item, ErrorCode.BUDGET_EXCEEDED.value, e.message)
                 # The worker's per-tenant rate limit holds for every item, and the
                 # step's concurrency key (resolved per item) across every chunk.
                 limits = CallLimits(
@@ -116,33 +136,41 @@ class PipelineForEachWorkflow(PermitSignals):
                     concurrency_limit=chunk.concurrency_limit or 1,
                     lease_seconds=chunk.lease_seconds,
                 )
-                # drawn only when asking: the ids drawn after it must not shift on replay
-                ticket = f"{me}/{item.index}/{workflow.uuid4().hex[:8]}" if limits.any else ""
-                leases = await self._permits.acquire_all(
-                    limits.calls(ticket), ledger.ends.wait, who=str(item.index)
+
+                def asks(limits: CallLimits = limits, index: int = item.index) -> list[AcquireCall]:
+                    if not limits.any:
+                        return []
+                    # drawn only when asking: the ids drawn after it must not shift on replay
+                    return limits.calls(f"{me}/{index}/{workflow.uuid4().hex[:8]}")
+
+                call = WorkerCall(
+                    worker,
+                    key=f"{chunk.key_prefix}/{item.index}",
+                    input=item.input,
+                    context=context,
+                    summary=f"{chunk.step_id}[{item.index}] ({worker.worker_id})",
+                    timeout_seconds=chunk.timeout_seconds,
+                    max_attempts=chunk.max_attempts,
+                    cache=chunk.cache,
+                    local=chunk.local,
                 )
-                if isinstance(leases, WaitExpired):
-                    ledger.settle(admission, Usage())
-                    return refused(item, ErrorCode.RATE_LIMITED.value, leases.message)
-                try:
-                    result = await call_worker(
-                        worker,
-                        key=f"{chunk.key_prefix}/{item.index}",
-                        step_id=chunk.step_id,
-                        tenant=chunk.tenant,
-                        trace_id=chunk.trace_id,
-                        input=item.input,
-                        admission=admission,
-                        max_attempts=chunk.max_attempts,
-                        queue_suffix=chunk.queue_suffix,
-                        summary=f"{chunk.step_id}[{item.index}] ({worker.worker_id})",
-                        cache=chunk.cache,
-                        priority=priority,
-                        local=chunk.local,
+                gov = Governance(
+                    ledger=ledger,
+                    permits=self._permits,
+                    asks=asks,
+                    deadline=ledger.ends,
+                    who=str(item.index),
+                    # without permits both orders issue the same commands: no marker
+                    budget_first=limits.any and budget_first(),
+                )
+                result = await governed_call(call, gov)
+                if isinstance(result, Refused):
+                    code = (
+                        ErrorCode.BUDGET_EXCEEDED
+                        if result.kind == "budget"
+                        else ErrorCode.RATE_LIMITED
                     )
-                finally:
-                    await self._permits.release_all(leases)
-                ledger.settle(admission, result.usage)
+                    return refused(item, code.value, result.message)
                 self._done += 1
                 return ItemResult(
                     index=item.index,

@@ -166,10 +166,3 @@ class PipelineLimits:
             concurrency_limit=step.concurrency.limit if step.concurrency else 1,
             lease_seconds=lease_seconds(worker, step.timeout_seconds, step_max_attempts(step)),
         )
-
-    async def for_call(
-        self, limits: CallLimits, ticket: str, step_id: str
-    ) -> list[Lease] | WaitExpired:
-        """Wait for a step call's permits; the concurrency leases to give back after it."""
-        calls = limits.calls(ticket, rate_suffix="/rate")
-        return await self.permits.acquire_all(calls, self.deadline.wait, who=step_id)

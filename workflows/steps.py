@@ -8,9 +8,10 @@
                up to ``validate.max_attempts`` -> the ``fallback`` worker
       failed and ``on_failure: escalate``     -> review: approve | reject | retry
 
-Every call first waits for its limits (``pipeline_limits``) and is admitted
-by the budget ledger. A step that ends early (skipped, blocked, refused by
-the budget or a limit) comes back as an :class:`Ended` value, never an
+Every call goes through :func:`~aiworker.workflows.governed.governed_call`:
+it waits for its limits (``pipeline_limits``), is admitted by the budget
+ledger, runs, gives its leases back and is settled. A step that ends early
+(skipped, blocked, refused by the budget or a limit) comes back as an :class:`Ended` value, never an
 exception; a step that ends the whole run says so in ``PipelineRun.terminal``.
 Deterministic code only.
 """
@@ -27,14 +28,22 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.agent import ends_pipeline
     from aiworker.schemas.causes import coded, with_reasons
     from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.limits import AcquireCall
     from aiworker.schemas.pipeline import Step, StepResult, Validation, step_values
     from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, resolve
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.agent_step import run_agent
-from aiworker.workflows.calls import call_worker, external_wait, with_feedback
+from aiworker.workflows.budget import Admission
+from aiworker.workflows.calls import (
+    CallContext,
+    WorkerCall,
+    call_worker,
+    external_wait,
+    with_feedback,
+)
 from aiworker.workflows.fanout import run_for_each
-from aiworker.workflows.limits import Lease, WaitExpired
+from aiworker.workflows.governed import Governance, Refused, governed_call
 from aiworker.workflows.pipeline_limits import step_max_attempts
 from aiworker.workflows.state import Ended, PipelineRun, ms_since, now
 from aiworker.workflows.tally import Tally, after_primary, gate_verdict
@@ -236,18 +245,18 @@ class StepRunner:
         with the validator's reasons and ``rejected`` with the first reason as its
         message (the validator's own error when it failed itself)."""
         tally.validations += 1
-        verdict = await call_worker(
+        check = WorkerCall(
             self.run.workers[names.VALIDATOR],
             key=key,
-            step_id=self.step.id,
-            tenant=self.run.tenant,
-            trace_id=self.run.trace_id,
             input={"data": call.outputs, "schema": v.schema_},
-            queue_suffix=self.run.queue_suffix,
+            context=self.context(),
             summary=f"{self.step.id} validate",
-            priority=self.run.priority,
             local=self.run.limits.is_local(names.VALIDATOR),
         )
+        # no permits, no budget: the validator checks, it spends nothing
+        verdict = await governed_call(check, Governance())
+        if isinstance(verdict, Refused):  # nothing to refuse without limits or a ledger
+            return self.refused(verdict).result
         found = verdict.outputs if isinstance(verdict.outputs, dict) else {}
         if verdict.ok and found.get("valid"):
             return None
@@ -265,65 +274,94 @@ class StepRunner:
             reasons=reasons,
         )
 
+    def context(self) -> CallContext:
+        run = self.run
+        return CallContext(
+            tenant=run.tenant,
+            trace_id=run.trace_id,
+            step_id=self.step.id,
+            queue_suffix=run.queue_suffix,
+            priority=run.priority,
+        )
+
     async def call(
         self, worker: WorkerSpec, key: str, step_input: dict[str, Any], label: str
     ) -> StepResult | Ended:
-        """One worker call: wait for its limits, be admitted by the budget, run, settle."""
+        """One worker call through :func:`~aiworker.workflows.governed.governed_call`:
+        its limits, the budget's admission, the call (an llm-agent's child workflow),
+        release, settlement."""
         run, step = self.run, self.step
-        leases = await self.limits(worker)
-        if isinstance(leases, Ended):
-            return leases
-        admission = run.admit(worker, step.timeout_seconds)
-        if isinstance(admission, Ended):
-            await run.limits.permits.release_all(leases)
-            return admission
-        wait = external_wait(worker, admission, run.queue_suffix, now())
-        if wait is not None:
-            run.board.external[step.id] = wait
-        try:
-            if worker.kind == "workflow":  # llm-agent: its turns and tool calls in a child
-                result = await run_agent(
-                    worker,
-                    specs=run.workers,
-                    child_id=workflow.info().workflow_id + key[len(run.key_base) :],
-                    key=key,
-                    step_id=step.id,
-                    tenant=run.tenant,
-                    trace_id=run.trace_id,
-                    input=step_input,
-                    admission=admission,
-                    deadline=run.ledger.deadline,
-                    queue_suffix=run.queue_suffix,
-                    summary=label,
-                    priority=run.priority,
-                )
-            else:
-                result = await call_worker(
-                    worker,
-                    key=key,
-                    step_id=step.id,
-                    tenant=run.tenant,
-                    trace_id=run.trace_id,
-                    input=step_input,
-                    admission=admission,
-                    max_attempts=step_max_attempts(step),
-                    queue_suffix=run.queue_suffix,
-                    summary=label,
-                    cache=step.cache,
-                    priority=run.priority,
-                    local=run.limits.is_local(worker.worker_id),
-                )
-        finally:
-            run.board.external.pop(step.id, None)
-            await run.limits.permits.release_all(leases)
-        run.ledger.settle(admission, result.usage)
+        asks = self.limits(worker)
+        if isinstance(asks, Ended):
+            return asks
+        call = WorkerCall(
+            worker,
+            key=key,
+            input=step_input,
+            context=self.context(),
+            summary=label,
+            timeout_seconds=step.timeout_seconds,
+            max_attempts=step_max_attempts(step),
+            cache=step.cache,
+            local=run.limits.is_local(worker.worker_id),
+        )
+        gov = Governance(
+            ledger=run.ledger,
+            permits=run.limits.permits,
+            asks=lambda: asks,
+            deadline=run.limits.deadline,
+            who=step.id,
+        )
+        result = await governed_call(call, gov, lambda admission: self.invoke(call, admission))
+        if isinstance(result, Refused):
+            return self.refused(result)
         if ends_pipeline(result):
             run.terminal = "budget_exhausted"
         return result
 
-    async def limits(self, worker: WorkerSpec) -> list[Lease] | Ended:
-        """Wait for the worker's per-tenant rate limit and the step's concurrency key;
-        the step ends ``rate_limited`` when the pipeline's deadline would pass first."""
+    async def invoke(self, call: WorkerCall, admission: Admission | None) -> StepResult:
+        """The call itself, an external worker's wait shown in ``progress`` meanwhile."""
+        run, step, worker = self.run, self.step, call.worker
+        wait = external_wait(worker, admission, run.queue_suffix, now())
+        if wait is not None:
+            run.board.external[step.id] = wait
+        try:
+            if worker.kind == "workflow" and admission is not None:
+                # llm-agent: its turns and tool calls in a child
+                return await run_agent(
+                    call,
+                    admission,
+                    specs=run.workers,
+                    child_id=workflow.info().workflow_id + call.key[len(run.key_base) :],
+                    deadline=run.ledger.deadline,
+                )
+            return await call_worker(call, admission)
+        finally:
+            run.board.external.pop(step.id, None)
+
+    def refused(self, refused: Refused) -> Ended:
+        """A call that did not run, as the step's end."""
+        if refused.kind == "budget":
+            self.run.terminal = "budget_exhausted"
+            return Ended(
+                StepResult(
+                    status="failed",
+                    error_code=ErrorCode.BUDGET_EXCEEDED.value,
+                    error_message=f"refused before scheduling: {refused.message}",
+                    reasons=[{"resource": refused.resource, "message": refused.message}],
+                )
+            )
+        return Ended(
+            StepResult(
+                status="failed",
+                error_code=ErrorCode.RATE_LIMITED.value,
+                error_message=f"step {self.step.id!r}: {refused.message}",
+            )
+        )
+
+    def limits(self, worker: WorkerSpec) -> list[AcquireCall] | Ended:
+        """What the call waits for: the worker's per-tenant rate limit and the step's
+        concurrency key (resolved here; a key that cannot be ends the step)."""
         run, step = self.run, self.step
         ticket = run.limits.ticket(step.id)
         key: str | None = None
@@ -333,16 +371,7 @@ class StepRunner:
                 return resolved
             key = str(resolved)
         limits = run.limits.for_worker(worker, step, key)
-        leases = await run.limits.for_call(limits, ticket, step.id)
-        if isinstance(leases, WaitExpired):
-            return Ended(
-                StepResult(
-                    status="failed",
-                    error_code=ErrorCode.RATE_LIMITED.value,
-                    error_message=f"step {step.id!r}: {leases.message}",
-                )
-            )
-        return leases
+        return limits.calls(ticket, rate_suffix="/rate")
 
     async def review(self, result: StepResult) -> StepResult | None:
         """Escalate a failed step to a human: the step's result after the decision,

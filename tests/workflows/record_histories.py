@@ -26,7 +26,9 @@ with a scripted loopback model (parent and child), cancel, and a run started
 by a Temporal Schedule, the live worker registry (publish, expiry, withdraw),
 and rate-limited for_each items with their limiters (leased blocks, queued).
 ``limited*``, ``review-cancelled`` and
-``slot-expired`` came from code before the pipeline split (commit 8a3581a).
+``slot-expired`` came from code before the pipeline split (commit 8a3581a);
+``*-budget-first`` from code before for_each items took their permits before
+the budget (``foreach-item-permits-before-budget``).
 """
 
 from __future__ import annotations

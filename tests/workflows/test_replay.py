@@ -7,7 +7,9 @@ deliberate, versioned workflow change (``workflow.patched`` or a new type), and
 keep the files that guard older code (``*-20261127.json``: every shape recorded
 before runs recorded their specs; ``*-20261122.json``: recorded before the
 current step path; ``limited*``, ``review-cancelled`` and ``slot-expired``:
-recorded before the pipeline workflow was split into modules, commit 8a3581a).
+recorded before the pipeline workflow was split into modules, commit 8a3581a;
+``*-budget-first.json``: rate-limited for_each items admitted before their
+permits, recorded before the ``foreach-item-permits-before-budget`` patch).
 A history's workflow id (permit tickets carry it) is read from its first event.
 ``recorded-specs`` is a run that recorded its workers' specs (``Plan.specs``,
 the ``pipeline-recorded-specs`` patch) on a catalog of spec files and a plugin
@@ -18,6 +20,7 @@ this replay never installs; ``test_recorded_specs.py`` records it
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -84,6 +87,19 @@ OLDER_CODE = {
     "limited-chunk1",
     "review-cancelled",
     "slot-expired",
+}
+# Rate-limited for_each items as chunks ran them before the governed call
+# (``foreach-item-permits-before-budget``): admitted by the budget, then waiting
+# for their permits; their pipeline and limiters recorded in the same runs.
+OLDER_CODE |= {
+    f"{shape}-budget-first"
+    for shape in (
+        "limited-blocks",
+        "limited-blocks-chunk",
+        "limiter-blocks",
+        "limited-queued-chunk",
+        "limiter-queued",
+    )
 }
 # Every shape as the code before runs recorded their specs (the last main before
 # the ``pipeline-recorded-specs`` patch) ran it: what runs in flight during that
@@ -276,3 +292,25 @@ async def test_replay_in_the_default_sandbox(path: Path) -> None:
     )
     result = await replayer.replay_workflow(load_history(path).history)
     assert result.replay_failure is None
+
+
+def _patches(name: str) -> set[str]:
+    """The ``workflow.patched`` ids a committed history recorded."""
+    history = json.loads((FOLDER / f"{name}.json").read_text("utf-8"))
+    found = set()
+    for event in history["events"]:
+        marker = event.get("markerRecordedEventAttributes", {})
+        if marker.get("markerName") == "core_patch":
+            payload = marker["details"]["patch-data"]["payloads"][0]["data"]
+            found.add(json.loads(base64.b64decode(payload))["id"])
+    return found
+
+
+def test_limited_items_take_permits_before_budget_only_behind_the_patch() -> None:
+    """The governed call's order for for_each items is recorded behind its patch;
+    the chunks recorded before it (budget first) carry no marker and still replay."""
+    from aiworker.workflows.governed import ITEM_PERMITS_FIRST_PATCH
+
+    for shape in ("limited-blocks-chunk", "limited-queued-chunk"):
+        assert ITEM_PERMITS_FIRST_PATCH in _patches(shape)
+        assert ITEM_PERMITS_FIRST_PATCH not in _patches(f"{shape}-budget-first")

@@ -1,0 +1,201 @@
+"""One governed call: the single road every worker call of a workflow takes.
+
+A pipeline step's call (and its fallback, and each call of a review retry,
+which runs the step again), a for_each item, an agent's model turn and tool
+call, and a step's validator all go through :func:`governed_call`, in this
+order::
+
+    1. permits      the worker's per-tenant rate limit, then the step's
+                    concurrency key (``Governance.asks``, rate first), each
+                    waited for until the pipeline's deadline
+                    -> Refused("rate_limited") when it passes first
+    2. admission    the budget ledger reserves the call's share and caps its
+                    timeout by the deadline (``Governance.ledger``)
+                    -> Refused("budget"); the permits are given back
+    3. the call     ``call_worker`` (or the caller's ``invoke``: an agent
+                    step's child workflow), cut at the deadline when
+                    ``Governance.cut`` (an agent's turns and tool calls)
+    4. release      the concurrency leases go back, also when the call
+                    raised (a cancelled run)
+    5. settlement   the reservation is released and the real usage booked
+                    (nothing booked for a call cut at the deadline, whose
+                    usage is unknown: Refused("deadline"))
+
+Why permits before budget: a call that waits for a permit holds nothing of
+the budget while it waits, so its siblings' shares are not cut by calls that
+are not running, and its timeout is capped by the deadline as it stands when
+it is scheduled, not when it began to wait. Pipeline steps always ran in this
+order. For_each items ran budget first (admitted, then held the reservation
+while they waited); a chunk that asks for permits now takes the documented
+order too, gated by the ``workflow.patched`` id :data:`ITEM_PERMITS_FIRST_PATCH`
+(chunks recorded before it replay budget first: ``Governance.budget_first``).
+A chunk without limits asks for no permits, so both orders issue the same
+commands there and no patch marker is recorded.
+
+What a call may not do is a :class:`Refused` value, never an exception; each
+caller words it as its results do (a step's ``Ended``, an item's
+``ItemResult``, an agent's bound). The protocol is written here rather than
+as a Temporal feature because Temporal has no budget or cross-workflow
+permit primitive: the permits are aiworker's limiter workflows
+(:mod:`workflows.limits`), the budget its ledger (:mod:`workflows.budget`).
+Deterministic code only.
+
+Not yet through permits: an agent's turns and tool calls (``Governance``
+without ``asks``: its workflow receives no ``permit`` signals), and a step's
+validator (no permits, no budget, as before); giving the agent permits changes
+its commands and needs a patch of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from aiworker.schemas.limits import AcquireCall
+    from aiworker.schemas.pipeline import StepResult
+    from aiworker.schemas.protocol import Usage
+
+from aiworker.workflows.budget import Admission, BudgetRefused, Deadline, Ledger
+from aiworker.workflows.calls import CallContext, WorkerCall, call_worker
+from aiworker.workflows.limits import Lease, PermitBook, WaitExpired
+
+# The ``workflow.patched`` id of a for_each chunk whose items wait for their permits
+# before the budget admits them (before it, items were admitted first).
+ITEM_PERMITS_FIRST_PATCH = "foreach-item-permits-before-budget"
+
+NO_DEADLINE = Deadline()
+
+Invoke = Callable[[Admission | None], Awaitable[StepResult]]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Why a governed call did not run (or was cut): ``kind`` is ``rate_limited``
+    (a permit wait reached the deadline), ``budget`` (the ledger refused;
+    ``resource`` names the limit) or ``deadline`` (cut in flight, ``cut``)."""
+
+    kind: Literal["rate_limited", "budget", "deadline"]
+    resource: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Governance:
+    """What governs one call: the permits to wait for, the budget to be admitted by.
+
+    ``permits`` is the book of the workflow the permits are signalled to and
+    ``asks`` what to ask it for (None or empty: no permit; ``CallLimits.calls``),
+    each waited for until ``deadline``. ``asks`` is called when the call comes
+    to its permits, so a ticket it draws (``workflow.uuid4``) is drawn at the
+    same point of the history as before, in either order. ``ledger`` None: no budget (a step's
+    validator). ``cut``: the call is cut when the ledger's deadline passes in
+    flight. ``budget_first``: the order of for_each chunks recorded before
+    :data:`ITEM_PERMITS_FIRST_PATCH`, kept for their replay only.
+    """
+
+    ledger: Ledger | None = None
+    permits: PermitBook | None = None
+    asks: Callable[[], Sequence[AcquireCall]] | None = None
+    deadline: Deadline = NO_DEADLINE
+    who: str = ""
+    cut: bool = False
+    budget_first: bool = False
+
+
+async def governed_call(
+    call: WorkerCall, gov: Governance, invoke: Invoke | None = None
+) -> StepResult | Refused:
+    """Run ``call`` under ``gov`` in the documented order (module docstring):
+    permits, admission, the call, release, settlement.
+
+    ``invoke`` runs the call given its admission (default
+    :func:`~aiworker.workflows.calls.call_worker`); a step uses it to start an
+    agent's child workflow instead and to show an external worker's wait.
+    Never raises on a worker's failure (it is the ``StepResult``); a refusal is
+    a :class:`Refused`.
+    """
+    run: Invoke = invoke or (lambda admission: call_worker(call, admission))
+    if gov.budget_first:
+        admission = _admit(call, gov)
+        if isinstance(admission, Refused):
+            return admission
+        leases = await _wait_for_permits(gov)
+        if isinstance(leases, Refused):
+            _settle(gov, admission, Usage())
+            return leases
+    else:
+        leases = await _wait_for_permits(gov)
+        if isinstance(leases, Refused):
+            return leases
+        admission = _admit(call, gov)
+        if isinstance(admission, Refused):
+            await _release(gov, leases)
+            return admission
+    try:
+        result = await (_cut(run, admission, gov) if gov.cut else run(admission))
+    finally:
+        await _release(gov, leases)
+    if isinstance(result, Refused):
+        _settle(gov, admission, Usage())  # what the cut call used is unknown
+        return result
+    _settle(gov, admission, result.usage)
+    return result
+
+
+async def _wait_for_permits(gov: Governance) -> list[Lease] | Refused:
+    asks = gov.asks() if gov.asks is not None else ()
+    if gov.permits is None or not asks:
+        return []
+    leases = await gov.permits.acquire_all(asks, gov.deadline.wait, who=gov.who)
+    if isinstance(leases, WaitExpired):
+        return Refused("rate_limited", leases.call.kind, leases.message)
+    return leases
+
+
+def _admit(call: WorkerCall, gov: Governance) -> Admission | Refused | None:
+    if gov.ledger is None:
+        return None
+    try:
+        return gov.ledger.admit(call.worker, workflow.now().timestamp(), call.timeout_seconds)
+    except BudgetRefused as e:
+        return Refused("budget", e.resource, e.message)
+
+
+async def _release(gov: Governance, leases: list[Lease]) -> None:
+    if gov.permits is not None and leases:
+        await gov.permits.release_all(leases)
+
+
+def _settle(gov: Governance, admission: Admission | None, usage: Usage) -> None:
+    if gov.ledger is not None and admission is not None:
+        gov.ledger.settle(admission, usage)
+
+
+async def _cut(run: Invoke, admission: Admission | None, gov: Governance) -> StepResult | Refused:
+    """The call, cancelled when the ledger's deadline passes before it ends."""
+    left = gov.ledger.ends.left(workflow.now().timestamp()) if gov.ledger else None
+    if left is None:
+        return await run(admission)
+    task = asyncio.ensure_future(run(admission))
+    done, _ = await workflow.wait([task], timeout=max(0.001, left))
+    if not done:
+        # call_worker turns the cancellation into a result; that is not the call's
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return Refused("deadline", "deadline", "the deadline passed during the call")
+    return task.result()
+
+
+__all__ = [
+    "ITEM_PERMITS_FIRST_PATCH",
+    "CallContext",
+    "Governance",
+    "Refused",
+    "WorkerCall",
+    "governed_call",
+]
