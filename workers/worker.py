@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from temporalio import activity
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import (
     AddSearchAttributesRequest,
@@ -185,9 +184,9 @@ def build_workers(
     out = []
     for q in queues:
         workflows = WORKFLOWS_BY_QUEUE.get(q, [])
-        acts = activities_for(q, runtime, served)
+        # a stand-in replaces the worker of its id (activity name = worker id)
+        acts = activities_for(q, runtime, served, skip=replace or ())
         if replace:
-            acts = [a for a in acts if _activity_name(a) not in replace]
             acts += [
                 fn
                 for wid, fn in replace.items()
@@ -215,11 +214,6 @@ def build_workers(
             )
         )
     return out
-
-
-def _activity_name(fn: Callable[..., Any]) -> str | None:
-    defn = activity._Definition.from_callable(fn)
-    return defn.name if defn else None
 
 
 async def watch_connection(
