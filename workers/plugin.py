@@ -20,7 +20,7 @@ restrictions gain aiworker's pass-throughs. The user's Worker must poll
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from temporalio.converter import DataConverter
@@ -86,11 +86,13 @@ class AiworkerPlugin(SimplePlugin):
         queue: str = names.PIPELINES_QUEUE,
         workers: WorkerSet | None = None,
         runtime: WorkerRuntime | None = None,
+        replace: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
         """``settings``: aiworker's (from the environment when omitted); ``queue``:
         the base queue served; ``workers``: the AI workers served (built-ins when
         omitted); ``runtime``: the activities' shared runtime (built from
-        ``settings`` when omitted, as a worker process builds it)."""
+        ``settings`` when omitted, as a worker process builds it); ``replace``: worker
+        ids to same-name stand-in activities (tests, local development)."""
         from aiworker.workers.registry import WORKFLOWS_BY_QUEUE, activities_for, all_queues
 
         self.settings = settings if settings is not None else Settings()
@@ -104,7 +106,13 @@ class AiworkerPlugin(SimplePlugin):
             raise ValueError(f"unknown task queue {queue!r}; known: {', '.join(known)}")
         self.queue = queue
         self.runtime = runtime
-        acts: Sequence[Callable[..., Any]] = activities_for(queue, runtime, served)
+        # a stand-in replaces the worker of its id (activity name = worker id)
+        acts = activities_for(queue, runtime, served, skip=replace or ())
+        acts += [
+            fn
+            for wid, fn in (replace or {}).items()
+            if wid in runtime.specs and runtime.specs[wid].task_queue == queue
+        ]
         super().__init__(
             PLUGIN_NAME,
             data_converter=_with_aiworker_converter(self.settings),
