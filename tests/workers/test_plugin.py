@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
+from collections.abc import Sequence
 
 from conftest import running_stack
 from embed_user import UserGreeting, user_shout
+from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
+from temporalio.converter import DataConverter, PayloadCodec
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
@@ -102,4 +106,24 @@ async def test_the_plugin_appends_to_a_users_worker_settings(
     assert isinstance(runner, SandboxedWorkflowRunner)
     assert "aiworker.workflows.steps" in runner.restrictions.passthrough_modules
     # aiworker's converter is on the user's client
+    assert user_client.data_converter.payload_converter_class is CheckedPayloadConverter
+
+
+class _Tag(PayloadCodec):
+    """A user's payload codec (stands in for encryption): the plugin must keep it."""
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return [Payload(metadata={**p.metadata, "tag": b"1"}, data=p.data) for p in payloads]
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return list(payloads)
+
+
+async def test_the_plugin_keeps_a_users_payload_codec(client: Client, settings: Settings) -> None:
+    codec = _Tag()
+    config = client.config()
+    config["data_converter"] = dataclasses.replace(DataConverter.default, payload_codec=codec)
+    config["plugins"] = [AiworkerPlugin(settings)]
+    user_client = Client(**config)
+    assert user_client.data_converter.payload_codec is codec
     assert user_client.data_converter.payload_converter_class is CheckedPayloadConverter
