@@ -79,6 +79,7 @@ if TYPE_CHECKING:
         StepItemsError,
         TemporalUnreachableError,
     )
+    from aiworker.workers.plugin import AiworkerPlugin
 
     Context = WorkerContext
     Result = WorkerResult
@@ -88,6 +89,7 @@ if TYPE_CHECKING:
 # aiworker` itself must cost nothing and pull in no activity code.
 _LAZY: dict[str, str] = {
     "AccessDeniedError": "aiworker.activities.errors:AccessDeniedError",
+    "AiworkerPlugin": "aiworker.workers.plugin:AiworkerPlugin",
     "ArtifactRef": "aiworker.schemas.protocol:ArtifactRef",
     "BudgetExceededError": "aiworker.activities.errors:BudgetExceededError",
     "CircuitOpenError": "aiworker.activities.errors:CircuitOpenError",
@@ -144,6 +146,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AccessDeniedError",
+    "AiworkerPlugin",
     "ArtifactRef",
     "BudgetExceededError",
     "CircuitOpenError",

@@ -8,7 +8,7 @@ not served here: another process polls their queue.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from temporalio import activity
@@ -54,11 +54,13 @@ def all_queues(specs: Mapping[str, WorkerSpec], workers: WorkerSet | None = None
 
 
 def activities_for(
-    queue: str, runtime: WorkerRuntime, workers: WorkerSet
+    queue: str, runtime: WorkerRuntime, workers: WorkerSet, skip: Collection[str] = ()
 ) -> list[Callable[..., Any]]:
-    """The activities served on the base task queue ``queue``."""
+    """The activities served on the base task queue ``queue`` (less the workers ``skip`` names)."""
     out: list[Callable[..., Any]] = [
-        w.activity(runtime) for w in workers.served.values() if w.spec.task_queue == queue
+        w.activity(runtime)
+        for w in workers.served.values()
+        if w.spec.task_queue == queue and w.worker_id not in skip
     ]
     if queue == names.PIPELINES_QUEUE:
         # the limiter's local activity runs beside the pipeline workflows; its plan

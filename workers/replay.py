@@ -39,6 +39,8 @@ from google.protobuf.json_format import MessageToJson
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 
+from aiworker.schemas import names
+
 if TYPE_CHECKING:
     # the SDK's client and worker load when the command runs (``aiworker --help``
     # and the other commands do not pay for them)
@@ -180,10 +182,18 @@ def aiworker_workflows() -> list[type]:
 
 
 def workflow_type_names() -> set[str]:
-    """The workflow type names of :func:`aiworker_workflows`."""
-    from temporalio.workflow import _Definition
-
-    return {d.name for d in map(_Definition.must_from_class, aiworker_workflows()) if d.name}
+    """The workflow type names of :func:`aiworker_workflows` (each class's
+    ``@workflow.defn(name=...)``, read from the names they are declared with:
+    the SDK has no public reader of a class's definition)."""
+    return {
+        names.PIPELINE_WORKFLOW,
+        names.FOREACH_WORKFLOW,
+        names.AGENT_WORKFLOW,
+        names.LIMITER_WORKFLOW,
+        names.SHARED_BREAKER_WORKFLOW,
+        names.WORKER_REGISTRY_WORKFLOW,
+        "ConformanceWorkflow",
+    }
 
 
 def workflow_type(history: WorkflowHistory) -> str:

@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from temporalio import activity
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import (
     AddSearchAttributesRequest,
@@ -35,8 +34,9 @@ from aiworker.schemas.spec import PromptImplementation
 from aiworker.workers.deployments import deployment_config
 from aiworker.workers.errors import StartupError as StartupError  # raised here, re-exported
 from aiworker.workers.http_server import Health
+from aiworker.workers.plugin import AiworkerPlugin
 from aiworker.workers.plugins import PluginError, WorkerSet, builtin_set, install, load_workers
-from aiworker.workers.registry import WORKFLOWS_BY_QUEUE, activities_for, all_queues
+from aiworker.workers.registry import all_queues
 
 log = logging.getLogger("aiworker.process")
 
@@ -184,24 +184,16 @@ def build_workers(
     versioned = deployment_config(settings)  # None: unversioned (settings built in code)
     out = []
     for q in queues:
-        workflows = WORKFLOWS_BY_QUEUE.get(q, [])
-        acts = activities_for(q, runtime, served)
-        if replace:
-            acts = [a for a in acts if _activity_name(a) not in replace]
-            acts += [
-                fn
-                for wid, fn in replace.items()
-                if wid in runtime.specs and runtime.specs[wid].task_queue == q
-            ]
+        # one wiring: the process's Worker is built with the plugin users embed
+        plugin = AiworkerPlugin(settings, queue=q, workers=served, runtime=runtime, replace=replace)
         out.append(
             Worker(
                 client,
                 task_queue=settings.queue(q),
-                workflows=workflows,
-                workflow_runner=workflow_runner(),
-                activities=acts,
-                # after the client's TracingInterceptor: each call's span sits in RunActivity
-                interceptors=[runtime.interceptor()],
+                # workflows, activities, sandbox pass-throughs and the telemetry
+                # interceptor (after the client's TracingInterceptor: each call's
+                # span sits in RunActivity) come from the plugin
+                plugins=[plugin],
                 max_concurrent_activities=settings.max_concurrent_activities,
                 max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
                 max_concurrent_activity_task_polls=settings.pollers,
@@ -215,11 +207,6 @@ def build_workers(
             )
         )
     return out
-
-
-def _activity_name(fn: Callable[..., Any]) -> str | None:
-    defn = activity._Definition.from_callable(fn)
-    return defn.name if defn else None
 
 
 async def watch_connection(
