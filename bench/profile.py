@@ -16,7 +16,7 @@ how much of the child's CPU the samples stand for. The client that starts
 the pipelines runs in the same process and is part of the figures.
 
 ``--bare`` profiles the bare workflow instead, for comparison. py-spy comes
-with the dev extras (``pip install -e '.[dev]'``).
+with the profile extra (``pip install -e '.[profile]'``).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def _short(filename: str) -> str:
 def _py_spy() -> str:
     found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(found).exists():
-        raise SystemExit("py-spy not found: pip install -e '.[dev]'")
+        raise SystemExit("py-spy not found: pip install -e '.[profile]'")
     return found
 
 

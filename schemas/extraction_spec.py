@@ -8,6 +8,11 @@ reused across pages by :class:`~aiworker.activities.tools.extract.HtmlParser`.
 It lives in ``schemas/`` so that the pipeline check compiles a step's selectors
 before anything runs, at workflow start too (soupsieve is pure Python and
 keeps no state between compiles; the sandbox passes it through).
+
+soupsieve (and the beautifulsoup4 it imports) come with the 'scrape' extra and
+are imported at the first selector: a process without them (a core install)
+checks everything else in a spec and leaves the selector's syntax to the
+web-scrape worker, which compiles the spec again before it fetches.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import soupsieve
+from temporalio import workflow
 
 from aiworker.schemas.messages import suggest, with_suggestion
 from aiworker.schemas.patterns import PatternError, compile_pattern
@@ -131,6 +136,13 @@ def compile_selector(selector: Any, path: str = "selector") -> Any:
     ``SpecError`` at ``path`` when it is empty or invalid."""
     if not isinstance(selector, str) or not selector.strip():
         raise SpecError(path, "must be a non-empty CSS selector")
+    try:
+        # passed through: inside a workflow, the sandbox would import soupsieve and
+        # beautifulsoup4 afresh for every run
+        with workflow.unsafe.imports_passed_through():
+            import soupsieve
+    except ImportError:  # no 'scrape' extra here: the web-scrape worker checks it
+        return None
     try:
         return soupsieve.compile(selector)
     except Exception as e:  # soupsieve raises SelectorSyntaxError and others

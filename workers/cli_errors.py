@@ -28,6 +28,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.schemas.errors import ErrorCode
+from aiworker.schemas.extras import MissingExtraError
 from aiworker.workers.cli_common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE
 from aiworker.workers.devserver import DevServerError
 from aiworker.workers.errors import StartupError
@@ -117,7 +118,7 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
     from aiworker.workers.schedules import ScheduleExistsError
     from aiworker.workers.step_items import StepItemsError
 
-    if isinstance(e, (StartupError, DevServerError)):
+    if isinstance(e, (StartupError, DevServerError, MissingExtraError)):
         return Failure(str(e), EXIT_USAGE)
     if isinstance(e, ScheduleSpecError):
         return Failure(f"invalid schedule: {e}", EXIT_USAGE)

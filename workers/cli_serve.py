@@ -16,6 +16,9 @@ from aiworker.workers.cli_common import EXIT_OK, EXIT_USAGE, configure_logs, err
 
 async def cmd_serve(args: argparse.Namespace) -> int:
     """``aiworker serve``: the HTTP front door until SIGTERM or Ctrl-C."""
+    from aiworker.schemas.extras import require
+
+    require("serve", "aiworker serve")  # MissingExtraError: one line and exit 2 in `main`
     from aiworker.workers.serve import serve
 
     settings = load_settings()

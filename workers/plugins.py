@@ -2,7 +2,8 @@
 
 Read once at process start, never inside a workflow task:
 
-1. the built-ins (``aiworker.activities.builtins``);
+1. the built-ins (``aiworker.activities.builtins``), by name: each is imported
+   only when the process serves it;
 2. the entry points of group ``aiworker.plugins`` of every installed package:
    each names a :class:`~aiworker.Worker` instance, a Worker subclass (built
    here, with no arguments), or an iterable of them;
@@ -27,16 +28,16 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
-from aiworker.activities.builtins import builtin_workers
+from aiworker.activities.builtins import BUILTINS, Builtin
 from aiworker.activities.prompt import PromptWorker
 from aiworker.activities.sdk import Worker, workers_in
 from aiworker.schemas import catalog
 from aiworker.schemas.catalog import Catalog, CatalogEntry, load_spec_dir, load_specs
+from aiworker.schemas.extras import installed
 from aiworker.schemas.settings import Settings
 
 ENTRY_POINT_GROUP = "aiworker.plugins"
@@ -44,6 +45,47 @@ ENTRY_POINT_GROUP = "aiworker.plugins"
 
 class PluginError(RuntimeError):
     """A plugin or spec file that stops the process at start; the message names it."""
+
+
+def builtin_entries() -> list[Worker | Builtin]:
+    """The built-ins every process knows, by name (tests swap one for a stand-in)."""
+    return list(BUILTINS)
+
+
+class ServedWorkers(Mapping[str, Worker]):
+    """The workers a process runs, by id; a built-in is imported and built the first
+    time it is looked up (:meth:`Builtin.load`), so a process imports only the
+    implementations of the workers it serves. Callers that need only specs read
+    :attr:`WorkerSet.specs` and look up just the workers they run.
+    """
+
+    def __init__(self, workers: Mapping[str, Worker | Builtin]) -> None:
+        self._entries = dict(workers)
+        self._built: dict[str, Worker] = {}
+
+    def __getitem__(self, worker_id: str) -> Worker:
+        worker = self._built.get(worker_id)
+        if worker is None:
+            entry = self._entries[worker_id]
+            worker = entry.load() if isinstance(entry, Builtin) else entry
+            self._built[worker_id] = worker
+        return worker
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, worker_id: object) -> bool:
+        return worker_id in self._entries
+
+    def missing_extra(self, worker_id: str) -> str | None:
+        """The extra ``worker_id`` needs and this install lacks, else None."""
+        entry = self._entries[worker_id]
+        if isinstance(entry, Builtin) and entry.extra and not installed(entry.extra):
+            return entry.extra
+        return None
 
 
 @dataclass(frozen=True)
@@ -107,15 +149,23 @@ def load_workers(
     settings: Settings,
     *,
     entry_points: Iterable[importlib.metadata.EntryPoint] | None = None,
-    builtins: Iterable[Worker] | None = None,
+    builtins: Iterable[Worker | Builtin] | None = None,
 ) -> WorkerSet:
     """Load every worker this process knows; :class:`PluginError` on the first problem.
 
     ``entry_points`` replaces the installed ``aiworker.plugins`` entry points
-    and ``builtins`` the built-in workers (tests).
+    and ``builtins`` the built-in workers (tests). A built-in named by a
+    :class:`Builtin` is imported only when the process serves it.
     """
+    lazy = [
+        (b, "builtin")
+        for b in (builtin_entries() if builtins is None else builtins)
+        if isinstance(b, Builtin)
+    ]
     found: list[tuple[Worker, str]] = [
-        (w, "builtin") for w in (builtin_workers() if builtins is None else builtins)
+        (w, "builtin")
+        for w in (builtin_entries() if builtins is None else builtins)
+        if isinstance(w, Worker)
     ]
     eps = (
         importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
@@ -134,9 +184,16 @@ def load_workers(
                 f"{origin}: worker {w.worker_id!r} is a {type(w).__qualname__}, so its "
                 f"spec's implementation.kind must be {kind!r}, not {w.spec.kind!r}"
             )
-    entries = [CatalogEntry(w.spec, origin) for w, origin in found] + workflow_entries()
-    served: dict[str, Worker] = {}
+    entries = (
+        [CatalogEntry(b.spec, origin) for b, origin in lazy]
+        + [CatalogEntry(w.spec, origin) for w, origin in found]
+        + workflow_entries()
+    )
+    served: dict[str, Worker | Builtin] = {}
     defined: dict[str, str] = {e.worker_id: "builtin" for e in workflow_entries()}
+    for b, origin in lazy:
+        _claim(defined, b.worker_id, origin)
+        served[b.worker_id] = b
     for w, origin in found:
         _claim(defined, w.worker_id, _described(w, origin))
         served[w.worker_id] = w
@@ -163,7 +220,7 @@ def load_workers(
             if spec.kind == "prompt":
                 served[spec.worker_id] = PromptWorker(spec)
     cat = Catalog(entries)
-    return WorkerSet(cat, MappingProxyType(served))
+    return WorkerSet(cat, ServedWorkers(served))
 
 
 def _claim(defined: dict[str, str], worker_id: str, where: str) -> None:
@@ -190,10 +247,10 @@ def workflow_entries() -> list[CatalogEntry]:
 
 def builtin_set() -> WorkerSet:
     """The built-ins alone (scripts and tests that load no plugins)."""
-    workers = builtin_workers()
+    entries = builtin_entries()
     return WorkerSet(
-        Catalog([CatalogEntry(w.spec, "builtin") for w in workers] + workflow_entries()),
-        MappingProxyType({w.worker_id: w for w in workers}),
+        Catalog([CatalogEntry(b.spec, "builtin") for b in entries] + workflow_entries()),
+        ServedWorkers({b.worker_id: b for b in entries}),
     )
 
 

@@ -8,6 +8,7 @@ not served here: another process polls their queue.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -17,10 +18,11 @@ from aiworker.activities.items import ItemsActivities
 from aiworker.activities.limits import LimiterActivities
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import names
+from aiworker.schemas.extras import MissingExtraError
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.live_registry import live_specs
-from aiworker.workers.plugins import WorkerSet
+from aiworker.workers.plugins import ServedWorkers, WorkerSet
 from aiworker.workers.resources import artifact_store
 from aiworker.workflows.agent import AgentWorkflow
 from aiworker.workflows.breakers import SharedBreakerWorkflow
@@ -28,6 +30,8 @@ from aiworker.workflows.foreach import PipelineForEachWorkflow
 from aiworker.workflows.limits import LimiterWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
 from aiworker.workflows.worker_registry import WorkerRegistryWorkflow
+
+log = logging.getLogger("aiworker.process")
 
 WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {
     names.PIPELINES_QUEUE: [
@@ -53,14 +57,45 @@ def all_queues(specs: Mapping[str, WorkerSpec], workers: WorkerSet | None = None
     return sorted(queues)
 
 
+def default_queues(specs: Mapping[str, WorkerSpec], workers: WorkerSet) -> list[str]:
+    """The queues a process serves when none are named: :func:`all_queues`, less the
+    queues whose every worker needs an extra this install lacks (logged, not fatal:
+    a core install serves what it has; naming such a queue fails, naming the extra)."""
+    served = workers.served
+    lacking = {
+        wid: extra
+        for wid in served
+        if isinstance(served, ServedWorkers) and (extra := served.missing_extra(wid))
+    }
+    if not lacking:
+        return all_queues(specs, workers)
+    able = {specs[wid].task_queue for wid in served if wid not in lacking and wid in specs}
+    skipped = sorted({specs[wid].task_queue for wid in lacking} - able - set(WORKFLOWS_BY_QUEUE))
+    for wid, extra in sorted(lacking.items()):
+        log.warning(
+            "worker.extra_missing",
+            extra={
+                "aiworker": {
+                    "event": "extra_missing",
+                    "worker_id": wid,
+                    "extra": extra,
+                    "message": str(MissingExtraError(wid, extra)),
+                }
+            },
+        )
+    return [q for q in all_queues(specs, workers) if q not in skipped]
+
+
 def activities_for(
     queue: str, runtime: WorkerRuntime, workers: WorkerSet, skip: Collection[str] = ()
 ) -> list[Callable[..., Any]]:
-    """The activities served on the base task queue ``queue`` (less the workers ``skip`` names)."""
+    """The activities served on the base task queue ``queue`` (less the ids in ``skip``,
+    which a caller replaces with stand-ins)."""
+    # by spec first: only the workers on this queue are imported and built
     out: list[Callable[..., Any]] = [
-        w.activity(runtime)
-        for w in workers.served.values()
-        if w.spec.task_queue == queue and w.worker_id not in skip
+        workers.served[wid].activity(runtime)
+        for wid in workers.served
+        if workers.specs[wid].task_queue == queue and wid not in skip
     ]
     if queue == names.PIPELINES_QUEUE:
         # the limiter's local activity runs beside the pipeline workflows; its plan
@@ -90,6 +125,7 @@ def local_workers(settings: Settings, workers: WorkerSet) -> list[str]:
         return []
     return sorted(
         wid
-        for wid, w in workers.served.items()
-        if w.spec.execution == "local" and w.spec.task_queue == names.PIPELINES_QUEUE
+        for wid in workers.served
+        if workers.specs[wid].execution == "local"
+        and workers.specs[wid].task_queue == names.PIPELINES_QUEUE
     )

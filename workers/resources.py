@@ -23,6 +23,7 @@ from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.publish import WebhookPoster
 from aiworker.activities.tools import scrape_tools
 from aiworker.schemas import names
+from aiworker.schemas.extras import installed, require
 from aiworker.schemas.settings import Settings
 from aiworker.workers.errors import StartupError
 
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
     from aiworker.activities.artifacts_s3 import S3Connection
 
 _S3: dict[tuple[str | None, ...], S3Connection] = {}
+
+
+# what a missing 's3' extra is reported for
+S3_FEATURE = "the S3 artifact store (AIWORKER_ARTIFACT_STORE=s3://...)"
 
 
 def s3_connection() -> S3Connection:
@@ -45,6 +50,7 @@ def s3_connection() -> S3Connection:
     )
     conn = _S3.get(key)
     if conn is None:
+        require("s3", S3_FEATURE)
         from aiworker.activities.artifacts_s3 import S3Connection
 
         conn = _S3[key] = S3Connection(region_name=os.environ.get("AWS_REGION"))
@@ -62,6 +68,7 @@ async def close_connections() -> None:
 def artifact_store(settings: Settings) -> RecordingArtifactStore:
     """The configured artifact store, recording lineage."""
     if settings.artifact_store.startswith("s3://"):
+        require("s3", S3_FEATURE)
         from aiworker.activities.artifacts_s3 import S3ArtifactStore, S3LineageIndex, parse_s3_url
 
         bucket, prefix = parse_s3_url(settings.artifact_store)
@@ -114,16 +121,18 @@ def build_tools(settings: Settings, metrics: WorkerMetrics | None = None) -> dic
     # breaker openings are shared with every worker process through Temporal
     shared = SharedBreakers(settings.queue(names.PIPELINES_QUEUE))
     tools["language_model"] = build_language_model(settings, metrics=metrics, shared=shared)
-    # fetch_url, parse_html
-    tools.update(
-        scrape_tools(
-            settings,
-            metrics=metrics,
-            breakers=BreakerRegistry.from_settings(
-                "host", settings, metrics=metrics, shared=shared
-            ),
+    # fetch_url, parse_html, render: only where the 'scrape' extra is installed (a core
+    # install serves no worker that uses them; web-scrape there fails to start, naming it)
+    if installed("scrape"):
+        tools.update(
+            scrape_tools(
+                settings,
+                metrics=metrics,
+                breakers=BreakerRegistry.from_settings(
+                    "host", settings, metrics=metrics, shared=shared
+                ),
+            )
         )
-    )
     tools["artifact_store"] = artifact_store(settings)
     # POSTs for the publish worker, under the same egress policy as fetches.
     tools["http_post"] = WebhookPoster(settings)

@@ -101,7 +101,7 @@ async def run_worker_process(
     from aiworker.activities.metrics import WorkerMetrics
     from aiworker.workers.http_server import Health, MetricsServer
     from aiworker.workers.live_registry import live_entry, publishing
-    from aiworker.workers.registry import all_queues
+    from aiworker.workers.registry import default_queues
     from aiworker.workers.resources import close_connections
     from aiworker.workers.temporal_client import connect
     from aiworker.workers.worker import (
@@ -142,7 +142,7 @@ async def run_worker_process(
             )
         await ensure_search_attributes(client)
         runtime = build_runtime(settings, WorkerMetrics(), workers=served)
-        queues = queues or list(settings.task_queues) or all_queues(runtime.specs, served)
+        queues = queues or list(settings.task_queues) or default_queues(runtime.specs, served)
         workers = build_workers(client, settings, runtime, queues, workers=served)
         stop = stop or asyncio.Event()
         install_signal_handlers(stop)

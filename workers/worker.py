@@ -29,6 +29,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import catalog, names
+from aiworker.schemas.extras import MissingExtraError
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import PromptImplementation
 from aiworker.workers.deployments import deployment_config
@@ -105,18 +106,18 @@ def warn_unknown_aliases(workers: WorkerSet, language_model: Any) -> None:
     elsewhere; each call of such a worker fails ``invalid_input`` naming the alias.
     """
     aliases = set(getattr(getattr(language_model, "registry", None), "aliases", None) or ())
-    for worker in workers.served.values():
-        impl = worker.spec.implementation
+    for worker_id in workers.served:  # specs only: nothing is imported to warn
+        impl = workers.specs[worker_id].implementation
         if isinstance(impl, PromptImplementation) and impl.model not in aliases:
             log.warning(
                 "worker.model_alias_unknown",
                 extra={
                     "aiworker": {
                         "event": "model_alias_unknown",
-                        "worker_id": worker.worker_id,
+                        "worker_id": worker_id,
                         "alias": impl.model,
                         "known_aliases": sorted(aliases),
-                        "origin": workers.origin(worker.worker_id),
+                        "origin": workers.origin(worker_id),
                     }
                 },
             )
@@ -185,7 +186,12 @@ def build_workers(
     out = []
     for q in queues:
         # one wiring: the process's Worker is built with the plugin users embed
-        plugin = AiworkerPlugin(settings, queue=q, workers=served, runtime=runtime, replace=replace)
+        try:
+            plugin = AiworkerPlugin(
+                settings, queue=q, workers=served, runtime=runtime, replace=replace
+            )
+        except MissingExtraError as e:  # the queue was named: say which extra to install
+            raise StartupError(f"cannot serve task queue {q!r}: {e}") from None
         out.append(
             Worker(
                 client,

@@ -7,19 +7,44 @@ per process, not per call.
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from aiworker.activities.artifacts import FileArtifactStore
-from aiworker.activities.bodies import BodyMeter
-from aiworker.activities.breakers import BreakerRegistry
-from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.tools.autothrottle import AutoThrottle
-from aiworker.activities.tools.browser import BrowserLimits, BrowserTool
-from aiworker.activities.tools.egress import EgressPolicy
-from aiworker.activities.tools.extract import HtmlParser
-from aiworker.activities.tools.fetch import FetchLimits, FetchResult, FetchTool
-from aiworker.activities.tools.robots import Politeness, RobotsCache
-from aiworker.schemas.settings import Settings
+from aiworker.schemas.extras import require
+
+if TYPE_CHECKING:
+    from aiworker.activities.bodies import BodyMeter
+    from aiworker.activities.breakers import BreakerRegistry
+    from aiworker.activities.metrics import WorkerMetrics
+    from aiworker.activities.tools.browser import BrowserLimits, BrowserTool
+    from aiworker.activities.tools.egress import EgressPolicy
+    from aiworker.activities.tools.extract import HtmlParser
+    from aiworker.activities.tools.fetch import FetchLimits, FetchResult, FetchTool
+    from aiworker.activities.tools.robots import Politeness, RobotsCache
+    from aiworker.schemas.settings import Settings
+
+# Re-exported names, imported on first use: importing one tool module (the egress
+# policy, which the runtime and publish use) must not load the HTML parser, whose
+# packages come with the 'scrape' extra (aiworker.schemas.extras).
+_LAZY = {
+    "BrowserLimits": "browser",
+    "BrowserTool": "browser",
+    "EgressPolicy": "egress",
+    "HtmlParser": "extract",
+    "FetchLimits": "fetch",
+    "FetchResult": "fetch",
+    "FetchTool": "fetch",
+    "Politeness": "robots",
+    "RobotsCache": "robots",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 def scrape_tools(
@@ -38,8 +63,16 @@ def scrape_tools(
     The keyword arguments replace a part (tests: an egress policy that trusts
     one loopback server, a breaker with a low threshold); ``metrics`` exports
     the host breakers' state as ``aiworker_breaker_state``; ``meter`` counts
-    the bytes of every body the fetch tool reads.
+    the bytes of every body the fetch tool reads. Needs the 'scrape' extra.
     """
+    require("scrape", "the web-scrape tools")
+    from aiworker.activities.artifacts import FileArtifactStore
+    from aiworker.activities.breakers import BreakerRegistry
+    from aiworker.activities.tools.browser import BrowserTool
+    from aiworker.activities.tools.egress import EgressPolicy
+    from aiworker.activities.tools.extract import HtmlParser
+    from aiworker.activities.tools.fetch import FetchTool
+
     fetcher = FetchTool(
         egress or EgressPolicy.from_settings(settings),
         limits=limits,
@@ -63,6 +96,8 @@ def scrape_tools(
 
 def politeness_for(settings: Settings) -> Politeness:
     """Per-host politeness as ``settings`` configure it, with this process's autothrottle."""
+    from aiworker.activities.tools.robots import Politeness
+
     return Politeness(
         min_delay_seconds=settings.scrape_min_delay_seconds,
         throttle=AutoThrottle(

@@ -32,12 +32,11 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from urllib.parse import urljoin, urlsplit
 
 import httpcore
 import httpx
-from protego import Protego
 
 from aiworker.activities import bodies
 from aiworker.activities.breakers import BreakerRegistry
@@ -55,6 +54,9 @@ from aiworker.activities.retry_after import parse_retry_after
 from aiworker.activities.tools.charset import decode_body
 from aiworker.activities.tools.egress import EgressPolicy, GuardedBackend
 from aiworker.activities.tools.robots import Politeness, RobotsCache
+
+if TYPE_CHECKING:  # protego comes with the 'scrape' extra (publish imports this module)
+    from protego import Protego
 
 DEFAULT_USER_AGENT = "aiworker-scrape/0.1 (+https://github.com/aiworker/aiworker)"
 HTML_TYPES = frozenset(

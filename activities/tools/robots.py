@@ -24,10 +24,12 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-
-from protego import Protego
+from typing import TYPE_CHECKING
 
 from aiworker.activities.tools.autothrottle import AutoThrottle
+
+if TYPE_CHECKING:  # protego comes with the 'scrape' extra: imported where rules are parsed
+    from protego import Protego
 
 # (url) -> (status_code, body text); raises WorkerError subclasses on failure.
 RobotsLoader = Callable[[str], Awaitable[tuple[int, str]]]
@@ -61,6 +63,8 @@ class RobotsCache:
                 return entry.parser
             self.fetches += 1
             status, text = await load(origin + "/robots.txt")
+            from protego import Protego
+
             parser = Protego.parse("" if 400 <= status < 500 else text)
             if len(self._entries) >= self.max_entries:
                 oldest = next(iter(self._entries))

@@ -112,16 +112,16 @@ def registered(worker: Worker) -> Iterator[None]:
     """
     from aiworker.workers import plugins
 
-    shipped = plugins.builtin_workers
+    shipped = plugins.builtin_entries
 
-    def with_standin() -> list[Worker]:
+    def with_standin() -> list[Any]:
         return [worker if w.worker_id == worker.worker_id else w for w in shipped()]
 
-    plugins.builtin_workers = with_standin  # type: ignore[assignment]
+    plugins.builtin_entries = with_standin  # type: ignore[assignment]
     try:
         yield
     finally:
-        plugins.builtin_workers = shipped  # type: ignore[assignment]
+        plugins.builtin_entries = shipped  # type: ignore[assignment]
 
 
 @contextlib.contextmanager
