@@ -145,6 +145,7 @@ SHARED_WORKFLOW_MODULES = (
     "aiworker.workflows.dag",
     "aiworker.workflows.details",
     "aiworker.workflows.fanout",
+    "aiworker.workflows.governed",
     "aiworker.workflows.items",
     "aiworker.workflows.limits",
     "aiworker.workflows.pipeline_limits",

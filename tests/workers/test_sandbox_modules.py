@@ -8,6 +8,7 @@ module).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import importlib
 import inspect
@@ -36,6 +37,10 @@ _SHARED_DESPITE_WORKFLOW = {"aiworker.workflows.limits"}
 def _immutable(value: object) -> bool:
     if isinstance(value, tuple):
         return all(_immutable(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # a frozen dataclass of immutable fields (a constant like NO_DEADLINE)
+        frozen = type(value).__dataclass_params__.frozen  # type: ignore[attr-defined]
+        return frozen and all(_immutable(getattr(value, f.name)) for f in dataclasses.fields(value))
     return isinstance(value, _IMMUTABLE)
 
 
