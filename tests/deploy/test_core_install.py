@@ -8,13 +8,19 @@ modules and that serving a worker whose extra is missing names the extra.
 
 from __future__ import annotations
 
+import ast
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.waiting import wait_until
 from temporalio.testing import WorkflowEnvironment
+
+from aiworker.schemas.settings import Settings
+from aiworker.workers.client import PipelineClient
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTRA_MODULES = (
@@ -31,6 +37,23 @@ from aiworker.workers.plugins import load_workers
 ws = load_workers(Settings())
 ws.served["validator"], ws.served["aggregator"], ws.served["publish"], ws.served["llm-call"]
 print(sorted(m for m in sys.modules if m.split(".")[0] in {EXTRA_MODULES!r}))
+"""
+
+
+# `aiworker worker` run from the core venv (the console script's main), writing
+# which extras' modules it had imported when it exits (after serving a pipeline)
+SERVE = f"""
+import sys
+from pathlib import Path
+out = Path(sys.argv.pop(1))
+sys.argv[0] = "aiworker"
+from aiworker.workers.cli import main
+from aiworker.workers.cli_errors import exit_process
+try:
+    code = main()
+finally:  # the console script ends in os._exit: report before it
+    out.write_text(repr(sorted(m for m in sys.modules if m.split(".")[0] in {EXTRA_MODULES!r})))
+exit_process(code)
 """
 
 
@@ -74,6 +97,15 @@ def test_core_install_imports_no_extra(core_venv: Path, tmp_path: Path) -> None:
         [str(core_venv / "bin" / "python"), "-c", "import bs4"], capture_output=True, cwd=tmp_path
     )
     assert missing.returncode != 0
+    # the wheel ships its type hints (PEP 561) and its licence
+    shipped = subprocess.run(
+        [str(core_venv / "bin" / "python"), "-c",
+         "import aiworker, importlib.metadata as md, pathlib;"
+         "print(pathlib.Path(aiworker.__file__).with_name('py.typed').is_file(),"
+         " any(f.name == 'LICENSE' for f in md.files('aiworker')))"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert shipped.stdout.split() == ["True", "True"], shipped.stderr
 
 
 @pytest.mark.slow
@@ -94,3 +126,54 @@ async def test_core_install_names_missing_extra(
     )  # fmt: skip
     assert serve.returncode == 2, serve.stderr
     assert "aiworker serve needs the 'serve' extra: pip install 'aiworker[serve]'" in serve.stderr
+
+
+@pytest.mark.slow
+async def test_core_worker_runs_a_validator_pipeline_started_from_another_venv(
+    core_venv: Path, env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """The core's worker process serves a validator pipeline that this (full)
+    venv starts through the SDK client, and never imports an extra's module."""
+    address = env.client.service_client.config.target_host
+    suffix = f"core{os.getpid()}{tmp_path.name[-6:]}".replace("_", "")
+    report = tmp_path / "modules.txt"
+    proc_env = _env(address, tmp_path) | {"AIWORKER_TASK_QUEUE_SUFFIX": suffix}
+    worker = subprocess.Popen(
+        [str(core_venv / "bin" / "python"), "-c", SERVE, str(report),
+         "worker", "--task-queue", "aiworker-pipelines", "--address", address],
+        cwd=tmp_path, env=proc_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        settings = Settings(task_queue_suffix=suffix, data_dir=tmp_path / "client")
+        pipelines = await PipelineClient.connect(settings=settings, target_host=address)
+        handle = await pipelines.start(
+            {
+                "name": "core-only",
+                "steps": [
+                    {
+                        "id": "check",
+                        "worker": "validator",
+                        "input": {
+                            "data": {"sku": "A-1", "price": 3},
+                            "schema": {
+                                "type": "object",
+                                "required": ["sku", "price"],
+                                "properties": {"price": {"type": "number", "minimum": 0}},
+                            },
+                        },
+                    }
+                ],
+            }
+        )
+        result = await handle.result()
+        assert result.status == "succeeded", result
+        assert result.steps["check"].outputs["valid"] is True
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            _, err = worker.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            _, err = worker.communicate()
+    await wait_until(report.exists, f"the core worker's module report ({err[-2000:]!r})", timeout=5)
+    assert ast.literal_eval(report.read_text()) == []
