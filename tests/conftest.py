@@ -156,3 +156,42 @@ def installed_workers(settings: Settings, **kw: Any) -> Iterator[WorkerSet]:
 async def stack(client: Client, settings: Settings) -> AsyncIterator[Stack]:
     async with running_stack(client, settings) as s:
         yield s
+
+
+# --- Tiers ------------------------------------------------------------------
+# Every test gets exactly one tier marker, from where it lives and what it uses,
+# so `pytest -m unit` (make test-fast) is the inner loop and a tier runs alone:
+#   deploy       tests/deploy: images, manifests, compose, the installed wheel
+#   reliability  tests/reliability: fuzzing, kills, server restarts
+#   process      starts aiworker (or other) processes of its own
+#   integration  talks to the session's Temporal server (dev or time-skipping)
+#   unit         none of the above: no server, no process
+TIERS = ("unit", "integration", "process", "reliability", "deploy")
+_SERVER_FIXTURES = frozenset({"env", "ts_env", "client", "stack", "local_model"})
+_PROCESS_HINTS = ("subprocess", "create_subprocess_exec", "support.procs", "support.processes")
+_process_modules: dict[str, bool] = {}
+
+
+def _starts_processes(path: Path) -> bool:
+    key = str(path)
+    if key not in _process_modules:
+        source = path.read_text(encoding="utf-8")
+        _process_modules[key] = any(hint in source for hint in _PROCESS_HINTS)
+    return _process_modules[key]
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The one tier of ``item`` (see TIERS)."""
+    parts = item.path.relative_to(Path(__file__).parent).parts
+    if parts[0] in ("deploy", "reliability"):
+        return parts[0]
+    if _starts_processes(item.path):
+        return "process"
+    if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return "integration"
+    return "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(tier_of(item))

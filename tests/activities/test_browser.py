@@ -213,7 +213,8 @@ async def test_rendered_pages_through_a_pipeline(stack: Stack, js_site: JsSite) 
                 "never",
                 js_site.url("/never"),
                 h1,
-                timeout_seconds=4,
+                # room for a browser start on a loaded machine (tests run in parallel)
+                timeout_seconds=8,
                 input={**BROWSER, "wait_for": ".never-there"},
             ),
             step(
@@ -238,7 +239,7 @@ async def test_rendered_pages_through_a_pipeline(stack: Stack, js_site: JsSite) 
     assert s["idle"].status == "succeeded", s["idle"].error_message
     assert s["idle"].outputs is not None
     assert s["idle"].outputs["data"] == {"items": ["one", "two"]}
-    # A wait that never ends: partial with a warning, inside the step's 4 s.
+    # A wait that never ends: partial with a warning, inside the step's 8 s.
     never = s["never"]
     assert never.status == "partial" and never.attempts == 1
     assert never.outputs is not None

@@ -42,7 +42,7 @@ WORKER_SCRIPT = textwrap.dedent(
     from prometheus_client import CollectorRegistry
     from temporalio import activity
 
-    import aiworker.workers.worker as worker_module
+    import aiworker.workers.registry as registry
     from aiworker.activities.metrics import WorkerMetrics
     from aiworker.schemas import names
     from aiworker.schemas.settings import Settings
@@ -70,8 +70,8 @@ WORKER_SCRIPT = textwrap.dedent(
         # The queue's activities plus the slow one; everything else as the CLI builds it.
         # (A second Worker on the same client and queue fails in the core, so
         # the activity goes in before build_workers creates the worker.)
-        shipped = worker_module.activities_for
-        worker_module.activities_for = lambda *a: [*shipped(*a), slow]
+        shipped = registry.activities_for
+        registry.activities_for = lambda *a, **kw: [*shipped(*a, **kw), slow]
         workers = build_workers(client, settings, runtime, [names.PIPELINES_QUEUE])
         stop = asyncio.Event()
         install_signal_handlers(stop)

@@ -6,8 +6,8 @@ call, and a side-effecting worker refuses a cache before anything runs."""
 
 from __future__ import annotations
 
-import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -122,7 +122,9 @@ async def test_another_tenant_misses(cache_stack: Stack) -> None:
 async def test_an_entry_past_its_ttl_misses(cache_stack: Stack) -> None:
     tenant = _tenant()
     first, _ = await _run(cache_stack, _echo_pipeline(tenant, "brief", ttl=1))
-    await asyncio.sleep(1.2)  # bounded: just past the 1 s TTL
+    # the cache's clock moves 2 s ahead (injected, no sleep): the 1 s entry is stale
+    cache = cache_stack.runtime.cache
+    cache.clock = lambda: time.time() + 2
     second, _ = await _run(cache_stack, _echo_pipeline(tenant, "brief", ttl=1))
     assert first.steps["echo"].cached is second.steps["echo"].cached is False
     assert CALLS[f"cache-echo:{tenant}:brief"] == 2
