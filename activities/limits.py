@@ -299,7 +299,7 @@ class LimiterActivities:
             return {}
         return await self._live_specs()
 
-    @activity.defn(name=names.LIMITER_PLAN)
+    @activity.defn(name=names.RUN_CONFIG)
     async def plan(self, call: PlanCall) -> Plan:
         """Which of a pipeline's workers have a rate limit for its tenant, the
         tenant's registry entry, the process's caps and, when the call names
@@ -321,7 +321,7 @@ class LimiterActivities:
             if call.resume_from is not None:
                 await check_redrive_tenant(activity.client(), call.resume_from, call.tenant)
         except InvalidInputError as e:
-            raise e.to_application_error(names.LIMITER_PLAN) from None
+            raise e.to_application_error(activity.info().activity_type) from None
         specs: dict[str, WorkerSpec] = {}
         known: list[str] = []
         local = self._local
@@ -347,6 +347,12 @@ class LimiterActivities:
             specs=specs,
             known=known,
         )
+
+    @activity.defn(name=names.LIMITER_PLAN)
+    async def plan_under_old_name(self, call: PlanCall) -> Plan:
+        """:meth:`plan` under its name before (``limiter-plan``), for a run of older
+        code whose workflow task is retried on this process before it has its answer."""
+        return await self.plan(call)
 
     @activity.defn(name=names.LIMITER_ACQUIRE)
     async def acquire(self, call: AcquireCall) -> AcquireResult:

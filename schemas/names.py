@@ -106,7 +106,11 @@ LIMITER_ACQUIRE_MANY: Final = "limiter-acquire-many"
 # its items' outputs, a pipeline loads them where a reference needs the list.
 STORE_ITEMS: Final = "foreach-store-items"
 LOAD_ITEMS: Final = "foreach-load-items"
-LIMITER_PLAN: Final = "limiter-plan"
+# The run config: what the process's settings and catalog say about one pipeline
+# run, asked once at its start (a local activity, so the run decides from its record).
+RUN_CONFIG: Final = "run-config"
+# Its name before: runs started on older code replay it (workflows/pipeline_limits.py).
+LIMITER_PLAN: Final = "limiter-plan"  # names: keep
 LIMITER_ACQUIRE_SIGNAL: Final = "acquire"
 LIMITER_RELEASE_SIGNAL: Final = "release"
 PERMIT_SIGNAL: Final = "permit"

@@ -98,7 +98,7 @@ def activities_for(
         if workers.specs[wid].task_queue == queue and wid not in skip
     ]
     if queue == names.PIPELINES_QUEUE:
-        # the limiter's local activity runs beside the pipeline workflows; its plan
+        # the run config's local activity runs beside the pipeline workflows; it
         # names the workers whose calls run as local activities here too
         # a run naming a worker this process lacks records the live registry's spec
         suffix = runtime.settings.task_queue_suffix
@@ -108,7 +108,7 @@ def activities_for(
             local_workers(runtime.settings, workers),
             live_specs=lambda: live_specs(activity.client(), suffix),
         )
-        out += [limiter.acquire, limiter.acquire_many, limiter.plan]
+        out += [limiter.acquire, limiter.acquire_many, limiter.plan, limiter.plan_under_old_name]
         # a large for_each's item outputs, stored by its chunks and loaded where needed
         store = runtime.tools.get("artifact_store") or artifact_store(runtime.settings)
         items = ItemsActivities(store)

@@ -69,8 +69,6 @@ with workflow.unsafe.imports_passed_through():
         LeaseCheck,
         LimiterState,
         Permit,
-        Plan,
-        PlanCall,
         RateCall,
     )
 
@@ -465,34 +463,6 @@ class PermitBook:
         self._batching: bool | None = None  # decided at the first ask (workflow.patched)
         self._asks: list[tuple[AcquireCall, asyncio.Future[AcquireResult]]] = []
         self._sending: set[asyncio.Task[None]] = set()
-
-    async def plan(
-        self,
-        tenant: str,
-        workers: list[str],
-        resume_from: str | None = None,
-        record: list[str] | None = None,
-        record_all: bool = False,
-    ) -> Plan:
-        """What the process's settings say about this pipeline (one local activity):
-        the workers whose calls must wait for a rate-limit permit, the tenant's
-        registry entry, the specs of the workers in ``record`` (every known one
-        with ``record_all``; the run decides from them from now on), and more as
-        :class:`Plan` grows."""
-        plan: Plan = await workflow.execute_local_activity(
-            names.LIMITER_PLAN,
-            PlanCall(
-                tenant=tenant,
-                workers=sorted(set(workers)),
-                resume_from=resume_from,
-                record=record,
-                record_all=record_all,
-            ),
-            result_type=Plan,
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
-        )
-        return plan
 
     def on_permit(self, permit: Permit) -> None:
         self.received[permit.ticket] = permit

@@ -2,10 +2,10 @@
 tenant may do, its own concurrency slot, and the permits each step's call
 waits for.
 
-The tenant's registry entry comes in the ``limiter-plan`` answer (an unknown
-tenant, or a redrive of another tenant's run, is refused there, before any
-step); :meth:`PipelineLimits.hold_to_tenant` applies it: a step naming a
-worker the tenant may not call is ``invalid_input``, its budget ceiling
+The tenant's registry entry comes in the run config, the ``limiter-plan``
+local activity's answer (an unknown tenant, or a redrive of another tenant's
+run, is refused there, before any step); :meth:`PipelineLimits.hold_to_tenant`
+applies it: a step naming a worker the tenant may not call is ``invalid_input``, its budget ceiling
 tightens the spec's, and its concurrency ceiling is one more lease the
 pipeline holds while it runs (:meth:`PipelineLimits.pipeline_slot`).
 
@@ -19,13 +19,16 @@ Deterministic code only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from aiworker.schemas import names
     from aiworker.schemas.errors import ErrorCode
-    from aiworker.schemas.limits import ConcurrencyCall, Plan
+    from aiworker.schemas.limits import ConcurrencyCall, Plan, PlanCall
     from aiworker.schemas.options import lease_seconds
     from aiworker.schemas.pipeline import PipelineSpec, Step
     from aiworker.schemas.refs import ReferenceError_, resolve
@@ -41,6 +44,11 @@ from aiworker.workflows.limits import CallLimits, Lease, PermitBook, WaitExpired
 PIPELINE_LEASE_SECONDS = 3600.0
 PIPELINE_LEASE_MARGIN = 60.0
 
+# Runs started with this marker ask for their run config under its own name
+# (``run-config``); runs without it (older code) replay the ``limiter-plan``
+# local activity their history records. Same input, same result.
+RUN_CONFIG_PATCH = "run-config-activity"
+
 
 def step_max_attempts(step: Step) -> int | None:
     """The step's own cap on its worker's attempts (None: the spec's retries)."""
@@ -55,21 +63,38 @@ class PipelineLimits:
     requester: str  # the pipeline's workflow id: permits are signalled to it
     tenant: str
     deadline: Deadline
-    # The workers whose calls wait for a rate-limit permit; None until planned: all.
+    # The workers whose calls wait for a rate-limit permit; None before the run config: all.
     rate_limited: set[str] | None = None
-    # What the limiter-plan activity answered; None until planned.
+    # The run config (recorded in the history); None before it is in.
     planned: Plan | None = None
 
     async def plan(
         self, spec: PipelineSpec, record: list[str] | None = None, record_all: bool = False
     ) -> Plan:
-        """Ask once which of the pipeline's workers are rate limited, not per step,
-        what its tenant may do and (``record``) the specs of the workers it calls;
+        """Ask once, before any step, for the run config: which of the pipeline's
+        workers are rate limited, what its tenant may do, the process's caps and
+        local workers and (``record``; every known worker with ``record_all``) the
+        specs of the workers it calls. One local activity, so the answer is in the
+        history and the run decides from it from now on, also on replay.
         ``invalid_input`` when the tenant is refused."""
         workers = [s.worker for s in spec.steps] + [s.fallback for s in spec.steps if s.fallback]
         resume = spec.resume_from.workflow_id if spec.resume_from else None
+        activity = names.RUN_CONFIG if workflow.patched(RUN_CONFIG_PATCH) else names.LIMITER_PLAN
         try:
-            self.planned = await self.permits.plan(spec.tenant, workers, resume, record, record_all)
+            self.planned = await workflow.execute_local_activity(
+                activity,
+                PlanCall(
+                    tenant=spec.tenant,
+                    workers=sorted(set(workers)),
+                    resume_from=resume,
+                    record=record,
+                    record_all=record_all,
+                ),
+                result_type=Plan,
+                summary="run config",
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
+            )
         except ActivityError as e:
             if error_code_of(e) != ErrorCode.INVALID_INPUT.value:
                 raise
@@ -94,8 +119,8 @@ class PipelineLimits:
         return self.rate_limited is None or worker_id in self.rate_limited
 
     def is_local(self, worker_id: str) -> bool:
-        """Whether calls of ``worker_id`` run as local activities: as the recorded plan
-        says (none before the plan, and none in a run planned before local activities)."""
+        """Whether calls of ``worker_id`` run as local activities: as the run config
+        says (none before it, and none in a run started before local activities)."""
         return self.planned is not None and worker_id in self.planned.local
 
     async def pipeline_slot(self, spec: PipelineSpec) -> list[Lease] | str:
