@@ -253,7 +253,7 @@ class LimiterActivities:
         live_specs: LiveSpecs | None = None,
     ) -> None:
         """``local``: the workers this process can run as local activities (registered
-        beside the pipeline workflows), which every plan it answers names.
+        beside the pipeline workflows), which every run config it answers names.
         ``live_specs``: what the live worker registry knows (the worker process
         passes it), asked only when a run names a worker this process does not know.
         """
@@ -350,8 +350,9 @@ class LimiterActivities:
 
     @activity.defn(name=names.LIMITER_PLAN)
     async def plan_under_old_name(self, call: PlanCall) -> Plan:
-        """:meth:`plan` under its name before (``limiter-plan``), for a run of older
-        code whose workflow task is retried on this process before it has its answer."""
+        """The run config (:meth:`plan`) under the activity's former name,
+        ``limiter-plan``: for a run of older code whose workflow task is retried on
+        this process before it has its answer."""
         return await self.plan(call)
 
     @activity.defn(name=names.LIMITER_ACQUIRE)

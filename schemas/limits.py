@@ -153,36 +153,38 @@ class AcquireResults(Model):
 
 
 class PlanCall(Model):
-    """Input of the ``limiter-plan`` activity: which of these workers are rate limited."""
+    """Input of the ``limiter-plan`` activity: the run asking for its run config."""
 
     tenant: str = Field(pattern=TENANT_PATTERN)
-    workers: list[str]
+    workers: list[str] = Field(description="the workers the run calls: which are rate limited")
     resume_from: str | None = Field(
         default=None, description="the redriven run's workflow id: it must be the same tenant's"
     )
     record: list[str] | None = Field(
         default=None,
-        description="the workers whose specs the plan records for the run "
+        description="the workers whose specs the run config records "
         "(schemas.recorded.named_workers); None: a run from before specs were recorded",
     )
     record_all: bool = Field(
         default=False,
-        description="record every worker the planning process knows: an llm-agent step's "
+        description="record every worker the answering process knows: an llm-agent step's "
         "tools refer to a step's outputs (schemas.recorded.open_tools)",
     )
 
 
 class Plan(Model):
-    """The workers of a pipeline whose calls go through a rate limiter, the
-    tenant's registry entry (None: no registry), the process's caps and the
-    workers it runs as local activities.
+    """A pipeline run's configuration, taken once at its start from the process's
+    settings and catalog: the workers whose calls go through a rate limiter, the
+    tenant's registry entry (None: no registry), the process's caps, the workers
+    it runs as local activities, the for_each inline threshold and the specs of
+    the workers the run names.
 
-    The plan is a local activity's result, so it is recorded in the pipeline's
+    It is a local activity's result, so it is recorded in the pipeline's
     history: a replay (on any process, with any settings) makes the same calls
-    the run made, and a run planned before ``local`` existed decodes it empty
-    and replays its calls as activities. So are the specs of the workers the
-    run names (``specs``, see :mod:`aiworker.schemas.recorded`): the run
-    decides from them, never from the catalog of the process replaying it.
+    the run made, and a run started before ``local`` existed decodes it empty
+    and replays its calls as activities. The run decides from the recorded
+    specs (``specs``, see :mod:`aiworker.schemas.recorded`), never from the
+    catalog of the process replaying it.
     """
 
     rate_limited: list[str] = Field(default_factory=list)
@@ -191,7 +193,7 @@ class Plan(Model):
     local: list[str] = Field(
         default_factory=list,
         description='workers whose calls run as local activities ("execution": "local", '
-        "served by the planning process, AIWORKER_LOCAL_ACTIVITIES on)",
+        "served by the answering process, AIWORKER_LOCAL_ACTIVITIES on)",
     )
     inline_items: int = Field(
         default=DEFAULT_FOREACH_INLINE_ITEMS,
@@ -202,10 +204,10 @@ class Plan(Model):
     specs: dict[str, RecordedSpec] = Field(
         default_factory=dict,
         description="the specs of the workers the run names (PlanCall.record) that the "
-        "planning process knows, without their examples; empty in a run planned before",
+        "answering process knows, without their examples; empty in a run started before",
     )
     known: list[str] = Field(
         default_factory=list,
-        description="every worker the planning process knows, only when it does not know "
+        description="every worker the answering process knows, only when it does not know "
         "one the run names (the run's refusal names them)",
     )

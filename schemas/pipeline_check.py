@@ -11,7 +11,7 @@ remote ``$ref``: invalid); a validator or llm-call step's literal
 :func:`cap_problems` goes first (steps, ``for_each`` items, nesting, reference
 strings and counts, :mod:`~aiworker.schemas.caps`): against the hard ceilings
 at workflow start, against the settings' caps on the client side and, in the
-workflow, once the plan brought them. The pipeline workflow
+workflow, once the run config brought them. The pipeline workflow
 turns a :class:`PipelineSpecError` into a non-retryable ``invalid_input``;
 ``aiworker run`` and the client check a file the same way without importing
 any workflow code.

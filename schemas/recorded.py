@@ -14,7 +14,7 @@ run names are recorded, each without its ``examples``
 step ``llm-call`` (each model turn) and the workers its input names as
 ``tools`` (literal names, or references to the pipeline's ``inputs``).
 A tool list that refers to a step's outputs is not known at the start: such a
-run records every worker the planning process knows (:func:`open_tools`,
+run records every worker the answering process knows (:func:`open_tools`,
 ``PlanCall.record_all``), the one case where the record is not the names
 alone. Pure: safe inside a workflow task.
 """

@@ -290,7 +290,7 @@ class WorkerSpec(Model):
 
 
 # The validation context of a spec read back from a run's history (a recorded
-# plan, a chunk's or an agent's input): it was checked in full by the process
+# run config, a chunk's or an agent's input): it was checked in full by the process
 # that recorded it, so decoding it again skips the schema and example checks,
 # which cost milliseconds per spec in every workflow task that decodes one.
 RECORDED_CONTEXT: dict[str, Any] = {"aiworker_recorded_spec": True}

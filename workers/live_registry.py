@@ -447,9 +447,9 @@ async def read_registry(
 
 
 async def live_specs(client: Client, queue_suffix: str = "") -> dict[str, WorkerSpec]:
-    """The specs the live registry publishes, for a run's plan (which records them);
-    empty, with a warning, when no process published or the registry cannot be read:
-    the run then knows only its planning process's own workers."""
+    """The specs the live registry publishes, for a run's run config (which records
+    them); empty, with a warning, when no process published or the registry cannot
+    be read: the run then knows only the answering process's own workers."""
     try:
         live = await read_registry(client, queue_suffix)
     except RegistryUnreadableError as e:

@@ -103,9 +103,9 @@ def _specs() -> Mapping[str, WorkerSpec]:
 STEP_INPUTS_PATCH = "pipeline-check-step-inputs"
 
 # Runs started with this marker record the specs of the workers they name in
-# their ``limiter-plan`` result (``Plan.specs``) and decide from that record for
-# the rest of their life, on any process: the spec is parsed without the
-# workers' specs first (parse_structure), planned, then checked against the
+# their run config (``Plan.specs``) and decide from that record for the rest
+# of their life, on any process: the spec is parsed without the workers' specs
+# first (parse_structure), its run config taken, then checked against the
 # recorded specs. Runs without it (started on older code) replay as they ran:
 # checked against, and calling with, the replaying process's catalog.
 RECORDED_SPECS_PATCH = "pipeline-recorded-specs"
@@ -132,9 +132,9 @@ def _structure(raw: Any) -> PipelineSpec:
 
 
 def recorded_workers(spec: PipelineSpec, planned: Plan) -> Mapping[str, WorkerSpec]:
-    """The specs the plan recorded, once ``spec`` passed the check against them:
-    an unknown worker is ``invalid_input`` naming it and every worker the planning
-    process knows, and so is a step input its worker's contract refuses."""
+    """The specs the run config recorded, once ``spec`` passed the check against
+    them: an unknown worker is ``invalid_input`` naming it and every worker the
+    answering process knows, and so is a step input its worker's contract refuses."""
     try:
         check_workers(spec, {**dict.fromkeys(planned.known), **planned.specs})
     except PipelineSpecError as e:

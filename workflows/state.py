@@ -181,13 +181,13 @@ class PipelineRun:
 
     @property
     def inline_items(self) -> int:
-        """Items of a for_each whose outputs stay inline, as the plan said."""
+        """Items of a for_each whose outputs stay inline, as the run config said."""
         planned = self.limits.planned
         return planned.inline_items if planned is not None else DEFAULT_FOREACH_INLINE_ITEMS
 
     @property
     def caps(self) -> Caps:
-        """The process's caps, as the plan (recorded in history) said; the
+        """The process's caps, as the run config (recorded in history) said; the
         defaults until then."""
         planned = self.limits.planned
         return planned.caps if planned is not None else Caps()
