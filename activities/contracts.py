@@ -42,8 +42,8 @@ from typing import Any
 from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
-from aiworker.activities.jsonschema_cache import validator_for
 from aiworker.schemas import safe_schema
+from aiworker.schemas.safe_schema import cached_validator
 
 MAX_REMEMBERED = 256
 MAX_NODES = 10_000
@@ -99,7 +99,7 @@ class Contract:
 
     def __init__(self, schema: dict[str, Any], *, remember: bool = True) -> None:
         self.schema = schema
-        self.validator: Validator = validator_for(schema)
+        self.validator: Validator = cached_validator(schema)
         self.heavy: tuple[str, ...] = heavy_properties(schema) if remember else ()
         self._shallow: Validator | None = None
         self._valid: OrderedDict[bytes, None] = OrderedDict()
@@ -142,7 +142,7 @@ class Contract:
                 **self.schema,
                 "properties": {k: True if k in self.heavy else v for k, v in props.items()},
             }
-            self._shallow = validator_for(shallow)
+            self._shallow = cached_validator(shallow)
         return self._shallow
 
 

@@ -37,14 +37,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from jsonschema.exceptions import SchemaError
+
 from aiworker.activities.errors import InvalidInputError, InvalidOutputError
-from aiworker.activities.jsonschema_cache import (
-    SchemaError,
-    describe,
-    errors_of,
-    schema_problem,
-    validator_for,
-)
 from aiworker.activities.llm import (
     ChatRequest,
     LanguageModel,
@@ -57,6 +52,7 @@ from aiworker.activities.llm import (
 from aiworker.activities.llm._pricing import priced
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
+from aiworker.schemas import messages, safe_schema
 from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.protocol import Usage, WarningInfo
 
@@ -138,10 +134,10 @@ class LlmCall(Worker):
         schema = input.get("response_schema")
         if schema is not None:
             try:
-                validator_for(schema)
+                safe_schema.cached_validator(schema)
             except SchemaError as e:
                 raise InvalidInputError(
-                    f"input.response_schema: {schema_problem(e)}",
+                    f"input.response_schema: {safe_schema.problem(e)}",
                     field="input.response_schema",
                 ) from None
         if input.get("stream") and input.get("tools"):
@@ -256,7 +252,7 @@ class LlmCall(Worker):
                     **context,
                 ) from None
         try:
-            errors = errors_of(schema, value)
+            errors = safe_schema.errors(safe_schema.cached_validator(schema), value)
         except SchemaError as e:
             raise InvalidOutputError(
                 f"the reply cannot be checked against response_schema: {e.message}",
@@ -265,7 +261,7 @@ class LlmCall(Worker):
                 **context,
             ) from None
         if errors:
-            reasons = describe(errors)
+            reasons = messages.reasons(errors)
             raise InvalidOutputError(
                 f"the reply does not match response_schema: {len(errors)} error(s); first: "
                 f"{reasons[0]['path']}: {reasons[0]['message']}",

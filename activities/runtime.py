@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
 from opentelemetry import trace
 from pydantic import ValidationError
@@ -62,7 +63,6 @@ from aiworker.activities.errors import (
     WorkerTimeoutError,
     map_failures,
 )
-from aiworker.activities.jsonschema_cache import SchemaError, describe
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.redaction import Redactor
 from aiworker.activities.step_cache import StepCache
@@ -70,7 +70,7 @@ from aiworker.activities.tenancy import admit
 from aiworker.activities.toolbox import Toolbox, tool_secrets
 from aiworker.activities.tools.egress import tenant_egress
 from aiworker.activities.usage import UsageBook
-from aiworker.schemas import names, safe_schema
+from aiworker.schemas import messages, names, safe_schema
 from aiworker.schemas.protocol import (
     ArtifactRef,
     Observability,
@@ -213,7 +213,7 @@ def conform(
             raise error(f"{what}: {e.message}", field=root) from None
         span.set_attribute("aiworker.schema_errors", len(errors))
     if errors:
-        problems = describe(errors)
+        problems = messages.reasons(errors)
         first = problems[0]
         raise error(
             f"{what} {first['path']}: {first['message']} (rule {first['validator']})",

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from jsonschema.exceptions import SchemaError
+
 from aiworker.activities.errors import InvalidInputError, ValidationFailedError
-from aiworker.activities.jsonschema_cache import (
-    SchemaError,
-    describe,
-    errors_of,
-    schema_problem,
-)
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
+from aiworker.schemas import messages, safe_schema
 from aiworker.schemas.catalog import builtin_spec
 
 
@@ -31,12 +28,12 @@ class Validator(Worker):
         schema = input["schema"]
         limit = int(input.get("max_errors", 100))
         try:
-            errors = errors_of(schema, input["data"])
+            errors = safe_schema.errors(safe_schema.cached_validator(schema), input["data"])
         except SchemaError as e:
             raise InvalidInputError(
-                f"input.schema: {schema_problem(e)}", field="input.schema"
+                f"input.schema: {safe_schema.problem(e)}", field="input.schema"
             ) from None
-        reasons = describe(errors, limit)
+        reasons = messages.reasons(errors, limit)
         if errors and input.get("gate", False):
             raise ValidationFailedError(
                 f"{len(errors)} validation error(s); first: {reasons[0]['path']}: "

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from aiworker.activities.contracts import MAX_REMEMBERED, Contract, heavy_properties, plain_json
-from aiworker.activities.jsonschema_cache import validator_for
 from aiworker.schemas.catalog import builtin_spec, load_specs
+from aiworker.schemas.safe_schema import cached_validator
 
 SCRAPE_SPEC = {
     "fields": {
@@ -50,7 +50,7 @@ def test_the_memo_gives_the_errors_of_a_full_check() -> None:
     """Random valid and broken web-scrape inputs, each checked with the memo after its
     valid parts were remembered: error for error what the full check says."""
     schema = builtin_spec("web-scrape").input_schema
-    memo, full = Contract(schema), validator_for(schema)
+    memo, full = Contract(schema), cached_validator(schema)
     assert set(heavy_properties(schema)) >= {"extraction_spec", "discover"}
     rng = random.Random(29)
     base = {
@@ -116,7 +116,7 @@ def test_every_builtin_input_schema_agrees() -> None:
     rng = random.Random(7)
     for spec in load_specs().values():
         schema = spec.input_schema
-        contract, full = Contract(schema), validator_for(schema)
+        contract, full = Contract(schema), cached_validator(schema)
         sample = {k: {} for k in heavy_properties(schema)}
         for _ in range(30):
             value = _mutations(sample, rng)

@@ -132,13 +132,13 @@ async def test_spec_validators_compile_once_and_still_refuse(
     from aiworker.activities import contracts as contracts_module
 
     compiled: list[Any] = []
-    real = contracts_module.validator_for
+    real = contracts_module.cached_validator
 
     def counting(schema: Any) -> Any:
         compiled.append(schema)
         return real(schema)
 
-    monkeypatch.setattr(contracts_module, "validator_for", counting)
+    monkeypatch.setattr(contracts_module, "cached_validator", counting)
     for _ in range(3):
         await run(runtime, req({"a": 1}, {"type": "object"}))
     spec = runtime.specs["validator"]
