@@ -16,7 +16,7 @@ from aiworker.activities.errors import BudgetExceededError, ToolNotAllowedError
 # Tools that reach outside the process; each `use` counts one external call
 # (`render`: one page, whose own requests are bounded by the tool's per-page quota).
 # Defined with the specs: a worker that uses one cannot run as a local activity.
-from aiworker.schemas.execution import EXTERNAL_TOOLS as EXTERNAL_TOOLS
+from aiworker.schemas.execution import EXTERNAL_TOOLS
 
 
 class Toolbox:

@@ -129,7 +129,8 @@ async def pipelines_session(
 def process_catalog() -> Catalog:
     """Every worker this process would know as a worker process (built-ins, plugins,
     spec files), installed; exits 2 naming a broken plugin or spec file."""
-    from aiworker.workers.worker import StartupError, load_process_workers
+    from aiworker.workers.errors import StartupError
+    from aiworker.workers.worker import load_process_workers
 
     try:
         return load_process_workers(load_settings()).catalog

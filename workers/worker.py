@@ -33,7 +33,7 @@ from aiworker.schemas.extras import MissingExtraError
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import PromptImplementation
 from aiworker.workers.deployments import deployment_config
-from aiworker.workers.errors import StartupError as StartupError  # raised here, re-exported
+from aiworker.workers.errors import StartupError
 from aiworker.workers.http_server import Health
 from aiworker.workers.plugin import AiworkerPlugin
 from aiworker.workers.plugins import PluginError, WorkerSet, builtin_set, install, load_workers

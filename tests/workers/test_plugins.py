@@ -57,8 +57,9 @@ from aiworker.schemas import catalog, names
 from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.settings import Settings
 from aiworker.workers.devserver import temporal_cli_path
+from aiworker.workers.errors import StartupError
 from aiworker.workers.plugins import ENTRY_POINT_GROUP, PluginError, load_workers
-from aiworker.workers.worker import StartupError, load_process_workers
+from aiworker.workers.worker import load_process_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_SRC = ROOT / "examples" / "plugin"
