@@ -64,7 +64,7 @@ class Aggregator(Worker):
 
     spec = builtin_spec("aggregator")
 
-    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:  # noqa: A002 (Worker.execute's documented signature)
         policy: str = input["policy"]
         branches = _branches(input["branches"])
         if not branches:
@@ -105,16 +105,16 @@ class Aggregator(Worker):
     def _vote(
         self,
         policy: str,
-        input: dict[str, Any],
+        worker_input: dict[str, Any],
         branches: list[tuple[str, Any]],
         present: list[tuple[str, Any]],
         warnings: list[WarningInfo],
     ) -> dict[str, Any]:
-        field = input.get("field")
+        field = worker_input.get("field")
         if policy == "quorum":
-            if "quorum" not in input:
+            if "quorum" not in worker_input:
                 raise InvalidInputError("policy 'quorum' needs 'quorum'", field="input.quorum")
-            needed = int(input["quorum"])
+            needed = int(worker_input["quorum"])
         else:
             needed = len(branches) // 2 + 1
         ballots: dict[str, list[str]] = {}
@@ -194,10 +194,13 @@ class Aggregator(Worker):
         return {"result": result, "used": [n for n, _ in present], "conflicts": conflicts}
 
     def _concat(
-        self, input: dict[str, Any], present: list[tuple[str, Any]], warnings: list[WarningInfo]
+        self,
+        worker_input: dict[str, Any],
+        present: list[tuple[str, Any]],
+        warnings: list[WarningInfo],
     ) -> dict[str, Any]:
-        field = input.get("field")
-        key_path = input.get("dedupe_key")
+        field = worker_input.get("field")
+        key_path = worker_input.get("dedupe_key")
         result: list[Any] = []
         seen: dict[str, tuple[str, str]] = {}
         removed = 0

@@ -281,17 +281,17 @@ class CallTelemetryInterceptor(Interceptor):
         self.metrics = metrics
         drop_sdk_duplicates()
 
-    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:  # noqa: A002 (temporalio's interceptor signature)
         """Wrap each activity attempt (``temporalio.worker.Interceptor``)."""
         return _ObservedActivity(next, self)
 
 
 class _ObservedActivity(ActivityInboundInterceptor):
-    def __init__(self, next: ActivityInboundInterceptor, root: CallTelemetryInterceptor) -> None:
-        super().__init__(next)
+    def __init__(self, inner: ActivityInboundInterceptor, root: CallTelemetryInterceptor) -> None:
+        super().__init__(inner)
         self.root = root
 
-    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:  # noqa: A002 (temporalio's interceptor signature)
         worker_id = activity.info().activity_type
         if worker_id not in self.root.worker_ids:
             return await super().execute_activity(input)

@@ -63,16 +63,16 @@ _FEEDBACK_LIMIT_CHARS = 4000
 _FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\r?\n(.*?)\r?\n?[ \t]*```", re.S)
 
 
-def build_messages(input: dict[str, Any]) -> tuple[Message, ...]:
+def build_messages(worker_input: dict[str, Any]) -> tuple[Message, ...]:
     """The conversation: ``system``, then ``messages`` or ``prompt``, then ``feedback``."""
     out: list[Message] = []
-    if input.get("system"):
-        out.append(Message("system", input["system"]))
-    if "messages" in input:
-        out.extend(message_from_json(m) for m in input["messages"])
+    if worker_input.get("system"):
+        out.append(Message("system", worker_input["system"]))
+    if "messages" in worker_input:
+        out.extend(message_from_json(m) for m in worker_input["messages"])
     else:
-        out.append(Message("user", input["prompt"]))
-    feedback = input.get("feedback") or []
+        out.append(Message("user", worker_input["prompt"]))
+    feedback = worker_input.get("feedback") or []
     if feedback:
         out.append(Message("user", feedback_message(feedback)))
     return tuple(out)
@@ -130,7 +130,7 @@ class LlmCall(Worker):
 
     spec = builtin_spec("llm-call")
 
-    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:  # noqa: A002 (Worker.execute's documented signature)
         schema = input.get("response_schema")
         if schema is not None:
             try:

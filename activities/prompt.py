@@ -46,12 +46,12 @@ _FEEDBACK_ITEMS = 50
 _ABSENT = object()
 
 
-def _lookup(input: dict[str, Any], path: tuple[str | int, ...]) -> Any:
-    """The value at ``path`` in ``input``, or ``_ABSENT``."""
+def _lookup(worker_input: dict[str, Any], path: tuple[str | int, ...]) -> Any:
+    """The value at ``path`` in ``worker_input``, or ``_ABSENT``."""
     if not path:
         # The whole input (defaults filled in), without feedback: that has a turn of its own.
-        return {k: v for k, v in input.items() if k != FEEDBACK_FIELD}
-    cur: Any = input
+        return {k: v for k, v in worker_input.items() if k != FEEDBACK_FIELD}
+    cur: Any = worker_input
     for seg in path:
         if isinstance(cur, dict) and str(seg) in cur:
             cur = cur[str(seg)]
@@ -71,12 +71,12 @@ def _text(value: Any) -> str:
 
 
 def render(
-    template: str, input: dict[str, Any], max_chars: int = DEFAULT_MAX_RESOLVED_BYTES
+    template: str, worker_input: dict[str, Any], max_chars: int = DEFAULT_MAX_RESOLVED_BYTES
 ) -> str:
-    """``template`` with every ``${{ input.<path> }}`` replaced from ``input``.
+    """``template`` with every ``${{ input.<path> }}`` replaced from ``worker_input``.
 
     A string value goes in as it is, any other value as compact JSON, a value
-    ``input`` does not have as empty text; ``${{ input }}`` is the whole input
+    ``worker_input`` does not have as empty text; ``${{ input }}`` is the whole input
     (without ``feedback``). ``$${{`` is a literal ``${{``. Only the template
     is scanned: a ``${{`` inside the input's text stays text. A malformed
     reference raises ``ReferenceError_`` (specs are checked at load, so a
@@ -90,7 +90,7 @@ def render(
     pieces: list[str] = []
     size = 0
     for p in parts:
-        piece = p if isinstance(p, str) else _text(_lookup(input, p.path))
+        piece = p if isinstance(p, str) else _text(_lookup(worker_input, p.path))
         size += len(piece)
         if size > max_chars:
             raise PayloadTooLargeError(
@@ -123,7 +123,7 @@ class PromptWorker(Worker):
         self._llm = LlmCall()
 
     def llm_input(
-        self, input: dict[str, Any], max_chars: int = DEFAULT_MAX_RESOLVED_BYTES
+        self, worker_input: dict[str, Any], max_chars: int = DEFAULT_MAX_RESOLVED_BYTES
     ) -> dict[str, Any]:
         """The llm-call input for one call: system, few-shot turns, this input's prompt,
         the model alias, the output schema as ``response_schema``, and any feedback.
@@ -140,7 +140,7 @@ class PromptWorker(Worker):
             messages.append(
                 {"role": "assistant", "content": json.dumps(shot.output, ensure_ascii=False)}
             )
-        filled = {**self.defaults, **input}
+        filled = {**self.defaults, **worker_input}
         messages.append({"role": "user", "content": render(p.prompt, filled, max_chars)})
         out: dict[str, Any] = {
             "messages": messages,
@@ -151,12 +151,12 @@ class PromptWorker(Worker):
             out["system"] = render(p.system, filled, max_chars)
         if p.temperature is not None:
             out["temperature"] = p.temperature
-        feedback = input.get(FEEDBACK_FIELD)
+        feedback = worker_input.get(FEEDBACK_FIELD)
         if feedback:
             out["feedback"] = list(feedback)[:_FEEDBACK_ITEMS]
         return out
 
-    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:  # noqa: A002 (Worker.execute's documented signature)
         """Render the prompt, call the model once, return the reply's JSON as the outputs.
 
         The output tokens are capped by the spec's ``constraints.max_tokens``

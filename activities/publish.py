@@ -185,7 +185,7 @@ class Publish(Worker):
 
     spec = builtin_spec("publish")
 
-    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:  # noqa: A002 (Worker.execute's documented signature)
         key = ctx.request.idempotency_key
         ledger = Ledger(ctx.settings.data_dir / "publish")
         sink = input["sink"]

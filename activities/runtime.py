@@ -171,7 +171,7 @@ class Executes(Protocol):
     @property
     def worker_id(self) -> str: ...
 
-    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult: ...
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult: ...  # noqa: A002 (Worker.execute's documented signature)
 
 
 def _field_of(loc: tuple[Any, ...] | list[Any]) -> str:

@@ -98,7 +98,7 @@ class Worker:
         """The worker's id: its activity name, written once, in its spec."""
         return self.spec.worker_id
 
-    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:  # noqa: A002 (Worker.execute's documented signature)
         """Do the work on ``input`` (already valid against ``input_schema``).
 
         Return a :class:`WorkerResult` (its ``outputs`` are checked against

@@ -91,9 +91,9 @@ def canonical_json(value: Any) -> bytes:
     ).encode()
 
 
-def cache_key(worker_id: str, version: str, tenant: str, input: Any) -> str:
+def cache_key(worker_id: str, version: str, tenant: str, worker_input: Any) -> str:
     """The cache key of one call: worker, spec version, tenant and resolved input."""
-    input_hash = hashlib.sha256(canonical_json(input)).hexdigest()
+    input_hash = hashlib.sha256(canonical_json(worker_input)).hexdigest()
     doc = {"worker_id": worker_id, "version": version, "tenant": tenant, "input": input_hash}
     return hashlib.sha256(canonical_json(doc)).hexdigest()
 

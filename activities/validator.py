@@ -24,7 +24,7 @@ class Validator(Worker):
 
     spec = builtin_spec("validator")
 
-    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:  # noqa: A002 (Worker.execute's documented signature)
         schema = input["schema"]
         limit = int(input.get("max_errors", 100))
         try:

@@ -78,7 +78,7 @@ class WebScrape(Worker):
             self._validators = known
         return known[2]
 
-    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:  # noqa: A002 (Worker.execute's documented signature)
         parser: HtmlParser = ctx.tools.use("parse_html")
         try:
             spec = parser.compile(input["extraction_spec"]) if "extraction_spec" in input else None
@@ -200,7 +200,7 @@ class WebScrape(Worker):
     async def _extract(
         self,
         ctx: WorkerContext,
-        input: dict[str, Any],
+        worker_input: dict[str, Any],
         parser: HtmlParser,
         spec: CompiledSpec | None,
         find: DiscoverSpec | None,
@@ -250,7 +250,7 @@ class WebScrape(Worker):
             urls, found = await discover_urls(
                 fetcher,
                 find,
-                input,
+                worker_input,
                 (soup, final_url) if soup is not None else None,
                 _time_left(ctx.remaining()),
             )
@@ -267,13 +267,13 @@ def _needs_soup(spec: CompiledSpec | None, find: DiscoverSpec | None) -> bool:
     return find is not None or spec is None or bool(spec.fields) or spec.metadata
 
 
-def _wait_for(input: dict[str, Any]) -> str | None:
+def _wait_for(worker_input: dict[str, Any]) -> str | None:
     """``input.wait_for``, checked: only with ``render: "browser"``, a CSS selector or
     ``networkidle``."""
-    wait_for: str | None = input.get("wait_for")
+    wait_for: str | None = worker_input.get("wait_for")
     if wait_for is None:
         return None
-    if input.get("render") != "browser":
+    if worker_input.get("render") != "browser":
         raise InvalidInputError(
             'input.wait_for: takes effect only with "render": "browser"', field="input.wait_for"
         )

@@ -32,7 +32,7 @@ __all__ = ["run_worker"]
 
 async def run_worker(
     worker: Worker,
-    input: dict[str, Any],
+    input: dict[str, Any],  # noqa: A002 (public API: run_worker's documented parameter)
     *,
     tenant: str = "default",
     constraints: RequestConstraints | Mapping[str, Any] | None = None,

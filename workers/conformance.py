@@ -85,7 +85,7 @@ def _request(
     spec: WorkerSpec,
     run: str,
     call_id: str,
-    input: dict[str, Any],
+    worker_input: dict[str, Any],
     *,
     tenant: str,
     version: str | None = None,
@@ -100,7 +100,7 @@ def _request(
         step_id=call_id,
         tenant=tenant,
         trace=trace,
-        input=input,
+        input=worker_input,
         constraints=RequestConstraints(timeout_seconds=timeout_seconds),
     ).model_dump(mode="json", exclude_none=True)
 

@@ -17,7 +17,7 @@ SITE_DIR = Path(__file__).parent / "samples" / "site"
 
 
 class _Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (BaseHTTPRequestHandler's signature)
         return
 
 

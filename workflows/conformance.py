@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.errors import ErrorCode
@@ -115,7 +116,7 @@ def _failure(err: ActivityError) -> dict[str, Any]:
             "details": list(cause.details),
             "retry_state": retry_state,
         }
-    if isinstance(cause, TimeoutError):
+    if isinstance(cause, TemporalTimeout):
         return {
             "kind": "timeout",
             "type": cause.type.name if cause.type is not None else None,

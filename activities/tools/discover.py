@@ -302,7 +302,7 @@ def _now() -> str:
 async def discover_urls(
     fetcher: FetchTool,
     spec: DiscoverSpec,
-    input: dict[str, Any],
+    worker_input: dict[str, Any],
     page: tuple[BeautifulSoup, str] | None,
     budget: float,
 ) -> tuple[list[str], Discovery]:
@@ -317,11 +317,11 @@ async def discover_urls(
     found = Discovery(
         fetcher,
         spec,
-        input["url"],
+        worker_input["url"],
         deadline=time.monotonic() + budget,
-        user_agent=input.get("user_agent"),
-        respect_robots=input.get("respect_robots", True),
-        allow_domains=tuple(input.get("allow_domains") or ()),
+        user_agent=worker_input.get("user_agent"),
+        respect_robots=worker_input.get("respect_robots", True),
+        allow_domains=tuple(worker_input.get("allow_domains") or ()),
     )
     try:
         async with asyncio.timeout(budget):
@@ -332,8 +332,8 @@ async def discover_urls(
     except TimeoutError:
         if page is None and found.source is None:
             raise FetchTimeoutError(
-                f"discovering URLs from {input['url']} took longer than {budget:.3g}s",
-                url=input["url"],
+                f"discovering URLs from {worker_input['url']} took longer than {budget:.3g}s",
+                url=worker_input["url"],
             ) from None
         found.warn(
             "discover_deadline",

@@ -93,9 +93,9 @@ def canonical_url(url: str) -> str:
     return urlunsplit((scheme, netloc, p.path or "/", p.query, ""))
 
 
-def entry_key(tenant: str, url: str, input: Mapping[str, Any], version: str) -> str:
+def entry_key(tenant: str, url: str, worker_input: Mapping[str, Any], version: str) -> str:
     """The entry key of a scrape: tenant, canonical URL, spec version, the rest of the input."""
-    rest = {k: v for k, v in input.items() if k not in _NOT_IN_KEY}
+    rest = {k: v for k, v in worker_input.items() if k not in _NOT_IN_KEY}
     doc = {
         "format": _FORMAT,
         "tenant": tenant,
@@ -180,11 +180,11 @@ class PageValidators:
         return cls(backend, artifact_store)
 
     def session(
-        self, tenant: str, input: Mapping[str, Any], version: str, *, enabled: bool = True
+        self, tenant: str, worker_input: Mapping[str, Any], version: str, *, enabled: bool = True
     ) -> Revalidation:
         """One scrape of ``input["url"]`` for ``tenant``; ``enabled=False`` is ``cache: "off"``."""
-        key = entry_key(tenant, input["url"], input, version)
-        return Revalidation(self, tenant, input["url"], key, enabled)
+        key = entry_key(tenant, worker_input["url"], worker_input, version)
+        return Revalidation(self, tenant, worker_input["url"], key, enabled)
 
 
 class Revalidation:

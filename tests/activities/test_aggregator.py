@@ -18,14 +18,14 @@ def _rt(settings: Settings) -> WorkerRuntime:
     return WorkerRuntime(settings, load_specs())
 
 
-async def _agg(settings: Settings, **input: Any) -> WorkerResponse:
-    request = {"worker_id": "aggregator", "idempotency_key": "t/agg", "input": input}
+async def _agg(settings: Settings, **worker_input: Any) -> WorkerResponse:
+    request = {"worker_id": "aggregator", "idempotency_key": "t/agg", "input": worker_input}
     return await _rt(settings).run(Aggregator(), request)
 
 
-async def _agg_error(settings: Settings, **input: Any) -> ApplicationError:
+async def _agg_error(settings: Settings, **worker_input: Any) -> ApplicationError:
     with pytest.raises(ApplicationError) as e:
-        await _agg(settings, **input)
+        await _agg(settings, **worker_input)
     return e.value
 
 

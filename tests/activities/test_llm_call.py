@@ -119,13 +119,13 @@ async def llm_stack(client: Client, settings: Settings, models: Models) -> Async
 
 
 async def run_step(
-    stack: Stack, input: dict[str, Any], inputs: dict[str, Any] | None = None, **step: Any
+    stack: Stack, worker_input: dict[str, Any], inputs: dict[str, Any] | None = None, **step: Any
 ) -> tuple[PipelineResult, WorkflowHandle[Any, Any]]:
     pipeline = {
         "name": "llm",
         "tenant": "acme",
         "inputs": inputs or {},
-        "steps": [{"id": "ask", "worker": "llm-call", "input": input, **step}],
+        "steps": [{"id": "ask", "worker": "llm-call", "input": worker_input, **step}],
         "output": {},
     }
     handle = await stack.start(pipeline)

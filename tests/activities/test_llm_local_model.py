@@ -105,11 +105,11 @@ async def local_stack(
         await lm.aclose()
 
 
-async def run_step(stack: Stack, input: dict[str, Any], **step: Any) -> PipelineResult:
+async def run_step(stack: Stack, worker_input: dict[str, Any], **step: Any) -> PipelineResult:
     pipeline = {
         "name": "local-llm",
         "tenant": "acme",
-        "steps": [{"id": "ask", "worker": "llm-call", "input": input, **step}],
+        "steps": [{"id": "ask", "worker": "llm-call", "input": worker_input, **step}],
         "output": {"text": "${{ steps.ask.outputs.text }}"},
     }
     handle = await stack.start(pipeline)

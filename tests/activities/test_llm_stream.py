@@ -86,18 +86,22 @@ async def stack(
         await lm.aclose()
 
 
-async def start(stack: Stack, input: dict[str, Any], **step: Any) -> WorkflowHandle[Any, Any]:
+async def start(
+    stack: Stack, worker_input: dict[str, Any], **step: Any
+) -> WorkflowHandle[Any, Any]:
     pipeline = {
         "name": "stream",
         "tenant": "acme",
-        "steps": [{"id": "ask", "worker": "llm-call", "input": {"stream": True, **input}, **step}],
+        "steps": [
+            {"id": "ask", "worker": "llm-call", "input": {"stream": True, **worker_input}, **step}
+        ],
         "output": {},
     }
     return await stack.start(pipeline)
 
 
-async def run(stack: Stack, input: dict[str, Any], **step: Any) -> PipelineResult:
-    result: PipelineResult = await (await start(stack, input, **step)).result()
+async def run(stack: Stack, worker_input: dict[str, Any], **step: Any) -> PipelineResult:
+    result: PipelineResult = await (await start(stack, worker_input, **step)).result()
     return result
 
 
@@ -271,19 +275,19 @@ async def test_bad_replies_end_in_a_stable_code_with_their_reason_and_usage(
     ]
     started = time.monotonic()
     results = await asyncio.gather(
-        *(run(s, {"prompt": "go", **input}, **step) for input, step, _, _ in cases)
+        *(run(s, {"prompt": "go", **fields}, **step) for fields, step, _, _ in cases)
     )
     # the slowest case is the deadline one: nothing hangs past it
     assert time.monotonic() - started < 20
-    for (input, _, code, words_), result in zip(cases, results, strict=True):
+    for (fields, _, code, words_), result in zip(cases, results, strict=True):
         step = result.steps["ask"]
-        assert (result.status, step.error_code) == ("failed", code), (input, step)
+        assert (result.status, step.error_code) == ("failed", code), (fields, step)
         for w in words_:
-            assert w in (step.error_message or ""), (input, step.error_message)
-        assert step.usage.external_calls == 1, (input, step.usage)
-        if input["model"] not in ("html", "malformed", "truncated"):
+            assert w in (step.error_message or ""), (fields, step.error_message)
+        assert step.usage.external_calls == 1, (fields, step.usage)
+        if fields["model"] not in ("html", "malformed", "truncated"):
             # the provider billed tokens before the failure: they are booked
-            assert step.usage.input_tokens > 0, (input, step.usage)
+            assert step.usage.input_tokens > 0, (fields, step.usage)
     by_model = {
         c[0]["model"] + str(c[0].get("stream", True)): r
         for c, r in zip(cases, results, strict=True)

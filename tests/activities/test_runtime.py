@@ -61,7 +61,7 @@ class Echo:
     worker_id: ClassVar[str] = "echo"
     calls: ClassVar[int] = 0
 
-    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:  # noqa: A002 (Worker.execute's documented signature)
         mode = input["mode"]
         Echo.calls += 1
         if mode == "ok":

@@ -34,8 +34,13 @@ REGISTRY = TenantRegistry.model_validate(
 )
 
 
-def _request(worker_id: str, tenant: str, input: dict[str, Any]) -> dict[str, Any]:
-    return {"worker_id": worker_id, "idempotency_key": "k/1", "tenant": tenant, "input": input}
+def _request(worker_id: str, tenant: str, worker_input: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "worker_id": worker_id,
+        "idempotency_key": "k/1",
+        "tenant": tenant,
+        "input": worker_input,
+    }
 
 
 VALIDATE = {"data": {"a": 1}, "schema": {"type": "object"}}

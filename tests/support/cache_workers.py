@@ -41,7 +41,7 @@ class Echo(aiworker.Worker):
 
     spec = _spec("cache-echo")
 
-    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:
+    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:  # noqa: A002 (Worker.execute's documented signature)
         CALLS[f"{self.worker_id}:{ctx.tenant}:{input['text']}"] += 1
         fixed = " (fixed)" if input.get("feedback") else ""
         return aiworker.Result(outputs={"reply": input["text"] + fixed})
@@ -52,7 +52,7 @@ class Gone(aiworker.Worker):
 
     spec = _spec("cache-gone")
 
-    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:
+    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:  # noqa: A002 (Worker.execute's documented signature)
         CALLS[f"{self.worker_id}:{ctx.tenant}:{input['text']}"] += 1
         raise aiworker.NotFoundError("nothing here")
 

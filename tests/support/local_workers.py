@@ -32,7 +32,7 @@ class UpperLocal(aiworker.Worker):
         "retries": {"max_attempts": 2},
     }
 
-    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:
+    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:  # noqa: A002 (Worker.execute's documented signature)
         return aiworker.Result(outputs={"text": input["text"].upper()})
 
 

@@ -195,7 +195,7 @@ def _handler(
 
         do_POST = do_GET
 
-        def log_message(self, format: str, *args: Any) -> None:
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (BaseHTTPRequestHandler's signature)
             pass
 
     return Handler

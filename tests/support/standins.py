@@ -155,7 +155,7 @@ class SlowPublish(Publish):
         self.attempts = attempts
         self.hold_seconds = hold_seconds
 
-    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:  # noqa: A002 (Worker.execute's documented signature)
         result = await super().execute(ctx, input)
         line = {
             "key": ctx.request.idempotency_key,

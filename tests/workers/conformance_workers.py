@@ -41,7 +41,7 @@ class TextLength(aiworker.Worker):
 
     spec = spec("text-length")
 
-    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:
+    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:  # noqa: A002 (Worker.execute's documented signature)
         return aiworker.Result(outputs={"length": len(input["text"])})
 
 
@@ -50,7 +50,7 @@ class WrongOutput(aiworker.Worker):
 
     spec = spec("wrong-output")
 
-    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:
+    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:  # noqa: A002 (Worker.execute's documented signature)
         return aiworker.Result(outputs={"length": f"{len(input['text'])} letters"})
 
 
@@ -61,7 +61,7 @@ class LaxInput(aiworker.Worker):
 
     spec = spec("lax-input", input_schema={"type": "object"})
 
-    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:
+    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:  # noqa: A002 (Worker.execute's documented signature)
         return aiworker.Result(outputs={"length": len(input["text"])})
 
 

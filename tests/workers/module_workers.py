@@ -34,7 +34,7 @@ class WordCount(aiworker.Worker):
 
     spec = SPEC
 
-    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:
+    async def execute(self, ctx: aiworker.Context, input: dict[str, Any]) -> aiworker.Result:  # noqa: A002 (Worker.execute's documented signature)
         return aiworker.Result(outputs={"words": len(input["text"].split())})
 
 

@@ -75,7 +75,7 @@ class FlakyValidator:
     def __init__(self, leak: str | None = None) -> None:
         self.leak = leak
 
-    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:  # noqa: A002 (Worker.execute's documented signature)
         with ctx.span("upstream call", target="models.example") as span:
             span.set_attribute("aiworker.http_status", 503 if ctx.attempt == 1 else 200)
         if ctx.attempt == 1:

@@ -79,7 +79,7 @@ def test_deadline_refuses_and_caps_the_timeout() -> None:
 class _SpendsThenFailsOnce(Validator):
     """Bills tokens on every attempt; the first attempt then fails (retryable)."""
 
-    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:
+    async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:  # noqa: A002 (Worker.execute's documented signature)
         ctx.spend(100, 20)
         if ctx.attempt == 1:
             raise UpstreamError("the provider dropped the connection after billing")

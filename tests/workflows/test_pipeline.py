@@ -27,8 +27,10 @@ from aiworker.schemas.settings import Settings
 STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
 
 
-def _step(sid: str, worker: str, input: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
-    return {"id": sid, "worker": worker, "input": input or {}, **kw}
+def _step(
+    sid: str, worker: str, worker_input: dict[str, Any] | None = None, **kw: Any
+) -> dict[str, Any]:
+    return {"id": sid, "worker": worker, "input": worker_input or {}, **kw}
 
 
 async def test_independent_steps_run_in_parallel_and_dependents_after(
