@@ -2,7 +2,7 @@
 provider endpoint's own request and token rates. The limiter's workflow is
 ``workflows/limits.py``, its models ``schemas/limits.py``.
 
-1. The ``limiter-acquire``/``limiter-plan`` activities (:class:`LimiterActivities`).
+1. The ``limiter-acquire``/``run-config`` activities (:class:`LimiterActivities`).
    They hand a permit request to the key's limiter. They run in a worker
    process, where the settings live: they work out which limit
    applies (the worker spec's ``rate_limit`` per tenant, overridden by
@@ -12,7 +12,7 @@ provider endpoint's own request and token rates. The limiter's workflow is
    task queue. The pipeline then waits for the ``permit`` signal; nothing is
    dropped and nothing is held in a process.
 
-2. :class:`RateLimiter`, a client-side limit per model endpoint.
+2. :class:`EndpointRateLimiter`, a client-side limit per model endpoint.
    Requests and tokens per minute, per provider endpoint.
    Every call in the process reserves one request and its estimated tokens
    (prompt estimate + ``max_tokens``) in a sliding 60-second window before it
@@ -53,8 +53,8 @@ from aiworker.schemas.limits import (
     BlockRequest,
     ConcurrencyCall,
     LimiterState,
-    Plan,
-    PlanCall,
+    RunConfig,
+    RunConfigCall,
 )
 from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec, parse_rate, recorded
@@ -287,7 +287,7 @@ class LimiterActivities:
     def known_workers(self, live: Mapping[str, WorkerSpec] | None = None) -> list[str]:
         """Every worker id :meth:`specs_for` could answer: for a refusal's message,
         and what a run records whose agent's tools are known only as it runs
-        (``PlanCall.record_all``)."""
+        (``RunConfigCall.record_all``)."""
         return sorted({*self._specs, *(live or {})})
 
     async def _live(self, wanted: Iterable[str], everything: bool) -> Mapping[str, WorkerSpec]:
@@ -300,7 +300,7 @@ class LimiterActivities:
         return await self._live_specs()
 
     @activity.defn(name=names.RUN_CONFIG)
-    async def plan(self, call: PlanCall) -> Plan:
+    async def run_config(self, call: RunConfigCall) -> RunConfig:
         """Which of a pipeline's workers have a rate limit for its tenant, the
         tenant's registry entry, the process's caps and, when the call names
         them (``record``), the specs of the workers the run calls (asked once,
@@ -333,7 +333,7 @@ class LimiterActivities:
                 known = self.known_workers(live)
             # local only as the recorded specs say (execution "local")
             local = [w for w in local if w in specs and specs[w].execution == "local"]
-        return Plan(
+        return RunConfig(
             rate_limited=sorted(
                 w
                 for w in set(call.workers)
@@ -349,11 +349,11 @@ class LimiterActivities:
         )
 
     @activity.defn(name=names.LIMITER_PLAN)
-    async def plan_under_old_name(self, call: PlanCall) -> Plan:
-        """The run config (:meth:`plan`) under the activity's former name,
+    async def run_config_under_old_name(self, call: RunConfigCall) -> RunConfig:
+        """The run config (:meth:`run_config`) under the activity's former name,
         ``limiter-plan``: for a run of older code whose workflow task is retried on
         this process before it has its answer."""
-        return await self.plan(call)
+        return await self.run_config(call)
 
     @activity.defn(name=names.LIMITER_ACQUIRE)
     async def acquire(self, call: AcquireCall) -> AcquireResult:
@@ -462,7 +462,9 @@ class _Window:
 class Reservation:
     """One admitted call; :meth:`settle` replaces its estimate by real usage."""
 
-    def __init__(self, limiter: RateLimiter, window: _Window | None, entry: _Entry | None) -> None:
+    def __init__(
+        self, limiter: EndpointRateLimiter, window: _Window | None, entry: _Entry | None
+    ) -> None:
         self._limiter = limiter
         self._window = window
         self._entry = entry
@@ -486,7 +488,7 @@ class Reservation:
             self._entry.tokens = tokens
 
 
-class RateLimiter:
+class EndpointRateLimiter:
     """Sliding-window limits keyed by target; one per process, thread-safe."""
 
     def __init__(

@@ -1,6 +1,6 @@
 """Tenants on the activity side: the registry held against every call.
 
-A pipeline is checked once at its start (the ``limiter-plan`` activity in
+A pipeline is checked once at its start (the ``run-config`` activity in
 ``activities/limits.py``); a call that does not come from a pipeline (a
 worker request started by hand, ``aiworker conformance``, another workflow)
 is checked here, in the runtime, for every attempt: one dictionary lookup.

@@ -17,8 +17,8 @@ Two layers, because the workflow cannot read settings:
   operator (``AIWORKER_MAX_*``, each bounded by its ceiling) and applied where
   settings are known: on the client side (``aiworker check``/``run``,
   ``PipelineClient.start``) before anything starts, and in the workflow right
-  after the ``limiter-plan`` local activity, which carries them
-  (``Plan.caps``, recorded in history) before any step runs. Activities read
+  after the ``run-config`` local activity, which carries them
+  (``RunConfig.caps``, recorded in history) before any step runs. Activities read
   them from their settings (JSON-LD nesting in the extractor).
 
 The defaults leave room for real work: a ``for_each`` of 100,000 small items,

@@ -152,8 +152,8 @@ class AcquireResults(Model):
     results: list[AcquireResult]
 
 
-class PlanCall(Model):
-    """Input of the ``limiter-plan`` activity: the run asking for its run config."""
+class RunConfigCall(Model):
+    """Input of the ``run-config`` activity: the run asking for its run config."""
 
     tenant: str = Field(pattern=TENANT_PATTERN)
     workers: list[str] = Field(description="the workers the run calls: which are rate limited")
@@ -172,7 +172,7 @@ class PlanCall(Model):
     )
 
 
-class Plan(Model):
+class RunConfig(Model):
     """A pipeline run's configuration, taken once at its start from the process's
     settings and catalog: the workers whose calls go through a rate limiter, the
     tenant's registry entry (None: no registry), the process's caps, the workers
@@ -203,7 +203,7 @@ class Plan(Model):
     )
     specs: dict[str, RecordedSpec] = Field(
         default_factory=dict,
-        description="the specs of the workers the run names (PlanCall.record) that the "
+        description="the specs of the workers the run names (RunConfigCall.record) that the "
         "answering process knows, without their examples; empty in a run started before",
     )
     known: list[str] = Field(

@@ -3,8 +3,8 @@
 A run decides from worker specs (task queue, timeout, retries, ``execution``,
 input and output schemas) for the rest of its life, also when it is replayed
 on a process whose catalog has changed since (a deploy changed a spec, or
-dropped a worker). So it records them once, in the ``limiter-plan`` local
-activity's result (``Plan.specs``) that every pipeline already waits for at
+dropped a worker). So it records them once, in the ``run-config`` local
+activity's result (``RunConfig.specs``) that every pipeline already waits for at
 its start, and never reads the process's catalog again. Only the specs the
 run names are recorded, each without its ``examples``
 (:func:`~aiworker.schemas.spec.recorded`), to keep the history small.
@@ -15,7 +15,7 @@ step ``llm-call`` (each model turn) and the workers its input names as
 ``tools`` (literal names, or references to the pipeline's ``inputs``).
 A tool list that refers to a step's outputs is not known at the start: such a
 run records every worker the answering process knows (:func:`open_tools`,
-``PlanCall.record_all``), the one case where the record is not the names
+``RunConfigCall.record_all``), the one case where the record is not the names
 alone. Pure: safe inside a workflow task.
 """
 

@@ -25,7 +25,7 @@ The file::
 Where each ceiling takes effect: rate ceilings in the limiter
 (``activities/limits.py`` ``rate_limit_for``); the concurrency ceiling, the
 budget ceiling and the allowed workers at pipeline start, from the
-``limiter-plan`` answer (``workflows/pipeline_limits.py``); allowed workers and
+``run-config`` answer (``workflows/pipeline_limits.py``); allowed workers and
 the egress allow-list again in the worker runtime for every call
 (``activities/runtime.py``), so a call that does not come from a pipeline is
 held to them too. The fairness weight goes with the tenant as the Temporal

@@ -108,7 +108,12 @@ def activities_for(
             local_workers(runtime.settings, workers),
             live_specs=lambda: live_specs(activity.client(), suffix),
         )
-        out += [limiter.acquire, limiter.acquire_many, limiter.plan, limiter.plan_under_old_name]
+        out += [
+            limiter.acquire,
+            limiter.acquire_many,
+            limiter.run_config,
+            limiter.run_config_under_old_name,
+        ]
         # a large for_each's item outputs, stored by its chunks and loaded where needed
         store = runtime.tools.get("artifact_store") or artifact_store(runtime.settings)
         items = ItemsActivities(store)

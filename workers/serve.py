@@ -49,7 +49,13 @@ from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.settings import Settings
 from aiworker.workers.client import PipelineClient
 from aiworker.workers.pipeline_settings import model_aliases
-from aiworker.workers.serve_auth import ApiKey, KeyRing, RateLimiter, ServeConfigError, load_hooks
+from aiworker.workers.serve_auth import (
+    ApiKey,
+    FrontDoorRateLimiter,
+    KeyRing,
+    ServeConfigError,
+    load_hooks,
+)
 from aiworker.workers.serve_http import ApiError, install_error_handlers, read_body, unavailable
 from aiworker.workers.serve_service import (
     MAX_RESULT_WAIT_SECONDS,
@@ -231,7 +237,9 @@ async def serve(
     pipelines = await PipelineClient.connect(
         profile, target_host=address, settings=settings, lazy=True
     )
-    door = FrontDoor(pipelines, keys, hooks, settings, RateLimiter(settings.serve_rate_limit))
+    door = FrontDoor(
+        pipelines, keys, hooks, settings, FrontDoorRateLimiter(settings.serve_rate_limit)
+    )
     host = settings.serve_host
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # Bound here, not by uvicorn, so that port 0 works and the real port is known.

@@ -25,7 +25,7 @@ tenant; a request cannot choose another.
 timestamp within ``tolerance_seconds`` of now, against replays). Digests are
 compared in constant time (:func:`hmac.compare_digest`).
 
-**Rates**: a token bucket per API key and per hook (:class:`RateLimiter`), in
+**Rates**: a token bucket per API key and per hook (:class:`FrontDoorRateLimiter`), in
 this process: ``N/period`` refills N tokens per period and holds at most N, so
 a quiet key may burst up to N requests.
 """
@@ -337,7 +337,7 @@ def verify_stripe(
         )
 
 
-class RateLimiter:
+class FrontDoorRateLimiter:
     """A token bucket per key: ``N/period`` refills N tokens a period, holds at most N.
 
     In this process only: with several replicas each grants its own rate (the

@@ -40,8 +40,8 @@ from aiworker.schemas.settings import Settings
 from aiworker.workers.client import PipelineClient
 from aiworker.workers.serve_auth import (
     ApiKey,
+    FrontDoorRateLimiter,
     KeyRing,
-    RateLimiter,
     ReadyHook,
     SignatureError,
     verify_github,
@@ -76,7 +76,7 @@ class FrontDoor:
     keys: KeyRing
     hooks: dict[str, ReadyHook]
     settings: Settings
-    limiter: RateLimiter
+    limiter: FrontDoorRateLimiter
 
 
 class ReviewRequest(BaseModel):

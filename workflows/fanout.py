@@ -3,7 +3,7 @@
 Each item's input (and concurrency key) is resolved here, against the
 pipeline's scope plus ``item`` and ``item_index``; an item that cannot be
 resolved fails alone with ``invalid_input`` (``payload_too_large`` over the
-size cap of one value). The caps (``Plan.caps``) hold first: a list over
+size cap of one value). The caps (``RunConfig.caps``) hold first: a list over
 ``max_foreach_items`` fails the step before any item is resolved or any child
 starts, and the list with every item's input counts against
 ``max_foreach_bytes``. The budget admits the whole step

@@ -53,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import catalog, names
     from aiworker.schemas.causes import PipelineError
     from aiworker.schemas.errors import ErrorCode
-    from aiworker.schemas.limits import Plan
+    from aiworker.schemas.limits import RunConfig
     from aiworker.schemas.pipeline import PipelineResult, PipelineSpec, StepResult
     from aiworker.schemas.pipeline_check import (
         PipelineSpecError,
@@ -103,7 +103,7 @@ def _specs() -> Mapping[str, WorkerSpec]:
 STEP_INPUTS_PATCH = "pipeline-check-step-inputs"
 
 # Runs started with this marker record the specs of the workers they name in
-# their run config (``Plan.specs``) and decide from that record for the rest
+# their run config (``RunConfig.specs``) and decide from that record for the rest
 # of their life, on any process: the spec is parsed without the workers' specs
 # first (parse_structure), its run config taken, then checked against the
 # recorded specs. Runs without it (started on older code) replay as they ran:
@@ -131,15 +131,15 @@ def _structure(raw: Any) -> PipelineSpec:
         raise invalid_input(str(e), e.problems) from None
 
 
-def recorded_workers(spec: PipelineSpec, planned: Plan) -> Mapping[str, WorkerSpec]:
+def recorded_workers(spec: PipelineSpec, run_config: RunConfig) -> Mapping[str, WorkerSpec]:
     """The specs the run config recorded, once ``spec`` passed the check against
     them: an unknown worker is ``invalid_input`` naming it and every worker the
     answering process knows, and so is a step input its worker's contract refuses."""
     try:
-        check_workers(spec, {**dict.fromkeys(planned.known), **planned.specs})
+        check_workers(spec, {**dict.fromkeys(run_config.known), **run_config.specs})
     except PipelineSpecError as e:
         raise invalid_input(str(e), e.problems) from None
-    return planned.specs
+    return run_config.specs
 
 
 def parse_spec(
@@ -222,16 +222,18 @@ class PipelineWorkflow(PermitSignals):
         run = self._run = self._start(spec, specs)
         try:
             if recording:
-                planned = await run.limits.plan(spec, named_workers(spec), open_tools(spec))
-                run.workers = recorded_workers(spec, planned)
+                run_config = await run.limits.load_run_config(
+                    spec, named_workers(spec), open_tools(spec)
+                )
+                run.workers = recorded_workers(spec, run_config)
             else:
-                planned = await run.limits.plan(spec)
+                run_config = await run.limits.load_run_config(spec)
             # The spec passed the hard ceilings at the start; now the process's caps.
-            if found := cap_problems(spec, planned.caps):
+            if found := cap_problems(spec, run_config.caps):
                 problems = [str(p) for p in found]
                 raise invalid_input("invalid pipeline: " + "; ".join(problems), problems)
             run.limits.hold_to_tenant(spec, run.ledger)
-            policy = planned.tenant
+            policy = run_config.tenant
             run.priority = task_priority(
                 workflow.info().priority,
                 spec.priority,

@@ -2,7 +2,7 @@
 tenant may do, its own concurrency slot, and the permits each step's call
 waits for.
 
-The tenant's registry entry comes in the run config, the ``limiter-plan``
+The tenant's registry entry comes in the run config, the ``run-config``
 local activity's answer (an unknown tenant, or a redrive of another tenant's
 run, is refused there, before any step); :meth:`PipelineLimits.hold_to_tenant`
 applies it: a step naming a worker the tenant may not call is ``invalid_input``, its budget ceiling
@@ -28,7 +28,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
     from aiworker.schemas.errors import ErrorCode
-    from aiworker.schemas.limits import ConcurrencyCall, Plan, PlanCall
+    from aiworker.schemas.limits import ConcurrencyCall, RunConfig, RunConfigCall
     from aiworker.schemas.options import lease_seconds
     from aiworker.schemas.pipeline import PipelineSpec, Step
     from aiworker.schemas.refs import ReferenceError_, resolve
@@ -66,11 +66,11 @@ class PipelineLimits:
     # The workers whose calls wait for a rate-limit permit; None before the run config: all.
     rate_limited: set[str] | None = None
     # The run config (recorded in the history); None before it is in.
-    planned: Plan | None = None
+    run_config: RunConfig | None = None
 
-    async def plan(
+    async def load_run_config(
         self, spec: PipelineSpec, record: list[str] | None = None, record_all: bool = False
-    ) -> Plan:
+    ) -> RunConfig:
         """Ask once, before any step, for the run config: which of the pipeline's
         workers are rate limited, what its tenant may do, the process's caps and
         local workers and (``record``; every known worker with ``record_all``) the
@@ -81,16 +81,16 @@ class PipelineLimits:
         resume = spec.resume_from.workflow_id if spec.resume_from else None
         activity = names.RUN_CONFIG if workflow.patched(RUN_CONFIG_PATCH) else names.LIMITER_PLAN
         try:
-            self.planned = await workflow.execute_local_activity(
+            self.run_config = await workflow.execute_local_activity(
                 activity,
-                PlanCall(
+                RunConfigCall(
                     tenant=spec.tenant,
                     workers=sorted(set(workers)),
                     resume_from=resume,
                     record=record,
                     record_all=record_all,
                 ),
-                result_type=Plan,
+                result_type=RunConfig,
                 summary="run config",
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
@@ -101,12 +101,12 @@ class PipelineLimits:
             cause = e.cause
             message = cause.message if isinstance(cause, ApplicationError) else str(e)
             raise invalid_input(f"pipeline: {message}") from None
-        self.rate_limited = set(self.planned.rate_limited)
-        return self.planned
+        self.rate_limited = set(self.run_config.rate_limited)
+        return self.run_config
 
     def hold_to_tenant(self, spec: PipelineSpec, ledger: Ledger) -> None:
         """Apply the tenant's registry entry (if any) before any step runs."""
-        policy = self.planned.tenant if self.planned is not None else None
+        policy = self.run_config.tenant if self.run_config is not None else None
         if policy is None:
             return
         problems = [str(p) for p in refused_workers(spec, policy)]
@@ -121,7 +121,7 @@ class PipelineLimits:
     def is_local(self, worker_id: str) -> bool:
         """Whether calls of ``worker_id`` run as local activities: as the run config
         says (none before it, and none in a run started before local activities)."""
-        return self.planned is not None and worker_id in self.planned.local
+        return self.run_config is not None and worker_id in self.run_config.local
 
     async def pipeline_slot(self, spec: PipelineSpec) -> list[Lease] | str:
         """Wait for the pipeline's own concurrency slots: its tenant's (the registry's
@@ -130,7 +130,7 @@ class PipelineLimits:
         Returns the leases to give back at the end, or, when the deadline passed
         while it waited, why nothing ran.
         """
-        policy = self.planned.tenant if self.planned is not None else None
+        policy = self.run_config.tenant if self.run_config is not None else None
         tenant_limit = policy.concurrency if policy is not None else None
         if spec.concurrency is None and tenant_limit is None:
             return []

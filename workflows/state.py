@@ -182,15 +182,15 @@ class PipelineRun:
     @property
     def inline_items(self) -> int:
         """Items of a for_each whose outputs stay inline, as the run config said."""
-        planned = self.limits.planned
-        return planned.inline_items if planned is not None else DEFAULT_FOREACH_INLINE_ITEMS
+        run_config = self.limits.run_config
+        return run_config.inline_items if run_config is not None else DEFAULT_FOREACH_INLINE_ITEMS
 
     @property
     def caps(self) -> Caps:
         """The process's caps, as the run config (recorded in history) said; the
         defaults until then."""
-        planned = self.limits.planned
-        return planned.caps if planned is not None else Caps()
+        run_config = self.limits.run_config
+        return run_config.caps if run_config is not None else Caps()
 
     def size_budget(self, cap: str = "max_resolved_bytes") -> SizeBudget:
         """A size budget for one resolved value: the caps' ``cap`` bytes (one

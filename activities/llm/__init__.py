@@ -3,14 +3,14 @@
 The public surface: :class:`LanguageModel` (the ``language_model`` tool),
 the model registry (:func:`load_registry`, :class:`ModelRegistry`,
 :class:`ModelConfig`, :class:`ModelsFileError`), the per-endpoint
-:class:`RateLimiter`, and the provider-neutral :class:`ChatRequest` /
+:class:`EndpointRateLimiter`, and the provider-neutral :class:`ChatRequest` /
 :class:`ChatReply` (whose usage is the protocol's ``Usage`` plus an
 ``estimated`` flag, :class:`ReplyUsage`), with tool use (:class:`ToolDef`,
 :class:`ToolCall`; each wire format in ``_tools``), and
 :class:`StreamProgress`, what a streaming call has received so far.
 """
 
-from aiworker.activities.limits import RateLimiter
+from aiworker.activities.limits import EndpointRateLimiter
 from aiworker.activities.llm._client import LanguageModel, LlmMetrics, estimate_tokens
 from aiworker.activities.llm._progress import StreamProgress
 from aiworker.activities.llm._providers import PROVIDERS, AnthropicProvider, OpenAIProvider
@@ -39,6 +39,7 @@ __all__ = [
     "AnthropicProvider",
     "ChatReply",
     "ChatRequest",
+    "EndpointRateLimiter",
     "LanguageModel",
     "LlmMetrics",
     "Message",
@@ -48,7 +49,6 @@ __all__ = [
     "ModelsFile",
     "ModelsFileError",
     "OpenAIProvider",
-    "RateLimiter",
     "ReplyUsage",
     "StreamProgress",
     "ToolCall",

@@ -55,7 +55,7 @@ from aiworker.activities.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
-from aiworker.activities.limits import RateLimiter
+from aiworker.activities.limits import EndpointRateLimiter
 from aiworker.activities.llm._pricing import priced
 from aiworker.activities.llm._progress import StreamProgress, reported_usage
 from aiworker.activities.llm._providers import PROVIDERS, Provider, schema_instruction
@@ -134,7 +134,7 @@ class LanguageModel:
         *,
         http: httpx.AsyncClient | None = None,
         breakers: BreakerRegistry | None = None,
-        limiter: RateLimiter | None = None,
+        limiter: EndpointRateLimiter | None = None,
         metrics: LlmMetrics | None = None,
         max_reply_bytes: int = MAX_REPLY_BYTES,
         tracer: trace.Tracer | None = None,
@@ -148,7 +148,7 @@ class LanguageModel:
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
         )
         self.breakers = breakers or BreakerRegistry("provider")
-        self.limiter = limiter or RateLimiter(registry.limits)
+        self.limiter = limiter or EndpointRateLimiter(registry.limits)
         self.metrics = metrics
         self.max_reply_bytes = max_reply_bytes
         self.meter = meter

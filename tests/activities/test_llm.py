@@ -28,12 +28,12 @@ from aiworker.activities.errors import (
 )
 from aiworker.activities.llm import (
     ChatRequest,
+    EndpointRateLimiter,
     LanguageModel,
     Message,
     ModelConfig,
     ModelRegistry,
     ModelsFileError,
-    RateLimiter,
     load_registry,
     parse_duration,
     retry_after,
@@ -169,7 +169,7 @@ def test_process_start_fails_on_a_bad_models_file(tmp_path: Path) -> None:
 
 def test_limiter_requests_and_tokens_per_minute() -> None:
     now = [1000.0]
-    lim = RateLimiter({"t": (2, 1000)}, clock=lambda: now[0])
+    lim = EndpointRateLimiter({"t": (2, 1000)}, clock=lambda: now[0])
     lim.acquire("t", 100)
     now[0] += 10
     r = lim.acquire("t", 100)
@@ -311,7 +311,7 @@ async def test_a_refused_call_does_not_use_up_the_half_open_probe() -> None:
 
     lm = _lm(ok, max_tokens_field="max_completion_tokens")
     lm.breakers = BreakerRegistry("provider", failure_threshold=1, clock=lambda: clock[0])
-    lm.limiter = RateLimiter({"openai:provider.test": (1, None)}, clock=lambda: clock[0])
+    lm.limiter = EndpointRateLimiter({"openai:provider.test": (1, None)}, clock=lambda: clock[0])
     lm.breakers.record_failure("openai:provider.test")
     with pytest.raises(CircuitOpenError):
         await lm.complete(REQ, deadline_seconds=5)

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from aiworker.schemas.agent import AgentInput, agent_specs
 from aiworker.schemas.catalog import load_specs
-from aiworker.schemas.limits import Plan
+from aiworker.schemas.limits import RunConfig
 from aiworker.schemas.pipeline import ChunkInput, PipelineSpec
 from aiworker.schemas.pipeline_check import PipelineSpecError, check_workers, parse_structure
 from aiworker.schemas.recorded import agent_tools, named_workers, open_tools
@@ -92,16 +92,16 @@ def test_an_agent_child_gets_only_the_specs_it_uses() -> None:
 
 def test_a_recorded_spec_comes_back_equal_without_its_examples_and_unchecked() -> None:
     specs = load_specs()
-    plan = Plan(specs={w: recorded(s) for w, s in specs.items()})
-    back = Plan.model_validate(plan.model_dump(mode="json"))
+    plan = RunConfig(specs={w: recorded(s) for w, s in specs.items()})
+    back = RunConfig.model_validate(plan.model_dump(mode="json"))
     assert back.specs == plan.specs
     assert all(not s.examples for s in back.specs.values())
     # a recorded spec was checked when it was recorded: decoding it does not refuse
     # (nor pay for) the schema checks a spec file gets
     bad = specs["validator"].model_dump(mode="json") | {"input_schema": {"type": "nope"}}
-    assert Plan.model_validate({"specs": {"validator": bad}}).specs["validator"].input_schema == {
-        "type": "nope"
-    }
+    assert RunConfig.model_validate({"specs": {"validator": bad}}).specs[
+        "validator"
+    ].input_schema == {"type": "nope"}
     with pytest.raises(ValidationError, match="not a valid JSON Schema"):
         WorkerSpec.model_validate(bad)
     # the chunk's and the agent's inputs decode theirs the same way

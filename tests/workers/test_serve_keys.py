@@ -14,8 +14,8 @@ import pytest
 from aiworker.workers import cli
 from aiworker.workers.cli_common import EXIT_OK, EXIT_USAGE
 from aiworker.workers.serve_auth import (
+    FrontDoorRateLimiter,
     KeyRing,
-    RateLimiter,
     SignatureError,
     load_hooks,
     verify_stripe,
@@ -137,7 +137,7 @@ def test_a_hook_secret_comes_from_its_variable(tmp_path: Path) -> None:
 
 
 def test_the_token_bucket_refills_at_its_rate() -> None:
-    limiter = RateLimiter("2/s")
+    limiter = FrontDoorRateLimiter("2/s")
     assert limiter.take("k") == 0 and limiter.take("k") == 0
     wait = limiter.take("k")
     assert 0 < wait <= 0.5

@@ -11,7 +11,7 @@ recorded before the pipeline workflow was split into modules, commit 8a3581a;
 ``*-budget-first.json``: rate-limited for_each items admitted before their
 permits, recorded before the ``foreach-item-permits-before-budget`` patch).
 A history's workflow id (permit tickets carry it) is read from its first event.
-``recorded-specs`` is a run that recorded its workers' specs (``Plan.specs``,
+``recorded-specs`` is a run that recorded its workers' specs (``RunConfig.specs``,
 the ``pipeline-recorded-specs`` patch) on a catalog of spec files and a plugin
 this replay never installs; ``test_recorded_specs.py`` records it
 (``AIWORKER_RECORD_HISTORIES=1``).
