@@ -8,6 +8,8 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 
+from aiworker.schemas import names
+
 
 async def events(handle: WorkflowHandle[Any, Any]) -> list[Any]:
     history = await handle.fetch_history()
@@ -53,6 +55,16 @@ async def scheduled_activities(handle: WorkflowHandle[Any, Any]) -> list[str]:
 LOCAL_ACTIVITY_MARKER = "core_local_activity"  # the SDK core's marker for a local activity
 
 
+def is_worker(local_activity: str | None) -> bool:
+    """Whether a local activity is a worker's call, not aiworker's own (the run
+    config, ``limiter-plan`` in older runs, and the ``limiter-*`` permit asks)."""
+    return (
+        local_activity is not None
+        and not local_activity.startswith("limiter-")
+        and local_activity != names.RUN_CONFIG
+    )
+
+
 def local_activity_type(event: Any) -> str | None:
     """The activity type a local activity's marker event records, else None."""
     if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
@@ -65,9 +77,9 @@ def local_activity_type(event: Any) -> str | None:
 
 
 async def local_activities(handle: WorkflowHandle[Any, Any]) -> list[str]:
-    """Worker local activities of this workflow (limiter-* left out), in history order."""
-    names = [local_activity_type(e) for e in await events(handle)]
-    return [n for n in names if n is not None and not n.startswith("limiter-")]
+    """Worker local activities of this workflow (aiworker's own left out), in history order."""
+    found = [local_activity_type(e) for e in await events(handle)]
+    return [n for n in found if n is not None and is_worker(n)]
 
 
 async def called_workers(handle: WorkflowHandle[Any, Any]) -> list[str]:
@@ -77,21 +89,21 @@ async def called_workers(handle: WorkflowHandle[Any, Any]) -> list[str]:
     for e in await events(handle):
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             out.append(e.activity_task_scheduled_event_attributes.activity_type.name)
-        elif (name := local_activity_type(e)) is not None and not name.startswith("limiter-"):
+        elif is_worker(name := local_activity_type(e)) and name is not None:
             out.append(name)
     return out
 
 
 def worker_replies(events: list[Any]) -> list[Any]:
     """The replies of the workflow's completed worker calls, activities and local
-    activities alike (limiter-* left out), decoded from JSON, in history order."""
+    activities alike (aiworker's own left out), decoded from JSON, in history order."""
     out = []
     for e in events:
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             out.append(
                 json.loads(e.activity_task_completed_event_attributes.result.payloads[0].data)
             )
-        elif (name := local_activity_type(e)) is not None and not name.startswith("limiter-"):
+        elif is_worker(name := local_activity_type(e)) and name is not None:
             result = e.marker_recorded_event_attributes.details["result"]
             out.append(json.loads(result.payloads[0].data))
     return out

@@ -62,7 +62,7 @@ async def called_at(client: Client, wid: str) -> float:
     async for e in h.fetch_history_events():
         local = history.local_activity_type(e)
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED or (
-            local is not None and not local.startswith("limiter-")
+            history.is_worker(local)
         ):
             return e.event_time.ToDatetime().timestamp()
     raise AssertionError(f"{wid}: no worker called")
