@@ -1,7 +1,7 @@
 """The run config: a pipeline asks for it as ``run-config``; the pipelines
 queue still answers its former name, ``limiter-plan``, with the same answer, for
 a run of older code whose first workflow task is retried on a new process
-(replaying it asks ``limiter-plan``: the ``run-config-activity`` patch)."""
+(older code replays ``limiter-plan``: the ``run-config-activity`` patch)."""
 
 from __future__ import annotations
 
@@ -72,4 +72,4 @@ async def test_the_pipelines_queue_answers_the_run_config_under_both_names(
     assert new == old
     assert new.specs["validator"].worker_id == "validator"
     asked = [history.local_activity_type(e) async for e in handle.fetch_history_events()]
-    assert [a for a in asked if a is not None] == ["run-config", "limiter-plan"]
+    assert [a for a in asked if a is not None] == ["run-config", "limiter-plan"]  # names: keep
