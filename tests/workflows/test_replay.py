@@ -14,7 +14,9 @@ A history's workflow id (permit tickets carry it) is read from its first event.
 ``recorded-specs`` is a run that recorded its workers' specs (``RunConfig.specs``,
 the ``pipeline-recorded-specs`` patch) on a catalog of spec files and a plugin
 this replay never installs; ``test_recorded_specs.py`` records it
-(``AIWORKER_RECORD_HISTORIES=1``).
+(``AIWORKER_RECORD_HISTORIES=1``). ``dag-run-config`` is the ``dag`` shape with
+the ``run-config-activity`` patch (``record_histories.py basic``, its
+``dag.json``); ``dag`` itself is older: a run that asked ``limiter-plan``.
 """
 
 from __future__ import annotations
