@@ -41,8 +41,10 @@ from temporalio.exceptions import (
     ApplicationError,
     CancelledError,
     RetryState,
-    TimeoutError,
     TimeoutType,
+)
+from temporalio.exceptions import (
+    TimeoutError as TemporalTimeout,
 )
 
 with workflow.unsafe.imports_passed_through():
@@ -83,7 +85,7 @@ def error_code_of(err: BaseException) -> str:
     cause = err.cause if isinstance(err, ActivityError) else err
     if isinstance(cause, ApplicationError) and cause.type:
         return cause.type
-    if isinstance(cause, TimeoutError):
+    if isinstance(cause, TemporalTimeout):
         return ErrorCode.TIMEOUT.value
     if isinstance(cause, CancelledError):
         return "cancelled"
@@ -218,7 +220,7 @@ async def call_worker(call: WorkerCall, admission: Admission | None = None) -> S
         if external and isinstance(e, ActivityError):
             code, details, message = foreign_failure(worker, e, message)
         attempts = _attempt_in(details, "context")
-        if isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START:
+        if isinstance(cause, TemporalTimeout) and cause.type == TimeoutType.SCHEDULE_TO_START:
             timeout_s = options["schedule_to_start_timeout"]
             waited = timeout_s.total_seconds() if timeout_s else 0.0
             message = (
