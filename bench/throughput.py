@@ -28,10 +28,10 @@ from aiworker.activities.runtime import WorkerRuntime
 from aiworker.schemas import names
 from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.settings import Settings
+from aiworker.workers.plugin import workflow_runner
 from aiworker.workers.plugins import builtin_set
 from aiworker.workers.registry import activities_for
 from aiworker.workers.temporal_client import data_converter
-from aiworker.workers.worker import workflow_runner
 from aiworker.workflows.pipeline import PipelineWorkflow
 from bench.bare_workflow import BareBenchWorkflow, noop
 from bench.common import embedded_server, percentiles, process_cpu_seconds

@@ -170,7 +170,7 @@ async def check_worker(
     """
     from temporalio.worker import Worker as TemporalWorker
 
-    from aiworker.workers.worker import workflow_runner
+    from aiworker.workers.plugin import workflow_runner
 
     spec = checkable_spec(
         current_specs() if isinstance(spec, str) else {spec.worker_id: spec},

@@ -74,9 +74,10 @@ def make_handler(env: Mapping[str, str] | None = None) -> LambdaHandler:
     from temporalio.contrib.opentelemetry import TracingInterceptor
 
     from aiworker.workers.registry import activities_for
+    from aiworker.workers.resources import build_runtime
     from aiworker.workers.telemetry import install_tracer_provider, tracer_provider_from_env
     from aiworker.workers.temporal_client import data_converter
-    from aiworker.workers.worker import build_runtime, load_process_workers
+    from aiworker.workers.worker import load_process_workers
 
     env = os.environ if env is None else env
     settings = Settings.from_env(env)

@@ -36,16 +36,55 @@ from aiworker.workers.plugins import WorkerSet, builtin_set
 PLUGIN_NAME = "aiworker.AiworkerPlugin"
 
 
+# The workflows' helper modules are shared with the sandbox instead of being
+# re-imported (and their dataclasses rebuilt) for every workflow run: that import
+# was about a third of a short pipeline's worker CPU. Temporal's guidance is to
+# pass through every module whose calls are deterministic. Safe because each of
+# these modules (a) keeps no module state a run could change: only constants,
+# functions and classes, whose instances live in the run's own objects
+# (tests/workers/test_sandbox_modules.py checks every module-level value is
+# immutable), and (b) follows the sandbox rules like any workflow code (the replay
+# tests run them in the SDK's default sandbox, which passes none of them through).
+# The modules that define the workflows the SDK loads per run (pipeline, foreach,
+# agent, breakers, conformance) stay sandboxed: each run re-imports its own
+# workflow module, so the sandbox still checks that code and isolates its state.
+# limits is shared although it defines LimiterWorkflow: its PermitSignals mixin and
+# permit book are the same classes for the pipeline, the chunks and the limiter.
+SHARED_WORKFLOW_MODULES = (
+    "aiworker.workflows.agent_step",
+    "aiworker.workflows.budget",
+    "aiworker.workflows.calls",
+    "aiworker.workflows.chunks",
+    "aiworker.workflows.dag",
+    "aiworker.workflows.details",
+    "aiworker.workflows.fanout",
+    "aiworker.workflows.governed",
+    "aiworker.workflows.items",
+    "aiworker.workflows.limits",
+    "aiworker.workflows.pipeline_limits",
+    "aiworker.workflows.review",
+    "aiworker.workflows.runs",
+    "aiworker.workflows.state",
+    "aiworker.workflows.steps",
+    "aiworker.workflows.tally",
+)
+
+
+def workflow_runner() -> SandboxedWorkflowRunner:
+    """The sandbox every aiworker workflow runs in (restrictions stay on)."""
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(*SHARED_WORKFLOW_MODULES)
+    )
+
+
 def with_shared_modules(runner: WorkflowRunner | None) -> WorkflowRunner:
     """``runner`` with aiworker's shared workflow modules passed through its sandbox.
 
     A sandboxed runner keeps its own restrictions and gains the pass-throughs; a
     user's unsandboxed runner is left as it is (nothing to pass through).
     """
-    from aiworker.workers.worker import SHARED_WORKFLOW_MODULES
-
     if runner is None:
-        runner = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default)
+        return workflow_runner()
     if not isinstance(runner, SandboxedWorkflowRunner):
         return runner
     return SandboxedWorkflowRunner(
@@ -98,7 +137,7 @@ class AiworkerPlugin(SimplePlugin):
         self.settings = settings if settings is not None else Settings()
         served = workers if workers is not None else builtin_set()
         if runtime is None:
-            from aiworker.workers.worker import build_runtime
+            from aiworker.workers.resources import build_runtime
 
             runtime = build_runtime(self.settings, workers=workers)
         known = all_queues(runtime.specs, served)

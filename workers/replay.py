@@ -3,7 +3,7 @@
 Each history (a file, or a workflow fetched with a visibility query) is replayed
 by the SDK's :class:`temporalio.worker.Replayer` with what a production worker
 process runs: the workflows of ``WORKFLOWS_BY_QUEUE``, the sandbox of
-:func:`aiworker.workers.worker.workflow_runner` (its pass-through modules
+:func:`aiworker.workers.plugin.workflow_runner` (its pass-through modules
 included), the process's data converter and the process's worker catalog
 (installed as ``aiworker worker`` installs it, so workflows read the specs
 this deploy would read). The first history that does not replay stops the
@@ -240,7 +240,7 @@ def replayer(converter: DataConverter) -> Replayer:
     from temporalio.runtime import Runtime, TelemetryConfig
     from temporalio.worker import Replayer
 
-    from aiworker.workers.worker import workflow_runner
+    from aiworker.workers.plugin import workflow_runner
 
     return Replayer(
         workflows=aiworker_workflows(),

@@ -1,6 +1,7 @@
-"""A worker process's resources, built once per process from settings: the tool
-instances (``activities/tools/``) the runtime hands to workers through their
-toolbox (``activities/toolbox.py``), the language model, stores and S3 clients.
+"""A worker process's resources, built once per process from settings: the
+activities' shared runtime (:func:`build_runtime`), the tool instances
+(``activities/tools/``) the runtime hands to workers through their toolbox
+(``activities/toolbox.py``), the language model, stores and S3 clients.
 
 The ``artifact_store`` tool is the store ``AIWORKER_ARTIFACT_STORE`` names
 (``file``: under the data directory; ``s3://bucket/prefix``: S3-compatible),
@@ -11,6 +12,7 @@ artifact store, the lineage index and the external payload driver.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -21,15 +23,20 @@ from aiworker.activities.lineage import FileLineageIndex, LineageIndex, Recordin
 from aiworker.activities.llm import LanguageModel, LlmMetrics, ModelsFileError, load_registry
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.publish import WebhookPoster
+from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.tools import scrape_tools
-from aiworker.schemas import names
+from aiworker.schemas import catalog, names
 from aiworker.schemas.extras import installed, require
 from aiworker.schemas.settings import Settings
+from aiworker.schemas.spec import PromptImplementation
 from aiworker.workers.errors import StartupError
+from aiworker.workers.plugins import WorkerSet
 
 if TYPE_CHECKING:
     # The AWS SDK loads only in processes configured for S3.
     from aiworker.activities.artifacts_s3 import S3Connection
+
+log = logging.getLogger("aiworker.process")
 
 _S3: dict[tuple[str | None, ...], S3Connection] = {}
 
@@ -137,3 +144,51 @@ def build_tools(settings: Settings, metrics: WorkerMetrics | None = None) -> dic
     # POSTs for the publish worker, under the same egress policy as fetches.
     tools["http_post"] = WebhookPoster(settings)
     return tools
+
+
+def build_runtime(
+    settings: Settings,
+    metrics: WorkerMetrics | None = None,
+    tools: dict[str, Any] | None = None,
+    workers: WorkerSet | None = None,
+) -> WorkerRuntime:
+    """The runtime shared by every activity of this process (under ``workers``' specs,
+    else the installed catalog's)."""
+    from aiworker.workers.logs import redact_also
+    from aiworker.workers.resources import build_tools
+
+    runtime = WorkerRuntime(
+        settings,
+        workers.specs if workers is not None else catalog.current_specs(),
+        tools=build_tools(settings, metrics) if tools is None else tools,
+        metrics=metrics,
+    )
+    # keys from the models file are known only now: logs must hide them too
+    redact_also(runtime.redactor.secrets)
+    if workers is not None:
+        warn_unknown_aliases(workers, runtime.tools.get("language_model"))
+    return runtime
+
+
+def warn_unknown_aliases(workers: WorkerSet, language_model: Any) -> None:
+    """Say at start which prompt workers name a model alias this process lacks.
+
+    Not fatal: a process may serve other workers while the model is configured
+    elsewhere; each call of such a worker fails ``invalid_input`` naming the alias.
+    """
+    aliases = set(getattr(getattr(language_model, "registry", None), "aliases", None) or ())
+    for worker_id in workers.served:  # specs only: nothing is imported to warn
+        impl = workers.specs[worker_id].implementation
+        if isinstance(impl, PromptImplementation) and impl.model not in aliases:
+            log.warning(
+                "worker.model_alias_unknown",
+                extra={
+                    "aiworker": {
+                        "event": "model_alias_unknown",
+                        "worker_id": worker_id,
+                        "alias": impl.model,
+                        "known_aliases": sorted(aliases),
+                        "origin": workers.origin(worker_id),
+                    }
+                },
+            )

@@ -102,10 +102,9 @@ async def run_worker_process(
     from aiworker.workers.http_server import Health, MetricsServer
     from aiworker.workers.live_registry import live_entry, publishing
     from aiworker.workers.registry import default_queues
-    from aiworker.workers.resources import close_connections
+    from aiworker.workers.resources import build_runtime, close_connections
     from aiworker.workers.temporal_client import connect
     from aiworker.workers.worker import (
-        build_runtime,
         build_workers,
         ensure_search_attributes,
         install_signal_handlers,

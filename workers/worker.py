@@ -24,14 +24,11 @@ from temporalio.api.operatorservice.v1 import (
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.runtime import WorkerRuntime
-from aiworker.schemas import catalog, names
+from aiworker.schemas import names
 from aiworker.schemas.extras import MissingExtraError
 from aiworker.schemas.settings import Settings
-from aiworker.schemas.spec import PromptImplementation
 from aiworker.workers.deployments import deployment_config
 from aiworker.workers.errors import StartupError
 from aiworker.workers.http_server import Health
@@ -73,95 +70,6 @@ def load_process_workers(settings: Settings) -> WorkerSet:
         return install(load_workers(settings))
     except PluginError as e:
         raise StartupError(str(e)) from None
-
-
-def build_runtime(
-    settings: Settings,
-    metrics: WorkerMetrics | None = None,
-    tools: dict[str, Any] | None = None,
-    workers: WorkerSet | None = None,
-) -> WorkerRuntime:
-    """The runtime shared by every activity of this process (under ``workers``' specs,
-    else the installed catalog's)."""
-    from aiworker.workers.logs import redact_also
-    from aiworker.workers.resources import build_tools
-
-    runtime = WorkerRuntime(
-        settings,
-        workers.specs if workers is not None else catalog.current_specs(),
-        tools=build_tools(settings, metrics) if tools is None else tools,
-        metrics=metrics,
-    )
-    # keys from the models file are known only now: logs must hide them too
-    redact_also(runtime.redactor.secrets)
-    if workers is not None:
-        warn_unknown_aliases(workers, runtime.tools.get("language_model"))
-    return runtime
-
-
-def warn_unknown_aliases(workers: WorkerSet, language_model: Any) -> None:
-    """Say at start which prompt workers name a model alias this process lacks.
-
-    Not fatal: a process may serve other workers while the model is configured
-    elsewhere; each call of such a worker fails ``invalid_input`` naming the alias.
-    """
-    aliases = set(getattr(getattr(language_model, "registry", None), "aliases", None) or ())
-    for worker_id in workers.served:  # specs only: nothing is imported to warn
-        impl = workers.specs[worker_id].implementation
-        if isinstance(impl, PromptImplementation) and impl.model not in aliases:
-            log.warning(
-                "worker.model_alias_unknown",
-                extra={
-                    "aiworker": {
-                        "event": "model_alias_unknown",
-                        "worker_id": worker_id,
-                        "alias": impl.model,
-                        "known_aliases": sorted(aliases),
-                        "origin": workers.origin(worker_id),
-                    }
-                },
-            )
-
-
-# The workflows' helper modules are shared with the sandbox instead of being
-# re-imported (and their dataclasses rebuilt) for every workflow run: that import
-# was about a third of a short pipeline's worker CPU. Temporal's guidance is to
-# pass through every module whose calls are deterministic. Safe because each of
-# these modules (a) keeps no module state a run could change: only constants,
-# functions and classes, whose instances live in the run's own objects
-# (tests/workers/test_sandbox_modules.py checks every module-level value is
-# immutable), and (b) follows the sandbox rules like any workflow code (the replay
-# tests run them in the SDK's default sandbox, which passes none of them through).
-# The modules that define the workflows the SDK loads per run (pipeline, foreach,
-# agent, breakers, conformance) stay sandboxed: each run re-imports its own
-# workflow module, so the sandbox still checks that code and isolates its state.
-# limits is shared although it defines LimiterWorkflow: its PermitSignals mixin and
-# permit book are the same classes for the pipeline, the chunks and the limiter.
-SHARED_WORKFLOW_MODULES = (
-    "aiworker.workflows.agent_step",
-    "aiworker.workflows.budget",
-    "aiworker.workflows.calls",
-    "aiworker.workflows.chunks",
-    "aiworker.workflows.dag",
-    "aiworker.workflows.details",
-    "aiworker.workflows.fanout",
-    "aiworker.workflows.governed",
-    "aiworker.workflows.items",
-    "aiworker.workflows.limits",
-    "aiworker.workflows.pipeline_limits",
-    "aiworker.workflows.review",
-    "aiworker.workflows.runs",
-    "aiworker.workflows.state",
-    "aiworker.workflows.steps",
-    "aiworker.workflows.tally",
-)
-
-
-def workflow_runner() -> SandboxedWorkflowRunner:
-    """The sandbox every aiworker workflow runs in (restrictions stay on)."""
-    return SandboxedWorkflowRunner(
-        restrictions=SandboxRestrictions.default.with_passthrough_modules(*SHARED_WORKFLOW_MODULES)
-    )
 
 
 def build_workers(

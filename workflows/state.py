@@ -247,12 +247,16 @@ class PipelineRun:
         try:
             return self.ledger.admit(worker, now(), timeout, calls)
         except BudgetRefused as e:
-            self.terminal = "budget_exhausted"
-            return Ended(
-                StepResult(
-                    status="failed",
-                    error_code=ErrorCode.BUDGET_EXCEEDED.value,
-                    error_message=f"refused before scheduling: {e.message}",
-                    reasons=[{"resource": e.resource, "message": e.message}],
-                )
+            return self.budget_exhausted(e.resource, e.message)
+
+    def budget_exhausted(self, resource: str, message: str) -> Ended:
+        """A call the budget refused, as the step's end; the run ends ``budget_exhausted``."""
+        self.terminal = "budget_exhausted"
+        return Ended(
+            StepResult(
+                status="failed",
+                error_code=ErrorCode.BUDGET_EXCEEDED.value,
+                error_message=f"refused before scheduling: {message}",
+                reasons=[{"resource": resource, "message": message}],
             )
+        )

@@ -342,15 +342,7 @@ class StepRunner:
     def refused(self, refused: Refused) -> Ended:
         """A call that did not run, as the step's end."""
         if refused.kind == "budget":
-            self.run.terminal = "budget_exhausted"
-            return Ended(
-                StepResult(
-                    status="failed",
-                    error_code=ErrorCode.BUDGET_EXCEEDED.value,
-                    error_message=f"refused before scheduling: {refused.message}",
-                    reasons=[{"resource": refused.resource, "message": refused.message}],
-                )
-            )
+            return self.run.budget_exhausted(refused.resource, refused.message)
         return Ended(
             StepResult(
                 status="failed",

@@ -48,8 +48,9 @@ WORKER_SCRIPT = textwrap.dedent(
     from aiworker.schemas.settings import Settings
     from aiworker.workers.cli_errors import exit_process
     from aiworker.workers.temporal_client import connect
+    from aiworker.workers.resources import build_runtime
     from aiworker.workers.worker import (
-        build_runtime, build_workers, install_signal_handlers, run_until_stopped,
+        build_workers, install_signal_handlers, run_until_stopped,
     )
 
     MARKER = Path(sys.argv[1])

@@ -778,8 +778,7 @@ def test_a_prompt_worker_naming_an_undefined_alias_is_reported_at_start(
 ) -> None:
     import logging
 
-    from aiworker.workers.resources import build_language_model
-    from aiworker.workers.worker import build_runtime
+    from aiworker.workers.resources import build_language_model, build_runtime
 
     examples = Path(__file__).resolve().parents[2] / "examples" / "prompts"
     settings = Settings(data_dir=tmp_path, worker_specs=(examples,))

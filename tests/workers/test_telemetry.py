@@ -275,8 +275,7 @@ async def test_models_file_keys_are_redacted_in_logs_and_failures(
     """Keys that only the models file names (env var or key file) are secrets too."""
     import uuid
 
-    from aiworker.workers.resources import close_connections
-    from aiworker.workers.worker import build_runtime
+    from aiworker.workers.resources import build_runtime, close_connections
 
     env_key, file_key = (f"sk-{kind}-{uuid.uuid4().hex}" for kind in ("env", "file"))
     monkeypatch.setenv("AIW_TEST_MODELS_KEY", env_key)

@@ -28,7 +28,7 @@ from temporalio.worker import Worker
 
 from aiworker.schemas import names
 from aiworker.schemas.settings import Settings
-from aiworker.workers.worker import workflow_runner
+from aiworker.workers.plugin import workflow_runner
 
 # Escalates at once and waits for a review, holding the pipeline's concurrency
 # lease: its coroutines have a status reset and a lease release in their finally.

@@ -23,9 +23,9 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.catalog import load_specs
     from aiworker.schemas.limits import RunConfig, RunConfigCall
     from aiworker.schemas.settings import Settings
+    from aiworker.workers.plugin import workflow_runner
     from aiworker.workers.plugins import builtin_set
     from aiworker.workers.registry import activities_for
-    from aiworker.workers.worker import workflow_runner
 
 
 @workflow.defn
