@@ -53,13 +53,13 @@ dev: compile
 ## in parallel (pytest-xdist: one dev server per worker; a file's tests share one).
 TEST_WORKERS ?= 3
 test: $(STAMP)
-	$(BIN)/ruff check aiworker schemas activities workflows workers tests bench examples
+	$(BIN)/ruff check aiworker schemas config activities workflows workers docgen tests bench examples
 	$(BIN)/mypy
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 ## The inner loop: lint and the unit tier (no server, no process), under a minute.
 test-fast: $(STAMP)
-	$(BIN)/ruff check aiworker schemas activities workflows workers tests bench examples
+	$(BIN)/ruff check aiworker schemas config activities workflows workers docgen tests bench examples
 	$(BIN)/pytest -m unit -n 2
 
 lint: $(STAMP)
@@ -72,6 +72,7 @@ typecheck: $(STAMP)
 ## Regenerate schemas/json/ and docs/reference/ from the models, specs and settings.
 docs: $(STAMP)
 	$(BIN)/aiworker schemas export
+	$(BIN)/python -m docgen
 
 ## bench/crawl.py compares against Scrapy: the `bench` extra installs it (bench only).
 bench: compile

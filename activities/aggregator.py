@@ -28,7 +28,7 @@ from typing import Any
 from aiworker.activities.errors import InvalidInputError, ValidationFailedError
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
-from aiworker.schemas.catalog import builtin_spec
+from aiworker.config.catalog import builtin_spec
 from aiworker.schemas.protocol import WarningInfo
 
 _MISSING = object()

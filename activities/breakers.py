@@ -63,9 +63,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.activities.errors import CircuitOpenError
 from aiworker.activities.metrics import BREAKER_STATES, WorkerMetrics
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.breakers import SharedBreakerState
-from aiworker.schemas.settings import Settings
 
 log = logging.getLogger("aiworker.breaker")
 
@@ -249,7 +249,7 @@ class SharedBreakers:
                 start_signal_args=[open_until],
                 static_summary=f"breaker {key}",
                 # Long-lived: on a versioned worker it follows the current build (pipelines
-                # are pinned); unversioned workers ignore it (workers/deployments.py).
+                # are pinned); unversioned workers ignore it (workers/process/deployments.py).
                 versioning_override=AutoUpgradeVersioningOverride(),
             )
         except Exception as e:

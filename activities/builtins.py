@@ -7,7 +7,7 @@ Each built-in is named here by module and class, not imported: a process loads
 a worker's implementation only when it serves it (:meth:`Builtin.load`), so
 ``aiworker check`` never imports the scraper, and a core install (no extras)
 serves the validator without the HTML parser it does not have. Serving a worker
-whose extra is missing raises :class:`~aiworker.schemas.extras.MissingExtraError`
+whose extra is missing raises :class:`~aiworker.config.extras.MissingExtraError`
 naming the extra.
 """
 
@@ -17,8 +17,8 @@ import importlib
 from dataclasses import dataclass
 
 from aiworker.activities.sdk import Worker
-from aiworker.schemas.catalog import builtin_spec
-from aiworker.schemas.extras import MissingExtraError, require
+from aiworker.config.catalog import builtin_spec
+from aiworker.config.extras import MissingExtraError, require
 from aiworker.schemas.spec import WorkerSpec
 
 

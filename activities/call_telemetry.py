@@ -3,7 +3,7 @@
 Cross-cutting, so it sits in an activity interceptor (as sdk-python's
 ``contrib/opentelemetry`` does for its spans), not in the runtime's body.
 Every ``temporalio.worker.Worker`` that serves workers registers
-:class:`CallTelemetryInterceptor` (``workers.worker.build_workers``, the
+:class:`CallTelemetryInterceptor` (``workers.process.worker.build_workers``, the
 Lambda handler); around each attempt of a worker's activity it opens a
 :class:`WorkerCall`, the runtime fills in what it learns on the way, and when
 the activity returns or raises the call is emitted::

@@ -42,6 +42,7 @@ from temporalio.common import AutoUpgradeVersioningOverride, Priority, WorkflowI
 
 from aiworker.activities.errors import BudgetExceededError, InvalidInputError, RateLimitedError
 from aiworker.activities.tenancy import check_redrive_tenant
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.limits import (
     AcquireBatch,
@@ -56,7 +57,6 @@ from aiworker.schemas.limits import (
     RunConfig,
     RunConfigCall,
 )
-from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec, parse_rate, recorded
 from aiworker.schemas.tenants import tighter_rate
 
@@ -408,7 +408,7 @@ class LimiterActivities:
         )
         # How the key's limiter starts when it is not running, by either road below.
         # Long-lived: on a versioned worker it follows the current build (pipelines
-        # are pinned); unversioned workers ignore it (workers/deployments.py).
+        # are pinned); unversioned workers ignore it (workers/process/deployments.py).
         started: dict[str, Any] = {
             "id": limiter_id,
             "task_queue": queue,

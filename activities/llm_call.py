@@ -52,8 +52,8 @@ from aiworker.activities.llm import (
 from aiworker.activities.llm._pricing import priced
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
+from aiworker.config.catalog import builtin_spec
 from aiworker.schemas import messages, safe_schema
-from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.protocol import Usage, WarningInfo
 
 TOOL = "language_model"

@@ -101,4 +101,4 @@ class WorkerMetrics:
         # Pipelines by terminal status (aiworker_pipelines_total{status,pipeline,tenant})
         # are counted by PipelineWorkflow itself through the SDK's replay-safe
         # workflow.metric_meter() and reach the same /metrics through
-        # workers.sdk_metrics.SdkMetricsCollector.
+        # workers.process.sdk_metrics.SdkMetricsCollector.

@@ -54,9 +54,9 @@ from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.activities.tools.egress import EgressPolicy
 from aiworker.activities.tools.fetch import guarded_transport
-from aiworker.schemas.catalog import builtin_spec
+from aiworker.config.catalog import builtin_spec
+from aiworker.config.settings import Settings
 from aiworker.schemas.protocol import WarningInfo
-from aiworker.schemas.settings import Settings
 
 # A webhook's reply is never used: read this much of it at most.
 REPLY_MAX_BYTES = 64 * 1024

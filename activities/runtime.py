@@ -70,6 +70,7 @@ from aiworker.activities.tenancy import admit
 from aiworker.activities.toolbox import Toolbox, tool_secrets
 from aiworker.activities.tools.egress import tenant_egress
 from aiworker.activities.usage import UsageBook
+from aiworker.config.settings import Settings
 from aiworker.schemas import messages, names, safe_schema
 from aiworker.schemas.protocol import (
     ArtifactRef,
@@ -80,7 +81,6 @@ from aiworker.schemas.protocol import (
     WorkerResponse,
 )
 from aiworker.schemas.refs import ReferenceLimitError, json_depth
-from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
 
 

@@ -21,9 +21,9 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.activities.errors import InvalidInputError
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.protocol import WorkerRequest
-from aiworker.schemas.settings import Settings
 from aiworker.schemas.tenants import TenantPolicy
 
 

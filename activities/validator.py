@@ -15,8 +15,8 @@ from jsonschema.exceptions import SchemaError
 from aiworker.activities.errors import InvalidInputError, ValidationFailedError
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
+from aiworker.config.catalog import builtin_spec
 from aiworker.schemas import messages, safe_schema
-from aiworker.schemas.catalog import builtin_spec
 
 
 class Validator(Worker):

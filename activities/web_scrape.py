@@ -42,7 +42,7 @@ from aiworker.activities.tools.discover import discover_urls
 from aiworker.activities.tools.extract import Extraction, HtmlParser
 from aiworker.activities.tools.fetch import FetchResult, FetchTool
 from aiworker.activities.tools.revalidate import NotModified, PageValidators, Revalidation
-from aiworker.schemas.catalog import builtin_spec
+from aiworker.config.catalog import builtin_spec
 from aiworker.schemas.discover_spec import DiscoverSpec, compile_discover
 from aiworker.schemas.extraction_spec import CompiledSpec, SpecError, compile_selector
 from aiworker.schemas.protocol import WarningInfo

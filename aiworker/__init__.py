@@ -72,14 +72,14 @@ if TYPE_CHECKING:
         WorkerResponse,
     )
     from aiworker.schemas.spec import WorkerSpec
-    from aiworker.workers.client import (
+    from aiworker.workers.client.client import (
         PipelineClient,
         PipelineHandle,
         RedriveError,
         StepItemsError,
         TemporalUnreachableError,
     )
-    from aiworker.workers.plugin import AiworkerPlugin
+    from aiworker.workers.process.plugin import AiworkerPlugin
 
     Context = WorkerContext
     Result = WorkerResult
@@ -89,7 +89,7 @@ if TYPE_CHECKING:
 # aiworker` itself must cost nothing and pull in no activity code.
 _LAZY: dict[str, str] = {
     "AccessDeniedError": "aiworker.activities.errors:AccessDeniedError",
-    "AiworkerPlugin": "aiworker.workers.plugin:AiworkerPlugin",
+    "AiworkerPlugin": "aiworker.workers.process.plugin:AiworkerPlugin",
     "ArtifactRef": "aiworker.schemas.protocol:ArtifactRef",
     "BudgetExceededError": "aiworker.activities.errors:BudgetExceededError",
     "CircuitOpenError": "aiworker.activities.errors:CircuitOpenError",
@@ -103,16 +103,16 @@ _LAZY: dict[str, str] = {
     "InvalidInputError": "aiworker.activities.errors:InvalidInputError",
     "InvalidOutputError": "aiworker.activities.errors:InvalidOutputError",
     "NotFoundError": "aiworker.activities.errors:NotFoundError",
-    "PipelineClient": "aiworker.workers.client:PipelineClient",
-    "PipelineHandle": "aiworker.workers.client:PipelineHandle",
+    "PipelineClient": "aiworker.workers.client.client:PipelineClient",
+    "PipelineHandle": "aiworker.workers.client.client:PipelineHandle",
     "PipelineResult": "aiworker.schemas.pipeline:PipelineResult",
     "PipelineSpecError": "aiworker.schemas.pipeline_check:PipelineSpecError",
     "PromptWorker": "aiworker.activities.prompt:PromptWorker",
     "PayloadTooLargeError": "aiworker.activities.errors:PayloadTooLargeError",
     "RateLimitedError": "aiworker.activities.errors:RateLimitedError",
-    "RedriveError": "aiworker.workers.client:RedriveError",
-    "StepItemsError": "aiworker.workers.step_items:StepItemsError",
-    "TemporalUnreachableError": "aiworker.workers.temporal_client:TemporalUnreachableError",
+    "RedriveError": "aiworker.workers.client.client:RedriveError",
+    "StepItemsError": "aiworker.workers.client.step_items:StepItemsError",
+    "TemporalUnreachableError": "aiworker.workers.client.temporal_client:TemporalUnreachableError",
     "Result": "aiworker.activities.runtime:WorkerResult",
     "ToolNotAllowedError": "aiworker.activities.errors:ToolNotAllowedError",
     "UpstreamError": "aiworker.activities.errors:UpstreamError",

@@ -24,8 +24,8 @@ from typing import Any
 from aiworker.activities.call_telemetry import observe_call
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.sdk import Worker
+from aiworker.config.settings import Settings
 from aiworker.schemas.protocol import RequestConstraints, WorkerResponse
-from aiworker.schemas.settings import Settings
 
 __all__ = ["run_worker"]
 

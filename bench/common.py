@@ -23,10 +23,10 @@ from aiworker.activities.errors import NotFoundError
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.tools import scrape_tools
-from aiworker.schemas.catalog import load_specs
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas.protocol import ArtifactRef
-from aiworker.schemas.settings import Settings
-from aiworker.workers.devserver import DevServer, free_port
+from aiworker.workers.devstack.devserver import DevServer, free_port
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:

@@ -159,7 +159,7 @@ class Site:
     """The site's server process (started and stopped by its PID)."""
 
     def __init__(self, n: int) -> None:
-        from aiworker.workers.devserver import free_port
+        from aiworker.workers.devstack.devserver import free_port
 
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -259,7 +259,7 @@ def run_scrapy(base: str) -> dict[str, Any]:
 
 _NO_LIMIT = (
     "import aiworker.activities.limits as m; m.rate_limit_for = lambda *a, **k: None; "
-    "from aiworker.workers.cli import run_main; run_main()"
+    "from aiworker.workers.cli.main import run_main; run_main()"
 )
 
 
@@ -385,11 +385,11 @@ def _server_pid(data_dir: Path) -> int:
 
 
 async def run_aiworker(base: str, n: int, limiter: bool, flags: list[str]) -> dict[str, Any]:
+    from aiworker.config.settings import Settings
     from aiworker.schemas import names
-    from aiworker.schemas.settings import Settings
-    from aiworker.workers.client import PipelineClient
-    from aiworker.workers.devserver import free_port
-    from aiworker.workers.temporal_client import connect
+    from aiworker.workers.client.client import PipelineClient
+    from aiworker.workers.client.temporal_client import connect
+    from aiworker.workers.devstack.devserver import free_port
     from bench.counts import count_history, run_histories
 
     with tempfile.TemporaryDirectory(prefix="bench-crawl-") as tmp:
@@ -404,7 +404,7 @@ async def run_aiworker(base: str, n: int, limiter: bool, flags: list[str]) -> di
         }
         dev_args = ["dev", "--headless", "--no-model", "--port", str(port), "--data-dir", tmp]
         dev_args += flags
-        head = ["-m", "aiworker.workers.cli"] if limiter else ["-c", _NO_LIMIT]
+        head = ["-m", "aiworker.workers.cli.main"] if limiter else ["-c", _NO_LIMIT]
         proc = subprocess.Popen(
             [sys.executable, *head, *dev_args],
             env=env,

@@ -25,9 +25,9 @@ from typing import Any
 
 from temporalio.client import Client
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.client.temporal_client import data_converter
 from bench.common import embedded_server
 from bench.counts import run_histories
 
@@ -120,7 +120,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
             "AIWORKER_TASK_QUEUE_SUFFIX": suffix,
             "AIWORKER_LOG_LEVEL": "WARNING",
         }
-        cmd = [sys.executable, "-m", "aiworker.workers.cli", "worker"]
+        cmd = [sys.executable, "-m", "aiworker.workers.cli.main", "worker"]
         cmd += ["--task-queue", names.PIPELINES_QUEUE]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:

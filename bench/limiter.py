@@ -41,9 +41,9 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.client.temporal_client import data_converter
 from bench.common import embedded_server, percentiles, standalone, worker_env
 from bench.counts import run_histories
 
@@ -155,7 +155,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
             Path(tmp),
             AIWORKER_RATE_LIMITS=f"validator:far={_FAR},validator:tight={_TIGHT_PER_S}/s",
         )
-        cmd = [sys.executable, "-m", "aiworker.workers.cli", "worker"]
+        cmd = [sys.executable, "-m", "aiworker.workers.cli.main", "worker"]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             client = await Client.connect(server.address, data_converter=data_converter(settings))

@@ -1,7 +1,7 @@
 """A streamed ``llm-call`` step against the same request streamed directly.
 
 One local model (llama.cpp's ``llama-server`` with SmolLM2-135M, started as
-``aiworker dev`` starts it: ``workers/modelserver.py``), one embedded Temporal
+``aiworker dev`` starts it: ``workers/devstack/modelserver.py``), one embedded Temporal
 server, one ``aiworker worker`` process whose ``default`` alias is that model.
 Rounds alternate, one request at a time, between:
 
@@ -48,8 +48,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from aiworker.schemas import names
-from aiworker.workers.modelserver import MODEL_NAME, ModelServer
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.client.temporal_client import data_converter
+from aiworker.workers.devstack.modelserver import MODEL_NAME, ModelServer
 from bench.common import embedded_server, percentiles, standalone, worker_env
 from bench.scale_out import _polling, _Proc
 

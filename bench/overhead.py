@@ -19,9 +19,9 @@ from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.runtime import WorkerContext, WorkerRuntime
 from aiworker.activities.toolbox import Toolbox
 from aiworker.activities.validator import Validator
-from aiworker.schemas.catalog import load_specs
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas.protocol import WorkerRequest
-from aiworker.schemas.settings import Settings
 from bench.common import percentiles
 
 REQUEST: dict[str, Any] = {

@@ -36,7 +36,7 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
 from aiworker.schemas import names
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.client.temporal_client import data_converter
 from bench.common import (
     embedded_server,
     percentiles,

@@ -25,13 +25,13 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from aiworker.activities.runtime import WorkerRuntime
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.catalog import load_specs
-from aiworker.schemas.settings import Settings
-from aiworker.workers.plugin import workflow_runner
-from aiworker.workers.plugins import builtin_set
-from aiworker.workers.registry import activities_for
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.client.temporal_client import data_converter
+from aiworker.workers.process.plugin import workflow_runner
+from aiworker.workers.process.plugins import builtin_set
+from aiworker.workers.process.registry import activities_for
 from aiworker.workflows.pipeline import PipelineWorkflow
 from bench.bare_workflow import BareBenchWorkflow, noop
 from bench.common import embedded_server, percentiles, process_cpu_seconds

@@ -2,7 +2,6 @@
 pipeline spec. Pure models and functions; no I/O on import.
 """
 
-from aiworker.schemas.catalog import get_spec, load_specs
 from aiworker.schemas.errors import ErrorCode, is_retryable
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec, Step, StepResult
 from aiworker.schemas.protocol import (
@@ -34,7 +33,5 @@ __all__ = [
     "WorkerRequest",
     "WorkerResponse",
     "WorkerSpec",
-    "get_spec",
     "is_retryable",
-    "load_specs",
 ]

@@ -1,8 +1,9 @@
-"""Exported JSON Schemas of the protocol envelopes (``schemas/json/``), and the
-generated docs pages (``docs/reference/``, :mod:`aiworker.schemas.docgen`).
+"""Exported JSON Schemas of the protocol envelopes (``schemas/json/``).
 
-``aiworker schemas export`` writes both; CI runs ``check`` (via the tests)
-so the published files never drift from the pydantic models and specs.
+``aiworker schemas export`` writes them; CI runs ``check`` (via the tests)
+so the published files never drift from the pydantic models and specs. The
+generated docs pages (``docs/reference/``) come from ``docgen/`` in the source
+tree (``make docs``), which is not installed.
 """
 
 from __future__ import annotations
@@ -56,17 +57,3 @@ def check(folder: Path = JSON_DIR) -> list[str]:
         elif p.read_text("utf-8") != render(model):
             drift.append(f"{p} differs from {model.__name__}; run `aiworker schemas export`")
     return drift
-
-
-def export_all() -> list[Path]:
-    """The JSON Schemas, and in a source tree the generated docs; the paths written."""
-    from aiworker.schemas import docgen
-
-    return export() + (docgen.export_docs() if docgen.in_checkout() else [])
-
-
-def check_all() -> list[str]:
-    """Drift of the JSON Schemas and, in a source tree, of the generated docs."""
-    from aiworker.schemas import docgen
-
-    return check() + (docgen.check_docs() if docgen.in_checkout() else [])

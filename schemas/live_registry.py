@@ -5,7 +5,7 @@ Every worker process publishes one :class:`ProcessEntry` (the workers it
 serves with their specs and spec hashes, its task queues, model aliases by
 name and provider kind, its build id and identity) to the registry workflow
 of its namespace and queue family (``workflows/worker_registry.py``); clients
-read the entries and check pipelines against them (``workers/live_registry.py``).
+read the entries and check pipelines against them (``workers/process/live_registry.py``).
 
 The workflow keeps each entry as plain JSON (:class:`PublishRequest.entry`):
 it never interprets what a process serves, so a process of a newer protocol

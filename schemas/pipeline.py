@@ -328,7 +328,7 @@ class StepResult(Model):
 SPILL_METADATA = "aiworker-spill"
 """Payload metadata key of a for_each chunk's input or result: such a payload
 leaves the history for the external payload store above a small threshold, so
-no item's bytes land in a parent's history (``workers/payload_storage.py``)."""
+no item's bytes land in a parent's history (``workers/process/payload_storage.py``)."""
 
 
 class ChunkItem(Model):

@@ -22,7 +22,7 @@ references to inputs and outputs, selectors, regexes, literal JSON Schemas).
 Each problem is a :class:`~aiworker.schemas.problems.Problem` (step, field,
 JSON path, message, suggestion); ``PipelineSpecError.problems`` holds their
 one-line forms. The part that needs process settings (model aliases, tenants)
-is ``aiworker.workers.pipeline_settings``.
+is ``aiworker.workers.process.pipeline_settings``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every check of a pipeline (:mod:`~aiworker.schemas.pipeline_check`,
 :mod:`~aiworker.schemas.step_inputs`, the settings' part in
-``aiworker.workers.pipeline_settings``) reports :class:`Problem` values; their
+``aiworker.workers.process.pipeline_settings``) reports :class:`Problem` values; their
 one-line form is what ``aiworker check``, ``aiworker run`` and the workflow's
 ``invalid_input`` say::
 

@@ -3,7 +3,7 @@
 Without a registry a tenant is whatever a pipeline or a request names (its
 name must still match :data:`~aiworker.schemas.names.TENANT_PATTERN`). With
 one (``AIWORKER_TENANTS_FILE``, a JSON file read once at process start by
-:mod:`aiworker.schemas.settings`), a tenant must be listed, and its entry is
+:mod:`aiworker.config.settings`), a tenant must be listed, and its entry is
 a ceiling on what the operator's other settings and the pipeline spec allow:
 where two limits apply, the tighter wins.
 

@@ -24,15 +24,20 @@ from temporalio.testing import WorkflowEnvironment
 
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.runtime import WorkerRuntime
-from aiworker.schemas import catalog, names
-from aiworker.schemas.catalog import load_specs
+from aiworker.config import catalog
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
+from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
-from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path, test_server_path
-from aiworker.workers.plugins import WorkerSet, install, load_workers
-from aiworker.workers.registry import all_queues
-from aiworker.workers.temporal_client import data_converter
-from aiworker.workers.worker import build_workers
+from aiworker.workers.client.temporal_client import data_converter
+from aiworker.workers.devstack.devserver import (
+    local_server_extra_args,
+    temporal_cli_path,
+    test_server_path,
+)
+from aiworker.workers.process.plugins import WorkerSet, install, load_workers
+from aiworker.workers.process.registry import all_queues
+from aiworker.workers.process.worker import build_workers
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -14,7 +14,7 @@ from bs4 import BeautifulSoup
 # so nothing installed is shadowed by the root's folders
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
-from aiworker.schemas.catalog import load_specs
+from aiworker.config.catalog import load_specs
 from aiworker.schemas.pipeline_check import check_pipeline, parse_pipeline
 from bench.crawl import FIELDS, Site, _agreement, _pipeline, page_html
 

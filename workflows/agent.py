@@ -41,7 +41,8 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from aiworker.schemas import catalog, messages, names, safe_schema
+    from aiworker.config import catalog
+    from aiworker.schemas import messages, names, safe_schema
     from aiworker.schemas.agent import (
         MAX_TEXT_CHARS,
         MAX_TOOL_RESULT_CHARS,

@@ -1,6 +1,6 @@
 """The conformance kit's workflow: call one worker's activity as a pipeline would.
 
-``aiworker conformance WORKER_ID`` (``aiworker.workers.conformance``) runs
+``aiworker conformance WORKER_ID`` (``aiworker.workers.conformance.run``) runs
 :class:`ConformanceWorkflow` on a private task queue served inside the CLI
 process. The workflow calls the worker by its activity name (its
 ``worker_id``) on the queue its spec names, with the activity options every

@@ -6,7 +6,7 @@ and waits for at least one running step, so the loop is counted. A step that
 fails with ``on_failure`` other than ``continue``, or one that ends the run
 (``PipelineRun.terminal``), stops new starts; running steps finish. With
 ``resume_from`` (a redrive), the steps
-:func:`~aiworker.schemas.redrive.plan_redrive` names are reused instead of run
+:func:`~aiworker.workflows.redrive.plan_redrive` names are reused instead of run
 (each succeeded before, with all its dependencies reused), and the result's
 ``redrive`` says what was reused and what ran again. The run's status follows
 from the steps; the pipeline's ``output`` is resolved last. A run that did not
@@ -33,8 +33,8 @@ with workflow.unsafe.imports_passed_through():
         TerminalStatus,
         step_dependencies,
     )
-    from aiworker.schemas.redrive import plan_redrive
     from aiworker.schemas.refs import ReferenceError_, resolve
+    from aiworker.workflows.redrive import plan_redrive
 
 from aiworker.workflows.state import PipelineRun
 from aiworker.workflows.steps import run_step

@@ -34,7 +34,8 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from aiworker.schemas import catalog, names
+    from aiworker.config import catalog
+    from aiworker.schemas import names
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.limits import AcquireCall
     from aiworker.schemas.pipeline import Budget, ChunkInput, ChunkItem, ChunkResult, ItemResult

@@ -50,7 +50,8 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic.main import IncEx
 
-    from aiworker.schemas import catalog, names
+    from aiworker.config import catalog
+    from aiworker.schemas import names
     from aiworker.schemas.causes import PipelineError
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.limits import RunConfig

@@ -26,7 +26,6 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.caps import DEFAULT_FOREACH_INLINE_ITEMS, Caps
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import PipelineSpec, Step, StepResult, TerminalStatus
-    from aiworker.schemas.redrive import Redrive
     from aiworker.schemas.refs import (
         ReferenceError_,
         ReferenceLimitError,
@@ -35,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         resolve,
     )
     from aiworker.schemas.spec import WorkerSpec
+    from aiworker.workflows.redrive import Redrive
 
 from aiworker.workflows.budget import Admission, BudgetRefused, Ledger
 from aiworker.workflows.details import StepBoard, StepTable

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from aiworker.activities.constraints import min_optional
 from aiworker.activities.llm._pricing import Prices
-from aiworker.schemas.settings import Settings
+from aiworker.config.settings import Settings
 
 DEFAULT_BASE_URLS = {
     "openai": "https://api.openai.com/v1",

@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from aiworker.activities.tools.autothrottle import AutoThrottle
-from aiworker.schemas.extras import require
+from aiworker.config.extras import require
 
 if TYPE_CHECKING:
     from aiworker.activities.bodies import BodyMeter
@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     from aiworker.activities.tools.extract import HtmlParser
     from aiworker.activities.tools.fetch import FetchLimits, FetchResult, FetchTool
     from aiworker.activities.tools.robots import Politeness, RobotsCache
-    from aiworker.schemas.settings import Settings
+    from aiworker.config.settings import Settings
 
 # Re-exported names, imported on first use: importing one tool module (the egress
 # policy, which the runtime and publish use) must not load the HTML parser, whose
-# packages come with the 'scrape' extra (aiworker.schemas.extras).
+# packages come with the 'scrape' extra (aiworker.config.extras).
 _LAZY = {
     "BrowserLimits": "browser",
     "BrowserTool": "browser",

@@ -18,7 +18,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 import aiworker
-from aiworker.schemas.settings import Settings
+from aiworker.config.settings import Settings
 
 
 async def main() -> None:

@@ -9,9 +9,9 @@ from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.aggregator import Aggregator
 from aiworker.activities.runtime import WorkerRuntime
-from aiworker.schemas.catalog import load_specs
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas.protocol import WorkerResponse
-from aiworker.schemas.settings import Settings
 
 
 def _rt(settings: Settings) -> WorkerRuntime:

@@ -26,8 +26,8 @@ from aiworker.activities.errors import FetchFailedError, RateLimitedError
 from aiworker.activities.tools import AutoThrottle, scrape_tools
 from aiworker.activities.tools.autothrottle import ERROR_STEP_SECONDS
 from aiworker.activities.tools.fetch import FetchTool
+from aiworker.config.settings import Settings, SettingsError
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings, SettingsError
 
 # Spacing measured at the server may fall short of the delay by clock granularity.
 SLACK = 0.02

@@ -39,9 +39,9 @@ from aiworker.activities.llm import LanguageModel, LlmMetrics, load_registry
 from aiworker.activities.publish import REPLY_MAX_BYTES, Publish, WebhookPoster
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.tools import FetchLimits
-from aiworker.schemas.catalog import load_specs
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
 
 GIB = 1 << 30
 PAGE = b"<html><body><h1>fine</h1></body></html>"

@@ -30,8 +30,8 @@ from aiworker.activities.errors import FetchFailedError
 from aiworker.activities.tools import BrowserLimits, BrowserTool, EgressPolicy, scrape_tools
 from aiworker.activities.tools.browser import CHROMIUM_ARGS
 from aiworker.activities.tools.fetch import FetchTool
+from aiworker.config.settings import Settings, parse_rate_limits
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings, parse_rate_limits
 
 CHROMIUM = Path("/usr/bin/chromium")
 needs_chromium = pytest.mark.skipif(

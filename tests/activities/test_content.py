@@ -39,10 +39,10 @@ from aiworker.activities.tools import scrape_tools
 from aiworker.activities.tools.content import extract_content, main_content
 from aiworker.activities.tools.extract import HtmlParser
 from aiworker.activities.web_scrape import WebScrape
-from aiworker.schemas.catalog import load_specs
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings, parse_rate_limits
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings, parse_rate_limits
-from aiworker.workers import cli
+from aiworker.workers.cli import main as cli
 
 BOILERPLATE = ("NAVMARK", "ADMARK", "COMMENTMARK", "FOOTMARK")
 

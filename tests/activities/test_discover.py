@@ -23,9 +23,9 @@ from temporalio.client import Client
 
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.tools.discover import SITEMAP_MAX_BYTES
+from aiworker.config.settings import parse_rate_limits
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import parse_rate_limits
-from aiworker.workers import cli
+from aiworker.workers.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 H1 = {"fields": {"h1": {"selector": "h1", "required": True}}}

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from aiworker.activities.contracts import MAX_REMEMBERED, Contract, heavy_properties, plain_json
-from aiworker.schemas.catalog import builtin_spec, load_specs
+from aiworker.config.catalog import builtin_spec, load_specs
 from aiworker.schemas.safe_schema import cached_validator
 
 SCRAPE_SPEC = {

@@ -11,7 +11,7 @@ import pytest
 from aiworker.activities import lineage
 from aiworker.activities.artifacts import FileArtifactStore
 from aiworker.activities.lineage import FileLineageIndex, RecordingArtifactStore, workflow_segment
-from aiworker.workers.cli import main
+from aiworker.workers.cli.main import main
 
 
 def call(wf: str, step: str, attempt: int) -> lineage.CallLineage:

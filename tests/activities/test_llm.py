@@ -39,9 +39,9 @@ from aiworker.activities.llm import (
     retry_after,
 )
 from aiworker.activities.llm_call import build_messages, parse_reply_json
-from aiworker.schemas.settings import Settings
+from aiworker.config.settings import Settings
 from aiworker.workers.errors import StartupError
-from aiworker.workers.resources import build_language_model
+from aiworker.workers.process.resources import build_language_model
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC).timestamp()
 

@@ -27,9 +27,9 @@ from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.llm import LanguageModel, LlmMetrics, load_registry
+from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
-from aiworker.workers.modelserver import MODEL_NAME, ModelServer
+from aiworker.workers.devstack.modelserver import MODEL_NAME, ModelServer
 
 OPENAI_SCENARIOS = (
     "echo",

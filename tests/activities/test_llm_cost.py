@@ -28,12 +28,12 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Replayer
 
 from aiworker.activities.llm import LlmMetrics, ModelsFileError, load_registry
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
+from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workers.errors import StartupError
-from aiworker.workers.resources import build_language_model
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.process.resources import build_language_model
 from aiworker.workflows.foreach import PipelineForEachWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
 

@@ -26,9 +26,9 @@ from support.loopback import Exchange, serve
 from temporalio.client import Client
 
 from aiworker.activities.llm import LanguageModel, load_registry
+from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
-from aiworker.workers.modelserver import MODEL_NAME, ModelServer
+from aiworker.workers.devstack.modelserver import MODEL_NAME, ModelServer
 
 CITY_SCHEMA = {
     "type": "object",

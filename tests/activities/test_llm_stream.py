@@ -34,12 +34,12 @@ from temporalio.client import Client, WorkflowHandle
 
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.llm import LanguageModel, load_registry
+from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.protocol import Usage
-from aiworker.schemas.settings import Settings
-from aiworker.workers.devserver import temporal_cli_path
-from aiworker.workers.progress import progress_line, stream_events
-from aiworker.workers.waits import snapshot
+from aiworker.workers.client.progress import progress_line, stream_events
+from aiworker.workers.client.waits import snapshot
+from aiworker.workers.devstack.devserver import temporal_cli_path
 
 OPENAI = (
     "echo",

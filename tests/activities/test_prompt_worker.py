@@ -24,11 +24,11 @@ from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.llm import LanguageModel, LlmMetrics, load_registry
 from aiworker.activities.prompt import PromptWorker, render
-from aiworker.schemas import catalog
-from aiworker.schemas.settings import Settings
+from aiworker.config import catalog
+from aiworker.config.settings import Settings
 from aiworker.schemas.spec import FEEDBACK_SCHEMA, WorkerSpec
 from aiworker.testing import run_worker
-from aiworker.workers.plugins import PluginError, load_workers
+from aiworker.workers.process.plugins import PluginError, load_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "prompts"

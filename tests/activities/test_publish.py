@@ -14,9 +14,9 @@ from temporalio.exceptions import ApplicationError
 from aiworker.activities.publish import Publish, WebhookPoster
 from aiworker.activities.publish_ledger import Ledger
 from aiworker.activities.runtime import WorkerRuntime
-from aiworker.schemas.catalog import load_specs
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas.protocol import WorkerResponse
-from aiworker.schemas.settings import Settings
 
 
 def _rt(settings: Settings) -> WorkerRuntime:

@@ -26,9 +26,9 @@ from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.publish import WebhookPoster
 from aiworker.activities.redaction import Redactor
 from aiworker.activities.tools import scrape_tools
+from aiworker.config.settings import Settings, parse_rate_limits
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings, parse_rate_limits
-from aiworker.workers.logs import JsonFormatter
+from aiworker.workers.process.logs import JsonFormatter
 
 # (text, what must be gone, what must stay)
 PATTERNS = [

@@ -29,9 +29,9 @@ from aiworker.activities.step_cache import FileCacheBackend, S3CacheBackend
 from aiworker.activities.tools import scrape_tools
 from aiworker.activities.tools.revalidate import MAX_PER_SHARD, PageValidators, canonical_url
 from aiworker.activities.web_scrape import WebScrape
-from aiworker.schemas.catalog import load_specs
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings, parse_rate_limits
 from aiworker.schemas.protocol import WorkerResponse
-from aiworker.schemas.settings import Settings, parse_rate_limits
 
 H1 = {"fields": {"h1": {"selector": "h1", "required": True}}}
 

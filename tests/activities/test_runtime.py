@@ -20,8 +20,8 @@ from temporalio.worker import Worker
 
 from aiworker.activities.errors import FetchFailedError, RateLimitedError
 from aiworker.activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
+from aiworker.config.settings import Settings
 from aiworker.schemas.protocol import WorkerResponse
-from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
 
 SPEC = {

@@ -22,8 +22,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.activities.breakers import BreakerRegistry, SharedBreakers
 from aiworker.activities.errors import CircuitOpenError
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
 
 KEY = "host:shop.example"
 

@@ -23,8 +23,8 @@ from aiworker.activities.step_cache import (
     cache_key,
     canonical_json,
 )
+from aiworker.config.catalog import builtin_spec
 from aiworker.schemas import names
-from aiworker.schemas.catalog import builtin_spec
 from aiworker.schemas.protocol import Observability, WorkerRequest, WorkerResponse
 from aiworker.schemas.spec import WorkerSpec
 

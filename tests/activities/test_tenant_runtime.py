@@ -19,9 +19,9 @@ from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.tools import EgressPolicy, scrape_tools
 from aiworker.activities.validator import Validator
 from aiworker.activities.web_scrape import WebScrape
-from aiworker.schemas.catalog import load_specs
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings, parse_rate_limits
 from aiworker.schemas.protocol import WorkerResponse
-from aiworker.schemas.settings import Settings, parse_rate_limits
 from aiworker.schemas.tenants import TenantRegistry
 
 REGISTRY = TenantRegistry.model_validate(

@@ -10,8 +10,8 @@ from conftest import Stack
 from aiworker.activities.errors import InvalidInputError, ValidationFailedError
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.validator import Validator
-from aiworker.schemas.catalog import load_specs
-from aiworker.schemas.settings import Settings
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 
 
 def req(data: Any, schema: Any, **extra: Any) -> dict[str, Any]:

@@ -24,9 +24,9 @@ from temporalio.client import Client
 
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.tools import EgressPolicy, scrape_tools
-from aiworker.schemas.catalog import get_spec
+from aiworker.config.catalog import get_spec
+from aiworker.config.settings import Settings, parse_rate_limits
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings, parse_rate_limits
 
 LISTING_SPEC = {
     "fields": {

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from deploy_tools import ROOT, compose_binary, run
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
 
 WORKER_SERVICES = {
     "aiworker-pipelines": names.PIPELINES_QUEUE,
@@ -111,7 +111,7 @@ def test_the_front_door_serves_with_its_keys_and_hooks(compose: dict[str, Any]) 
     (mount,) = [v for v in svc["volumes"] if v["type"] == "bind"]
     assert mount["read_only"] is True
     # The files the settings name are the mounted ones, and a door would start with them.
-    from aiworker.workers.serve_auth import KeyRing, load_hooks
+    from aiworker.workers.frontdoor.auth import KeyRing, load_hooks
 
     for path in (settings.api_keys_file, settings.hooks_file):
         assert path is not None and str(path).startswith(mount["target"] + "/")

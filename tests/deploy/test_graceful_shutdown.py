@@ -42,14 +42,14 @@ WORKER_SCRIPT = textwrap.dedent(
     from prometheus_client import CollectorRegistry
     from temporalio import activity
 
-    import aiworker.workers.registry as registry
+    import aiworker.workers.process.registry as registry
     from aiworker.activities.metrics import WorkerMetrics
     from aiworker.schemas import names
-    from aiworker.schemas.settings import Settings
-    from aiworker.workers.cli_errors import exit_process
-    from aiworker.workers.temporal_client import connect
-    from aiworker.workers.resources import build_runtime
-    from aiworker.workers.worker import (
+    from aiworker.config.settings import Settings
+    from aiworker.workers.cli.errors import exit_process
+    from aiworker.workers.client.temporal_client import connect
+    from aiworker.workers.process.resources import build_runtime
+    from aiworker.workers.process.worker import (
         build_workers, install_signal_handlers, run_until_stopped,
     )
 

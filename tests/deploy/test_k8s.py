@@ -26,11 +26,11 @@ import pytest
 import yaml
 from deploy_tools import DEPLOY, KUBERNETES_VERSION, run, tool
 
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.options import activity_options
-from aiworker.schemas.settings import Settings
-from aiworker.workers.plugins import load_workers
+from aiworker.workers.process.plugins import load_workers
 
 OVERLAYS = ("dev", "prod")
 QUEUES = {
@@ -280,7 +280,7 @@ TEMPORAL_TRIGGER_KEYS = {
 def test_prod_scales_worker_pods_on_task_queue_backlog() -> None:
     """KEDA's ``temporal`` scaler on each worker Deployment's own queue, in the
     namespace and on the frontend the pods use, counting the build they run."""
-    from aiworker.workers.deployments import deployment_name
+    from aiworker.workers.process.deployments import deployment_name
 
     docs = render("prod")
     settings = Settings.from_env(_configmap_env(docs))
@@ -385,7 +385,7 @@ def test_settings_come_from_a_configmap_and_keys_from_secrets(
 def test_the_front_door_runs_with_probes_limits_and_its_keys(
     rendered: tuple[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
-    from aiworker.workers.serve_auth import KeyRing, load_hooks
+    from aiworker.workers.frontdoor.auth import KeyRing, load_hooks
 
     _, docs = rendered
     pod = of_kind(docs, "Deployment")[SERVE]["spec"]["template"]["spec"]

@@ -3,7 +3,7 @@
 A fake Lambda context gives the invocation a deadline; the handler polls the
 queue as a versioned worker (temporalio.contrib.aws.lambda_worker), the probe
 workflow sends it one ``validator`` call (the queue's activities come from
-``workers.registry.activities_for``, so the llm queue picks up llm-call the
+``workers.process.registry.activities_for``, so the llm queue picks up llm-call the
 same way), and the activity completes before the deadline.
 """
 
@@ -24,7 +24,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from aiworker.schemas import names
-from aiworker.workers.lambda_handler import LambdaConfigError, lambda_queue, make_handler
+from aiworker.workers.process.lambda_handler import LambdaConfigError, lambda_queue, make_handler
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -141,7 +141,7 @@ async def test_lambda_handler_completes_an_activity_before_the_deadline(
 
 
 def test_lambda_polls_one_queue(monkeypatch: pytest.MonkeyPatch) -> None:
-    from aiworker.schemas.settings import Settings
+    from aiworker.config.settings import Settings
 
     assert lambda_queue(Settings()) == names.LLM_QUEUE
     assert lambda_queue(Settings(task_queues=(names.SCRAPE_QUEUE,))) == names.SCRAPE_QUEUE
@@ -153,7 +153,7 @@ def test_sam_template_sets_timeout_memory_and_environment() -> None:
     import yaml
     from deploy_tools import DEPLOY
 
-    from aiworker.schemas.settings import Settings
+    from aiworker.config.settings import Settings
 
     template = yaml.safe_load((DEPLOY / "lambda" / "template.yaml").read_text())
     fn = template["Resources"]["LlmWorkerFunction"]

@@ -17,13 +17,13 @@ from prometheus_client import CollectorRegistry
 
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.schemas import names
-from aiworker.workers.telemetry import PIPELINES_METRIC
+from aiworker.workers.process.telemetry import PIPELINES_METRIC
 
 MON = DEPLOY / "monitoring"
 # Exported by the pipeline orchestration, not by the worker runtime (see deploy/README.md).
 ORCHESTRATION_METRICS: set[str] = set()
 # Counted in workflow code through the SDK's metric meter and served on the same
-# /metrics by workers.telemetry (not a prometheus_client metric of the runtime).
+# /metrics by workers.process.telemetry (not a prometheus_client metric of the runtime).
 SDK_METER_METRICS = {
     PIPELINES_METRIC + "_total",
     *(f"{names.LIMITER_WAIT_METRIC}_seconds{s}" for s in ("_bucket", "_sum", "_count")),

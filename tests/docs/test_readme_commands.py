@@ -34,8 +34,8 @@ from support.waiting import wait_until
 from temporalio.client import Client
 
 from aiworker.schemas import names
-from aiworker.workers.client import PipelineClient
-from aiworker.workers.devserver import temporal_cli_path
+from aiworker.workers.client.client import PipelineClient
+from aiworker.workers.devstack.devserver import temporal_cli_path
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -302,7 +302,7 @@ async def test_readme_pipeline_commands_run_as_written(client: Client, tmp_path:
 
 @pytest.mark.parametrize("name", ["hello", "review", "broken", "scrape"])
 def test_example_pipelines_pass_the_spec_check(name: str) -> None:
-    from aiworker.schemas.catalog import load_specs
+    from aiworker.config.catalog import load_specs
     from aiworker.schemas.pipeline_check import parse_pipeline
 
     raw = json.loads((REPO / "examples" / "pipelines" / f"{name}.json").read_text("utf-8"))

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from aiworker.workers.cli import main
+from aiworker.workers.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 TUTORIAL = REPO / "docs" / "tutorial.md"

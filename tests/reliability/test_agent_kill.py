@@ -27,15 +27,15 @@ from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
-from aiworker.workers.client import start_pipeline
+from aiworker.workers.client.client import start_pipeline
 
 TURN_TIMEOUT_SECONDS = 3  # start-to-close = 3 + 5 s grace: how long the lost turn waits
 
 
 def worker(env: dict[str, str], log: Path) -> WorkerProcess:
-    return WorkerProcess([sys.executable, "-m", "aiworker.workers.cli", "worker"], env, log)
+    return WorkerProcess([sys.executable, "-m", "aiworker.workers.cli.main", "worker"], env, log)
 
 
 @pytest.mark.timeout(180)

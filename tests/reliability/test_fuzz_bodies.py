@@ -38,7 +38,7 @@ from aiworker.activities.bodies import CHUNK, BodyMeter
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.tools import FetchLimits
 from aiworker.activities.web_scrape import WebScrape
-from aiworker.schemas.catalog import load_specs
+from aiworker.config.catalog import load_specs
 from aiworker.schemas.errors import ErrorCode
 
 # Small caps so that a bomb passes them cheaply; the bound is the same at any cap.

@@ -25,9 +25,9 @@ from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client
 
+from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
-from aiworker.workers.client import start_pipeline
+from aiworker.workers.client.client import start_pipeline
 
 HOLD_SECONDS = 3.0
 STEP_TIMEOUT_SECONDS = 6  # start-to-close = 6 + 5 s grace: how long the lost attempt waits

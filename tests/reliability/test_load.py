@@ -27,12 +27,12 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
-from aiworker.workers.client import start_pipeline
-from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.client.client import start_pipeline
+from aiworker.workers.client.temporal_client import data_converter
+from aiworker.workers.devstack.devserver import local_server_extra_args, temporal_cli_path
 
 N = 1000
 

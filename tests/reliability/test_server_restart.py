@@ -18,11 +18,11 @@ from support import history
 from support.standins import SlowPublish, publish_step, read_jsonl, registered
 from support.waiting import wait_until
 
+from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
-from aiworker.workers.client import start_pipeline
-from aiworker.workers.devserver import DevServer, free_port
-from aiworker.workers.temporal_client import connect
+from aiworker.workers.client.client import start_pipeline
+from aiworker.workers.client.temporal_client import connect
+from aiworker.workers.devstack.devserver import DevServer, free_port
 
 
 @pytest.mark.timeout(240)

@@ -37,12 +37,12 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from aiworker.activities.errors import AccessDeniedError
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.protocol import WorkerResponse
-from aiworker.schemas.settings import Settings
-from aiworker.workers.client import start_pipeline
-from aiworker.workers.resources import artifact_store, close_connections
+from aiworker.workers.client.client import start_pipeline
+from aiworker.workers.process.resources import artifact_store, close_connections
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 PREFIX = "aiw"

@@ -26,10 +26,10 @@ from temporalio.client import Client
 
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.tools import scrape_tools
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import RateLimitRule, Settings
 from aiworker.schemas import names
-from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import RateLimitRule, Settings
 
 THRESHOLD = 5
 OPEN_SECONDS = 30.0

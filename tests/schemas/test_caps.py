@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from aiworker.config.settings import Settings, SettingsError
 from aiworker.schemas.caps import HARD_MAX_JSON_DEPTH, Caps
 from aiworker.schemas.pipeline_check import PipelineSpecError, parse_pipeline
 from aiworker.schemas.refs import (
@@ -21,7 +22,6 @@ from aiworker.schemas.refs import (
     parse_template,
     resolve,
 )
-from aiworker.schemas.settings import Settings, SettingsError
 
 WORKERS = {"validator"}
 

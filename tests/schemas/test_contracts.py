@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from aiworker.schemas.catalog import load_specs
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings, SettingsError
 from aiworker.schemas.errors import NON_RETRYABLE_CODES, RETRYABLE, ErrorCode, is_retryable
 from aiworker.schemas.export import MODELS, check, export, render
 from aiworker.schemas.options import activity_options
 from aiworker.schemas.protocol import RequestConstraints, WorkerRequest
-from aiworker.schemas.settings import Settings, SettingsError
 from aiworker.schemas.spec import WorkerSpec
 
 
@@ -106,7 +106,7 @@ def test_settings_from_env() -> None:
 
 
 async def test_breaker_settings_default_and_tune_both_registries() -> None:
-    from aiworker.workers.resources import build_tools
+    from aiworker.workers.process.resources import build_tools
 
     defaults = Settings.from_env({})
     assert (

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from aiworker.schemas.catalog import load_specs
+from aiworker.config.catalog import load_specs
 from aiworker.schemas.messages import format_error, json_text, reasons
 from aiworker.schemas.pipeline_check import PipelineSpecError, parse_pipeline
 from aiworker.schemas.problems import Problem

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from aiworker.config.catalog import load_specs
 from aiworker.schemas.agent import AgentInput, agent_specs
-from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.limits import RunConfig
 from aiworker.schemas.pipeline import ChunkInput, PipelineSpec
 from aiworker.schemas.pipeline_check import PipelineSpecError, check_workers, parse_structure

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from support.loopback import upstream
 
+from aiworker.config.catalog import builtin_spec
+from aiworker.config.settings import Settings
 from aiworker.schemas import names, safe_schema
-from aiworker.schemas.catalog import builtin_spec
-from aiworker.schemas.settings import Settings
-from aiworker.workers.plugins import PluginError, load_workers
+from aiworker.workers.process.plugins import PluginError, load_workers
 
 
 def _external(worker_id: str, **schemas: Any) -> dict[str, Any]:

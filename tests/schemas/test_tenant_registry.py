@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from aiworker.config.settings import Settings, SettingsError
 from aiworker.schemas.pipeline import Budget, PipelineSpec
 from aiworker.schemas.protocol import WorkerRequest
-from aiworker.schemas.settings import Settings, SettingsError
 from aiworker.schemas.tenants import TenantRegistry, tighten_budget, tighter_rate
 
 GOOD = {

@@ -23,7 +23,7 @@ from aiworker.schemas.protocol import (
     WorkerRequest,
     WorkerResponse,
 )
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.client.temporal_client import data_converter
 
 JSON_DIR = Path(__file__).parents[2] / "schemas" / "json"
 TRACE = "e043bfce9f2e4ad1988ced54c1426794"

@@ -10,7 +10,7 @@ from typing import Any
 from aiworker.activities.bodies import BodyMeter
 from aiworker.activities.breakers import BreakerRegistry
 from aiworker.activities.tools import FetchLimits, scrape_tools
-from aiworker.schemas.settings import Settings, parse_rate_limits
+from aiworker.config.settings import Settings, parse_rate_limits
 from support.loopback import Exchange
 from support.payloads import stack_settings
 

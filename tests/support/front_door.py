@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiworker.workers.serve_auth import hash_key
+from aiworker.workers.frontdoor.auth import hash_key
 from support.procs import WorkerProcess
 from support.waiting import wait_until
 
@@ -112,7 +112,7 @@ class Door:
 @asynccontextmanager
 async def running_door(env: dict[str, str], log: Path) -> AsyncIterator[Door]:
     """``aiworker serve --host 127.0.0.1 --port 0`` until the block ends."""
-    cmd = [sys.executable, "-m", "aiworker.workers.cli", "serve", "--host", "127.0.0.1"]
+    cmd = [sys.executable, "-m", "aiworker.workers.cli.main", "serve", "--host", "127.0.0.1"]
     proc = WorkerProcess([*cmd, "--port", "0"], env, log)
     try:
 

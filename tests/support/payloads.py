@@ -13,7 +13,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
-from aiworker.schemas.settings import Settings
+from aiworker.config.settings import Settings
 
 # A history whose 5 MB results went out of band: a few KB of events and references.
 SMALL_HISTORY_BYTES = 64 * 1024
@@ -34,7 +34,7 @@ def stack_settings(tmp: Path, **kw: Any) -> Settings:
 
 def client_for(env: WorkflowEnvironment, settings: Settings) -> Client:
     """A client on the session's server with the converter ``settings`` configure."""
-    from aiworker.workers.temporal_client import data_converter
+    from aiworker.workers.client.temporal_client import data_converter
 
     return Client(
         env.client.service_client,
@@ -76,7 +76,7 @@ def external_sizes(history: Any) -> list[int]:
 def aiworker(env: dict[str, str], *args: str) -> str:
     """Run ``aiworker ARGS`` as its own process; its stdout (exit status 0 asserted)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "aiworker.workers.cli", *args],
+        [sys.executable, "-m", "aiworker.workers.cli.main", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -29,8 +29,8 @@ from temporalio.api.workflowservice.v1 import (
 )
 from temporalio.client import Client
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
 from support.procs import WorkerProcess, worker_env
 from support.waiting import wait_until
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from aiworker.schemas.settings import Settings
+from aiworker.config.settings import Settings
 
 
 def worker_env(client: Client, settings: Settings, data_dir: Path) -> dict[str, str]:
@@ -77,9 +77,9 @@ class WorkerProcess:
 
 
 def run_cli_module(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``python -m aiworker.workers.cli ARGS`` as a user runs it, output captured."""
+    """``python -m aiworker.workers.cli.main ARGS`` as a user runs it, output captured."""
     return subprocess.run(
-        [sys.executable, "-m", "aiworker.workers.cli", *args],
+        [sys.executable, "-m", "aiworker.workers.cli.main", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -10,11 +10,11 @@ from typing import Any
 from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.live_registry import ProcessEntry, PublishRequest, RegistryState
-from aiworker.schemas.settings import Settings
-from aiworker.workers.live_registry import process_entry
+from aiworker.workers.process.live_registry import process_entry
 from aiworker.workflows.worker_registry import WorkerRegistryWorkflow
 
 

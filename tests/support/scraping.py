@@ -10,7 +10,7 @@ from conftest import Stack, running_stack
 from temporalio.client import Client
 
 from aiworker.activities.tools import scrape_tools
-from aiworker.schemas.settings import Settings
+from aiworker.config.settings import Settings
 
 
 @contextlib.asynccontextmanager

@@ -110,7 +110,7 @@ def registered(worker: Worker) -> Iterator[None]:
     a worker process started inside the block (``aiworker worker``) serves
     the stand-in and nothing else changes.
     """
-    from aiworker.workers import plugins
+    from aiworker.workers.process import plugins as plugins
 
     shipped = plugins.builtin_entries
 
@@ -198,12 +198,12 @@ def main() -> None:
     """``aiworker worker`` with a hold after each ``publish``.
 
     It swaps one entry of the worker list and then runs the very code path
-    of the ``aiworker worker`` command (``workers.cli.run_main`` with
+    of the ``aiworker worker`` command (``workers.cli.main.run_main`` with
     ``worker``: settings from the environment, search attributes,
     ``build_workers``, ``run_until_stopped``), so the process under test is
     the real worker process apart from that one activity.
     """
-    from aiworker.workers.cli import run_main
+    from aiworker.workers.cli.main import run_main
 
     p = argparse.ArgumentParser()
     p.add_argument("--attempts", required=True, type=Path)

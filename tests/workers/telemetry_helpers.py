@@ -22,12 +22,12 @@ from temporalio.testing import WorkflowEnvironment
 from aiworker.activities.errors import UpstreamError
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.protocol import WorkerResponse
-from aiworker.schemas.settings import Settings
-from aiworker.workers.telemetry import Telemetry, install_tracer_provider
-from aiworker.workers.temporal_client import connect
+from aiworker.workers.client.temporal_client import connect
+from aiworker.workers.process.telemetry import Telemetry, install_tracer_provider
 
 SPANS = InMemorySpanExporter()
 _provider: TracerProvider | None = None

@@ -15,8 +15,8 @@ import textwrap
 import pytest
 from support.procs import run_cli_module
 
-from aiworker.schemas.settings import Settings, SettingsError
-from aiworker.workers.arenas import bound_malloc_arenas
+from aiworker.config.settings import Settings, SettingsError
+from aiworker.workers.devstack.arenas import bound_malloc_arenas
 
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's arenas")
 
@@ -26,7 +26,7 @@ glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc
 COUNT_ARENAS = textwrap.dedent(
     """
     import ctypes, os, sys, tempfile, threading
-    from aiworker.workers.arenas import bound_malloc_arenas
+    from aiworker.workers.devstack.arenas import bound_malloc_arenas
     print("set", bound_malloc_arenas(int(sys.argv[1])))
     barrier = threading.Barrier(16)
     keep = []

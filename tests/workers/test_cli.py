@@ -20,7 +20,7 @@ from support.waiting import wait_until
 from temporalio.client import Client
 
 from aiworker.schemas import names
-from aiworker.workers.devserver import free_port, temporal_cli_path
+from aiworker.workers.devstack.devserver import free_port, temporal_cli_path
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 

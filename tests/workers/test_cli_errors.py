@@ -18,7 +18,7 @@ import pytest_asyncio
 from conftest import Stack
 from support.procs import run_cli_module
 
-from aiworker.workers.cli_common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE
+from aiworker.workers.cli.common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE
 
 OK_PIPELINE = {
     "name": "cli-errors",

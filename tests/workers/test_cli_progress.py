@@ -22,7 +22,7 @@ from conftest import Stack, running_stack
 from support.standins import standin
 from temporalio.client import Client
 
-from aiworker.schemas.settings import Settings
+from aiworker.config.settings import Settings
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 

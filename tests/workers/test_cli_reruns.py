@@ -18,8 +18,8 @@ from support.payloads import stack_settings
 from support.procs import run_cli_module
 from temporalio.client import Client
 
-from aiworker.schemas.settings import parse_rate_limits
-from aiworker.workers.cli_common import EXIT_FAILED, EXIT_OK
+from aiworker.config.settings import parse_rate_limits
+from aiworker.workers.cli.common import EXIT_FAILED, EXIT_OK
 
 
 def cli_env(stack: Stack) -> dict[str, str]:

@@ -18,7 +18,7 @@ from temporalio.client import Client
 from test_cli_progress import AIWORKER, cli_env, run_on_terminal
 
 from aiworker.activities.llm import LanguageModel, load_registry
-from aiworker.schemas.settings import Settings
+from aiworker.config.settings import Settings
 
 
 def pipeline_file(tmp_path: Path, name: str) -> Path:

@@ -12,8 +12,8 @@ from temporalio.client import WorkflowHandle
 import aiworker
 from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.workers.client import PipelineClient, RedriveError
-from aiworker.workers.devserver import free_port
+from aiworker.workers.client.client import PipelineClient, RedriveError
+from aiworker.workers.devstack.devserver import free_port
 from aiworker.workflows.pipeline import PipelineWorkflow
 
 

@@ -34,19 +34,19 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.llm import LlmMetrics
-from aiworker.schemas.catalog import Catalog, CatalogEntry, builtin_spec
-from aiworker.schemas.settings import Settings
+from aiworker.config.catalog import Catalog, CatalogEntry, builtin_spec
+from aiworker.config.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
-from aiworker.workers.conformance import (
+from aiworker.workers.conformance.run import (
     ConformanceReport,
     check_worker,
     examples_for,
     invalid_inputs,
     other_major,
 )
-from aiworker.workers.devserver import free_port
-from aiworker.workers.plugins import WorkerSet
-from aiworker.workers.resources import build_language_model, build_tools
+from aiworker.workers.devstack.devserver import free_port
+from aiworker.workers.process.plugins import WorkerSet
+from aiworker.workers.process.resources import build_language_model, build_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

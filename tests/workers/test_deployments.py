@@ -1,4 +1,4 @@
-"""Worker Deployment Versioning on the real dev server (workers/deployments.py).
+"""Worker Deployment Versioning on the real dev server (workers/process/deployments.py).
 
 Two in-process stacks of one deployment with different build ids stand for two
 worker processes (v1 and v2): each serves every queue through ``build_workers``
@@ -28,9 +28,10 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkerDeploymentVersion
 
+from aiworker.config.settings import Settings, SettingsError, parse_rate_limits
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings, SettingsError, parse_rate_limits
-from aiworker.workers.deployments import (
+from aiworker.workers.devstack.devserver import free_port
+from aiworker.workers.process.deployments import (
     DeploymentError,
     build_id,
     code_hash,
@@ -42,7 +43,6 @@ from aiworker.workers.deployments import (
     running_on,
     set_current,
 )
-from aiworker.workers.devserver import free_port
 
 VALID = {"valid": True, "errors": []}
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
@@ -272,8 +272,8 @@ async def _dev_ready(dev: WorkerProcess) -> None:
 async def test_dev_restarted_on_edited_code_moves_the_open_run_and_says_so(
     tmp_path: Path,
 ) -> None:
-    from aiworker.workers.client import send_review
-    from aiworker.workers.temporal_client import data_converter
+    from aiworker.workers.client.client import send_review
+    from aiworker.workers.client.temporal_client import data_converter
 
     port = free_port()
     # a loopback webhook is egress_denied: the step escalates and the run waits for a review

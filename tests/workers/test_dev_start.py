@@ -25,7 +25,7 @@ import pytest
 from support.procs import WorkerProcess
 from support.waiting import wait_until
 
-from aiworker.workers.devserver import DevServer, free_port
+from aiworker.workers.devstack.devserver import DevServer, free_port
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 

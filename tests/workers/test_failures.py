@@ -12,8 +12,8 @@ from temporalio.api.common.v1 import Payload
 from temporalio.api.failure.v1 import Failure
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
+from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workers.failures import MAX_STACK_TRACE_CHARS
-from aiworker.workers.temporal_client import data_converter
 
 ODD = Payload(metadata={"encoding": b"binary/x-odd"}, data=b"?")
 UNKNOWN_PROTO = Payload(

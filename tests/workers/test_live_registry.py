@@ -1,5 +1,5 @@
 """The live worker registry in Temporal (workflows/worker_registry.py,
-workers/live_registry.py): processes publish with update-with-start, entries
+workers/process/live_registry.py): processes publish with update-with-start, entries
 expire when not refreshed and are withdrawn on a graceful stop, readers ignore
 malformed entries with a warning naming the process, and a registry nobody runs
 is a clear reason for the local fallback. Against the session's dev server; each
@@ -15,15 +15,15 @@ from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.live_registry import (
     REGISTRY_PROTOCOL,
     spec_hash,
 )
 from aiworker.schemas.pipeline_check import PipelineSpecError
-from aiworker.schemas.settings import Settings
-from aiworker.workers.live_registry import (
+from aiworker.workers.process.live_registry import (
     LiveRegistry,
     RegistryUnreadableError,
     process_entry,
@@ -210,7 +210,7 @@ async def test_a_registry_history_replays_in_the_default_sandbox(
 ) -> None:
     from temporalio.worker import Replayer
 
-    from aiworker.workers.temporal_client import data_converter
+    from aiworker.workers.client.temporal_client import data_converter
 
     workflow_id = names.worker_registry_workflow_id(settings.task_queue_suffix)
     async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):

@@ -32,13 +32,13 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.live_registry import ProcessEntry
 from aiworker.schemas.pipeline_check import PipelineSpecError
-from aiworker.schemas.settings import Settings
-from aiworker.workers.client import PipelineClient
-from aiworker.workers.deployments import build_id
-from aiworker.workers.live_registry import read_registry
+from aiworker.workers.client.client import PipelineClient
+from aiworker.workers.process.deployments import build_id
+from aiworker.workers.process.live_registry import read_registry
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 HERE = Path(__file__).parent
@@ -248,12 +248,12 @@ async def test_a_plugin_worker_published_by_its_process_is_known_to_every_client
 # imported (the scraper, the browser, the content extractor, the plugin).
 IMPORT_PROBE = """
 import json, sys
-from aiworker.workers.cli import main
+from aiworker.workers.cli.main import main
 code = main(["check", sys.argv[1]])
 bad = ("aiworker.activities.web_scrape", "playwright", "trafilatura", "module_workers")
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in bad or m in bad)))
 sys.stdout.flush()
-from aiworker.workers.cli_errors import exit_process
+from aiworker.workers.cli.errors import exit_process
 exit_process(code)
 """
 

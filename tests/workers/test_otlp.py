@@ -8,7 +8,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from support.loopback import Exchange, serve
 
-from aiworker.workers.telemetry import (
+from aiworker.workers.process.telemetry import (
     otlp_header_secrets,
     span_exporter_from_env,
     tracer_provider_from_env,

@@ -36,13 +36,13 @@ from temporalio.converter import (
 from temporalio.testing import WorkflowEnvironment
 
 from aiworker.activities.errors import AccessDeniedError
+from aiworker.config.settings import Settings, SettingsError
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.protocol import WorkerResponse
-from aiworker.schemas.settings import Settings, SettingsError
+from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workers.failures import TolerantFailureConverter
-from aiworker.workers.payload_storage import FILE_DRIVER, PrefixedS3StorageDriver
-from aiworker.workers.resources import build_tools, close_connections, s3_connection
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.process.payload_storage import FILE_DRIVER, PrefixedS3StorageDriver
+from aiworker.workers.process.resources import build_tools, close_connections, s3_connection
 
 
 @pytest_asyncio.fixture(scope="module")

@@ -17,12 +17,12 @@ from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 import aiworker
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
-from aiworker.workers.plugin import AiworkerPlugin
-from aiworker.workers.plugins import builtin_set
-from aiworker.workers.registry import all_queues
-from aiworker.workers.temporal_client import CheckedPayloadConverter
+from aiworker.workers.client.temporal_client import CheckedPayloadConverter
+from aiworker.workers.process.plugin import AiworkerPlugin
+from aiworker.workers.process.plugins import builtin_set
+from aiworker.workers.process.registry import all_queues
 
 
 class UserInterceptor(Interceptor):

@@ -53,13 +53,14 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
 import aiworker
-from aiworker.schemas import catalog, names
-from aiworker.schemas.catalog import load_specs
-from aiworker.schemas.settings import Settings
-from aiworker.workers.devserver import temporal_cli_path
+from aiworker.config import catalog
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
+from aiworker.schemas import names
+from aiworker.workers.devstack.devserver import temporal_cli_path
 from aiworker.workers.errors import StartupError
-from aiworker.workers.plugins import ENTRY_POINT_GROUP, PluginError, load_workers
-from aiworker.workers.worker import load_process_workers
+from aiworker.workers.process.plugins import ENTRY_POINT_GROUP, PluginError, load_workers
+from aiworker.workers.process.worker import load_process_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_SRC = ROOT / "examples" / "plugin"
@@ -431,7 +432,7 @@ TICKET_SCRIPT = textwrap.dedent(
     asyncio.run(main())
     # The SDK's core threads can abort the interpreter at exit (sdk-python#300),
     # after the result is printed; exit as aiworker's own processes do.
-    from aiworker.workers.cli_errors import exit_process
+    from aiworker.workers.cli.errors import exit_process
 
     exit_process(0)
     """
@@ -778,7 +779,7 @@ def test_a_prompt_worker_naming_an_undefined_alias_is_reported_at_start(
 ) -> None:
     import logging
 
-    from aiworker.workers.resources import build_language_model, build_runtime
+    from aiworker.workers.process.resources import build_language_model, build_runtime
 
     examples = Path(__file__).resolve().parents[2] / "examples" / "prompts"
     settings = Settings(data_dir=tmp_path, worker_specs=(examples,))

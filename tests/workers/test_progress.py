@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from aiworker.workers.progress import (
+from aiworker.workers.client.progress import (
     Snapshot,
     Wait,
     progress_line,

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import io
 
-from aiworker.workers.progress import (
+from aiworker.workers.client.progress import (
     Snapshot,
     progress_line,
     stream_events,
     stream_of,
     stream_text,
 )
-from aiworker.workers.watch import STREAM_LINE_SECONDS, PlainView
+from aiworker.workers.client.watch import STREAM_LINE_SECONDS, PlainView
 
 PROGRESS = {
     "status": "running",

@@ -18,13 +18,13 @@ from module_workers import WordCount
 from support.registry import entry
 from temporalio.client import Client, WorkflowFailureError
 
+from aiworker.config.catalog import Catalog, CatalogEntry
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.catalog import Catalog, CatalogEntry
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
-from aiworker.workers.live_registry import publishing
-from aiworker.workers.plugins import WorkerSet
+from aiworker.workers.process.live_registry import publishing
+from aiworker.workers.process.plugins import WorkerSet
 
 REMOTE_QUEUE = "aiworker-remote"
 REMOTE_SPEC = WORD_COUNT | {

@@ -26,7 +26,7 @@ from temporalio.worker import Worker
 from temporalio.workflow import _Definition
 
 import aiworker.workflows
-from aiworker.workers.plugin import SHARED_WORKFLOW_MODULES, workflow_runner
+from aiworker.workers.process.plugin import SHARED_WORKFLOW_MODULES, workflow_runner
 
 _IMMUTABLE = (str, bytes, int, float, bool, Decimal, type(None), frozenset, enum.Enum)
 # limits defines LimiterWorkflow, yet is shared: its PermitSignals mixin and permit

@@ -32,13 +32,18 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.activities.publish import Publish
 from aiworker.activities.runtime import WorkerRuntime
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.catalog import load_specs
-from aiworker.schemas.settings import Settings
-from aiworker.workers.cli_common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
-from aiworker.workers.client import PipelineClient
-from aiworker.workers.devserver import temporal_cli_path
-from aiworker.workers.schedule_specs import (
+from aiworker.workers.cli.common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
+from aiworker.workers.client.client import PipelineClient
+from aiworker.workers.devstack.devserver import temporal_cli_path
+from aiworker.workers.schedules.schedules import (
+    create_schedule,
+    describe_schedule,
+    trigger_schedule,
+)
+from aiworker.workers.schedules.specs import (
     ScheduleOptions,
     calendar_text,
     format_duration,
@@ -46,7 +51,6 @@ from aiworker.workers.schedule_specs import (
     parse_interval,
     spec_text,
 )
-from aiworker.workers.schedules import create_schedule, describe_schedule, trigger_schedule
 
 # A run's id: the schedule's workflow id and the run's nominal time (whole seconds, UTC).
 RUN_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"

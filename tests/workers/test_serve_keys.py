@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from aiworker.workers import cli
-from aiworker.workers.cli_common import EXIT_OK, EXIT_USAGE
-from aiworker.workers.serve_auth import (
+from aiworker.workers.cli import main as cli
+from aiworker.workers.cli.common import EXIT_OK, EXIT_USAGE
+from aiworker.workers.frontdoor.auth import (
     FrontDoorRateLimiter,
     KeyRing,
     SignatureError,
@@ -146,7 +146,7 @@ def test_the_token_bucket_refills_at_its_rate() -> None:
 
 
 def test_the_front_door_settings_are_checked_at_start() -> None:
-    from aiworker.schemas.settings import Settings, SettingsError
+    from aiworker.config.settings import Settings, SettingsError
 
     s = Settings.from_env(
         {

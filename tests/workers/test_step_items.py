@@ -22,10 +22,10 @@ from support.standins import fail, standin
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import ItemsRef
-from aiworker.schemas.settings import Settings
-from aiworker.workers.client import PipelineClient
-from aiworker.workers.step_items import ItemsPartError, StepItemsError
+from aiworker.workers.client.client import PipelineClient
+from aiworker.workers.client.step_items import ItemsPartError, StepItemsError
 
 N = 12
 INLINE = 5  # foreach_inline_items: `each` (12 items) by reference, `small` (3) inline

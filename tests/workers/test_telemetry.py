@@ -28,10 +28,10 @@ from telemetry_helpers import (  # noqa: F401 - pytest fixtures
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
-from aiworker.workers import cli
-from aiworker.workers.logs import JsonFormatter, Redactor
+from aiworker.workers.cli import main as cli
+from aiworker.workers.process.logs import JsonFormatter, Redactor
 
 SECRET = "sk-live-9f8e7d6c5b4a3210fedcba"
 
@@ -275,7 +275,7 @@ async def test_models_file_keys_are_redacted_in_logs_and_failures(
     """Keys that only the models file names (env var or key file) are secrets too."""
     import uuid
 
-    from aiworker.workers.resources import build_runtime, close_connections
+    from aiworker.workers.process.resources import build_runtime, close_connections
 
     env_key, file_key = (f"sk-{kind}-{uuid.uuid4().hex}" for kind in ("env", "file"))
     monkeypatch.setenv("AIW_TEST_MODELS_KEY", env_key)

@@ -56,15 +56,15 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle  # no
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from aiworker.activities.llm import LlmMetrics  # noqa: E402
+from aiworker.config.settings import Settings, parse_rate_limits  # noqa: E402
 from aiworker.schemas import names  # noqa: E402
-from aiworker.schemas.settings import Settings, parse_rate_limits  # noqa: E402
-from aiworker.workers.client import PipelineClient  # noqa: E402
-from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path  # noqa: E402
-from aiworker.workers.live_registry import read_registry  # noqa: E402
-from aiworker.workers.resources import build_language_model, build_tools  # noqa: E402
-from aiworker.workers.schedule_specs import ScheduleOptions, parse_interval  # noqa: E402
-from aiworker.workers.schedules import create_schedule, trigger_schedule  # noqa: E402
-from aiworker.workers.temporal_client import data_converter  # noqa: E402
+from aiworker.workers.client.client import PipelineClient  # noqa: E402
+from aiworker.workers.client.temporal_client import data_converter  # noqa: E402
+from aiworker.workers.devstack.devserver import local_server_extra_args, temporal_cli_path  # noqa: E402
+from aiworker.workers.process.live_registry import read_registry  # noqa: E402
+from aiworker.workers.process.resources import build_language_model, build_tools  # noqa: E402
+from aiworker.workers.schedules.schedules import create_schedule, trigger_schedule  # noqa: E402
+from aiworker.workers.schedules.specs import ScheduleOptions, parse_interval  # noqa: E402
 from aiworker.workflows.worker_registry import WorkerRegistryWorkflow  # noqa: E402
 
 OUT = HERE / "histories"

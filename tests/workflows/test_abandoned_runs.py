@@ -26,9 +26,9 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
-from aiworker.workers.plugin import workflow_runner
+from aiworker.workers.process.plugin import workflow_runner
 
 # Escalates at once and waits for a review, holding the pipeline's concurrency
 # lease: its coroutines have a status reset and a lease release in their finally.

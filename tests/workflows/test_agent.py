@@ -36,11 +36,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from aiworker.activities.llm import LlmMetrics
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
-from aiworker.workers.devserver import temporal_cli_path
-from aiworker.workers.resources import build_language_model, build_tools
+from aiworker.workers.devstack.devserver import temporal_cli_path
+from aiworker.workers.process.resources import build_language_model, build_tools
 
 PAGE = "<html><body><h1>Kettle</h1><span class='price'>39.90</span></body></html>"
 PRICE_SCHEMA = {
@@ -421,7 +421,7 @@ async def test_tools_named_by_an_earlier_steps_outputs_are_recorded_and_called(
 def test_aiworker_check_refuses_an_agent_step_it_cannot_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from aiworker.workers import cli
+    from aiworker.workers.cli import main as cli
 
     doc = {
         "name": "bad-agent",

@@ -14,10 +14,10 @@ from temporalio.client import Client
 from aiworker.activities.errors import UpstreamError
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.validator import Validator
-from aiworker.schemas.catalog import load_specs
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import Budget
 from aiworker.schemas.protocol import Usage
-from aiworker.schemas.settings import Settings
 from aiworker.workflows.budget import BudgetRefused, Ledger
 
 

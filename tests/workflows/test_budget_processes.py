@@ -25,8 +25,8 @@ from support.processes import served_by, worker_processes
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.client import Client
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
 
 ITEMS = 40
 CHUNK = 5  # 8 chunks per pipeline, so the chunks spread over the processes

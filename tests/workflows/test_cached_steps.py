@@ -23,8 +23,8 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 
 from aiworker.activities.tools import scrape_tools
-from aiworker.schemas.settings import Settings
-from aiworker.workers import cli
+from aiworker.config.settings import Settings
+from aiworker.workers.cli import main as cli
 
 CALLS = cache_workers.CALLS
 REFUSAL = (

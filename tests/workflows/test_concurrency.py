@@ -19,8 +19,8 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
 
 STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
 

@@ -10,9 +10,9 @@ from typing import Any
 from conftest import running_stack
 from temporalio.client import Client, WorkflowHandle
 
-from aiworker.schemas.settings import Settings
-from aiworker.workers.demo_site import DemoSite
-from aiworker.workers.resources import build_tools
+from aiworker.config.settings import Settings
+from aiworker.workers.devstack.demo_site import DemoSite
+from aiworker.workers.process.resources import build_tools
 
 DEMO = Path(__file__).parents[2] / "workers" / "samples" / "demo.json"
 

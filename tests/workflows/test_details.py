@@ -14,9 +14,9 @@ from support.waiting import wait_until
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
-from aiworker.workers.devserver import temporal_cli_path
+from aiworker.workers.devstack.devserver import temporal_cli_path
 from aiworker.workflows.details import MAX_CHARS, MAX_ROWS, render_table
 
 # The query the Temporal UI sends for a workflow's current details (and its handlers).

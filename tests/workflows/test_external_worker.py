@@ -34,11 +34,11 @@ from temporalio.converter import (
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker as TemporalWorker
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
-from aiworker.workers.plugins import load_workers
-from aiworker.workers.registry import all_queues
+from aiworker.workers.process.plugins import load_workers
+from aiworker.workers.process.registry import all_queues
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "external"
 SPECS = EXAMPLE / "specs"
@@ -301,7 +301,7 @@ async def test_nobody_polls_the_queue_the_call_fails_at_the_pipeline_deadline(
 async def test_the_external_worker_passes_the_conformance_kit(
     client: Client, settings: Settings, tmp_path: Path
 ) -> None:
-    from aiworker.workers.conformance import check_worker
+    from aiworker.workers.conformance.run import check_worker
 
     spec = load_workers(with_specs(settings), entry_points=()).specs[WORKER]
     async with external_worker(client, settings, tmp_path):
@@ -316,7 +316,7 @@ async def test_the_external_worker_passes_the_conformance_kit(
 async def test_a_misbehaving_external_worker_fails_the_conformance_kit(
     client: Client, settings: Settings, tmp_path: Path
 ) -> None:
-    from aiworker.workers.conformance import check_worker
+    from aiworker.workers.conformance.run import check_worker
 
     spec = load_workers(with_specs(settings), entry_points=()).specs[WORKER]
     async with external_worker(client, settings, tmp_path, "--malformed-envelope"):

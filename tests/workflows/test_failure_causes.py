@@ -17,8 +17,8 @@ from support.waiting import wait_until
 from temporalio.client import Client
 
 from aiworker.activities.tools import scrape_tools
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
 
 PAGE_SPEC = {"fields": {"title": {"selector": "h1", "required": True}}}
 

@@ -19,7 +19,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from aiworker.workers.client import PipelineClient
+from aiworker.workers.client.client import PipelineClient
 from aiworker.workflows.chunks import FANOUT, TREE_PATCH
 
 # Failed items listed in a for_each step's outputs (workflows/fanout.py MAX_ITEM_ERRORS).

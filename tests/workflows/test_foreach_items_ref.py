@@ -26,10 +26,10 @@ from temporalio.worker import Replayer
 from aiworker.activities.artifacts import FileArtifactStore
 from aiworker.activities.errors import AccessDeniedError
 from aiworker.activities.items import INDEX_KIND, load_items
+from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import ITEMS_REF_KIND, ItemsRef, StepResult
-from aiworker.schemas.settings import Settings
-from aiworker.workers.client import PipelineClient
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.client.client import PipelineClient
+from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workflows.foreach import PipelineForEachWorkflow
 from aiworker.workflows.items import ITEMS_REF_PATCH, needs_items
 from aiworker.workflows.pipeline import PipelineWorkflow

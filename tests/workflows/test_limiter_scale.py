@@ -19,8 +19,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 
 from aiworker.activities.limits import BLOCK_MAX, block_size
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
 from aiworker.workflows.limits import _used
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
@@ -240,7 +240,7 @@ async def test_limits_hold_across_the_limiters_continue_as_new(
     from conftest import running_stack
     from support.payloads import stack_settings
 
-    from aiworker.schemas.settings import parse_rate_limits
+    from aiworker.config.settings import parse_rate_limits
     from aiworker.workflows import limits as limiter_module
 
     monkeypatch.setattr(limiter_module, "_MAX_HISTORY_EVENTS", 40)

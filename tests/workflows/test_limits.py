@@ -20,10 +20,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from aiworker.activities.limits import rate_limit_for
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings, parse_rate_limits
 from aiworker.schemas import names
-from aiworker.schemas.catalog import load_specs
 from aiworker.schemas.protocol import Observability, WorkerResponse
-from aiworker.schemas.settings import Settings, parse_rate_limits
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
 

@@ -15,9 +15,9 @@ import pytest
 from temporalio.client import Client
 from test_demo_pipeline import run_demo
 
-from aiworker.schemas.settings import Settings
-from aiworker.workers.cli import main
-from aiworker.workers.resources import lineage_index
+from aiworker.config.settings import Settings
+from aiworker.workers.cli.main import main
+from aiworker.workers.process.resources import lineage_index
 
 
 async def test_for_each_items_are_recorded_under_their_step(

@@ -19,11 +19,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError
 
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.catalog import load_specs
-from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
-from aiworker.workers import cli
+from aiworker.workers.cli import main as cli
 
 
 def _check(sid: str, data: Any, **kw: Any) -> dict[str, Any]:

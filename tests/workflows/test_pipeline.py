@@ -20,9 +20,9 @@ from temporalio.exceptions import ApplicationError, CancelledError
 
 from aiworker.activities.publish import Publish
 from aiworker.activities.runtime import WorkerRuntime
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.catalog import load_specs
-from aiworker.schemas.settings import Settings
 
 STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
 

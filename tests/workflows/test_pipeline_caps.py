@@ -26,7 +26,7 @@ from aiworker.schemas import names
 from aiworker.schemas.caps import Caps
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.pipeline_check import PipelineSpecError
-from aiworker.workers.client import PipelineClient
+from aiworker.workers.client.client import PipelineClient
 
 V: dict[str, Any] = {"data": 1, "schema": {}}
 

@@ -12,7 +12,7 @@ from support.pipelines import refused as fail
 from temporalio.api.enums.v1 import EventType
 from temporalio.worker import Replayer
 
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workflows.pipeline import PipelineWorkflow
 
 V = {"data": 1, "schema": {}}

@@ -28,9 +28,9 @@ from temporalio.testing import WorkflowEnvironment
 from aiworker.schemas import names
 from aiworker.schemas.pipeline_check import PipelineSpecError
 from aiworker.schemas.tenants import TenantRegistry
-from aiworker.workers.client import PipelineClient
-from aiworker.workers.devserver import local_server_extra_args, temporal_cli_path
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.client.client import PipelineClient
+from aiworker.workers.client.temporal_client import data_converter
+from aiworker.workers.devstack.devserver import local_server_extra_args, temporal_cli_path
 
 REGISTRY = TenantRegistry.model_validate(
     {"tenants": {"acme": {"fairness_weight": 3}, "globex": {}}}

@@ -29,9 +29,9 @@ from prometheus_client import CollectorRegistry
 from temporalio.client import Client, WorkflowHandle
 
 from aiworker.activities.llm import LlmMetrics
+from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
-from aiworker.workers.resources import build_language_model
+from aiworker.workers.process.resources import build_language_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "prompts"
 WORKER = "classify-ticket"

@@ -31,13 +31,13 @@ from temporalio.worker import Replayer
 from temporalio.worker import Worker as TemporalWorker
 
 from aiworker.activities.limits import LimiterActivities
-from aiworker.schemas import catalog
-from aiworker.schemas.catalog import load_specs
+from aiworker.config import catalog
+from aiworker.config.catalog import load_specs
+from aiworker.config.settings import Settings
 from aiworker.schemas.options import activity_options
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import Settings
 from aiworker.schemas.spec import WorkerSpec
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workflows.foreach import PipelineForEachWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
 

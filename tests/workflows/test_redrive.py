@@ -18,8 +18,8 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.activities.tools import scrape_tools
-from aiworker.schemas.settings import Settings
-from aiworker.workers.client import (
+from aiworker.config.settings import Settings
+from aiworker.workers.client.client import (
     PipelineClient,
     RedriveError,
     list_pipelines,

@@ -39,12 +39,12 @@ from support.waiting import wait_until
 from temporalio.client import Client
 from temporalio.worker import Replayer, Worker
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
-from aiworker.workers.devserver import temporal_cli_path
-from aiworker.workers.registry import WORKFLOWS_BY_QUEUE
-from aiworker.workers.replay import load_history
-from aiworker.workers.temporal_client import data_converter
+from aiworker.workers.client.temporal_client import data_converter
+from aiworker.workers.devstack.devserver import temporal_cli_path
+from aiworker.workers.process.registry import WORKFLOWS_BY_QUEUE
+from aiworker.workers.process.replay import load_history
 
 FOLDER = Path(__file__).parent / "histories"
 HISTORIES = sorted(FOLDER.glob("*.json"))
@@ -121,7 +121,7 @@ def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``aiworker replay ARGS`` in a process of its own, as CI runs it."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
     return subprocess.run(
-        [sys.executable, "-m", "aiworker.workers.cli", "replay", *args],
+        [sys.executable, "-m", "aiworker.workers.cli.main", "replay", *args],
         env=base | env,
         capture_output=True,
         text=True,

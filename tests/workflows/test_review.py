@@ -21,9 +21,9 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
+from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.settings import Settings
-from aiworker.workers.client import send_review
+from aiworker.workers.client.client import send_review
 
 STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
 GOOD = {"policy": "all", "result": {"title": "fixed by a human"}, "used": [], "failed": []}
@@ -254,7 +254,7 @@ async def test_the_cli_names_the_reviewer_without_user(
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "aiworker.workers.cli",
+            "aiworker.workers.cli.main",
             *cmd,
             env=proc_env,
             stdout=asyncio.subprocess.PIPE,

@@ -19,13 +19,13 @@ with workflow.unsafe.imports_passed_through():
 
     from aiworker.activities.metrics import WorkerMetrics
     from aiworker.activities.runtime import WorkerRuntime
+    from aiworker.config.catalog import load_specs
+    from aiworker.config.settings import Settings
     from aiworker.schemas import names
-    from aiworker.schemas.catalog import load_specs
     from aiworker.schemas.limits import RunConfig, RunConfigCall
-    from aiworker.schemas.settings import Settings
-    from aiworker.workers.plugin import workflow_runner
-    from aiworker.workers.plugins import builtin_set
-    from aiworker.workers.registry import activities_for
+    from aiworker.workers.process.plugin import workflow_runner
+    from aiworker.workers.process.plugins import builtin_set
+    from aiworker.workers.process.registry import activities_for
 
 
 @workflow.defn

@@ -20,11 +20,11 @@ from support.standins import standin
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from aiworker.config.settings import parse_rate_limits
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.schemas.settings import parse_rate_limits
 from aiworker.schemas.tenants import TenantRegistry
-from aiworker.workers.cli_parser import build_parser
-from aiworker.workers.client import PipelineClient, RedriveError
+from aiworker.workers.cli.parser import build_parser
+from aiworker.workers.client.client import PipelineClient, RedriveError
 from aiworker.workflows.pipeline import PipelineWorkflow
 
 REGISTRY = TenantRegistry.model_validate(

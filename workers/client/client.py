@@ -1,0 +1,590 @@
+"""The pipeline client: start, watch, review, list and redrive pipelines from Python.
+
+Long on purpose (a little over 400 lines): the one public class users drive
+pipelines with, each operation with its full docstring.
+
+One typed layer over ``temporalio.client.Client`` that the ``aiworker`` CLI,
+the dev stack and users' code share::
+
+    import aiworker
+
+    pipelines = await aiworker.PipelineClient.connect()  # envconfig, default localhost:7233
+    handle = await pipelines.start({"name": "hello", "steps": [...]})
+    result = await handle.result()  # a PipelineResult
+    print(result.status, result.output)
+
+Handles are the SDK's own, typed ``WorkflowHandle[PipelineWorkflow,
+PipelineResult]`` (:data:`PipelineHandle`), as ``client.start_workflow(
+PipelineWorkflow.run, ...)`` gives them: ``await handle.result()`` is a
+:class:`~aiworker.schemas.pipeline.PipelineResult`, and ``handle.describe()``,
+``handle.cancel()`` and the rest work as the SDK documents. The workflow
+module is imported for its types only; importing it starts nothing and loads
+no activity code.
+
+A pipeline is checked with :func:`~aiworker.workers.process.pipeline_settings.check_spec`
+before it starts (the spec, its steps' inputs against the workers' contracts,
+model aliases and tenants), so a bad spec raises
+:class:`~aiworker.schemas.pipeline_check.PipelineSpecError` here instead of
+failing a workflow. Every client uses the pydantic data converter of
+:mod:`aiworker.workers.client.temporal_client` (with external payload storage when
+given settings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import logging
+import time
+import uuid
+from collections.abc import Collection, Mapping
+from typing import Any, TypeAlias
+
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+)
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from aiworker.config import catalog
+from aiworker.config.settings import Settings
+from aiworker.schemas import names
+from aiworker.schemas.causes import PipelineError
+from aiworker.schemas.errors import ErrorCode
+from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
+from aiworker.schemas.priority import start_priority
+from aiworker.schemas.spec import WorkerSpec
+from aiworker.workers.client import visibility as visibility
+from aiworker.workers.client.step_items import StepItemsError, read_items, spec_step
+from aiworker.workers.client.temporal_client import TemporalUnreachableError, connect
+from aiworker.workers.client.visibility import PipelineSummary, list_query
+from aiworker.workers.process.live_registry import WorkerView, resolve_view
+from aiworker.workers.process.pipeline_settings import check_spec
+from aiworker.workflows.pipeline import PipelineWorkflow
+
+__all__ = [
+    "PipelineClient",
+    "PipelineHandle",
+    "PipelineSummary",
+    "RedriveError",
+    "StepItemsError",
+    "TemporalUnreachableError",
+    "list_pipelines",
+    "list_query",
+    "redrive",
+    "send_review",
+    "start_pipeline",
+]
+
+log = logging.getLogger("aiworker.client")
+
+# How long a client keeps what it read of the live registry before reading it again
+# (a front door starting many pipelines asks once, not once a start).
+VIEW_MAX_AGE_SECONDS = 5.0
+
+# Ids a redrive tries past the highest one visibility lists before it gives up.
+MAX_REDRIVE_ID_TRIES = 100
+
+PipelineHandle: TypeAlias = WorkflowHandle[PipelineWorkflow, PipelineResult]
+"""The handle of one pipeline run; ``await handle.result()`` is a ``PipelineResult``."""
+
+
+class RedriveError(RuntimeError):
+    """The pipeline cannot be redriven (still running, it succeeded, or it is another
+    tenant's); the message says why."""
+
+
+class PipelineClient:
+    """Pipelines on one Temporal namespace: the public client of aiworker.
+
+    Args:
+        client: a connected Temporal client; it should use aiworker's data
+            converter (:meth:`connect` makes one that does).
+        settings: the deployment's settings; the task queue suffix, the
+            external payload storage and the caps (``AIWORKER_MAX_*``, checked
+            before a pipeline starts) matter here. Defaults to ``Settings()``.
+        known_workers: the worker ids a pipeline's steps may name, instead of
+            the live registry's (their input is checked only where this
+            process knows their spec). By default a pipeline is checked
+            against the workers the live registry lists (every live worker
+            process publishes what it serves, :mod:`aiworker.workers.process.live_registry`),
+            and against the workers this process knows (the built-ins, or the
+            catalog a worker process installed) when the registry cannot be
+            read or lists no process.
+
+    Attributes:
+        temporal: the underlying Temporal client, for anything this class
+            does not wrap (schedules, batch operations, raw handles).
+        settings: the settings the client runs with.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        settings: Settings | None = None,
+        *,
+        known_workers: Collection[str] | None = None,
+    ) -> None:
+        self.temporal = client
+        self.settings = settings if settings is not None else Settings()
+        self._known = set(known_workers) if known_workers is not None else None
+        self._view: WorkerView | None = None
+        self._view_read_at = 0.0
+        self._view_lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(
+        cls,
+        profile: str | None = None,
+        *,
+        settings: Settings | None = None,
+        known_workers: Collection[str] | None = None,
+        **overrides: Any,
+    ) -> PipelineClient:
+        """Connect as ``temporalio.envconfig`` says (default ``localhost:7233``).
+
+        Args:
+            profile: the envconfig profile; the default profile when omitted.
+            settings: see the class; with settings the client also reads and
+                writes large payloads in the configured external storage.
+            known_workers: see the class.
+            **overrides: connection options that win over envconfig
+                (``target_host``, ``namespace``, ``api_key``, ``telemetry``, ...).
+
+        Returns:
+            A client of the pipelines on that namespace.
+
+        Raises:
+            TemporalUnreachableError: the frontend did not answer.
+        """
+        client = await connect(profile, settings=settings, **overrides)
+        return cls(client, settings, known_workers=known_workers)
+
+    async def worker_view(self, *, refresh: bool = False) -> WorkerView:
+        """The workers pipelines are checked against: the live registry's when it
+        answers and lists a process, else this process's (``view.source`` and
+        ``view.describe()`` say which, and why). Read at most every
+        :data:`VIEW_MAX_AGE_SECONDS` unless ``refresh``."""
+        if self._known is not None:
+            return WorkerView(catalog.current_specs(), "local", "known_workers given")
+        # one read at a time: concurrent starts (the front door) share its answer
+        async with self._view_lock:
+            age = time.monotonic() - self._view_read_at
+            if self._view is None or refresh or age > VIEW_MAX_AGE_SECONDS:
+                view = await resolve_view(self.temporal, self.settings, catalog.current_specs)
+                for warning in view.warnings:
+                    log.warning(warning)
+                self._view, self._view_read_at = view, time.monotonic()
+            return self._view
+
+    async def check_live(self, pipeline: Mapping[str, Any]) -> PipelineSpec:
+        """:meth:`check` against the live registry's workers (:meth:`worker_view`):
+        a pipeline that names a worker no live process serves is refused, naming
+        the worker and the registry's list; a worker the registry knows passes
+        with the same input checks as a local one, though this process lacks it.
+
+        Raises:
+            PipelineSpecError: every problem found, each naming the step and field.
+            ModelsFileError: the settings name a models file that is unusable.
+        """
+        await self.worker_view()
+        return self.check(pipeline)
+
+    def check(self, pipeline: Mapping[str, Any]) -> PipelineSpec:
+        """Check a pipeline spec without starting it: the spec, each step's input
+        against its worker's contract, and this client's settings (model aliases,
+        the tenant registry), as ``aiworker check`` does; against the workers the
+        live registry listed when :meth:`worker_view` last read it, else this
+        process's.
+
+        Raises:
+            PipelineSpecError: every problem found, each naming the step and field.
+            ModelsFileError: the settings name a models file that is unusable.
+        """
+        if self._view is not None and self._known is None:
+            return self._view.check(dict(pipeline), self.settings)
+        specs = catalog.current_specs()
+        if self._known is None:
+            workers: dict[str, WorkerSpec | None] = dict(specs)
+        else:
+            workers = {w: specs.get(w) for w in self._known}
+        return check_spec(dict(pipeline), workers, self.settings)
+
+    async def start(
+        self,
+        pipeline: Mapping[str, Any],
+        *,
+        workflow_id: str | None = None,
+        check: bool = True,
+        id_reuse_policy: WorkflowIDReusePolicy = WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    ) -> PipelineHandle:
+        """Check a pipeline and start it; returns at once with its handle.
+
+        Args:
+            pipeline: the pipeline spec as JSON (the ``aiworker run`` file's content).
+            workflow_id: the workflow id; ``<name>-<random>`` when omitted.
+            check: check the spec here first (:meth:`check_live`). ``False`` leaves the check to the
+                workflow, which fails the run with a non-retryable
+                ``invalid_input`` (for a client that cannot know the workers).
+            id_reuse_policy: whether a workflow id that ended may start again
+                (Temporal's default: it may).
+
+        Returns:
+            The run's typed handle.
+
+        Raises:
+            PipelineSpecError: the spec is invalid; nothing was started.
+        """
+        if check:
+            await self.check_live(pipeline)
+        name = str(pipeline.get("name") or "pipeline")
+        return await self.temporal.start_workflow(
+            PipelineWorkflow.run,
+            dict(pipeline),
+            id=workflow_id or f"{name}-{uuid.uuid4().hex[:12]}",
+            id_reuse_policy=id_reuse_policy,
+            **self.start_options(pipeline),
+        )
+
+    def start_options(self, pipeline: Mapping[str, Any]) -> dict[str, Any]:
+        """How every run of ``pipeline`` starts, by :meth:`start` or by a schedule's
+        action (:mod:`aiworker.workers.schedules.schedules`): its task queue, search
+        attributes, summary and priority (the spec's, with the tenant as fairness
+        key), as keyword arguments of ``Client.start_workflow``."""
+        name = str(pipeline.get("name") or "pipeline")
+        tenant = str(pipeline.get("tenant") or names.DEFAULT_TENANT)
+        return {
+            "task_queue": self.settings.queue(names.PIPELINES_QUEUE),
+            "search_attributes": names.pipeline_search_attributes("queued", tenant, name),
+            "static_summary": f"pipeline {name} (tenant {tenant})",
+            # for the pipeline's tasks too: its activities and children inherit it
+            "priority": start_priority(pipeline, self.settings.tenants),
+        }
+
+    def get_handle(self, workflow_id: str, run_id: str | None = None) -> PipelineHandle:
+        """The typed handle of a pipeline started earlier (the latest run unless ``run_id``)."""
+        return self.temporal.get_workflow_handle_for(
+            PipelineWorkflow.run, workflow_id, run_id=run_id
+        )
+
+    async def result(self, workflow_id: str, run_id: str | None = None) -> PipelineResult:
+        """Wait for a pipeline to end and return its result.
+
+        A pipeline that ran ends with a result, whatever its ``status``.
+
+        Raises:
+            temporalio.client.WorkflowFailureError: the workflow itself failed
+                (an invalid spec, a cancel, a terminate); see :meth:`outcome`.
+        """
+        return await self.get_handle(workflow_id, run_id).result()
+
+    async def outcome(self, workflow_id: str, run_id: str | None = None) -> dict[str, Any]:
+        """Wait for a pipeline and describe how it ended as one JSON document.
+
+        The result with its ``workflow_id``, or, when the workflow itself
+        failed, ``{"workflow_id", "status": "failed", "error_code", "error"}``
+        with ``error`` shaped as a result's (``step`` null, each problem of an
+        invalid spec a cause, also listed as ``problems``). ``aiworker run`` prints this.
+        """
+        try:
+            result = await self.result(workflow_id, run_id)
+        except WorkflowFailureError as e:
+            cause = e.cause
+            code = getattr(cause, "type", None) or type(cause).__name__
+            details = getattr(cause, "details", None)
+            first = details[0] if details and isinstance(details[0], dict) else {}
+            problems = [str(p) for p in first.get("problems") or []]
+            error = PipelineError.of_problems(code, str(cause), problems)
+            doc: dict[str, Any] = {
+                "workflow_id": workflow_id,
+                "status": "failed",
+                "error_code": code,
+                "error": error.model_dump(mode="json"),
+            }
+            if problems:
+                doc["problems"] = problems
+            return doc
+        return {"workflow_id": workflow_id, **result.model_dump(mode="json")}
+
+    async def progress(self, workflow_id: str, *, include_outputs: bool = False) -> dict[str, Any]:
+        """The ``progress`` query: each step's status, attempts, error code and usage."""
+        return await self.get_handle(workflow_id).query(PipelineWorkflow.progress, include_outputs)
+
+    async def send_review(
+        self,
+        workflow_id: str,
+        decision: str,
+        *,
+        outputs: dict[str, Any] | None = None,
+        reviewer: str | None = None,
+        note: str | None = None,
+        step: str | None = None,
+    ) -> dict[str, Any]:
+        """Decide on a step awaiting review (the ``review`` Workflow Update).
+
+        Args:
+            workflow_id: the pipeline.
+            decision: ``approve``, ``reject`` or ``retry``.
+            outputs: corrected outputs (approve); checked against the step's schema.
+            reviewer: who decides; by default this process's user
+                (:func:`getpass.getuser`), else the workflow names the Update.
+            note: a note kept in the step's result.
+            step: the step, when several await review.
+
+        Returns:
+            The workflow's answer: ``{"step", "decision", "reviewer", "update_id"}``
+            (the Update's id, also kept in the step's ``review``).
+
+        Raises:
+            temporalio.client.WorkflowUpdateFailedError: the workflow refused
+                the decision (no step awaits review, outputs off schema, ...).
+        """
+        arg: dict[str, Any] = {"decision": decision}
+        with contextlib.suppress(OSError, KeyError):  # no login name, a uid without a user
+            reviewer = reviewer or getpass.getuser()
+        if reviewer:
+            arg["reviewer"] = reviewer
+        if outputs is not None:
+            arg["outputs"] = outputs
+        if note:
+            arg["note"] = note
+        if step:
+            arg["step"] = step
+        # By name: the SDK's `@workflow.update(name=...)` overload types an async
+        # handler's result as its coroutine, so the method would not type-check.
+        answer: dict[str, Any] = await self.get_handle(workflow_id).execute_update(
+            names.REVIEW_UPDATE, arg, result_type=dict
+        )
+        return answer
+
+    async def list_pipelines(
+        self,
+        *,
+        status: str | None = None,
+        tenant: str | None = None,
+        pipeline: str | None = None,
+        limit: int = 100,
+    ) -> list[PipelineSummary]:
+        """Pipelines matching every filter given, newest first (at most ``limit``).
+
+        Visibility is eventually consistent: a status change shows up here
+        shortly after it happens.
+        """
+        out: list[PipelineSummary] = []
+        query = list_query(status, tenant, pipeline)
+        async for wf in self.temporal.list_workflows(query, limit=limit):
+            sa = wf.typed_search_attributes
+            out.append(
+                PipelineSummary(
+                    workflow_id=wf.id,
+                    run_id=wf.run_id,
+                    status=sa.get(names.STATUS_KEY),
+                    tenant=sa.get(names.TENANT_KEY),
+                    pipeline=sa.get(names.PIPELINE_KEY),
+                    execution_status=wf.status.name if wf.status else None,
+                    start_time=wf.start_time,
+                )
+            )
+        return out
+
+    async def started_input(
+        self, workflow_id: str, run_id: str | None = None
+    ) -> dict[str, Any] | None:
+        """The pipeline a run was started with (its first history event's input),
+        or None when the run has no history.
+
+        Only the first event is read: one page of one event, not the whole
+        history (a for_each parent's can run to megabytes).
+        """
+        handle = self.get_handle(workflow_id, run_id)
+        async for event in handle.fetch_history_events(page_size=1):
+            first = event.workflow_execution_started_event_attributes
+            decoded = await self.temporal.data_converter.decode(first.input.payloads)
+            return dict(decoded[0]) if decoded and isinstance(decoded[0], dict) else None
+        return None
+
+    async def step_results(
+        self, workflow_id: str, run_id: str | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """How a run ended and its steps' results as JSON, once it has ended.
+
+        From its result, or, when the workflow itself failed (cancelled,
+        terminated, an invalid spec), ``"failed"`` and the steps its
+        ``progress`` query reports (a worker replays the run to answer).
+        """
+        try:
+            result = await self.result(workflow_id, run_id)
+        except WorkflowFailureError:
+            handle = self.get_handle(workflow_id, run_id)
+            progress = await handle.query(PipelineWorkflow.progress, True)
+            return "failed", dict(progress.get("steps") or {})
+        return result.status, {k: v.model_dump(mode="json") for k, v in result.steps.items()}
+
+    async def items(
+        self,
+        workflow_id: str,
+        step_id: str,
+        *,
+        run_id: str | None = None,
+        tenant: str | None = None,
+    ) -> list[Any]:
+        """A for_each step's items (each item's outputs, ``None`` where one failed),
+        once the pipeline has ended, whether its result holds them inline or by
+        reference (an :class:`~aiworker.schemas.pipeline.ItemsRef`, above
+        ``AIWORKER_FOREACH_INLINE_ITEMS`` items), read from this client's
+        artifact store (``settings``) as the run's tenant.
+
+        Args:
+            workflow_id: the pipeline.
+            step_id: the for_each step.
+            run_id: the run (default: the latest).
+            tenant: when given (a front door acting for a tenant), the run must
+                be this tenant's.
+
+        Returns:
+            The list ``${{ steps.<step_id>.outputs.items }}`` gave inside the pipeline.
+
+        Raises:
+            StepItemsError: not a pipeline or not ``tenant``'s, no such step, not
+                a for_each step, no items, or a part the store could not give;
+                its ``code`` is the stable error code.
+            temporalio.service.RPCError: no such workflow (``NOT_FOUND``).
+        """
+        desc = await self.get_handle(workflow_id, run_id).describe()
+        started = await self.started_input(workflow_id, desc.run_id)
+        owner = str((started or {}).get("tenant") or names.DEFAULT_TENANT)
+        if desc.workflow_type != names.PIPELINE_WORKFLOW or started is None:
+            raise StepItemsError(
+                f"{workflow_id} is a {desc.workflow_type} workflow, not a pipeline",
+                ErrorCode.INVALID_INPUT,
+                step=step_id,
+            )
+        if tenant is not None and owner != tenant:
+            raise StepItemsError(
+                f"{workflow_id} is not a pipeline of tenant {tenant!r}",
+                ErrorCode.ACCESS_DENIED,
+                step=step_id,
+            )
+        spec_step(started, step_id)
+        _, steps = await self.step_results(workflow_id, desc.run_id)
+        return await read_items(self.settings, owner, step_id, steps.get(step_id))
+
+    async def redrive_input(self, workflow_id: str, tenant: str | None = None) -> dict[str, Any]:
+        """The input of a new run that reuses the steps a failed run finished.
+
+        The original pipeline comes from the first event of the failed run's
+        history; the finished steps from its result, or (when the run failed,
+        was cancelled or terminated) from its ``progress`` query.
+        ``resume_from`` names the first run, so the new run keeps its
+        idempotency keys. ``tenant``, when given (a front door acting for a
+        tenant), must be the failed run's: its outputs are read here. The new
+        run checks the same again at its start, however it was started.
+
+        Raises:
+            RedriveError: the pipeline is still running, it succeeded, or it
+                is not ``tenant``'s.
+        """
+        handle = self.get_handle(workflow_id)
+        desc = await handle.describe()
+        if desc.workflow_type != names.PIPELINE_WORKFLOW:
+            raise RedriveError(f"{workflow_id} is a {desc.workflow_type} workflow, not a pipeline")
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            raise RedriveError(f"{workflow_id} is still running; cancel it or wait")
+        started = await self.started_input(workflow_id, desc.run_id)
+        if started is None:
+            raise RedriveError(f"{workflow_id} has no history to redrive from")
+        pipeline = started
+        if tenant is not None and pipeline.get("tenant", names.DEFAULT_TENANT) != tenant:
+            raise RedriveError(f"{workflow_id} is not a pipeline of tenant {tenant!r}")
+        status, steps = await self.step_results(workflow_id, desc.run_id)
+        if status == "succeeded":
+            raise RedriveError(f"{workflow_id} succeeded; nothing to redrive")
+        reuse = {
+            sid: r
+            for sid, r in steps.items()
+            if isinstance(r, dict) and r.get("status") in names.OK_STATUSES
+        }
+        previous = pipeline.get("resume_from") or {}
+        root = previous.get("workflow_id") or workflow_id
+        pipeline["resume_from"] = {"workflow_id": root, "run_id": desc.run_id, "steps": reuse}
+        return pipeline
+
+    async def redrive(self, workflow_id: str, tenant: str | None = None) -> PipelineHandle:
+        """Start the failed pipeline ``workflow_id`` again: its succeeded steps are
+        reused, the rest runs again, a for_each only its failed items
+        (:func:`~aiworker.workflows.redrive.plan_redrive`; ``tenant``: see
+        :meth:`redrive_input`).
+
+        Returns:
+            The new run's handle (see :meth:`start_redrive` for its id).
+
+        Raises:
+            RedriveError: the pipeline is still running, it succeeded, or it
+                is not ``tenant``'s.
+        """
+        return await self.start_redrive(await self.redrive_input(workflow_id, tenant))
+
+    async def start_redrive(self, pipeline: Mapping[str, Any]) -> PipelineHandle:
+        """Start a redrive input (:meth:`redrive_input`) as ``<first id>-redrive-<n>``.
+
+        ``n`` counts the redrives of the first run: one more than the highest
+        the visibility store lists, and the next one again while an id is
+        taken (by a run visibility does not show yet, or one started by hand).
+
+        Raises:
+            RedriveError: no free id within :data:`MAX_REDRIVE_ID_TRIES` tries.
+        """
+        root = pipeline["resume_from"]["workflow_id"]
+        first = await visibility.last_redrive(self.temporal, root) + 1
+        for n in range(first, first + MAX_REDRIVE_ID_TRIES):
+            try:
+                # The spec is the one the first run started with; the new run checks
+                # it against the workers that serve it (this process may not know them all).
+                return await self.start(
+                    pipeline,
+                    workflow_id=f"{root}-redrive-{n}",
+                    check=False,
+                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                )
+            except WorkflowAlreadyStartedError:
+                continue
+        raise RedriveError(
+            f"{root}-redrive-{first}..{first + MAX_REDRIVE_ID_TRIES - 1} are all taken"
+        )
+
+
+# The same operations for code that holds a plain ``temporalio.client.Client``.
+
+
+async def start_pipeline(
+    client: Client,
+    settings: Settings,
+    pipeline: Mapping[str, Any],
+    workflow_id: str | None = None,
+) -> PipelineHandle:
+    """:meth:`PipelineClient.start` on ``client``, leaving the spec check to the workflow."""
+    return await PipelineClient(client, settings).start(
+        pipeline, workflow_id=workflow_id, check=False
+    )
+
+
+async def send_review(
+    client: Client, workflow_id: str, decision: str, **options: Any
+) -> dict[str, Any]:
+    """:meth:`PipelineClient.send_review` on ``client``."""
+    return await PipelineClient(client).send_review(workflow_id, decision, **options)
+
+
+async def list_pipelines(client: Client, **filters: Any) -> list[dict[str, Any]]:
+    """:meth:`PipelineClient.list_pipelines` on ``client``, as JSON rows."""
+    rows = await PipelineClient(client).list_pipelines(**filters)
+    return [row.to_json() for row in rows]
+
+
+async def redrive(client: Client, settings: Settings, workflow_id: str) -> PipelineHandle:
+    """:meth:`PipelineClient.redrive` on ``client``."""
+    return await PipelineClient(client, settings).redrive(workflow_id)

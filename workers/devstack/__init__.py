@@ -1,0 +1,1 @@
+"""The local dev stack: dev server, model server, demo site, supervisor."""

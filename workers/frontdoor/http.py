@@ -1,0 +1,177 @@
+"""The front door's HTTP plumbing: refusals as ``{"error": {"code", "message"}}``,
+capped body reads, bounded JSON, and the map from what Temporal raises to a status.
+
+Every refusal is an :class:`ApiError` with a stable code of
+:mod:`aiworker.schemas.errors`; :func:`install_error_handlers` turns it, and
+whatever else a route lets escape, into that body, never a Python repr:
+FastAPI's own refusals (a bad query parameter, an unknown route) are
+``invalid_input`` / ``not_found``; Temporal not answering (a lazy client's
+failed connect, ``UNAVAILABLE``, a timeout) is 503 ``upstream_error`` with
+``Retry-After``; anything else is 500 ``internal``, logged with its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from temporalio.client import RPCTimeoutOrCancelledError
+from temporalio.service import RPCError, RPCStatusCode
+
+from aiworker.schemas.errors import ErrorCode
+from aiworker.schemas.messages import json_path, pydantic_issues
+from aiworker.schemas.refs import json_depth
+from aiworker.workers.client.temporal_client import TemporalUnreachableError
+
+log = logging.getLogger("aiworker.serve")
+
+RETRY_AFTER_UNAVAILABLE = "5"
+
+
+class ApiError(Exception):
+    """A refusal: its HTTP status, stable code and message (and extra fields)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: ErrorCode,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.headers = dict(headers or {})
+        self.extra = extra
+
+    def response(self) -> JSONResponse:
+        """The ``{"error": {"code", "message", ...}}`` response."""
+        body = {"error": {"code": self.code.value, "message": self.message, **self.extra}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def canonical(doc: Any) -> str:
+    """``doc`` as one canonical JSON text (sorted keys, no spaces), for comparing bodies."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+async def read_body(request: Request, cap: int) -> bytes:
+    """The request body, refused with 413 as soon as it passes ``cap`` bytes."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > cap:
+        raise _too_large(cap)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise _too_large(cap)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(cap: int) -> ApiError:
+    return ApiError(
+        413, ErrorCode.PAYLOAD_TOO_LARGE, f"the body is larger than {cap} bytes (the cap)"
+    )
+
+
+def parse_json(body: bytes, max_depth: int) -> Any:
+    """The body as JSON, nested at most ``max_depth`` levels; 400 otherwise."""
+    try:
+        value = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, ErrorCode.INVALID_INPUT, f"the body is not valid JSON: {e}") from None
+    except RecursionError:  # the decoder recurses once per level
+        raise _too_deep(max_depth) from None
+    try:
+        json_depth(value, max_depth)
+    except ValueError:
+        raise _too_deep(max_depth) from None
+    return value
+
+
+def _too_deep(limit: int) -> ApiError:
+    return ApiError(400, ErrorCode.INVALID_INPUT, f"the body nests deeper than {limit} levels")
+
+
+def validation_error(errors: Sequence[Mapping[str, Any]], raw: Any, root: str) -> ApiError:
+    """pydantic's (or FastAPI's) refusal of ``raw`` as one message in JSON terms,
+    each problem as ``<root> <JSON path>: <what>``."""
+    lines = [f"{root} {json_path(i.path)}: {i.text}" for i in pydantic_issues(errors, raw)]
+    return ApiError(400, ErrorCode.INVALID_INPUT, "; ".join(lines) or f"invalid {root}")
+
+
+def unavailable(target: str) -> ApiError:
+    """503: Temporal at ``target`` did not answer (the SDK's detail goes to the log)."""
+    return ApiError(
+        503,
+        ErrorCode.UPSTREAM_ERROR,
+        f"Temporal at {target} did not answer; retry later",
+        headers={"Retry-After": RETRY_AFTER_UNAVAILABLE},
+    )
+
+
+def _target(request: Request) -> str:
+    target: str = request.app.state.temporal_target
+    return target
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every refusal and failure of ``app`` as ``{"error": {"code", "message"}}``."""
+
+    async def api_error(_: Request, e: Exception) -> JSONResponse:
+        assert isinstance(e, ApiError)
+        return e.response()
+
+    async def http_error(request: Request, e: Exception) -> JSONResponse:
+        assert isinstance(e, StarletteHTTPException)
+        if e.status_code == 404:
+            return ApiError(404, ErrorCode.NOT_FOUND, f"no route {request.url.path}").response()
+        if e.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+            return ApiError(405, ErrorCode.INVALID_INPUT, message).response()
+        return ApiError(e.status_code, ErrorCode.INVALID_INPUT, str(e.detail)).response()
+
+    async def request_error(request: Request, e: Exception) -> JSONResponse:
+        assert isinstance(e, RequestValidationError)
+        # FastAPI's refusals of path and query parameters: loc is ("query", name).
+        errors = [{**err, "loc": tuple(err["loc"])[1:]} for err in e.errors()]
+        return validation_error(errors, dict(request.query_params), "query").response()
+
+    async def rpc_error(request: Request, e: Exception) -> JSONResponse:
+        assert isinstance(e, RPCError)
+        if e.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+            log.warning("Temporal did not answer: %s", e.message)
+            return unavailable(_target(request)).response()
+        if e.status == RPCStatusCode.NOT_FOUND:
+            return ApiError(404, ErrorCode.NOT_FOUND, e.message).response()
+        log.warning("Temporal refused a request: %s %s", e.status.name, e.message)
+        return ApiError(
+            502, ErrorCode.UPSTREAM_ERROR, f"Temporal answered {e.status.name}"
+        ).response()
+
+    async def unreachable(request: Request, e: Exception) -> JSONResponse:
+        # The SDK reports a lazy client's failed connect as a bare RuntimeError.
+        if isinstance(e, TemporalUnreachableError | RPCTimeoutOrCancelledError) or (
+            "client connect" in str(e)
+        ):
+            log.warning("Temporal did not answer: %s", str(e).splitlines()[0][:500])
+            return unavailable(_target(request)).response()
+        log.exception("unexpected error")
+        return ApiError(500, ErrorCode.INTERNAL, "unexpected error; see the server log").response()
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, request_error)
+    app.add_exception_handler(RPCError, rpc_error)
+    app.add_exception_handler(RuntimeError, unreachable)
+    app.add_exception_handler(ConnectionError, unreachable)
+    app.add_exception_handler(RPCTimeoutOrCancelledError, unreachable)

@@ -1,0 +1,257 @@
+"""The HTTP front door (``aiworker serve``): start, watch and review pipelines over HTTP.
+
+An ASGI app on FastAPI, served by uvicorn::
+
+    POST /v1/pipelines                 start a pipeline (body: the spec; Idempotency-Key)
+    GET  /v1/pipelines/{id}            status and progress (describe + the progress query)
+    GET  /v1/pipelines/{id}/result     the outcome, waiting at most ?timeout= seconds
+    GET  /v1/pipelines/{id}/steps/{step}/items  a for_each step's items (inline or by reference)
+    POST /v1/pipelines/{id}/review     the review Update (approve | reject | retry)
+    POST /v1/hooks/{name}              a configured pipeline from a signed webhook
+    GET  /healthz, /readyz, /openapi.json, /docs
+
+Every call but the probes and the documents carries ``Authorization: Bearer
+<key>``; the key decides the tenant (:mod:`aiworker.workers.frontdoor.auth`), so a
+body naming another tenant is refused and another tenant's pipelines read as
+not found. Webhooks are authenticated by their HMAC signature instead.
+
+A request is checked on the same path as ``aiworker run``
+(:meth:`PipelineClient.check_live <aiworker.workers.client.client.PipelineClient.check_live>`):
+against the workers the live registry lists (so a plugin worker served by a
+worker process passes, with its input checked, though the front door lacks
+it), or this process's when the registry cannot be read; nothing starts
+unless the spec is valid. ``Idempotency-Key`` (and a webhook's
+delivery id) names the workflow: the id is derived from the tenant and the key,
+the start refuses a duplicate id, and a retry with the same body answers 200
+with the first run's id instead of 201; another body under the same key is 409.
+
+Every refusal is ``{"error": {"code", "message"}}`` with a stable code of
+:mod:`aiworker.schemas.errors`: 400 ``invalid_input``, 401/403
+``access_denied``, 404 ``not_found``, 409 ``invalid_input``, 413
+``payload_too_large``, 429 ``rate_limited`` (with ``Retry-After``), 503
+``upstream_error`` (Temporal did not answer), 500 ``internal``.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from temporalio.service import RPCError
+
+from aiworker.activities.llm import ModelsFileError
+from aiworker.config.settings import Settings
+from aiworker.schemas.errors import ErrorCode
+from aiworker.workers.client.client import PipelineClient
+from aiworker.workers.frontdoor.auth import (
+    ApiKey,
+    FrontDoorRateLimiter,
+    KeyRing,
+    ServeConfigError,
+    load_hooks,
+)
+from aiworker.workers.frontdoor.http import ApiError, install_error_handlers, read_body, unavailable
+from aiworker.workers.frontdoor.service import (
+    MAX_RESULT_WAIT_SECONDS,
+    FrontDoor,
+    ReviewRequest,
+    Service,
+)
+from aiworker.workers.process.pipeline_settings import model_aliases
+
+_bearer = HTTPBearer(auto_error=False, description="an API key (aiworker keys add)")
+
+
+async def _caller(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> ApiKey:
+    """The API key of a request (401 without a valid one), after its rate (429)."""
+    service: Service = request.app.state.service
+    key = service.door.keys.find(credentials.credentials) if credentials else None
+    if key is None:
+        raise ApiError(
+            401,
+            ErrorCode.ACCESS_DENIED,
+            "a valid API key is required (Authorization: Bearer <key>)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    service.limit(f"key:{key.name}", key.rate_limit)
+    return key
+
+
+Caller = Annotated[ApiKey, Depends(_caller)]
+
+
+def create_app(door: FrontDoor) -> FastAPI:
+    """The front door's ASGI app over ``door`` (served by :func:`serve`)."""
+    from importlib.metadata import version
+
+    app = FastAPI(
+        title="aiworker front door",
+        version=version("aiworker"),
+        description="Start, watch and review aiworker pipelines; start them from webhooks.",
+    )
+    service = Service(door)
+    app.state.service = service
+    app.state.temporal_target = door.pipelines.temporal.service_client.config.target_host
+    install_error_handlers(app)
+    errors: dict[int | str, dict[str, Any]] = {
+        s: {"description": d}
+        for s, d in ((400, "invalid_input"), (401, "access_denied"), (429, "rate_limited"))
+    }
+
+    json_body = {"requestBody": {"required": True, "content": {"application/json": {}}}}
+
+    @app.post(
+        "/v1/pipelines",
+        status_code=201,
+        responses={200: {"description": "a retry of a start: the first run"}, **errors},
+        openapi_extra=json_body,
+        summary="Start a pipeline (the body is the pipeline spec)",
+    )
+    async def start_pipeline(request: Request, key: Caller) -> JSONResponse:
+        body = await read_body(request, door.settings.serve_max_body_bytes)
+        return await service.start(body, key, request.headers.get("idempotency-key"))
+
+    @app.get("/v1/pipelines/{workflow_id}", responses=errors, summary="Status and progress")
+    async def get_pipeline(workflow_id: str, key: Caller) -> dict[str, Any]:
+        return await service.status(workflow_id, key)
+
+    @app.get(
+        "/v1/pipelines/{workflow_id}/result",
+        responses={202: {"description": "still running: the status"}, **errors},
+        summary="The outcome, waiting at most `timeout` seconds",
+    )
+    async def get_result(
+        workflow_id: str,
+        key: Caller,
+        wait: Annotated[
+            float,
+            Query(
+                alias="timeout",
+                ge=0,
+                le=MAX_RESULT_WAIT_SECONDS,
+                description="seconds to wait for the end (202 with the status after it)",
+            ),
+        ] = 30.0,
+    ) -> JSONResponse:
+        return await service.result(workflow_id, key, wait)
+
+    @app.get(
+        "/v1/pipelines/{workflow_id}/steps/{step}/items",
+        responses={
+            409: {"description": "still running"},
+            500: {"description": "a stored part is missing or damaged"},
+            **errors,
+        },
+        summary="A for_each step's items (inline or by reference), once the pipeline ended",
+    )
+    async def get_items(workflow_id: str, step: str, key: Caller) -> dict[str, Any]:
+        return await service.items(workflow_id, step, key)
+
+    @app.post(
+        "/v1/pipelines/{workflow_id}/review",
+        responses={409: {"description": "refused, or nothing awaits review"}, **errors},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": ReviewRequest.model_json_schema()}},
+            }
+        },
+        summary="Decide on a step awaiting review",
+    )
+    async def review(workflow_id: str, request: Request, key: Caller) -> dict[str, Any]:
+        body = await read_body(request, door.settings.serve_max_body_bytes)
+        return await service.review(workflow_id, key, body)
+
+    @app.post(
+        "/v1/hooks/{name}",
+        status_code=201,
+        responses={200: {"description": "a redelivery: the first run"}, **errors},
+        openapi_extra=json_body,
+        summary="Start a hook's pipeline from a signed webhook",
+    )
+    async def webhook(name: str, request: Request) -> JSONResponse:
+        return await service.hook(name, request)
+
+    @app.get("/healthz", summary="Alive")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", responses={503: {"description": "Temporal does not answer"}})
+    async def readyz() -> dict[str, str]:
+        service_client = door.pipelines.temporal.service_client
+        try:
+            ok = await service_client.check_health(timeout=timedelta(seconds=3))
+        except (RPCError, RuntimeError):
+            ok = False
+        if not ok:
+            raise unavailable(app.state.temporal_target)
+        return {"status": "ready"}
+
+    return app
+
+
+async def serve(
+    settings: Settings,
+    *,
+    address: str | None = None,
+    profile: str | None = None,
+    env: Mapping[str, str],
+    on_listening: Callable[[str, int], None] | None = None,
+) -> None:
+    """Run the front door until SIGTERM or SIGINT (uvicorn's graceful shutdown).
+
+    The keys and hooks files are read first, so a typo stops the process
+    before it listens. The Temporal client connects lazily: the door starts
+    (and ``/readyz`` says 503) while Temporal is not there yet.
+
+    Raises:
+        ServeConfigError: the keys or hooks file is unusable.
+    """
+    import uvicorn
+
+    keys = KeyRing.load(settings.api_keys_file)
+    hooks = load_hooks(settings.hooks_file, env)
+    try:
+        # every start checks model aliases against this file: a broken one would
+        # answer each request 500, so it stops the door before it listens
+        model_aliases(settings)
+    except ModelsFileError as e:
+        raise ServeConfigError(str(e)) from None
+    if settings.tenants is not None:
+        # A key or hook for a tenant the registry lacks could never start anything.
+        named = {k.tenant for k in keys.keys} | {h.hook.tenant for h in hooks.values()}
+        unknown = sorted(named - set(settings.tenants.tenants))
+        if unknown:
+            raise ServeConfigError(
+                f"API keys or hooks name tenants that AIWORKER_TENANTS_FILE lacks: "
+                f"{', '.join(unknown)}"
+            )
+    pipelines = await PipelineClient.connect(
+        profile, target_host=address, settings=settings, lazy=True
+    )
+    door = FrontDoor(
+        pipelines, keys, hooks, settings, FrontDoorRateLimiter(settings.serve_rate_limit)
+    )
+    host = settings.serve_host
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # Bound here, not by uvicorn, so that port 0 works and the real port is known.
+    sock = socket.create_server((host, settings.serve_port), family=family)
+    config = uvicorn.Config(
+        create_app(door),
+        log_config=None,  # the process's JSON logs
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=10,
+        lifespan="off",
+    )
+    if on_listening is not None:
+        on_listening(host, sock.getsockname()[1])
+    await uvicorn.Server(config).serve(sockets=[sock])

@@ -1,0 +1,364 @@
+"""The front door's operations (:mod:`aiworker.workers.frontdoor.serve` routes to them):
+start once per idempotency key, describe, wait for a result, read a for_each
+step's items, review, webhooks.
+
+Each takes the caller's :class:`~aiworker.workers.frontdoor.auth.ApiKey` (the
+tenant it acts for) and answers with JSON or raises an
+:class:`~aiworker.workers.frontdoor.http.ApiError`; Temporal's own exceptions
+escape to the app's handlers (503 when it does not answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import logging
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from temporalio.client import (
+    RPCTimeoutOrCancelledError,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from aiworker.config.settings import Settings
+from aiworker.schemas import names
+from aiworker.schemas.errors import ErrorCode
+from aiworker.schemas.messages import type_name
+from aiworker.schemas.pipeline_check import PipelineSpecError
+from aiworker.workers.client.client import PipelineClient
+from aiworker.workers.client.step_items import ItemsPartError, StepItemsError
+from aiworker.workers.frontdoor.auth import (
+    ApiKey,
+    FrontDoorRateLimiter,
+    KeyRing,
+    ReadyHook,
+    SignatureError,
+    verify_github,
+    verify_stripe,
+)
+from aiworker.workers.frontdoor.http import (
+    ApiError,
+    canonical,
+    parse_json,
+    read_body,
+    validation_error,
+)
+
+log = logging.getLogger("aiworker.serve")
+
+# Longest a GET .../result holds a connection; longer waits poll again (202).
+MAX_RESULT_WAIT_SECONDS = 60.0
+# A pipeline body nests a few levels above the step inputs the caps bound.
+SPEC_LEVELS = 8
+MAX_IDEMPOTENCY_KEY_CHARS = 255
+# Temporal answers a describe or query in milliseconds; a hung one must not hold a request.
+RPC_TIMEOUT = timedelta(seconds=10)
+ENDED_QUERY_TIMEOUT = timedelta(seconds=3)
+
+
+@dataclass
+class FrontDoor:
+    """What the app serves from: Temporal, the keys, the hooks, the rates, the settings."""
+
+    pipelines: PipelineClient
+    keys: KeyRing
+    hooks: dict[str, ReadyHook]
+    settings: Settings
+    limiter: FrontDoorRateLimiter
+
+
+class ReviewRequest(BaseModel):
+    """The body of ``POST /v1/pipelines/{id}/review`` (as ``aiworker review`` takes it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    decision: Literal["approve", "reject", "retry"]
+    outputs: dict[str, Any] | None = Field(default=None, description="corrected outputs (approve)")
+    reviewer: str | None = Field(default=None, max_length=200, description="default: the key")
+    note: str | None = Field(default=None, max_length=10_000)
+    step: str | None = Field(default=None, description="the step, when several await review")
+
+
+def idempotent_id(prefix: str, tenant: str, key: str) -> str:
+    """The workflow id a tenant's idempotency key (or a hook's delivery) maps to.
+
+    Hashed, so that any key is a safe id and two tenants' equal keys never meet.
+    """
+    digest = hashlib.sha256(f"{tenant}\n{key}".encode()).hexdigest()[:32]
+    return f"{prefix}-{tenant}-{digest}"
+
+
+def _spec_error(e: PipelineSpecError, checked_against: str) -> ApiError:
+    problems = [p.to_json() for p in e.details]
+    return ApiError(
+        400, ErrorCode.INVALID_INPUT, str(e), problems=problems, checked_against=checked_against
+    )
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.isoformat() if t else None
+
+
+def _summary(desc: WorkflowExecutionDescription) -> dict[str, Any]:
+    sa = desc.typed_search_attributes
+    execution = desc.status.name.lower() if desc.status else None
+    return {
+        "workflow_id": desc.id,
+        "run_id": desc.run_id,
+        "pipeline": sa.get(names.PIPELINE_KEY),
+        "tenant": sa.get(names.TENANT_KEY),
+        "status": sa.get(names.STATUS_KEY) or execution,
+        "execution_status": execution,
+        "start_time": _iso(desc.start_time),
+        "close_time": _iso(desc.close_time),
+    }
+
+
+class Service:
+    """The routes' logic over one :class:`FrontDoor`."""
+
+    def __init__(self, door: FrontDoor) -> None:
+        self.door = door
+        self.max_depth = door.settings.caps.max_json_depth + SPEC_LEVELS
+
+    def limit(self, bucket: str, rate: str | None) -> None:
+        """Take a token from ``bucket``'s rate; 429 with Retry-After when none is left."""
+        wait = self.door.limiter.take(bucket, rate)
+        if wait > 0:
+            seconds = max(1, math.ceil(wait))
+            raise ApiError(
+                429,
+                ErrorCode.RATE_LIMITED,
+                f"rate limit of {rate or self.door.settings.serve_rate_limit} reached; "
+                f"retry in {seconds}s",
+                headers={"Retry-After": str(seconds)},
+            )
+
+    async def start(self, body: bytes, key: ApiKey, idempotency_key: str | None) -> JSONResponse:
+        """``POST /v1/pipelines``: the body's pipeline for the key's tenant."""
+        raw = parse_json(body, self.max_depth)
+        if not isinstance(raw, dict):
+            message = f"the body is {type_name(raw)}, not a pipeline object"
+            raise ApiError(400, ErrorCode.INVALID_INPUT, message)
+        tenant = raw.get("tenant")
+        if tenant is not None and tenant != key.tenant:
+            raise ApiError(
+                403,
+                ErrorCode.ACCESS_DENIED,
+                f"this API key acts for tenant {canonical(key.tenant)}; "
+                f"the body names {canonical(tenant)}",
+            )
+        raw["tenant"] = key.tenant
+        workflow_id = None
+        if idempotency_key is not None:
+            if not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_CHARS:
+                raise ApiError(
+                    400,
+                    ErrorCode.INVALID_INPUT,
+                    f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters",
+                )
+            workflow_id = idempotent_id("api", key.tenant, idempotency_key)
+        return await self.start_once(raw, workflow_id, "this Idempotency-Key")
+
+    async def start_once(
+        self, pipeline: dict[str, Any], workflow_id: str | None, what: str
+    ) -> JSONResponse:
+        """Check and start ``pipeline``; 201, or 200 for a retry of the same start."""
+        pipelines = self.door.pipelines
+        try:
+            await pipelines.check_live(pipeline)
+        except PipelineSpecError as e:
+            # which workers it was checked against: the live registry or local specs
+            view = await pipelines.worker_view()
+            raise _spec_error(e, view.describe()) from None
+        try:
+            handle = await pipelines.start(
+                pipeline,
+                workflow_id=workflow_id,
+                check=False,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+        except WorkflowAlreadyStartedError as e:
+            workflow_id = e.workflow_id
+            first = await pipelines.started_input(workflow_id)
+            if first is None or canonical(first) != canonical(pipeline):
+                raise ApiError(
+                    409,
+                    ErrorCode.INVALID_INPUT,
+                    f"{what} started workflow {workflow_id} with another body; "
+                    "use a new key for a new pipeline",
+                    workflow_id=workflow_id,
+                ) from None
+            desc = await pipelines.get_handle(workflow_id).describe(rpc_timeout=RPC_TIMEOUT)
+            return _started(_summary(desc), 200)
+        log.info(
+            "started pipeline %s as %s for tenant %s",
+            pipeline.get("name"),
+            handle.id,
+            pipeline.get("tenant"),
+        )
+        doc = {
+            "workflow_id": handle.id,
+            "run_id": handle.result_run_id,
+            "pipeline": pipeline.get("name"),
+            "tenant": pipeline.get("tenant"),
+            "status": "queued",
+        }
+        return _started(doc, 201)
+
+    async def owned(self, workflow_id: str, key: ApiKey) -> WorkflowExecutionDescription:
+        """The pipeline's description, if it is one of the key's tenant; else 404."""
+        try:
+            desc = await self.door.pipelines.get_handle(workflow_id).describe(
+                rpc_timeout=RPC_TIMEOUT
+            )
+        except RPCError as e:
+            if e.status != RPCStatusCode.NOT_FOUND:
+                raise
+            desc = None
+        if (
+            desc is None
+            or desc.workflow_type != names.PIPELINE_WORKFLOW
+            or desc.typed_search_attributes.get(names.TENANT_KEY) != key.tenant
+        ):
+            # Another tenant's pipeline reads as absent: its existence is not ours to tell.
+            raise ApiError(404, ErrorCode.NOT_FOUND, f"no pipeline {workflow_id!r} of this tenant")
+        return desc
+
+    async def status(self, workflow_id: str, key: ApiKey) -> dict[str, Any]:
+        """Describe plus the ``progress`` query (null when the workflow does not answer)."""
+        desc = await self.owned(workflow_id, key)
+        doc = _summary(desc)
+        # An ended run answers only when a worker replays it: do not hold the caller long.
+        running = desc.status == WorkflowExecutionStatus.RUNNING
+        try:
+            doc["progress"] = await self.door.pipelines.get_handle(workflow_id).query(
+                names.PROGRESS_QUERY, rpc_timeout=RPC_TIMEOUT if running else ENDED_QUERY_TIMEOUT
+            )
+        except (RPCError, RPCTimeoutOrCancelledError) as e:
+            if isinstance(e, RPCError) and e.status == RPCStatusCode.UNAVAILABLE:
+                raise
+            doc["progress"] = None
+        except Exception as e:  # a query the workflow refused (WorkflowQueryFailedError...)
+            log.info("progress query of %s failed: %s", workflow_id, type(e).__name__)
+            doc["progress"] = None
+        return doc
+
+    async def result(self, workflow_id: str, key: ApiKey, wait: float) -> JSONResponse:
+        """The outcome (200), or the status (202) when it has not ended within ``wait`` s."""
+        desc = await self.owned(workflow_id, key)
+        outcome = self.door.pipelines.outcome(workflow_id, desc.run_id)
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            return JSONResponse(await outcome)
+        try:
+            return JSONResponse(await asyncio.wait_for(outcome, wait))
+        except TimeoutError:
+            return JSONResponse(await self.status(workflow_id, key), status_code=202)
+
+    async def items(self, workflow_id: str, step: str, key: ApiKey) -> dict[str, Any]:
+        """A for_each step's items, inline or by reference, once the pipeline has
+        ended (409 before): ``{"workflow_id", "step", "count", "items"}``."""
+        desc = await self.owned(workflow_id, key)
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            raise ApiError(
+                409,
+                ErrorCode.INVALID_INPUT,
+                f"pipeline {workflow_id!r} is still running; its items come when it ends",
+            )
+        try:
+            # An ended run whose workflow failed answers a query only when a worker
+            # replays it: do not hold the caller past a result's longest wait.
+            items = await asyncio.wait_for(
+                self.door.pipelines.items(workflow_id, step, run_id=desc.run_id, tenant=key.tenant),
+                MAX_RESULT_WAIT_SECONDS,
+            )
+        except ItemsPartError as e:
+            # The store's own message names its paths: the log has it, the caller the code.
+            log.warning("items of %s step %s: %s", workflow_id, step, e)
+            raise ApiError(
+                500, e.code, f"step {step!r}: a stored part of its items cannot be read"
+            ) from None
+        except StepItemsError as e:
+            status = 404 if e.code in (ErrorCode.NOT_FOUND, ErrorCode.ACCESS_DENIED) else 400
+            raise ApiError(status, e.code, str(e)) from None
+        except TimeoutError:
+            raise ApiError(
+                503, ErrorCode.TIMEOUT, f"pipeline {workflow_id!r} did not answer in time"
+            ) from None
+        return {"workflow_id": workflow_id, "step": step, "count": len(items), "items": items}
+
+    async def review(self, workflow_id: str, key: ApiKey, body: bytes) -> dict[str, Any]:
+        """Send the ``review`` Update; 409 when the pipeline refuses or has ended."""
+        raw = parse_json(body, self.max_depth)
+        try:
+            req = ReviewRequest.model_validate(raw)
+        except ValidationError as e:
+            raise validation_error(e.errors(), raw, "body") from None
+        desc = await self.owned(workflow_id, key)
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            raise ApiError(
+                409,
+                ErrorCode.INVALID_INPUT,
+                f"pipeline {workflow_id!r} has ended; nothing to review",
+            )
+        try:
+            return await self.door.pipelines.send_review(
+                workflow_id,
+                req.decision,
+                outputs=req.outputs,
+                reviewer=req.reviewer or f"api-key:{key.name}",
+                note=req.note,
+                step=req.step,
+            )
+        except WorkflowUpdateFailedError as e:
+            cause = e.cause
+            message = getattr(cause, "message", None) or str(cause)
+            raise ApiError(409, ErrorCode.INVALID_INPUT, f"review refused: {message}") from None
+
+    async def hook(self, name: str, request: Request) -> JSONResponse:
+        """Verify a webhook's signature and start its pipeline with the body as input."""
+        ready = self.door.hooks.get(name)
+        if ready is None:
+            raise ApiError(404, ErrorCode.NOT_FOUND, f"no webhook named {name!r}")
+        body = await read_body(request, self.door.settings.serve_max_body_bytes)
+        try:
+            if ready.hook.signature == "github":
+                verify_github(ready.secret, body, request.headers.get("x-hub-signature-256"))
+            else:
+                header = request.headers.get("stripe-signature")
+                verify_stripe(ready.secret, body, header, ready.hook.tolerance_seconds)
+        except SignatureError as e:
+            raise ApiError(401, ErrorCode.ACCESS_DENIED, f"webhook {name!r}: {e}") from None
+        # After the signature: forged deliveries must not use up the sender's rate.
+        self.limit(f"hook:{name}", ready.hook.rate_limit)
+        payload = parse_json(body, self.max_depth)
+        header = ready.delivery_header
+        delivery = request.headers.get(header) if header else None
+        if delivery is not None and not 0 < len(delivery) <= MAX_IDEMPOTENCY_KEY_CHARS:
+            raise ApiError(400, ErrorCode.INVALID_INPUT, f"{header} is empty or too long")
+        delivery = delivery or hashlib.sha256(body).hexdigest()
+        pipeline = copy.deepcopy(ready.pipeline)
+        pipeline["tenant"] = ready.hook.tenant
+        inputs = dict(pipeline.get("inputs") or {})
+        inputs.update(body=payload, delivery=delivery)
+        if ready.hook.signature == "github" and (event := request.headers.get("x-github-event")):
+            inputs["event"] = event
+        pipeline["inputs"] = inputs
+        workflow_id = idempotent_id(f"hook-{name}", ready.hook.tenant, delivery)
+        return await self.start_once(pipeline, workflow_id, f"delivery {delivery!r}")
+
+
+def _started(doc: dict[str, Any], status: int) -> JSONResponse:
+    location = f"/v1/pipelines/{doc['workflow_id']}"
+    return JSONResponse(doc, status_code=status, headers={"Location": location})

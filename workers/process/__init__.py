@@ -1,0 +1,1 @@
+"""Process wiring: the worker process, registries, plugins, telemetry, payload storage."""

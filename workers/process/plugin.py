@@ -1,0 +1,168 @@
+"""``AiworkerPlugin``: aiworker's workflows and activities on a user's own Temporal worker.
+
+A team with its own Temporal workers adds aiworker to them with the SDK's plugin
+convention (``temporalio.plugin.SimplePlugin``, as the OpenAI Agents and Pydantic
+AI integrations ship theirs) instead of copying ``workers/process/worker.py``'s wiring::
+
+    plugin = AiworkerPlugin(settings)                      # the pipelines queue
+    client = await Client.connect("localhost:7233", plugins=[plugin])
+    worker = Worker(client, task_queue=plugin.task_queue, workflows=[MyWorkflow])
+
+The plugin brings, for one aiworker base queue (``queue``, the pipelines queue
+unless told): that queue's workflows and activities (the workers ``workers``
+names, the built-ins when omitted), aiworker's data converter (on a ``Client``),
+the sandbox pass-throughs of its shared workflow modules and the call-telemetry
+activity interceptor. Every parameter appends to, or wraps, what the user set:
+their own workflows, activities and interceptors stay, and their sandbox
+restrictions gain aiworker's pass-throughs. The user's Worker must poll
+:attr:`AiworkerPlugin.task_queue` (aiworker's workflows start there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from temporalio.converter import DataConverter
+from temporalio.plugin import SimplePlugin
+from temporalio.worker import WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from aiworker.activities.runtime import WorkerRuntime
+from aiworker.config.settings import Settings
+from aiworker.schemas import names
+from aiworker.workers.process.plugins import WorkerSet, builtin_set
+
+PLUGIN_NAME = "aiworker.AiworkerPlugin"
+
+
+# The workflows' helper modules are shared with the sandbox instead of being
+# re-imported (and their dataclasses rebuilt) for every workflow run: that import
+# was about a third of a short pipeline's worker CPU. Temporal's guidance is to
+# pass through every module whose calls are deterministic. Safe because each of
+# these modules (a) keeps no module state a run could change: only constants,
+# functions and classes, whose instances live in the run's own objects
+# (tests/workers/test_sandbox_modules.py checks every module-level value is
+# immutable), and (b) follows the sandbox rules like any workflow code (the replay
+# tests run them in the SDK's default sandbox, which passes none of them through).
+# The modules that define the workflows the SDK loads per run (pipeline, foreach,
+# agent, breakers, conformance) stay sandboxed: each run re-imports its own
+# workflow module, so the sandbox still checks that code and isolates its state.
+# limits is shared although it defines LimiterWorkflow: its PermitSignals mixin and
+# permit book are the same classes for the pipeline, the chunks and the limiter.
+SHARED_WORKFLOW_MODULES = (
+    "aiworker.workflows.agent_step",
+    "aiworker.workflows.budget",
+    "aiworker.workflows.calls",
+    "aiworker.workflows.chunks",
+    "aiworker.workflows.dag",
+    "aiworker.workflows.details",
+    "aiworker.workflows.fanout",
+    "aiworker.workflows.governed",
+    "aiworker.workflows.items",
+    "aiworker.workflows.limits",
+    "aiworker.workflows.pipeline_limits",
+    "aiworker.workflows.redrive",
+    "aiworker.workflows.review",
+    "aiworker.workflows.runs",
+    "aiworker.workflows.state",
+    "aiworker.workflows.steps",
+    "aiworker.workflows.tally",
+)
+
+
+def workflow_runner() -> SandboxedWorkflowRunner:
+    """The sandbox every aiworker workflow runs in (restrictions stay on)."""
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(*SHARED_WORKFLOW_MODULES)
+    )
+
+
+def with_shared_modules(runner: WorkflowRunner | None) -> WorkflowRunner:
+    """``runner`` with aiworker's shared workflow modules passed through its sandbox.
+
+    A sandboxed runner keeps its own restrictions and gains the pass-throughs; a
+    user's unsandboxed runner is left as it is (nothing to pass through).
+    """
+    if runner is None:
+        return workflow_runner()
+    if not isinstance(runner, SandboxedWorkflowRunner):
+        return runner
+    return SandboxedWorkflowRunner(
+        restrictions=runner.restrictions.with_passthrough_modules(*SHARED_WORKFLOW_MODULES),
+        runner_class=runner.runner_class,
+    )
+
+
+def _with_aiworker_converter(settings: Settings) -> Callable[[DataConverter | None], DataConverter]:
+    def apply(existing: DataConverter | None) -> DataConverter:
+        # aiworker's payloads are pydantic models with its failure and payload
+        # converters: its workflows cannot run under another payload converter.
+        # A user's payload codec (encryption, compression) is kept.
+        from aiworker.workers.client.temporal_client import data_converter
+
+        ours = data_converter(settings)
+        if (
+            existing is not None
+            and existing.payload_codec is not None
+            and ours.payload_codec is None
+        ):
+            import dataclasses
+
+            return dataclasses.replace(ours, payload_codec=existing.payload_codec)
+        return ours
+
+    return apply
+
+
+class AiworkerPlugin(SimplePlugin):
+    """aiworker's workflows, activities, converter, sandbox pass-throughs and
+    interceptors for one base queue, on a user's ``Client`` and ``Worker``."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        queue: str = names.PIPELINES_QUEUE,
+        workers: WorkerSet | None = None,
+        runtime: WorkerRuntime | None = None,
+        replace: Mapping[str, Callable[..., Any]] | None = None,
+    ) -> None:
+        """``settings``: aiworker's (from the environment when omitted); ``queue``:
+        the base queue served; ``workers``: the AI workers served (built-ins when
+        omitted); ``runtime``: the activities' shared runtime (built from
+        ``settings`` when omitted, as a worker process builds it); ``replace``: worker
+        ids to same-name stand-in activities (tests, local development)."""
+        from aiworker.workers.process.registry import WORKFLOWS_BY_QUEUE, activities_for, all_queues
+
+        self.settings = settings if settings is not None else Settings()
+        served = workers if workers is not None else builtin_set()
+        if runtime is None:
+            from aiworker.workers.process.resources import build_runtime
+
+            runtime = build_runtime(self.settings, workers=workers)
+        known = all_queues(runtime.specs, served)
+        if queue not in known:
+            raise ValueError(f"unknown task queue {queue!r}; known: {', '.join(known)}")
+        self.queue = queue
+        self.runtime = runtime
+        # a stand-in replaces the worker of its id (activity name = worker id)
+        acts = activities_for(queue, runtime, served, skip=replace or ())
+        acts += [
+            fn
+            for wid, fn in (replace or {}).items()
+            if wid in runtime.specs and runtime.specs[wid].task_queue == queue
+        ]
+        super().__init__(
+            PLUGIN_NAME,
+            data_converter=_with_aiworker_converter(self.settings),
+            interceptors=[runtime.interceptor()],
+            activities=list(acts),
+            workflows=list(WORKFLOWS_BY_QUEUE.get(queue, [])),
+            workflow_runner=with_shared_modules,
+        )
+
+    @property
+    def task_queue(self) -> str:
+        """The Temporal task queue the user's Worker must poll (with the settings' suffix)."""
+        return self.settings.queue(self.queue)
