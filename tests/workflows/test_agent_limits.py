@@ -45,7 +45,7 @@ from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.tenants import TenantRegistry
 from aiworker.workers.resources import build_language_model, build_tools
 
-AGENT_PERMITS_PATCH = "agent-turn-permits"  # workflows.governed.AGENT_PERMITS_PATCH
+from aiworker.workflows.governed import AGENT_PERMITS_PATCH
 
 CHECK = {"data": {"n": 1}, "schema": {"type": "object"}}
 REGISTRY = {
