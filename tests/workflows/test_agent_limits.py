@@ -44,7 +44,6 @@ from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.tenants import TenantRegistry
 from aiworker.workers.resources import build_language_model, build_tools
-
 from aiworker.workflows.governed import AGENT_PERMITS_PATCH
 
 CHECK = {"data": {"n": 1}, "schema": {"type": "object"}}
