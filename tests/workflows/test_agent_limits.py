@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
@@ -33,8 +34,10 @@ from fixtures.agent_model import (  # noqa: F401  (module fixture)
 )
 from prometheus_client import CollectorRegistry
 from support import history
+from support.front_door import bearer, running_door, write_config
 from support.payloads import stack_settings
 from support.pipelines import refused
+from support.procs import worker_env
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
@@ -42,6 +45,7 @@ from temporalio.testing import WorkflowEnvironment
 from aiworker.activities.llm import LlmMetrics
 from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
+from aiworker.schemas.settings import Settings
 from aiworker.schemas.tenants import TenantRegistry
 from aiworker.workers.resources import build_language_model, build_tools
 from aiworker.workflows.governed import AGENT_PERMITS_PATCH
@@ -257,3 +261,41 @@ async def test_a_tool_named_by_a_steps_outputs_is_refused_when_the_agent_starts(
     ]
     assert await child_calls(agents.stack.client, handle.id) == []
     assert agents.model.seen(agents.name) == []
+
+
+@pytest.mark.timeout(90)
+async def test_the_front_door_refuses_an_agent_whose_tools_the_tenant_may_not_call(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    """``aiworker serve`` as its own process: the key's tenant may not call publish,
+    so a pipeline whose agent lists it as a tool is refused with the step's problem
+    and starts nothing, as a step naming publish is."""
+    registry = {"acme": {"workers": ["llm-agent", "llm-call", "validator"]}, "beta": {}}
+    (tmp_path / "tenants.json").write_text(json.dumps({"tenants": registry}))
+    env = worker_env(client, settings, tmp_path / "data") | write_config(tmp_path)
+    env["AIWORKER_TENANTS_FILE"] = str(tmp_path / "tenants.json")
+    agent = {
+        "id": "agent",
+        "worker": "llm-agent",
+        "input": {"prompt": "Publish it.", "tools": ["validator", "publish"]},
+    }
+    name = f"door-agent-{uuid.uuid4().hex[:6]}"
+    async with (
+        running_door(env, tmp_path / "serve.log") as door,
+        httpx.AsyncClient(base_url=door.url, timeout=30) as http,
+    ):
+        r = await http.post(
+            "/v1/pipelines", json={"name": name, "steps": [agent]}, headers=bearer("ci")
+        )
+    assert r.status_code == 400, r.text
+    body = r.json()["error"]
+    assert body["code"] == "invalid_input"
+    assert (
+        "step 'agent': field 'input.tools[1]': tenant 'acme' may not call worker 'publish'"
+        in (body["message"])
+    )
+    assert [p["path"] for p in body["problems"]] == ["steps[0].input.tools[1]"]
+    started = [
+        w async for w in client.list_workflows(f"WorkflowType = '{names.PIPELINE_WORKFLOW}'")
+    ]
+    assert not [w for w in started if w.id.startswith(name)]
