@@ -336,7 +336,9 @@ class LimiterActivities:
         return RunConfig(
             rate_limited=sorted(
                 w
-                for w in set(call.workers)
+                # a run whose agent's tools are known only as it runs records every
+                # worker: any of them may be a tool, which waits for its permit
+                for w in set(call.workers) | (set(specs) if call.record_all else set())
                 if rate_limit_for(self._settings, {**specs, **self._specs}, w, call.tenant)
                 is not None
             ),

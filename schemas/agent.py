@@ -22,6 +22,7 @@ from aiworker.schemas.base import Model
 from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.names import LLM_CALL, TENANT_PATTERN
 from aiworker.schemas.pipeline import ChunkAllowance, StepResult
+from aiworker.schemas.refs import ReferenceError_, resolve
 from aiworker.schemas.spec import RecordedSpec, WorkerSpec
 
 # What the model sees of one tool result; the rest is cut with a note, so the
@@ -33,6 +34,21 @@ MAX_TEXT_CHARS = 32000
 # The bounds that are the step's own: reaching one fails the step, not the
 # pipeline's budget (tokens, external calls and the deadline are the pipeline's).
 STEP_BOUNDS = ("max_turns", "max_calls")
+
+
+class AgentLimits(Model):
+    """What the pipeline's run config says of the workers an agent calls, so that
+    each model turn and tool call is held to what a step calling that worker is:
+    ``rate_limited`` the workers (llm-call, tools) whose calls wait for the
+    tenant's rate permit, ``allowed`` the tenant's worker list (None: all)."""
+
+    rate_limited: list[str] = Field(
+        default_factory=list,
+        description="workers whose calls ask the limiter for a permit first",
+    )
+    allowed: list[str] | None = Field(
+        default=None, description="the workers the tenant may call (None: no list)"
+    )
 
 
 class AgentInput(Model):
@@ -53,6 +69,11 @@ class AgentInput(Model):
         description="the specs the pipeline recorded that the agent uses: llm-agent's, "
         "llm-call's (each turn) and its tools' (None: an agent started by a pipeline from "
         "before specs were recorded reads its catalog)",
+    )
+    limits: AgentLimits | None = Field(
+        default=None,
+        description="the tenant's rate limits and worker list for the agent's calls (None: "
+        "an agent started by a pipeline from before its calls took permits asks none)",
     )
 
 
@@ -92,6 +113,29 @@ def allow_list(
         else:
             out[wid] = Tool(spec, max_calls)
     return out, problems
+
+
+def agent_calls(tools: Any, inputs: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
+    """``(field, worker id)`` of each worker an llm-agent step with ``tools`` calls
+    besides itself: ``llm-call`` for its model turns (field ``worker``) and each tool
+    it names (``input.tools[<i>]``). References to the pipeline's ``inputs`` are
+    resolved when ``inputs`` is given; a part that refers to a step's outputs is
+    left out (known only when the agent runs, which checks it then)."""
+    out = [("worker", LLM_CALL)]
+    scope = {"inputs": dict(inputs or {})}
+    try:
+        tools = resolve(tools, scope)
+    except ReferenceError_:
+        pass
+    for i, item in enumerate(tools if isinstance(tools, list) else []):
+        try:
+            item = resolve(item, scope)
+        except ReferenceError_:
+            continue
+        wid = item.get("worker") if isinstance(item, dict) else item
+        if isinstance(wid, str) and "${{" not in wid:
+            out.append((f"input.tools[{i}]", wid))
+    return out
 
 
 def agent_specs(

@@ -42,9 +42,10 @@ from typing import Annotated, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 
+from aiworker.schemas.agent import agent_calls
 from aiworker.schemas.base import Model
 from aiworker.schemas.files import read_capped
-from aiworker.schemas.names import TENANT_PATTERN, VALIDATOR
+from aiworker.schemas.names import LLM_AGENT, TENANT_PATTERN, VALIDATOR
 from aiworker.schemas.pipeline import Budget, PipelineSpec
 from aiworker.schemas.problems import Problem
 from aiworker.schemas.spec import parse_rate
@@ -162,17 +163,34 @@ class TenantPolicy(Model):
         return self.workers is None or worker_id in self.workers
 
 
-def refused_workers(spec: PipelineSpec, policy: TenantPolicy) -> list[Problem]:
-    """Each worker a step would call (its own, its fallback, the validator of its
-    ``validate`` loop) that ``spec``'s tenant may not call under ``policy``."""
+def refusal(tenant: str, worker_id: str) -> str:
+    """The one wording of a worker a tenant may not call (check, run start, agent)."""
+    return f"tenant {tenant!r} may not call worker {worker_id!r}"
+
+
+def refused_workers(
+    spec: PipelineSpec, policy: TenantPolicy, *, steps: bool = True, agents: bool = True
+) -> list[Problem]:
+    """Each worker a step would call that ``spec``'s tenant may not call under
+    ``policy``: with ``steps``, its own, its fallback and the validator of its
+    ``validate`` loop; with ``agents``, for an ``llm-agent`` step ``llm-call`` (each
+    model turn) and every tool its ``tools`` name, literally or from the pipeline's
+    ``inputs`` (a tool from a step's outputs is checked when the agent runs)."""
     problems = []
     for i, step in enumerate(spec.steps):
-        uses = [("worker", step.worker), ("fallback", step.fallback)]
-        if step.validate_ is not None:
-            uses.append(("validate", VALIDATOR))
+        uses: list[tuple[str, str | None]] = []
+        if steps:
+            uses += [("worker", step.worker), ("fallback", step.fallback)]
+            if step.validate_ is not None:
+                uses.append(("validate", VALIDATOR))
+        if agents and step.worker == LLM_AGENT:
+            tools = step.input.get("tools") if isinstance(step.input, dict) else None
+            uses += list(agent_calls(tools, spec.inputs))
         for field, worker in uses:
             if worker is not None and not policy.may_use(worker):
-                message = f"tenant {spec.tenant!r} may not call worker {worker!r}"
+                message = refusal(spec.tenant, worker)
+                if field == "worker" and worker != step.worker:
+                    message += f" (each model turn of {step.worker!r} is a call of it)"
                 problems.append(Problem(step.id, field, message, index=i))
     return problems
 

@@ -29,6 +29,18 @@ turn. The answer is the model's last text. Deterministic code only.
 The specs it calls with (llm-call's, each tool's) are the ones its pipeline
 recorded at its start (``AgentInput.specs``), never the catalog of the process
 running it; only an agent of a pipeline started on older code reads that.
+
+Tenant limits (``AgentInput.limits``, from the pipeline's run config): each
+model turn and tool call is held to what a step calling that worker is. A
+worker the tenant may not call (``llm-call``, or a tool, also one named by a
+step's outputs) fails the step ``invalid_input`` before any turn. A call of a
+rate-limited worker waits for its permit first, as a step's call does (this
+workflow asks the limiter and receives the ``permit`` signal itself), until
+the agent's deadline; a wait that reaches it ends the step ``rate_limited``
+with the transcript so far. The step's concurrency key is the parent's lease,
+held while the whole agent runs. Both are behind the ``agent-turn-permits``
+patch, recorded only by an agent that has a rate-limited worker or a refused
+tool: an agent without limits issues the commands it always did.
 """
 
 from __future__ import annotations
@@ -48,17 +60,21 @@ with workflow.unsafe.imports_passed_through():
         MAX_TOOL_RESULT_CHARS,
         AgentInput,
         Tool,
+        agent_calls,
         allow_list,
         tool_definition,
     )
     from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.limits import AcquireCall
     from aiworker.schemas.pipeline import Budget, StepResult
     from aiworker.schemas.priority import task_priority
     from aiworker.schemas.spec import WorkerSpec
+    from aiworker.schemas.tenants import refusal
 
 from aiworker.workflows.budget import Admission, Deadline, Ledger
 from aiworker.workflows.calls import CallContext, WorkerCall, call_worker
-from aiworker.workflows.governed import Governance, Refused, governed_call
+from aiworker.workflows.governed import AGENT_PERMITS_PATCH, Governance, Refused, governed_call
+from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals
 
 _BUDGET = ErrorCode.BUDGET_EXCEEDED.value
 
@@ -66,10 +82,11 @@ _BUDGET = ErrorCode.BUDGET_EXCEEDED.value
 class _Stop(Exception):
     """A bound is reached: ``resource`` names it (caught in :meth:`Agent.run`)."""
 
-    def __init__(self, resource: str, message: str, **extra: Any) -> None:
+    def __init__(self, resource: str, message: str, code: str = _BUDGET, **extra: Any) -> None:
         super().__init__(message)
         self.resource = resource
         self.message = message
+        self.code = code
         self.extra = extra
 
 
@@ -101,30 +118,44 @@ class AgentState:
 
 
 @workflow.defn(name=names.AGENT_WORKFLOW)
-class AgentWorkflow:
-    """Runs one llm-agent step: model turns and tool calls, each an activity."""
+class AgentWorkflow(PermitSignals):
+    """Runs one llm-agent step: model turns and tool calls, each an activity.
+
+    It asks for the rate permits of its own calls, so the limiter's ``permit``
+    and ``lease-check`` signals come to it (:class:`PermitSignals`)."""
 
     def __init__(self) -> None:
         self._state = AgentState()
+        self._permits = PermitBook()
 
     @workflow.query(name=names.PROGRESS_QUERY)
     def progress(self) -> dict[str, Any]:
-        """Turns and tool calls so far."""
+        """Turns and tool calls so far, and the limit a call waits for (if any)."""
         s = self._state
-        return {"turns": s.turns, "tool_calls": s.tool_calls, "tool_errors": s.tool_errors}
+        return {
+            "turns": s.turns,
+            "tool_calls": s.tool_calls,
+            "tool_errors": s.tool_errors,
+            "waiting": self._permits.waiting_limits(),
+        }
 
     @workflow.run
     async def run(self, req: AgentInput) -> StepResult:
         """The loop; every ending (answer, bound, failure) is a ``StepResult``."""
-        return await Agent(req, self._state).run()
+        return await Agent(req, self._state, self._permits).run()
 
 
 class Agent:
     """One run of the loop (the workflow's state lives in :class:`AgentState`)."""
 
-    def __init__(self, req: AgentInput, state: AgentState) -> None:
+    def __init__(
+        self, req: AgentInput, state: AgentState, permits: PermitBook | None = None
+    ) -> None:
         self.req = req
         self.state = state
+        self.permits = permits
+        # the workers whose calls wait for a rate permit (decided in run, from the input)
+        self.rate_limited: frozenset[str] = frozenset()
         if req.specs is not None:  # what the pipeline recorded at its start
             self.specs: Mapping[str, WorkerSpec] = req.specs
         else:  # started by a pipeline from before specs were recorded
@@ -177,6 +208,9 @@ class Agent:
         self.tools, bad = allow_list(inp["tools"], self.specs)
         if bad:
             return self._fail(ErrorCode.INVALID_INPUT.value, f"field {bad[0][0]!r}: {bad[0][1]}")
+        refused = self._hold_to_tenant(inp["tools"])
+        if refused is not None:
+            return refused
         if inp.get("system"):
             self.state.transcript.append({"role": "system", "content": inp["system"]})
         self.state.transcript.append({"role": "user", "content": inp["prompt"]})
@@ -186,9 +220,50 @@ class Agent:
             result = self._stopped(stop)
         return result.model_copy(update={"usage": self.ledger.used})
 
+    def _hold_to_tenant(self, tools: list[Any]) -> StepResult | None:
+        """Apply ``AgentInput.limits``: the step's failure when the tenant may not call
+        llm-call or a tool (``invalid_input``, every one named), else None, with the
+        workers whose calls wait for a permit set. Only an agent that has a limit or a
+        refusal records the patch; one from before it (or without limits) asks nothing."""
+        limits = self.req.limits
+        if limits is None:
+            return None
+        allowed = limits.allowed
+        refused = [
+            (f, w) for f, w in agent_calls(tools) if allowed is not None and w not in allowed
+        ]
+        if not (refused or limits.rate_limited) or not workflow.patched(AGENT_PERMITS_PATCH):
+            return None
+        if refused:
+            turns = f" (each model turn of {names.LLM_AGENT!r} is a call of it)"
+            problems = [
+                {
+                    "path": f,
+                    "message": refusal(self.req.tenant, w) + (turns if f == "worker" else ""),
+                    "worker": w,
+                }
+                for f, w in refused
+            ]
+            lines = "; ".join(f"field {p['path']!r}: {p['message']}" for p in problems)
+            return self._fail(ErrorCode.INVALID_INPUT.value, lines, problems)
+        self.rate_limited = frozenset(limits.rate_limited)
+        return None
+
+    def _asks(self, worker: WorkerSpec, what: str) -> list[AcquireCall]:
+        """The permits a call of ``worker`` waits for: the tenant's rate permit when
+        the run config says the worker is rate limited (tickets carry the call)."""
+        if worker.worker_id not in self.rate_limited:
+            return []
+        me = workflow.info().workflow_id
+        ticket = f"{me}/{what.replace(' ', '-')}/{workflow.uuid4().hex[:8]}"
+        limits = CallLimits(
+            requester=me, worker_id=worker.worker_id, tenant=self.req.tenant, rate_limited=True
+        )
+        return limits.calls(ticket, rate_suffix="/rate")
+
     def _stopped(self, stop: _Stop) -> StepResult:
         reasons = [{"resource": stop.resource, "message": stop.message, **stop.extra}]
-        return self._fail(_BUDGET, stop.message, reasons).model_copy(
+        return self._fail(stop.code, stop.message, reasons).model_copy(
             update={"outputs": self.state.outputs(stop.resource, None)}
         )
 
@@ -323,11 +398,10 @@ class Agent:
         started: Callable[[], None],
     ) -> StepResult:
         """One activity through :func:`~aiworker.workflows.governed.governed_call`:
-        admitted by the agent's ledger (a refusal is a bound), cut at the deadline,
-        its usage booked either way. ``started`` counts the call once admitted.
-
-        No permits yet: this workflow receives no ``permit`` signals, and asking
-        would add commands to every agent's history (a patch of its own)."""
+        its rate permit first when the worker is rate limited for the tenant (waited
+        for until the deadline, as a step's call waits), then admitted by the agent's
+        ledger (a refusal is a bound), cut at the deadline, its usage booked either
+        way. ``started`` counts the call once admitted."""
         req = self.req
         call = WorkerCall(
             worker,
@@ -342,8 +416,24 @@ class Agent:
             started()
             return await call_worker(call, admission)
 
-        result = await governed_call(call, Governance(ledger=self.ledger, cut=True), invoke)
+        gov = Governance(
+            ledger=self.ledger,
+            permits=self.permits,
+            asks=lambda: self._asks(worker, what),
+            deadline=self.ledger.ends,
+            who=req.step_id,
+            cut=True,
+        )
+        result = await governed_call(call, gov, invoke)
         if isinstance(result, Refused):
+            if result.kind == "rate_limited":
+                raise _Stop(
+                    "rate_limited",
+                    f"{what} ({worker.worker_id}) waited for the tenant's rate limit until "
+                    "the step's deadline passed",
+                    code=ErrorCode.RATE_LIMITED.value,
+                    worker=worker.worker_id,
+                )
             if result.kind == "deadline":
                 raise _Stop("deadline", f"the step's deadline passed during {what}")
             msg = "the step's deadline has passed" if result.resource == "deadline" else None

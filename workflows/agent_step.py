@@ -17,7 +17,7 @@ from temporalio import workflow
 from temporalio.exceptions import ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from aiworker.schemas.agent import AgentInput, agent_specs
+    from aiworker.schemas.agent import AgentInput, AgentLimits, agent_specs
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.pipeline import ChunkAllowance, StepResult
     from aiworker.schemas.spec import WorkerSpec
@@ -34,6 +34,7 @@ async def run_agent(
     specs: Mapping[str, WorkerSpec],
     child_id: str,
     deadline: float | None,
+    limits: AgentLimits | None = None,
 ) -> StepResult:
     """Run an llm-agent call as ``AgentWorkflow``; its result (never raises on failure).
 
@@ -41,9 +42,16 @@ async def run_agent(
     the step's permits and admission are taken, the child spends the admission.
     ``specs`` are the run's worker specs: the child gets the ones it uses
     (:func:`~aiworker.schemas.agent.agent_specs`), so it decides from what the
-    pipeline recorded, never from a catalog.
+    pipeline recorded, never from a catalog. ``limits``: the run's rate-limited
+    workers and the tenant's worker list, which the child holds each model turn and
+    tool call to (cut to the workers it uses).
     """
     worker, ctx, step_id = call.worker, call.context, call.context.step_id or ""
+    used = agent_specs(worker, call.input, specs)
+    if limits is not None:
+        limits = limits.model_copy(
+            update={"rate_limited": [w for w in limits.rate_limited if w in used]}
+        )
     req = AgentInput(
         step_id=step_id,
         key=call.key,
@@ -57,7 +65,8 @@ async def run_agent(
             deadline=deadline,
         ),
         timeout_seconds=admission.timeout_seconds,
-        specs=agent_specs(worker, call.input, specs),
+        specs=used,
+        limits=limits,
     )
     try:
         return await workflow.execute_child_workflow(

@@ -40,10 +40,11 @@ permit primitive: the permits are aiworker's limiter workflows
 (:mod:`workflows.limits`), the budget its ledger (:mod:`workflows.budget`).
 Deterministic code only.
 
-Not yet through permits: an agent's turns and tool calls (``Governance``
-without ``asks``: its workflow receives no ``permit`` signals), and a step's
-validator (no permits, no budget, as before); giving the agent permits changes
-its commands and needs a patch of its own.
+An agent's turns and tool calls ask for the rate permit of their worker as a
+step's call does (the agent's workflow receives the ``permit`` signals itself),
+waited for until the agent's deadline, behind :data:`AGENT_PERMITS_PATCH`
+(agents recorded before it, and agents with no rate-limited worker, ask none).
+Not through permits: a step's validator (no permits, no budget, as before).
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ from aiworker.workflows.limits import Lease, PermitBook, WaitExpired
 # The ``workflow.patched`` id of a for_each chunk whose items wait for their permits
 # before the budget admits them (before it, items were admitted first).
 ITEM_PERMITS_FIRST_PATCH = "foreach-item-permits-before-budget"
+# The ``workflow.patched`` id of an agent whose model turns and tool calls wait for
+# their rate permits and whose tools are held to the tenant's worker list (and of a
+# pipeline that refuses an agent's tools the tenant may not call).
+AGENT_PERMITS_PATCH = "agent-turn-permits"
 
 NO_DEADLINE = Deadline()
 
@@ -192,6 +197,7 @@ async def _cut(run: Invoke, admission: Admission | None, gov: Governance) -> Ste
 
 
 __all__ = [
+    "AGENT_PERMITS_PATCH",
     "ITEM_PERMITS_FIRST_PATCH",
     "CallContext",
     "Governance",

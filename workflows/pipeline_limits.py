@@ -27,6 +27,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
+    from aiworker.schemas.agent import AgentLimits
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.limits import ConcurrencyCall, RunConfig, RunConfigCall
     from aiworker.schemas.options import lease_seconds
@@ -37,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
 
 from aiworker.workflows.budget import Deadline, Ledger
 from aiworker.workflows.calls import error_code_of, invalid_input
+from aiworker.workflows.governed import AGENT_PERMITS_PATCH
 from aiworker.workflows.limits import CallLimits, Lease, PermitBook, WaitExpired
 
 # A pipeline's own concurrency lease: checked with the pipeline when it runs out,
@@ -78,6 +80,9 @@ class PipelineLimits:
         history and the run decides from it from now on, also on replay.
         ``invalid_input`` when the tenant is refused."""
         workers = [s.worker for s in spec.steps] + [s.fallback for s in spec.steps if s.fallback]
+        if record is not None:
+            # an agent's model turns and tools too: they wait for the same permits
+            workers += record
         resume = spec.resume_from.workflow_id if spec.resume_from else None
         activity = names.RUN_CONFIG if workflow.patched(RUN_CONFIG_PATCH) else names.LIMITER_PLAN
         try:
@@ -109,11 +114,25 @@ class PipelineLimits:
         policy = self.run_config.tenant if self.run_config is not None else None
         if policy is None:
             return
-        problems = [str(p) for p in refused_workers(spec, policy)]
+        problems = [str(p) for p in refused_workers(spec, policy, agents=False)]
+        agents = [str(p) for p in refused_workers(spec, policy, steps=False)]
+        # an agent's tools were not held to the tenant's list before this patch
+        if agents and workflow.patched(AGENT_PERMITS_PATCH):
+            problems += agents
         if problems:
             raise invalid_input("; ".join(problems), problems)
         ledger.hold_to(policy.budget)
         self.deadline = ledger.ends
+
+    def for_agent(self) -> AgentLimits:
+        """What an llm-agent step's child holds its calls to: the rate-limited workers
+        of the run config (the run asked about the agent's too) and the tenant's
+        worker list."""
+        policy = self.run_config.tenant if self.run_config is not None else None
+        return AgentLimits(
+            rate_limited=sorted(self.rate_limited or ()),
+            allowed=None if policy is None or policy.workers is None else list(policy.workers),
+        )
 
     def is_rate_limited(self, worker_id: str) -> bool:
         return self.rate_limited is None or worker_id in self.rate_limited

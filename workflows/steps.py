@@ -334,6 +334,7 @@ class StepRunner:
                     specs=run.workers,
                     child_id=workflow.info().workflow_id + call.key[len(run.key_base) :],
                     deadline=run.ledger.deadline,
+                    limits=run.limits.for_agent(),
                 )
             return await call_worker(call, admission)
         finally:

@@ -13,7 +13,13 @@ from pydantic import ValidationError
 from aiworker.config.settings import Settings, SettingsError
 from aiworker.schemas.pipeline import Budget, PipelineSpec
 from aiworker.schemas.protocol import WorkerRequest
-from aiworker.schemas.tenants import TenantRegistry, tighten_budget, tighter_rate
+from aiworker.schemas.tenants import (
+    TenantPolicy,
+    TenantRegistry,
+    refused_workers,
+    tighten_budget,
+    tighter_rate,
+)
 
 GOOD = {
     "tenants": {
@@ -116,3 +122,40 @@ def test_the_tighter_rate_and_budget_win() -> None:
     assert tighten_budget(Budget(max_cost_usd=1), cheap).max_cost_usd == Decimal("0.25")
     assert tighten_budget(Budget(max_cost_usd="0.1"), cheap).max_cost_usd == Decimal("0.1")
     assert tighten_budget(Budget(), cheap).max_cost_usd == Decimal("0.25")
+
+
+def test_an_agents_model_and_tools_are_held_to_the_worker_list() -> None:
+    """llm-call (each turn) and every tool named literally or by the pipeline's inputs;
+    a tool list from a step's outputs is left to the agent, which checks it when it runs."""
+    agent = {
+        "id": "agent",
+        "worker": "llm-agent",
+        "input": {
+            "prompt": "p",
+            "tools": ["validator", {"worker": "publish"}, "${{ inputs.more }}"],
+        },
+    }
+    open_ended = {
+        "id": "later",
+        "worker": "llm-agent",
+        "input": {"prompt": "p", "tools": "${{ steps.agent.outputs.json }}"},
+    }
+    spec = PipelineSpec.model_validate(
+        {
+            "name": "a",
+            "tenant": "acme",
+            "inputs": {"more": "web-scrape"},
+            "steps": [agent, open_ended],
+        }
+    )
+    policy = TenantPolicy(workers=["llm-agent", "validator"])
+    found = [str(p) for p in refused_workers(spec, policy)]
+    turns = "(each model turn of 'llm-agent' is a call of it)"
+    assert found == [
+        f"step 'agent': field 'worker': tenant 'acme' may not call worker 'llm-call' {turns}",
+        "step 'agent': field 'input.tools[1]': tenant 'acme' may not call worker 'publish'",
+        "step 'agent': field 'input.tools[2]': tenant 'acme' may not call worker 'web-scrape'",
+        f"step 'later': field 'worker': tenant 'acme' may not call worker 'llm-call' {turns}",
+    ]
+    assert refused_workers(spec, policy, agents=False) == []
+    assert refused_workers(spec, TenantPolicy()) == []

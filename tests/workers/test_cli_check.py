@@ -133,6 +133,50 @@ def test_an_unknown_model_alias_and_an_unknown_tenant_are_caught(tmp_path: Path)
     assert cli(["check", str(write(tmp_path, {**pipeline, "tenant": "default"}))]).returncode == 0
 
 
+def test_an_agents_tools_are_held_to_the_tenants_worker_list(tmp_path: Path) -> None:
+    """A tool is a call of its worker: a tool the tenant may not call is refused as a
+    step's worker is (literal, or named by the pipeline's inputs), and so is llm-call,
+    each model turn of the agent, for a tenant without it."""
+    narrow = {"workers": ["llm-agent", "llm-call", "validator"]}
+    tenants = write(tmp_path, {"tenants": {"acme": narrow}}, "t.json")
+    agent = {
+        "id": "agent",
+        "worker": "llm-agent",
+        "input": {
+            "prompt": "Check it.",
+            "tools": ["validator", {"worker": "publish", "max_calls": 1}, "${{ inputs.extra }}"],
+        },
+    }
+    pipeline = {
+        "name": "agent",
+        "tenant": "acme",
+        "inputs": {"extra": "web-scrape"},
+        "steps": [agent],
+    }
+    env = {"AIWORKER_TENANTS_FILE": str(tenants)}
+    f = write(tmp_path, pipeline)
+    proc = cli(["check", str(f)], **env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [
+        f"{f}: step 'agent': field 'input.tools[1]': tenant 'acme' may not call worker 'publish'",
+        f"{f}: step 'agent': field 'input.tools[2]': "
+        "tenant 'acme' may not call worker 'web-scrape'",
+    ]
+    doc = json.loads(cli(["check", "--json", str(f)], **env).stdout)
+    assert [p["path"] for p in doc] == ["steps[0].input.tools[1]", "steps[0].input.tools[2]"]
+    # within the list it passes; without llm-call the model turns are refused
+    agent["input"]["tools"] = ["validator"]
+    assert cli(["check", str(write(tmp_path, pipeline))], **env).returncode == 0
+    narrow["workers"] = ["llm-agent", "validator"]
+    write(tmp_path, {"tenants": {"acme": narrow}}, "t.json")
+    proc = cli(["check", str(write(tmp_path, pipeline))], **env)
+    assert proc.returncode == 2
+    assert [line.split(": ", 1)[1] for line in proc.stdout.splitlines()] == [
+        "step 'agent': field 'worker': tenant 'acme' may not call worker 'llm-call' "
+        "(each model turn of 'llm-agent' is a call of it)"
+    ]
+
+
 def test_run_refuses_through_the_same_check_and_starts_nothing(tmp_path: Path) -> None:
     f = write(tmp_path, BROKEN)
     proc = cli(["run", str(f)])

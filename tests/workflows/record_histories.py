@@ -22,7 +22,8 @@ Shapes: DAG with gates, a skipped ``when`` and local activities (validator and
 aggregator run as local activities), for_each (chunk children; a tree of
 chunks of chunks; items by reference), the validation loop with fallback and
 budget refusal, review (retry, approve, reject, timeout), redrive, llm-agent
-with a scripted loopback model (parent and child), cancel, and a run started
+with a scripted loopback model (parent and child; and under a tenant's rate
+limits, its turns and tool calls waiting for permits: ``agent-limited``), cancel, and a run started
 by a Temporal Schedule, the live worker registry (publish, expiry, withdraw),
 and rate-limited for_each items with their limiters (leased blocks, queued).
 ``limited*``, ``review-cancelled`` and
@@ -56,8 +57,9 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle  # no
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from aiworker.activities.llm import LlmMetrics  # noqa: E402
-from aiworker.config.settings import Settings, parse_rate_limits  # noqa: E402
+from aiworker.config.settings import Settings, parse_rate_limits  # noqa: E402  # noqa: E402
 from aiworker.schemas import names  # noqa: E402
+from aiworker.schemas.tenants import TenantRegistry  # noqa: E402
 from aiworker.workers.client.client import PipelineClient  # noqa: E402
 from aiworker.workers.client.temporal_client import data_converter  # noqa: E402
 from aiworker.workers.devstack.devserver import local_server_extra_args, temporal_cli_path  # noqa: E402
@@ -434,6 +436,62 @@ async def rec_agent(client: Client, tmp: Path) -> Saved:
     return {"agent": "replay-agent", "agent-child": "replay-agent/agent"}
 
 
+async def rec_agent_limited(client: Client, tmp: Path) -> Saved:
+    """An llm-agent step under a tenant's rate limits and worker list: each model turn
+    and tool call waits for its permit at the limiter (``agent-turn-permits``)."""
+    model = start_scripted_model()
+    try:
+        path = models_file(model, tmp / "models.json", "replay-agent-limited")
+        model.script(
+            "replay-agent-limited",
+            call(
+                ("validator", {"data": {"n": 1}, "schema": {"type": "object"}}),
+                ("validator", {"data": [], "schema": {"type": "object"}}),
+            ),
+            say("One is valid."),
+        )
+        tenant = {
+            "rate_limits": {"validator": "100/min", "llm-call": "100/min"},
+            "workers": ["llm-agent", "llm-call", "validator"],
+        }
+        registry = TenantRegistry.model_validate({"tenants": {"replay-limited": tenant}})
+        settings = _settings(tmp, models_file=path, tenants=registry)
+        tools = build_tools(settings)
+        tools["language_model"] = build_language_model(
+            settings, {}, llm_metrics=LlmMetrics(CollectorRegistry())
+        )
+        pipeline = {
+            "name": "replay-agent-limited",
+            "tenant": "replay-limited",
+            "budget": {"max_tokens": 5000, "deadline_seconds": 120},
+            "steps": [
+                {
+                    "id": "agent",
+                    "worker": "llm-agent",
+                    "input": {
+                        "prompt": "Which is valid?",
+                        "model": "openai-agent",
+                        "tools": ["validator"],
+                        "max_turns": 3,
+                    },
+                }
+            ],
+            "output": {"answer": "${{ steps.agent.outputs.answer }}"},
+        }
+        try:
+            async with running_stack(client, settings, tools=tools) as stack:
+                await _run(stack, pipeline, "replay-agent-limited")
+        finally:
+            await tools["language_model"].aclose()
+            await tools["fetch_url"].aclose()
+    finally:
+        model.stop()
+    return {
+        "agent-limited": "replay-agent-limited",
+        "agent-limited-child": "replay-agent-limited/agent",
+    }
+
+
 async def rec_cancel(client: Client, tmp: Path) -> Saved:
     """A pipeline cancelled while its first step's activity runs."""
     started = asyncio.Event()
@@ -505,6 +563,7 @@ RECORDINGS: dict[str, Recording] = {
     "tree": rec_tree,
     "items": rec_items,
     "agent": rec_agent,
+    "agent-limited": rec_agent_limited,
     "cancel": rec_cancel,
     "schedule": rec_schedule,
     "registry": rec_registry,

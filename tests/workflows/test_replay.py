@@ -11,6 +11,8 @@ recorded before the pipeline workflow was split into modules, commit 8a3581a;
 ``*-budget-first.json``: rate-limited for_each items admitted before their
 permits, recorded before the ``foreach-item-permits-before-budget`` patch).
 A history's workflow id (permit tickets carry it) is read from its first event.
+``agent-limited`` (and its ``-child``) is an agent under a tenant's rate limits,
+its turns and tool calls waiting for permits (the ``agent-turn-permits`` patch).
 ``recorded-specs`` is a run that recorded its workers' specs (``RunConfig.specs``,
 the ``pipeline-recorded-specs`` patch) on a catalog of spec files and a plugin
 this replay never installs; ``test_recorded_specs.py`` records it
@@ -69,6 +71,8 @@ SHAPES = {
     "items-ref-chunk",
     "agent",
     "agent-child",
+    "agent-limited",
+    "agent-limited-child",
     "cancel",
     "schedule",
     "registry",
@@ -109,7 +113,7 @@ OLDER_CODE |= {
 OLDER_CODE |= {
     f"{shape}-20261127"
     for shape in SHAPES - {"recorded-specs", "registry"}
-    if not shape.startswith(("limited-", "limiter-"))
+    if not shape.startswith(("limited-", "limiter-", "agent-limited"))
 }
 
 
@@ -316,3 +320,28 @@ def test_limited_items_take_permits_before_budget_only_behind_the_patch() -> Non
     for shape in ("limited-blocks-chunk", "limited-queued-chunk"):
         assert ITEM_PERMITS_FIRST_PATCH in _patches(shape)
         assert ITEM_PERMITS_FIRST_PATCH not in _patches(f"{shape}-budget-first")
+
+
+def test_an_agents_permits_are_recorded_only_behind_their_patch() -> None:
+    """An agent under rate limits records ``agent-turn-permits`` and asks the limiter
+    before each call; an agent without limits records neither, as before the patch."""
+    from aiworker.workflows.governed import AGENT_PERMITS_PATCH
+
+    assert AGENT_PERMITS_PATCH in _patches("agent-limited-child")
+    for name in ("agent-child", "agent-child-20261127", "agent-limited"):
+        assert AGENT_PERMITS_PATCH not in _patches(name)
+    # one permit asked before each of its four calls (two turns, two tool calls)
+    assert _local_activities("agent-limited-child") == [names.LIMITER_ACQUIRE] * 4
+    assert _local_activities("agent-child") == []
+
+
+def _local_activities(name: str) -> list[str]:
+    """The activity types of the local activities a committed history recorded."""
+    history = json.loads((FOLDER / f"{name}.json").read_text("utf-8"))
+    found = []
+    for event in history["events"]:
+        marker = event.get("markerRecordedEventAttributes", {})
+        if marker.get("markerName") == "core_local_activity":
+            payload = marker["details"]["data"]["payloads"][0]["data"]
+            found.append(json.loads(base64.b64decode(payload))["activity_type"])
+    return found
