@@ -89,7 +89,6 @@ class ReviewRequest(BaseModel):
     outputs: dict[str, Any] | None = Field(default=None, description="corrected outputs (approve)")
     reviewer: str | None = Field(
         default=None,
-        min_length=1,
         max_length=200,
         description="who decides; recorded with the API key's name (default: the key alone)",
     )
