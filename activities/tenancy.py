@@ -53,7 +53,7 @@ async def check_redrive_tenant(client: Client, workflow_id: str, tenant: str) ->
 
     Raises:
         InvalidInputError: the run is another tenant's, is not a pipeline, or
-            cannot be found (its tenant cannot be confirmed).
+            cannot be found; the same message for each.
     """
     handle = client.get_workflow_handle(workflow_id)
     first: Any = None
@@ -65,18 +65,17 @@ async def check_redrive_tenant(client: Client, workflow_id: str, tenant: str) ->
         if e.status != RPCStatusCode.NOT_FOUND:
             raise
     started = first.workflow_execution_started_event_attributes if first is not None else None
-    if started is None or started.workflow_type.name != names.PIPELINE_WORKFLOW:
-        raise InvalidInputError(
-            f"resume_from names {workflow_id!r}, which is not a pipeline run that can be "
-            "found; its tenant cannot be confirmed",
-            field="resume_from.workflow_id",
-        )
-    decoded = await client.data_converter.decode(started.input.payloads)
-    pipeline = decoded[0] if decoded else None
-    earlier = pipeline.get("tenant", names.DEFAULT_TENANT) if isinstance(pipeline, dict) else None
+    earlier: Any = None
+    if started is not None and started.workflow_type.name == names.PIPELINE_WORKFLOW:
+        decoded = await client.data_converter.decode(started.input.payloads)
+        pipeline = decoded[0] if decoded else None
+        if isinstance(pipeline, dict):
+            earlier = pipeline.get("tenant", names.DEFAULT_TENANT)
     if earlier != tenant:
+        # One message whether the run is missing, not a pipeline, or another
+        # tenant's: which ids exist elsewhere is not this tenant's to learn.
         raise InvalidInputError(
-            f"resume_from names {workflow_id!r}, a run of another tenant; "
-            f"a pipeline of tenant {tenant!r} may only redrive its own runs",
+            f"resume_from names {workflow_id!r}, which is not a pipeline run of tenant "
+            f"{tenant!r}; a pipeline may only redrive its own tenant's runs",
             field="resume_from.workflow_id",
         )

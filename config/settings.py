@@ -138,6 +138,12 @@ class Settings(BaseModel):
     hooks_file: Path | None = None
     serve_rate_limit: str = "120/min"
     serve_max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # Slow clients (workers/frontdoor/conn.py): a request's headers must arrive within the
+    # header timeout, its body within the body timeout after them; at most
+    # serve_max_connections connections at once (one more is answered 503 and closed).
+    serve_header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600, allow_inf_nan=False)
+    serve_body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
+    serve_max_connections: int = Field(default=512, ge=1, le=100_000)
     # The headless Chromium that web-scrape's `render: "browser"` drives (Debian's
     # `chromium` package); launched only when a step asks for it.
     browser_executable: Path = Path("/usr/bin/chromium")
@@ -223,6 +229,9 @@ class Settings(BaseModel):
             "HOOKS_FILE",
             "SERVE_RATE_LIMIT",
             "SERVE_MAX_BODY_BYTES",
+            "SERVE_HEADER_TIMEOUT_SECONDS",
+            "SERVE_BODY_TIMEOUT_SECONDS",
+            "SERVE_MAX_CONNECTIONS",
             "SCRAPE_MIN_DELAY_SECONDS",
             "SCRAPE_MAX_DELAY_SECONDS",
             "AUTOTHROTTLE",
@@ -265,6 +274,9 @@ class Settings(BaseModel):
             ("BREAKER_OPEN_SECONDS", "breaker_open_seconds"),
             ("SERVE_PORT", "serve_port"),
             ("SERVE_MAX_BODY_BYTES", "serve_max_body_bytes"),
+            ("SERVE_HEADER_TIMEOUT_SECONDS", "serve_header_timeout_seconds"),
+            ("SERVE_BODY_TIMEOUT_SECONDS", "serve_body_timeout_seconds"),
+            ("SERVE_MAX_CONNECTIONS", "serve_max_connections"),
             ("SCRAPE_MIN_DELAY_SECONDS", "scrape_min_delay_seconds"),
             ("SCRAPE_MAX_DELAY_SECONDS", "scrape_max_delay_seconds"),
             ("AUTOTHROTTLE_TARGET_CONCURRENCY", "autothrottle_target_concurrency"),

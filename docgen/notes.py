@@ -186,6 +186,12 @@ SETTINGS: dict[str, str] = {
     "serve_rate_limit": "requests per API key and per webhook the front door accepts, e.g. "
     "`120/min` (a token bucket per process; a key's own rate_limit wins)",
     "serve_max_body_bytes": "the largest request body the front door reads (413 beyond it)",
+    "serve_header_timeout_seconds": "seconds a request's headers may take to arrive, "
+    "counted from the connection's start (or its last answer); 408 and closed beyond",
+    "serve_body_timeout_seconds": "seconds a request's whole body may take to arrive after "
+    "its headers; 408 and closed beyond",
+    "serve_max_connections": "connections the front door holds at once; one more is "
+    "answered 503 and closed",
     "browser_executable": 'the Chromium that web-scrape\'s `render: "browser"` drives '
     "(Debian's `chromium` package; launched on first use, never downloaded)",
 }

@@ -4,7 +4,11 @@ Temporal orders a backlogged task queue by ``priority_key`` (1 first) and, with
 fairness on, shares dispatch between ``fairness_key`` values in proportion to
 their ``fairness_weight``. aiworker sets all three when it starts a pipeline
 (:func:`start_priority`): the spec's ``priority``, the tenant, and the tenant's
-``fairness_weight`` from the registry when one is configured.
+``fairness_weight`` from the registry when one is configured. A registry entry's
+``highest_priority`` caps the key: a spec asking for a more urgent one (a lower
+number) starts at the ceiling, as every other registry ceiling tightens what a
+spec asks for; a spec without a priority starts at the ceiling when the server's
+default (3) would be above it.
 
 The server lets activities and child workflows inherit each field they leave
 unset from the workflow that schedules them, at dispatch time, without writing
@@ -27,6 +31,8 @@ from aiworker.schemas.names import DEFAULT_TENANT, PRIORITY_HIGHEST, PRIORITY_LO
 from aiworker.schemas.tenants import TenantRegistry
 
 _TENANT = re.compile(TENANT_PATTERN)
+# What the server gives a task without a priority key (its default of 5 levels).
+DEFAULT_PRIORITY_KEY = 3
 
 __all__ = ["start_priority", "task_priority"]
 
@@ -51,15 +57,20 @@ def start_priority(pipeline: Mapping[str, Any], tenants: TenantRegistry | None) 
         tenants: the tenant registry, for the tenant's ``fairness_weight``.
 
     Returns:
-        ``priority_key`` from ``priority``, ``fairness_key`` the tenant, and
+        ``priority_key`` from ``priority`` held to the tenant's
+        ``highest_priority``, ``fairness_key`` the tenant, and
         ``fairness_weight`` the registry's for that tenant (unset without one).
     """
     tenant = pipeline.get("tenant", DEFAULT_TENANT)
     if not isinstance(tenant, str) or not _TENANT.match(tenant):
         tenant = None
     policy = tenants.policy(tenant) if tenants is not None and tenant is not None else None
+    key = _priority_key(pipeline.get("priority"))
+    ceiling = policy.highest_priority if policy is not None else None
+    if ceiling is not None and (DEFAULT_PRIORITY_KEY if key is None else key) < ceiling:
+        key = ceiling
     return Priority(
-        priority_key=_priority_key(pipeline.get("priority")),
+        priority_key=key,
         fairness_key=tenant,
         fairness_weight=policy.fairness_weight if policy is not None else None,
     )

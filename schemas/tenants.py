@@ -17,7 +17,8 @@ The file::
                        "deadline_seconds": 3600},
             "workers": ["web-scrape", "validator", "publish"],
             "egress_allow": ["example.com"],
-            "fairness_weight": 2
+            "fairness_weight": 2,
+            "highest_priority": 2
         },
         "globex": {}
     }}
@@ -29,7 +30,9 @@ budget ceiling and the allowed workers at pipeline start, from the
 the egress allow-list again in the worker runtime for every call
 (``activities/runtime.py``), so a call that does not come from a pipeline is
 held to them too. The fairness weight goes with the tenant as the Temporal
-fairness key of its pipelines (``schemas/priority.py``).
+fairness key of its pipelines, and the highest priority caps the one they start
+with (``schemas/priority.py``, in every client that starts a pipeline: ``aiworker
+run``, ``aiworker serve``, schedules).
 """
 
 from __future__ import annotations
@@ -45,7 +48,13 @@ from pydantic import Field, ValidationError, field_validator
 from aiworker.schemas.agent import agent_calls
 from aiworker.schemas.base import Model
 from aiworker.schemas.files import read_capped
-from aiworker.schemas.names import LLM_AGENT, TENANT_PATTERN, VALIDATOR
+from aiworker.schemas.names import (
+    LLM_AGENT,
+    PRIORITY_HIGHEST,
+    PRIORITY_LOWEST,
+    TENANT_PATTERN,
+    VALIDATOR,
+)
 from aiworker.schemas.pipeline import Budget, PipelineSpec
 from aiworker.schemas.problems import Problem
 from aiworker.schemas.spec import parse_rate
@@ -139,6 +148,13 @@ class TenantPolicy(Model):
         le=1000,
         allow_inf_nan=False,
         description="its share under contention: the weight of its Temporal fairness key",
+    )
+    highest_priority: int | None = Field(
+        default=None,
+        ge=PRIORITY_HIGHEST,
+        le=PRIORITY_LOWEST,
+        description="the most urgent priority its pipelines start with (1 most urgent, 5 "
+        "least): a spec asking for more starts at this one; absent: any",
     )
 
     @field_validator("rate_limits")

@@ -59,12 +59,32 @@ def test_a_tenants_file_loads_into_settings(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("ceiling", "asked", "starts"),
+    [(None, 1, 1), (None, None, None), (2, 1, 2), (2, 4, 4), (2, None, None), (4, None, 4)],
+)
+def test_highest_priority_caps_the_priority_a_run_starts_with(
+    ceiling: int | None, asked: int | None, starts: int | None
+) -> None:
+    """A spec asking for more than the tenant's ceiling starts at it; a spec with no
+    priority (the server's 3) too, when 3 is above the ceiling."""
+    from aiworker.schemas.priority import start_priority
+
+    registry = TenantRegistry.model_validate(
+        {"tenants": {"acme": {} if ceiling is None else {"highest_priority": ceiling}}}
+    )
+    spec = {"name": "p", "tenant": "acme", **({} if asked is None else {"priority": asked})}
+    assert start_priority(spec, registry).priority_key == starts
+
+
+@pytest.mark.parametrize(
     ("doc", "names_field"),
     [
         ({"tenants": {"acme": {"concurrency": "5"}}}, "tenants.acme.concurrency"),
         ({"tenants": {"acme": {"rate_limits": {"web-scrape": "lots"}}}}, "rate_limits"),
         ({"tenants": {"acme": {"budget": {"max_tokens": -1}}}}, "tenants.acme.budget.max_tokens"),
         ({"tenants": {"acme": {"fairness_weight": 0}}}, "tenants.acme.fairness_weight"),
+        ({"tenants": {"acme": {"highest_priority": 0}}}, "tenants.acme.highest_priority"),
+        ({"tenants": {"acme": {"highest_priority": 6}}}, "tenants.acme.highest_priority"),
         ({"tenants": {"acme": {"egress_allow": []}}}, "tenants.acme.egress_allow"),
         ({"tenants": {"acme": {"egress_allow": ["10.0.0.1"]}}}, "takes domains"),
         ({"tenants": {"acme": {"colour": "red"}}}, "tenants.acme.colour"),

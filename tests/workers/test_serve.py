@@ -322,7 +322,7 @@ async def test_temporal_unreachable_is_503(tmp_path: Path, stack: Stack) -> None
         error(ready, 503, "upstream_error")
         pipeline = one_step_pipeline("api-down")
         r = await http.post("/v1/pipelines", json=pipeline, headers=bearer("ci"))
-        assert "127.0.0.1:9" in error(r, 503, "upstream_error")
+        assert "did not answer" in error(r, 503, "upstream_error")
         assert r.headers["retry-after"] == "5"
 
 

@@ -7,6 +7,8 @@ import hmac
 import io
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,6 +124,27 @@ def test_serve_refuses_keys_for_tenants_the_registry_lacks(
     monkeypatch.setenv("TEMPORAL_ADDRESS", "127.0.0.1:9")
     assert cli.main(["serve", "--host", "127.0.0.1", "--port", "0"]) == EXIT_USAGE
     assert "lacks: beta" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_short_hook_secret_from_its_variable(tmp_path: Path) -> None:
+    """The real command, as its own process: it stops before it listens (a door that
+    started would run until the timeout, which fails the test too)."""
+    (tmp_path / "p.json").write_text(json.dumps({"name": "p", "steps": []}))
+    hook = {"name": "h", "pipeline": "p.json", "tenant": "acme", "signature": "github"}
+    (tmp_path / "hooks.json").write_text(json.dumps({"hooks": [hook | {"secret_env": "S"}]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
+    env |= {
+        "AIWORKER_HOOKS_FILE": str(tmp_path / "hooks.json"),
+        "TEMPORAL_ADDRESS": "127.0.0.1:9",
+        "S": "x",
+    }
+    cmd = [sys.executable, "-m", "aiworker.workers.cli.main", "serve", "--host", "127.0.0.1"]
+    done = subprocess.run(
+        [*cmd, "--port", "0"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == EXIT_USAGE, done.stdout + done.stderr
+    assert "$S holds 1 characters" in done.stderr and "at least 16" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_a_hook_secret_comes_from_its_variable(tmp_path: Path) -> None:

@@ -67,6 +67,12 @@ KEY_PREFIX = "aiw_"
 # that hashing a hostile header costs nothing.
 MAX_KEY_CHARS = 256
 MIN_KEY_CHARS = 24
+# A webhook secret, written in the file or read from `secret_env`: GitHub and Stripe
+# draw long ones; a short one could be guessed from signed requests offline.
+MIN_SECRET_CHARS = 16
+# Buckets of the front door's rate limiter (one per key, hook and refused caller):
+# past this, full buckets (the same as absent ones) are dropped, then the oldest.
+MAX_BUCKETS = 10_000
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -124,7 +130,7 @@ class Hook(BaseModel):
     pipeline: Path = Field(description="pipeline file, relative to the hooks file")
     tenant: str = Field(pattern=TENANT_PATTERN)
     signature: Literal["github", "stripe"]
-    secret: str | None = Field(default=None, min_length=16, repr=False)
+    secret: str | None = Field(default=None, min_length=MIN_SECRET_CHARS, repr=False)
     secret_env: str | None = Field(default=None, description="variable holding the secret")
     tolerance_seconds: float = Field(default=300, gt=0, le=86400, description="stripe")
     delivery_header: str | None = Field(
@@ -273,6 +279,12 @@ def load_hooks(path: Path | None, env: Mapping[str, str]) -> dict[str, ReadyHook
                 raise ServeConfigError(
                     f"hooks file {path}: hook {hook.name!r}: ${hook.secret_env} is not set"
                 )
+            if len(secret) < MIN_SECRET_CHARS:
+                raise ServeConfigError(
+                    f"hooks file {path}: hook {hook.name!r}: ${hook.secret_env} holds "
+                    f"{len(secret)} characters; a webhook secret needs at least "
+                    f"{MIN_SECRET_CHARS}"
+                )
         pipeline = _read_json(path.parent / hook.pipeline, f"hook {hook.name!r} pipeline")
         if not isinstance(pipeline, dict):
             raise ServeConfigError(f"hook {hook.name!r}: {hook.pipeline} is not a JSON object")
@@ -349,6 +361,32 @@ class FrontDoorRateLimiter:
         self._lock = threading.Lock()
         self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, last refill)
 
+    def _prune(self, now: float) -> None:
+        """Bounded memory whoever calls: drop the buckets that have refilled
+        (at the default rate, so a few with their own rate may restart full),
+        then, if that is not enough, the older half."""
+        limit, period = self._default
+        full = [
+            k
+            for k, (tokens, last) in self._buckets.items()
+            if tokens + (now - last) * limit / period >= limit
+        ]
+        for k in full:
+            del self._buckets[k]
+        if len(self._buckets) >= MAX_BUCKETS:
+            by_age = sorted(self._buckets, key=lambda k: self._buckets[k][1])
+            for k in by_age[: len(by_age) // 2]:
+                del self._buckets[k]
+
+    def wait(self, key: str, rate: str | None = None) -> float:
+        """Seconds until ``key`` has a token (0: it has one now); takes none."""
+        limit, period = parse_rate(rate) if rate else self._default
+        now = time.monotonic()
+        with self._lock:
+            tokens, last = self._buckets.get(key, (float(limit), now))
+        tokens = min(float(limit), tokens + (now - last) * limit / period)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) * period / limit
+
     def take(self, key: str, rate: str | None = None) -> float:
         """Take one token for ``key``; 0 when granted, else seconds until one is there."""
         limit, period = parse_rate(rate) if rate else self._default
@@ -357,6 +395,8 @@ class FrontDoorRateLimiter:
         with self._lock:
             tokens, last = self._buckets.get(key, (float(limit), now))
             tokens = min(float(limit), tokens + (now - last) * per_second)
+            if len(self._buckets) >= MAX_BUCKETS and key not in self._buckets:
+                self._prune(now)
             if tokens >= 1.0:
                 self._buckets[key] = (tokens - 1.0, now)
                 return 0.0

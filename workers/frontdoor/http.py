@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from temporalio.client import RPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -69,11 +70,16 @@ async def read_body(request: Request, cap: int) -> bytes:
         raise _too_large(cap)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise _too_large(cap)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise _too_large(cap)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # The client left, or its body missed the read deadline (frontdoor/conn.py closed
+        # the connection): nobody hears this answer, but the route ends cleanly.
+        raise ApiError(408, ErrorCode.TIMEOUT, "the body did not arrive") from None
     return b"".join(chunks)
 
 
@@ -109,12 +115,13 @@ def validation_error(errors: Sequence[Mapping[str, Any]], raw: Any, root: str) -
     return ApiError(400, ErrorCode.INVALID_INPUT, "; ".join(lines) or f"invalid {root}")
 
 
-def unavailable(target: str) -> ApiError:
-    """503: Temporal at ``target`` did not answer (the SDK's detail goes to the log)."""
+def unavailable() -> ApiError:
+    """503: Temporal did not answer. Its address and the SDK's detail go to the log
+    only: a caller (``/readyz`` is open to anyone) learns nothing of the inside."""
     return ApiError(
         503,
         ErrorCode.UPSTREAM_ERROR,
-        f"Temporal at {target} did not answer; retry later",
+        "Temporal did not answer; retry later",
         headers={"Retry-After": RETRY_AFTER_UNAVAILABLE},
     )
 
@@ -149,8 +156,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def rpc_error(request: Request, e: Exception) -> JSONResponse:
         assert isinstance(e, RPCError)
         if e.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
-            log.warning("Temporal did not answer: %s", e.message)
-            return unavailable(_target(request)).response()
+            log.warning("Temporal at %s did not answer: %s", _target(request), e.message)
+            return unavailable().response()
         if e.status == RPCStatusCode.NOT_FOUND:
             return ApiError(404, ErrorCode.NOT_FOUND, e.message).response()
         log.warning("Temporal refused a request: %s %s", e.status.name, e.message)
@@ -163,8 +170,9 @@ def install_error_handlers(app: FastAPI) -> None:
         if isinstance(e, TemporalUnreachableError | RPCTimeoutOrCancelledError) or (
             "client connect" in str(e)
         ):
-            log.warning("Temporal did not answer: %s", str(e).splitlines()[0][:500])
-            return unavailable(_target(request)).response()
+            first_line = str(e).splitlines()[0][:500]
+            log.warning("Temporal at %s did not answer: %s", _target(request), first_line)
+            return unavailable().response()
         log.exception("unexpected error")
         return ApiError(500, ErrorCode.INTERNAL, "unexpected error; see the server log").response()
 

@@ -8,7 +8,13 @@ An ASGI app on FastAPI, served by uvicorn::
     GET  /v1/pipelines/{id}/steps/{step}/items  a for_each step's items (inline or by reference)
     POST /v1/pipelines/{id}/review     the review Update (approve | reject | retry)
     POST /v1/hooks/{name}              a configured pipeline from a signed webhook
-    GET  /healthz, /readyz, /openapi.json, /docs
+    GET  /healthz, /readyz, /openapi.json
+
+No ``/docs`` or ``/redoc`` page: FastAPI's load Swagger UI and ReDoc from a CDN
+without an integrity check, so the door serves no page that runs outside code;
+``/openapi.json`` feeds any OpenAPI viewer the operator trusts.
+Slow clients are cut off by :mod:`aiworker.workers.frontdoor.conn` (header and body
+read deadlines, a connection ceiling).
 
 Every call but the probes and the documents carries ``Authorization: Bearer
 <key>``; the key decides the tenant (:mod:`aiworker.workers.frontdoor.auth`), so a
@@ -34,6 +40,7 @@ Every refusal is ``{"error": {"code", "message"}}`` with a stable code of
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -63,6 +70,8 @@ from aiworker.workers.frontdoor.service import (
     Service,
 )
 from aiworker.workers.process.pipeline_settings import model_aliases
+
+log = logging.getLogger("aiworker.serve")
 
 _bearer = HTTPBearer(auto_error=False, description="an API key (aiworker keys add)")
 
@@ -96,6 +105,9 @@ def create_app(door: FrontDoor) -> FastAPI:
         title="aiworker front door",
         version=version("aiworker"),
         description="Start, watch and review aiworker pipelines; start them from webhooks.",
+        # FastAPI's pages pull Swagger UI / ReDoc from a CDN with no integrity check.
+        docs_url=None,
+        redoc_url=None,
     )
     service = Service(door)
     app.state.service = service
@@ -192,7 +204,9 @@ def create_app(door: FrontDoor) -> FastAPI:
         except (RPCError, RuntimeError):
             ok = False
         if not ok:
-            raise unavailable(app.state.temporal_target)
+            # Anyone may ask: the answer names no internal address (the log has it).
+            log.warning("readyz: Temporal at %s did not answer", app.state.temporal_target)
+            raise unavailable()
         return {"status": "ready"}
 
     return app
@@ -216,6 +230,8 @@ async def serve(
         ServeConfigError: the keys or hooks file is unusable.
     """
     import uvicorn
+
+    from aiworker.workers.frontdoor.conn import deadline_protocol
 
     keys = KeyRing.load(settings.api_keys_file)
     hooks = load_hooks(settings.hooks_file, env)
@@ -251,6 +267,15 @@ async def serve(
         server_header=False,
         timeout_graceful_shutdown=10,
         lifespan="off",
+        http=deadline_protocol(
+            settings.serve_header_timeout_seconds,
+            settings.serve_body_timeout_seconds,
+            settings.serve_max_connections,
+        ),
+        # Requests in flight, counting those whose client has left (a task may
+        # outlive its connection): beyond, uvicorn answers 503. The connections
+        # themselves never pass the ceiling (frontdoor/conn.py), so +1.
+        limit_concurrency=settings.serve_max_connections + 1,
     )
     if on_listening is not None:
         on_listening(host, sock.getsockname()[1])

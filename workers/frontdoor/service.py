@@ -66,6 +66,8 @@ MAX_IDEMPOTENCY_KEY_CHARS = 255
 # Temporal answers a describe or query in milliseconds; a hung one must not hold a request.
 RPC_TIMEOUT = timedelta(seconds=10)
 ENDED_QUERY_TIMEOUT = timedelta(seconds=3)
+# The review Update's reviewer field (schemas.pipeline.ReviewDecision) holds this much.
+MAX_REVIEWER_CHARS = 200
 
 
 @dataclass
@@ -85,9 +87,28 @@ class ReviewRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     decision: Literal["approve", "reject", "retry"]
     outputs: dict[str, Any] | None = Field(default=None, description="corrected outputs (approve)")
-    reviewer: str | None = Field(default=None, max_length=200, description="default: the key")
+    reviewer: str | None = Field(
+        default=None,
+        max_length=200,
+        description="who decides; recorded with the API key's name (default: the key alone)",
+    )
     note: str | None = Field(default=None, max_length=10_000)
     step: str | None = Field(default=None, description="the step, when several await review")
+
+
+def reviewer_name(given: str | None, key: ApiKey) -> str:
+    """The reviewer a review records: the name the caller gives, with the key that
+    sent it (``"ann (api-key:ci)"``), or the key alone; never only a free-text name.
+
+    A long name is cut to fit the Update's 200 characters; the key is never cut.
+    """
+    who = f"api-key:{key.name}"
+    if not given:
+        return who
+    room = MAX_REVIEWER_CHARS - len(who) - 3
+    if len(given) > room:
+        given = given[: max(room - 1, 0)] + "…"
+    return f"{given} ({who})"
 
 
 def idempotent_id(prefix: str, tenant: str, key: str) -> str:
@@ -145,6 +166,18 @@ class Service:
                 headers={"Retry-After": str(seconds)},
             )
 
+    def hold(self, bucket: str) -> None:
+        """429 when ``bucket`` (at the default rate) has no token left, taking none."""
+        wait = self.door.limiter.wait(bucket)
+        if wait > 0:
+            seconds = max(1, math.ceil(wait))
+            raise ApiError(
+                429,
+                ErrorCode.RATE_LIMITED,
+                f"too many refused requests; retry in {seconds}s",
+                headers={"Retry-After": str(seconds)},
+            )
+
     async def start(self, body: bytes, key: ApiKey, idempotency_key: str | None) -> JSONResponse:
         """``POST /v1/pipelines``: the body's pipeline for the key's tenant."""
         raw = parse_json(body, self.max_depth)
@@ -172,9 +205,13 @@ class Service:
         return await self.start_once(raw, workflow_id, "this Idempotency-Key")
 
     async def start_once(
-        self, pipeline: dict[str, Any], workflow_id: str | None, what: str
+        self, pipeline: dict[str, Any], workflow_id: str | None, what: str, same_run: bool = False
     ) -> JSONResponse:
-        """Check and start ``pipeline``; 201, or 200 for a retry of the same start."""
+        """Check and start ``pipeline``; 201, or 200 for a retry of the same start.
+
+        ``same_run``: the id alone says it is the same start (a webhook's body
+        hash), so an existing run is the answer whatever the unsigned inputs say.
+        """
         pipelines = self.door.pipelines
         try:
             await pipelines.check_live(pipeline)
@@ -191,8 +228,8 @@ class Service:
             )
         except WorkflowAlreadyStartedError as e:
             workflow_id = e.workflow_id
-            first = await pipelines.started_input(workflow_id)
-            if first is None or canonical(first) != canonical(pipeline):
+            first = None if same_run else await pipelines.started_input(workflow_id)
+            if not same_run and (first is None or canonical(first) != canonical(pipeline)):
                 raise ApiError(
                     409,
                     ErrorCode.INVALID_INPUT,
@@ -317,7 +354,7 @@ class Service:
                 workflow_id,
                 req.decision,
                 outputs=req.outputs,
-                reviewer=req.reviewer or f"api-key:{key.name}",
+                reviewer=reviewer_name(req.reviewer, key),
                 note=req.note,
                 step=req.step,
             )
@@ -327,10 +364,26 @@ class Service:
             raise ApiError(409, ErrorCode.INVALID_INPUT, f"review refused: {message}") from None
 
     async def hook(self, name: str, request: Request) -> JSONResponse:
-        """Verify a webhook's signature and start its pipeline with the body as input."""
+        """Verify a webhook's signature and start its pipeline with the body as input.
+
+        The run is named by the hash of the body, the part the signature covers:
+        the delivery id and GitHub's event header are not signed, so a captured
+        body sent again under a new ``X-GitHub-Delivery`` (or another
+        ``X-GitHub-Event``) is the same delivery and answers 200 with the first
+        run. The id is Temporal's (``REJECT_DUPLICATE``), so this holds across
+        front door processes and restarts, as long as the namespace keeps the
+        first run (its retention).
+
+        A caller whose signatures fail is held to the front door's rate per hook
+        and address (``AIWORKER_SERVE_RATE_LIMIT``): past it, 429 before its body
+        is read or a digest computed.
+        """
         ready = self.door.hooks.get(name)
         if ready is None:
             raise ApiError(404, ErrorCode.NOT_FOUND, f"no webhook named {name!r}")
+        client = request.client.host if request.client else "unknown"
+        refused = f"hook-refused:{name}:{client}"
+        self.hold(refused)
         body = await read_body(request, self.door.settings.serve_max_body_bytes)
         try:
             if ready.hook.signature == "github":
@@ -339,15 +392,17 @@ class Service:
                 header = request.headers.get("stripe-signature")
                 verify_stripe(ready.secret, body, header, ready.hook.tolerance_seconds)
         except SignatureError as e:
+            self.limit(refused, None)  # 429 once this caller has used up its failures
             raise ApiError(401, ErrorCode.ACCESS_DENIED, f"webhook {name!r}: {e}") from None
         # After the signature: forged deliveries must not use up the sender's rate.
         self.limit(f"hook:{name}", ready.hook.rate_limit)
         payload = parse_json(body, self.max_depth)
         header = ready.delivery_header
+        body_hash = hashlib.sha256(body).hexdigest()
         delivery = request.headers.get(header) if header else None
         if delivery is not None and not 0 < len(delivery) <= MAX_IDEMPOTENCY_KEY_CHARS:
             raise ApiError(400, ErrorCode.INVALID_INPUT, f"{header} is empty or too long")
-        delivery = delivery or hashlib.sha256(body).hexdigest()
+        delivery = delivery or body_hash
         pipeline = copy.deepcopy(ready.pipeline)
         pipeline["tenant"] = ready.hook.tenant
         inputs = dict(pipeline.get("inputs") or {})
@@ -355,8 +410,9 @@ class Service:
         if ready.hook.signature == "github" and (event := request.headers.get("x-github-event")):
             inputs["event"] = event
         pipeline["inputs"] = inputs
-        workflow_id = idempotent_id(f"hook-{name}", ready.hook.tenant, delivery)
-        return await self.start_once(pipeline, workflow_id, f"delivery {delivery!r}")
+        # The signed part names the run, never the unsigned delivery header.
+        workflow_id = idempotent_id(f"hook-{name}", ready.hook.tenant, body_hash)
+        return await self.start_once(pipeline, workflow_id, f"delivery {delivery!r}", same_run=True)
 
 
 def _started(doc: dict[str, Any], status: int) -> JSONResponse:
