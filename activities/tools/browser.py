@@ -18,6 +18,21 @@ talks to the network:
   start, whatever the flags; those attempts end there;
 - Chromium's own background traffic is off (:data:`CHROMIUM_ARGS`).
 
+A hostile page cannot outlive its call. Every call into the browser (launch,
+context, routes, ``goto``, the waits, ``content``) ends by the render's
+deadline less ``close_seconds`` (one ``asyncio`` timeout over them, not one
+per call); closing the context has ``close_seconds``, and a close that does
+not return in time (Playwright's close waits for a renderer that may be
+spinning in script) SIGKILLs the browser's whole process tree by PID: the
+next call launches a new browser. Chromium has no per-call kill switch that
+works on a busy renderer and Temporal's cancellation cannot reach a child
+process, hence this mechanism of our own. Each renderer's JavaScript heap is
+capped (V8's ``--max-old-space-size``, :attr:`BrowserLimits.max_heap_mb`): a
+page over it crashes its own renderer (``fetch_failed``, ``renderer_crashed``),
+not the browser; and each renderer's data segment (``RLIMIT_DATA``,
+:attr:`BrowserLimits.max_renderer_mb`): ArrayBuffers past it fail to allocate.
+A missed deadline is ``fetch_timeout`` (``reason: render_deadline``).
+
 One browser per process, launched on first use with Playwright's fresh
 temporary profile (removed when the browser closes); each call gets a new
 context, closed after. A browser that dies is noticed (``disconnected``):
@@ -36,6 +51,7 @@ import asyncio
 import contextlib
 import contextvars
 import os
+import resource
 import signal
 import time
 from collections import Counter
@@ -106,6 +122,9 @@ class BrowserLimits:
             context; a close that takes longer kills the browser.
         max_heap_mb: the JavaScript heap ceiling of each renderer (V8's
             ``--max-old-space-size``); a page over it crashes its renderer.
+        max_renderer_mb: the data segment of each process Chromium's zygote starts
+            (renderers): ``RLIMIT_DATA`` set on the zygotes after launch, inherited
+            by every renderer; ArrayBuffers and DOM past it fail to allocate.
     """
 
     max_requests: int = 200
@@ -114,6 +133,7 @@ class BrowserLimits:
     reserve_seconds: float = 0.5
     close_seconds: float = 1.0
     max_heap_mb: int = 512
+    max_renderer_mb: int = 1024
 
 
 @dataclass
@@ -187,17 +207,18 @@ class BrowserTool:
                 executable=str(self.executable),
             )
 
-    async def _browser_ready(self) -> Any:
+    async def _browser_ready(self, deadline: float) -> Any:
         async with self._lock:
             if self._browser is None or self._broken or not self._browser.is_connected():
                 await self._shutdown()
                 # Started in an empty context: the driver's tasks outlive this call.
-                task = asyncio.create_task(self._launch(), context=contextvars.Context())
+                task = asyncio.create_task(self._launch(deadline), context=contextvars.Context())
                 self._browser = await task
             return self._browser
 
-    async def _launch(self) -> Any:
+    async def _launch(self, deadline: float) -> Any:
         from playwright.async_api import Error as PlaywrightError
+        from playwright.async_api import TimeoutError as PlaywrightTimeout
         from playwright.async_api import async_playwright
 
         self.check_installed()
@@ -214,7 +235,15 @@ class BrowserTool:
                 handle_sigint=False,
                 handle_sigterm=False,
                 handle_sighup=False,
+                # Playwright kills a browser that does not start in time.
+                timeout=_ms(deadline - time.monotonic()),
             )
+        except PlaywrightTimeout:
+            await self._shutdown()
+            raise FetchTimeoutError(
+                f"Chromium ({self.executable}) did not start before the render's deadline",
+                reason="browser_start",
+            ) from None
         except PlaywrightError as e:
             await self._shutdown()
             raise ToolNotAllowedError(
@@ -225,6 +254,8 @@ class BrowserTool:
         self.launches += 1
         self._browser_pid = _browser_pid(proxy)
         self._broken = False
+        if self._browser_pid is not None:
+            _limit_renderers(self._browser_pid, self.limits.max_renderer_mb << 20)
         return browser
 
     async def _shutdown(self) -> None:
@@ -267,7 +298,9 @@ class BrowserTool:
 
         ``wait_for`` is a CSS selector or ``"networkidle"``; the page's ``load``
         event when None. A wait that does not end within ``timeout`` returns the
-        DOM as it is with ``waited=False``.
+        DOM as it is with ``waited=False``; a page that keeps the browser busy
+        past it (no DOM to read) is ``fetch_timeout`` (``reason:
+        render_deadline``), its renderer stopped.
         """
         self.check_installed()
         deadline = time.monotonic() + timeout
@@ -290,7 +323,7 @@ class BrowserTool:
             context=contextvars.copy_context(),
         )
         async with self._pages:
-            browser = await self._browser_ready()
+            browser = await self._browser_ready(deadline)
             html, waited = await self._load(browser, call, wait_for)
         return RenderResult(
             document, html, waited, call.requests, call.blocked, call.seen, call.fetched
@@ -457,6 +490,23 @@ def _browser_pid(proxy: str) -> int | None:
         if mark in cmd and not any(a.startswith(b"--type=") for a in cmd):
             return pid
     return None
+
+
+def _limit_renderers(browser_pid: int, data_bytes: int) -> None:
+    """``RLIMIT_DATA`` on the browser's zygotes: the renderers they fork inherit it.
+
+    Chromium has no flag for a renderer's memory besides V8's heap; a data limit
+    also bounds ArrayBuffers, images and the DOM. V8's and PartitionAlloc's
+    address-space reservations are ``PROT_NONE`` and do not count against it.
+    """
+    for pid in _descendants(browser_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"--type=zygote" not in f.read():
+                    continue
+            resource.prlimit(pid, resource.RLIMIT_DATA, (data_bytes, data_bytes))
+        except (OSError, ValueError):
+            continue  # a sandboxed zygote we may not change keeps V8's heap cap only
 
 
 def _ms(seconds: float) -> float:

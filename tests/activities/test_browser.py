@@ -66,6 +66,12 @@ addEventListener('load', () => setTimeout(() => {
   for (;;) {}
 }, 0));
 </script></body></html>"""
+# 1.5 GiB of ArrayBuffers: outside V8's heap, inside the renderer's data limit.
+BUFFERS_PAGE = b"""<!doctype html><html><body><h1>Buffers</h1><script>
+const hog = [];
+for (let i = 0; i < 24; i++) { const b = new Uint8Array(64 << 20); b.fill(1); hog.push(b); }
+document.body.dataset.n = hog.length;
+</script></body></html>"""
 # 300 requests, each URL 100 KB long: what the render keeps of them is bounded.
 LONG_URLS_PAGE = b"""<!doctype html><html><body><h1>Long</h1><script>
 const tail = 'a'.repeat(100 * 1024);
@@ -119,6 +125,7 @@ class JsSite:
             "/hostile": (HOSTILE_PAGE, HTML),
             "/hog": (HOG_PAGE, HTML),
             "/long": (LONG_URLS_PAGE, HTML),
+            "/buffers": (BUFFERS_PAGE, HTML),
             "/api": (API_PAGE, HTML),
             "/api/items.json": (b'["one", "two"]', "application/json"),
             "/mixed": (mixed_page(self.denied_port), HTML),
@@ -629,3 +636,14 @@ async def test_what_a_render_keeps_of_its_requests_is_bounded(
     summary = page.summary()
     assert summary["requests"] == 301
     assert summary["blocked"] == {"quota": 301 - tool.limits.max_requests}
+
+
+@needs_chromium
+async def test_array_buffers_past_the_renderer_data_limit_fail_to_allocate(
+    tool: BrowserTool, js_site: JsSite
+) -> None:
+    """1.5 GiB of ArrayBuffers (not on V8's heap) against a 1 GiB renderer: the page's
+    allocation fails, the page renders without it."""
+    page = await tool.render(js_site.url("/buffers"), timeout=20)
+    assert "<h1>Buffers</h1>" in page.html
+    assert "data-n" not in page.html
