@@ -322,9 +322,27 @@ class BrowserTool:
             allow_domains=tuple(allow_domains or ()),
             context=contextvars.copy_context(),
         )
-        async with self._pages:
+        # A page slot, the browser and the page all within the deadline; a slot
+        # that does not free up in time (two hostile pages) is a timeout too, and
+        # nothing is asked of the browser without time left for it.
+        no_time = FetchTimeoutError(
+            f"no time was left to render {url} (fetching it, or waiting for one of the "
+            f"{self.limits.max_pages} browser pages of this process)",
+            url=url,
+            reason="render_deadline",
+        )
+        try:
+            async with asyncio.timeout(deadline - time.monotonic() - self.limits.close_seconds):
+                await self._pages.acquire()
+        except TimeoutError:
+            raise no_time from None
+        try:
+            if deadline - time.monotonic() <= self.limits.close_seconds:
+                raise no_time
             browser = await self._browser_ready(deadline)
             html, waited = await self._load(browser, call, wait_for)
+        finally:
+            self._pages.release()
         return RenderResult(
             document, html, waited, call.requests, call.blocked, call.seen, call.fetched
         )
