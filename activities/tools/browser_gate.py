@@ -9,6 +9,11 @@ a scrape reads, it does not post forms or beacons), ``quota`` (past the
 page's request quota) and ``total_bytes``. The page's document itself was
 fetched before the browser started and is served from that fetch.
 
+What a page asked for is kept bounded (:class:`PageCall`): the first
+``max_requests`` requests are recorded, each URL cut to :data:`MAX_KEPT_URL`
+characters; later ones are only counted. A page that asks for a million
+megabyte-long URLs costs counters, not memory.
+
 Playwright's driver dispatches route events from the task that started it,
 so each answer runs in a copy of the calling activity's context: the tenant's
 egress list (``tenant_egress``) applies to the call that asked.
@@ -30,6 +35,9 @@ from urllib.parse import urlsplit
 
 from aiworker.activities.errors import AccessDeniedError, EgressDeniedError, WorkerError
 from aiworker.activities.tools.fetch import FetchResult, FetchTool
+
+# Characters of a request URL kept in a render's record (the request itself is whole).
+MAX_KEPT_URL = 2048
 
 # Response headers that describe the wire, not the (already decoded) body.
 _HOP_HEADERS = frozenset(
@@ -74,7 +82,11 @@ class Sinkhole:
 
 @dataclass
 class PageCall:
-    """One render's state, shared by its route handlers."""
+    """One render's state, shared by its route handlers.
+
+    ``requests`` keeps the first ``max_requests`` requests (URLs cut to
+    :data:`MAX_KEPT_URL`); ``seen`` and ``fetched`` count them all.
+    """
 
     fetcher: FetchTool
     max_requests: int
@@ -88,6 +100,8 @@ class PageCall:
     context: contextvars.Context
     served_document: bool = False
     total_bytes: int = 0
+    seen: int = 0
+    fetched: int = 0
     requests: list[dict[str, str]] = field(default_factory=list)
     blocked: Counter[str] = field(default_factory=Counter)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -108,8 +122,10 @@ async def serve(route: Any, call: PageCall) -> None:
 
     req = route.request
     url: str = req.url
-    entry = {"method": req.method, "url": url, "outcome": ""}
-    call.requests.append(entry)
+    call.seen += 1
+    entry = {"method": req.method[:16], "url": url[:MAX_KEPT_URL], "outcome": ""}
+    if call.seen <= call.max_requests:
+        call.requests.append(entry)
     try:
         if (
             not call.served_document
@@ -117,6 +133,7 @@ async def serve(route: Any, call: PageCall) -> None:
             and req.frame.parent_frame is None
         ):
             call.served_document = True
+            call.fetched += 1
             entry["outcome"] = "document"
             await route.fulfill(
                 status=call.document.status_code,
@@ -156,6 +173,7 @@ async def serve(route: Any, call: PageCall) -> None:
         if call.total_bytes > call.max_total_bytes:
             await _block(route, call, entry, "total_bytes")
             return
+        call.fetched += 1
         entry["outcome"] = "fetched"
         headers = {k: v for k, v in res.headers if k.lower() not in _HOP_HEADERS}
         await route.fulfill(status=res.status_code, headers=headers, body=res.body)
@@ -168,7 +186,7 @@ def _refusal(method: str, url: str, call: PageCall) -> str | None:
         return "scheme"
     if method != "GET":
         return "method"
-    if len(call.requests) > call.max_requests:
+    if call.seen > call.max_requests:
         return "quota"
     return None
 

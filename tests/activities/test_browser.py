@@ -26,9 +26,10 @@ from support.waiting import wait_until
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
-from aiworker.activities.errors import FetchFailedError
+from aiworker.activities.errors import FetchFailedError, FetchTimeoutError
 from aiworker.activities.tools import BrowserLimits, BrowserTool, EgressPolicy, scrape_tools
 from aiworker.activities.tools.browser import CHROMIUM_ARGS
+from aiworker.activities.tools.browser_gate import MAX_KEPT_URL
 from aiworker.activities.tools.fetch import FetchTool
 from aiworker.config.settings import Settings, parse_rate_limits
 from aiworker.schemas.pipeline import PipelineResult
@@ -54,6 +55,34 @@ fetch('/api/items.json').then(r => r.json()).then(items => {
     document.getElementById('list').appendChild(li); }
   document.body.insertAdjacentHTML('beforeend', '<p id="done">done</p>');
 });
+</script></body></html>"""
+
+# After `load`: 192 MB on the JS heap (under the renderer's ceiling), then never yields.
+HOSTILE_PAGE = b"""<!doctype html><html><body><h1>Hostile</h1><script>
+addEventListener('load', () => setTimeout(() => {
+  const hog = [];
+  for (let i = 0; i < 48; i++) hog.push(new Array(512 * 1024).fill(i + 0.5));
+  window.hog = hog;
+  for (;;) {}
+}, 0));
+</script></body></html>"""
+# 1.5 GiB of ArrayBuffers: outside V8's heap, inside the renderer's data limit.
+BUFFERS_PAGE = b"""<!doctype html><html><body><h1>Buffers</h1><script>
+const hog = [];
+for (let i = 0; i < 24; i++) { const b = new Uint8Array(64 << 20); b.fill(1); hog.push(b); }
+document.body.dataset.n = hog.length;
+</script></body></html>"""
+# 300 requests, each URL 100 KB long: what the render keeps of them is bounded.
+LONG_URLS_PAGE = b"""<!doctype html><html><body><h1>Long</h1><script>
+const tail = 'a'.repeat(100 * 1024);
+Promise.allSettled(Array.from({length: 300}, (_, i) => fetch('/n/' + i + '?' + tail)))
+  .then(() => document.body.insertAdjacentHTML('beforeend', '<p id="done">done</p>'));
+</script></body></html>"""
+# 1 GiB on the JS heap, twice the renderer's ceiling.
+HOG_PAGE = b"""<!doctype html><html><body><h1>Hog</h1><script>
+const hog = [];
+for (let i = 0; i < 256; i++) hog.push(new Array(512 * 1024).fill(i + 0.5));
+document.body.dataset.n = hog.length;
 </script></body></html>"""
 
 
@@ -93,6 +122,10 @@ class JsSite:
             "/app.js": (APP_JS, js),
             "/delayed": (DELAYED_PAGE, HTML),
             "/never": (NEVER_PAGE, HTML),
+            "/hostile": (HOSTILE_PAGE, HTML),
+            "/hog": (HOG_PAGE, HTML),
+            "/long": (LONG_URLS_PAGE, HTML),
+            "/buffers": (BUFFERS_PAGE, HTML),
             "/api": (API_PAGE, HTML),
             "/api/items.json": (b'["one", "two"]', "application/json"),
             "/mixed": (mixed_page(self.denied_port), HTML),
@@ -107,6 +140,9 @@ class JsSite:
             self.hang_started.set()
             ex.stopping.wait(30)
             ex.send(200, b"", js)
+            return
+        if ex.path.startswith("/n/"):
+            ex.send(404, b"")
             return
         if ex.path not in routes:
             ex.send(404, b"missing")
@@ -257,6 +293,39 @@ async def test_rendered_pages_through_a_pipeline(stack: Stack, js_site: JsSite) 
         "method": 1,
         "robots": 1,
     }
+
+
+@needs_chromium
+async def test_a_hostile_page_in_a_pipeline_fails_fetch_timeout_inside_its_step(
+    stack: Stack, js_site: JsSite
+) -> None:
+    """The page spins after ``load``: the step ends ``fetch_timeout`` (never ``internal``,
+    never Temporal's own timeout) inside its 8 s, and the next rendered step works."""
+    result = await run(
+        stack,
+        [
+            step(
+                "hostile",
+                js_site.url("/hostile"),
+                {"h1": "h1"},
+                timeout_seconds=8,
+                retry={"max_attempts": 1},
+                input=BROWSER,
+            ),
+        ],
+    )
+    hostile = result.steps["hostile"]
+    assert (hostile.status, hostile.error_code, hostile.attempts) == (
+        "failed",
+        "fetch_timeout",
+        1,
+    ), hostile.error_message
+    assert "past the render's deadline" in (hostile.error_message or "")
+    assert hostile.duration_ms is not None and hostile.duration_ms < 8000
+    result = await run(stack, [step("after", js_site.url("/js"), {"h1": "h1"}, input=BROWSER)])
+    after = result.steps["after"]
+    assert after.status == "succeeded", after.error_message
+    assert after.outputs is not None and after.outputs["data"] == {"h1": "Rendered by script"}
 
 
 @needs_chromium
@@ -420,3 +489,170 @@ async def test_a_browser_that_crashes_fails_the_call_and_is_relaunched(
     page = await tool.render(js_site.url("/js"), timeout=20)
     assert "Rendered by script" in page.html
     assert tool.launches == 2
+
+
+def _tree(root: int) -> dict[int, tuple[list[bytes], int]]:
+    """Descendants of ``root``: pid -> (cmdline, RSS bytes), read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out: dict[int, tuple[list[bytes], int]] = {}
+    for pid in parents:
+        p = pid
+        while p not in (0, 1, root):
+            p = parents.get(p, 0)
+        if p != root or pid == root:
+            continue
+        try:
+            cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+            rss = int((Path("/proc") / str(pid) / "statm").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        out[pid] = (cmd, rss * os.sysconf("SC_PAGE_SIZE"))
+    return out
+
+
+def _renderers(browser: int) -> set[int]:
+    """The renderer processes under the ``browser`` process (Chromium rewrites a
+    child's command line into one string). Other tests' browsers have their own."""
+    return {
+        pid
+        for pid, (cmd, _) in _tree(browser).items()
+        if b"chromium" in cmd[0] and b" --type=renderer " in b" ".join(cmd) + b" "
+    }
+
+
+def _tree_rss() -> int:
+    me = int((Path("/proc/self/statm")).read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return me + sum(rss for _, rss in _tree(os.getpid()).values())
+
+
+async def _settled(browser: int) -> None:
+    """Wait until no renderer of ``browser`` runs: a closed context's renderer exits a
+    moment later."""
+    await wait_until(lambda: not _renderers(browser), "no renderer process left", timeout=5)
+
+
+async def _hostile_render(
+    tool: BrowserTool, js_site: JsSite, deadline: float, seen: set[int] | None = None
+) -> None:
+    """Render the hostile page; fail the test unless the call ends by its deadline + slack.
+    ``seen`` collects the browser's processes while the page runs."""
+    call = asyncio.create_task(tool.render(js_site.url("/hostile"), timeout=deadline))
+    if seen is not None:
+        await wait_until(
+            lambda: any(_renderers(pid) for pid in _browser_pids(tool)),
+            "the hostile page's renderer",
+            timeout=10,
+        )
+        [pid] = _browser_pids(tool)
+        seen |= {pid, *_tree(pid)}
+    done, _ = await asyncio.wait({call}, timeout=deadline + 5)
+    if not done:
+        call.cancel()
+        await asyncio.wait({call}, timeout=10)
+        pytest.fail(f"the hostile render was still running {deadline + 5:.0f} s after its start")
+    with pytest.raises(FetchTimeoutError) as e:
+        call.result()
+    assert e.value.retryable and e.value.context["reason"] == "render_deadline"
+
+
+@needs_chromium
+async def test_a_hostile_page_ends_at_its_deadline_and_leaves_no_renderer(
+    tool: BrowserTool, js_site: JsSite
+) -> None:
+    """A page that allocates and spins after ``load``: the render fails ``fetch_timeout``
+    by its deadline, its renderer is gone, memory comes back, the next render works."""
+    page = await tool.render(js_site.url("/js"), timeout=20)
+    assert "Rendered by script" in page.html
+    [browser] = _browser_pids(tool)
+    await _settled(browser)
+    rss_before = _tree_rss()
+    await _hostile_render(tool, js_site, deadline=4.0)
+    await _settled(browser)  # the spinning renderer is gone, not left holding memory
+    rss_after = _tree_rss()
+    ratio = rss_after / rss_before
+    print(f"worker tree RSS after/before a hostile page: {ratio:.3f}")
+    assert ratio < 1.10, (rss_before, rss_after)
+    page = await tool.render(js_site.url("/js"), timeout=20)
+    assert "Rendered by script" in page.html
+
+
+@needs_chromium
+async def test_a_close_that_does_not_return_in_time_kills_the_browser_tree(
+    js_site: JsSite, tmp_path: Path
+) -> None:
+    """``close_seconds`` too short for any close: the browser's whole process tree is
+    killed by PID, and the next call launches a new browser."""
+    settings = settings_for(tmp_path)
+    fetcher = FetchTool(trusting(settings, js_site))
+    tool = BrowserTool(fetcher, CHROMIUM, BrowserLimits(close_seconds=0.001))
+    try:
+        tree: set[int] = set()
+        await _hostile_render(tool, js_site, deadline=4.0, seen=tree)
+        assert tool.kills == 1
+        await wait_until(
+            lambda: not tree & set(_tree(os.getpid())),
+            "the killed browser tree to be gone",
+            timeout=5,
+        )
+        page = await tool.render(js_site.url("/js"), timeout=20)
+        assert "Rendered by script" in page.html
+        assert tool.launches >= 2
+    finally:
+        await tool.aclose()
+        await fetcher.aclose()
+
+
+@needs_chromium
+async def test_a_page_over_the_memory_ceiling_crashes_only_its_renderer(
+    tool: BrowserTool, js_site: JsSite
+) -> None:
+    """1 GiB of JS heap against a 512 MB ceiling: ``fetch_failed`` (renderer_crashed),
+    the same browser renders the next page."""
+    await tool.render(js_site.url("/js"), timeout=20)
+    [browser] = _browser_pids(tool)
+    renderers_before = _renderers(browser)
+    with pytest.raises(FetchFailedError) as e:
+        await asyncio.wait_for(tool.render(js_site.url("/hog"), timeout=20), 30)
+    assert e.value.retryable and e.value.context["reason"] == "renderer_crashed"
+    assert "512 MB" in str(e.value)
+    await wait_until(
+        lambda: _renderers(browser) <= renderers_before,
+        "the crashed renderer to be gone",
+        timeout=5,
+    )
+    page = await tool.render(js_site.url("/js"), timeout=20)
+    assert "Rendered by script" in page.html
+    assert (tool.launches, tool.kills) == (1, 0)
+
+
+@needs_chromium
+async def test_what_a_render_keeps_of_its_requests_is_bounded(
+    tool: BrowserTool, js_site: JsSite
+) -> None:
+    """300 requests with 100 KB URLs: the first ``max_requests`` are kept, URLs cut to
+    ``MAX_KEPT_URL``; the summary still counts them all."""
+    page = await tool.render(js_site.url("/long"), wait_for="#done", timeout=30)
+    assert page.waited
+    assert len(page.requests) == tool.limits.max_requests
+    assert max(len(r["url"]) for r in page.requests) == MAX_KEPT_URL
+    summary = page.summary()
+    assert summary["requests"] == 301
+    assert summary["blocked"] == {"quota": 301 - tool.limits.max_requests}
+
+
+@needs_chromium
+async def test_array_buffers_past_the_renderer_data_limit_fail_to_allocate(
+    tool: BrowserTool, js_site: JsSite
+) -> None:
+    """1.5 GiB of ArrayBuffers (not on V8's heap) against a 1 GiB renderer: the page's
+    allocation fails, the page renders without it."""
+    page = await tool.render(js_site.url("/buffers"), timeout=20)
+    assert "<h1>Buffers</h1>" in page.html
+    assert "data-n" not in page.html
