@@ -38,6 +38,8 @@ PARTS = (
     ("bench.crawl", "crawl"),
     ("bench.scale_out", "scale_out"),
     ("bench.llm_stream", "llm_stream"),
+    ("bench.browser_hostile", "browser_hostile"),
+    ("bench.slowloris", "slowloris"),
 )
 ENGINE = "engine"
 

@@ -18,6 +18,9 @@ CRAWL_MIN_RATIO = 0.8
 PAGE_MIN_RATIO = 0.9
 LLM_STREAM_MIN_RATIO = 0.95
 LLM_FIRST_TOKEN_MAX_MS = 50.0
+# issue 31: a hostile page leaves the worker within 10% of its memory; a slow-client
+# burst leaves the front door holding the descriptors it held before
+HOSTILE_MAX_RSS_RATIO = 1.1
 
 
 def _check(target: str, value: Any, limit: float, ok: bool | None) -> dict[str, Any]:
@@ -70,6 +73,7 @@ def targets(out: dict[str, Any]) -> dict[str, Any]:
         )
     )
     checks.extend(_issue29(out))
+    checks.extend(_issue31(out))
     return {"checks": checks, "all_met": all(c["met"] is True for c in checks)}
 
 
@@ -116,6 +120,24 @@ def _issue29(out: dict[str, Any]) -> list[dict[str, Any]]:
             "llm stream: first-token overhead p50 < 50 ms",
             stream.get("first_token_overhead_ms"),
             LLM_FIRST_TOKEN_MAX_MS,
+        ),
+    ]
+
+
+def _issue31(out: dict[str, Any]) -> list[dict[str, Any]]:
+    browser, door = _part(out, "browser_hostile"), _part(out, "slowloris")
+    return [
+        _check(
+            "hostile page: worker RSS after/before <= 1.1",
+            browser.get("ratio"),
+            HOSTILE_MAX_RSS_RATIO,
+            browser["ratio"] <= HOSTILE_MAX_RSS_RATIO if _number(browser.get("ratio")) else None,
+        ),
+        _check(
+            "slow clients: front door fds after/before a burst <= 1.1",
+            door.get("ratio"),
+            HOSTILE_MAX_RSS_RATIO,
+            door["ratio"] <= HOSTILE_MAX_RSS_RATIO if _number(door.get("ratio")) else None,
         ),
     ]
 
