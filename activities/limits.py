@@ -57,6 +57,7 @@ from aiworker.schemas.limits import (
     RunConfig,
     RunConfigCall,
 )
+from aiworker.schemas.pipeline_check import PipelineSpecError, parse_pipeline
 from aiworker.schemas.spec import WorkerSpec, parse_rate, recorded
 from aiworker.schemas.tenants import tighter_rate
 
@@ -242,6 +243,28 @@ class PermitPool:
         return keyed.leasing
 
 
+def full_check(pipeline: dict[str, Any], workers: Mapping[str, WorkerSpec | None]) -> list[str]:
+    """Every problem of ``pipeline`` against ``workers`` (the recorded specs), with
+    what compiles: what a run's workflow task leaves to its ``run-config`` local
+    activity (``RunConfigCall.pipeline``), so that no pipeline holds a workflow task
+    past the SDK's deadlock detector. An unknown worker is left to the workflow,
+    which names the workers the answering process knows."""
+    try:
+        parse_pipeline(pipeline, {**dict.fromkeys(_named(pipeline)), **workers})
+    except PipelineSpecError as e:
+        return e.problems
+    return []
+
+
+def _named(pipeline: dict[str, Any]) -> set[str]:
+    steps = pipeline.get("steps")
+    found = set()
+    for step in steps if isinstance(steps, list) else []:
+        if isinstance(step, dict):
+            found |= {w for w in (step.get("worker"), step.get("fallback")) if isinstance(w, str)}
+    return found
+
+
 class LimiterActivities:
     """Activities of the cross-process limiter."""
 
@@ -333,6 +356,12 @@ class LimiterActivities:
                 known = self.known_workers(live)
             # local only as the recorded specs say (execution "local")
             local = [w for w in local if w in specs and specs[w].execution == "local"]
+        problems = None
+        if call.pipeline is not None:
+            workers = {**dict.fromkeys(known), **specs}
+            # in a thread: the check is CPU work (bounded by the caps on schemas and
+            # patterns), and this activity shares its event loop with the process's others
+            problems = await asyncio.to_thread(full_check, call.pipeline, workers)
         return RunConfig(
             rate_limited=sorted(
                 w
@@ -348,6 +377,7 @@ class LimiterActivities:
             inline_items=self._settings.foreach_inline_items,
             specs=specs,
             known=known,
+            problems=problems,
         )
 
     @activity.defn(name=names.LIMITER_PLAN)

@@ -60,6 +60,7 @@ from aiworker.activities.errors import (
     InternalError,
     InvalidInputError,
     InvalidOutputError,
+    WorkerError,
     WorkerTimeoutError,
     map_failures,
 )
@@ -337,7 +338,12 @@ class WorkerRuntime:
             depth = self.settings.caps.max_json_depth
             conform(self.contract(spec.input_schema, remember=True), request.input, "input", depth)
             ctx = self._enforce_constraints(spec, request, call, usage)
-            hit = await self.cache.lookup(request, spec)
+            model = self._cache_model(spec, request) if request.cache is not None else ""
+            hit = await self.cache.lookup(request, spec, model)
+            if hit is not None and (why := self._stale(spec, hit.outputs)) is not None:
+                self.cache.refuse(self.cache.key(request, spec, model), why)
+                call.note({"cache_refused": why})
+                hit = None  # made under an output_schema that no longer holds: a miss
             if hit is not None:  # no tokens, no external calls: nothing for the budget
                 call.note({"cached": True})
                 kept = WorkerResult(hit.outputs, warnings=hit.warnings, artifacts=hit.artifacts)
@@ -346,8 +352,39 @@ class WorkerRuntime:
                 result = await self._execute(worker, ctx, call)
             conform(self.contract(spec.output_schema), result.outputs, "output", depth)
             response = self._respond(ctx, result, call)
-            await self.cache.store(request, response)
+            await self.cache.store(request, response, spec, model)
             return response
+
+    def _cache_model(self, spec: WorkerSpec, request: WorkerRequest) -> str:
+        """The model behind a cached llm-call's or prompt worker's alias (provider,
+        endpoint, model name), for the step cache's key; "" for other workers or an
+        alias this process cannot resolve (the call itself reports that)."""
+        alias: Any = None
+        if spec.worker_id == names.LLM_CALL and isinstance(request.input, dict):
+            alias = request.input.get("model")
+        elif spec.kind == "prompt":
+            alias = getattr(spec.implementation, "model", None)
+        language_model = self.tools.get("language_model")
+        if not isinstance(alias, str) or language_model is None:
+            return ""
+        try:
+            cfg = language_model.resolve(alias)
+        except WorkerError:
+            return ""
+        return f"{cfg.provider} {cfg.base_url} {cfg.model}"
+
+    def _stale(self, spec: WorkerSpec, outputs: dict[str, Any]) -> str | None:
+        """Why a cache hit's outputs fail the current ``output_schema`` (None: they pass)."""
+        try:
+            conform(
+                self.contract(spec.output_schema),
+                outputs,
+                "output",
+                self.settings.caps.max_json_depth,
+            )
+        except WorkerError as e:
+            return str(e.message)
+        return None
 
     def _enforce_constraints(
         self, spec: WorkerSpec, request: WorkerRequest, call: WorkerCall, usage: UsageBook

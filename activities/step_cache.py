@@ -6,11 +6,18 @@ the call up *inside the activity*, after the request, the tenant and the
 input have been checked and before the worker runs:
 
 - **key**: sha256 of the canonical JSON (sorted keys, no whitespace, UTF-8)
-  of the worker id, its spec version, the tenant and the sha256 of the
-  canonical resolved input (:func:`cache_key`). A for_each item is one call,
+  of the worker id, its spec version, the sha256 of the whole spec
+  (:func:`spec_hash`: a prompt, model alias or ``output_schema`` changed
+  without a new ``version`` is another key), the resolved model (provider,
+  endpoint and model name behind an llm-call's or a prompt worker's alias:
+  the same alias pointed at another model is another key), the tenant and
+  the sha256 of the canonical resolved input (:func:`cache_key`). A for_each item is one call,
   so each item has its own key; a validation retry carries the validator's
   reasons in its input, so it has another key than the attempt it repeats.
-- **hit**: an entry younger than the request's TTL. The response is built
+- **hit**: an entry younger than the request's TTL whose outputs the current
+  ``output_schema`` still accepts (the runtime checks; one it refuses is a
+  miss, logged as ``step cache hit refused`` and counted in
+  :attr:`StepCache.refused`). The response is built
   from it with ``cached: true``, no usage (no external call, no token:
   nothing counts toward the budget) and this attempt's observability.
 - **miss**: the worker runs; a ``succeeded`` response is stored (``partial``
@@ -91,10 +98,33 @@ def canonical_json(value: Any) -> bytes:
     ).encode()
 
 
-def cache_key(worker_id: str, version: str, tenant: str, worker_input: Any) -> str:
-    """The cache key of one call: worker, spec version, tenant and resolved input."""
+def spec_hash(spec: WorkerSpec) -> str:
+    """sha256 of the spec as the worker runs it (its ``examples`` left out: they
+    change no answer)."""
+    return hashlib.sha256(
+        canonical_json(spec.model_dump(mode="json", exclude={"examples"}))
+    ).hexdigest()
+
+
+def cache_key(
+    worker_id: str,
+    version: str,
+    tenant: str,
+    worker_input: Any,
+    spec: str = "",
+    model: str = "",
+) -> str:
+    """The cache key of one call: worker, spec version, spec hash (:func:`spec_hash`),
+    resolved model, tenant and resolved input."""
     input_hash = hashlib.sha256(canonical_json(worker_input)).hexdigest()
-    doc = {"worker_id": worker_id, "version": version, "tenant": tenant, "input": input_hash}
+    doc = {
+        "worker_id": worker_id,
+        "version": version,
+        "spec": spec,
+        "model": model,
+        "tenant": tenant,
+        "input": input_hash,
+    }
     return hashlib.sha256(canonical_json(doc)).hexdigest()
 
 
@@ -256,6 +286,9 @@ class StepCache:
         clock: POSIX seconds now (tests may pass their own).
     """
 
+    refused: int = 0
+    """Hits refused because the current ``output_schema`` rejects their outputs."""
+
     def __init__(self, backend: CacheBackend, clock: Any = time.time) -> None:
         self.backend = backend
         self.clock = clock
@@ -265,7 +298,21 @@ class StepCache:
         """The cache in the same place as ``artifact_store`` (see :func:`backend_beside`)."""
         return cls(backend_beside(artifact_store, data_dir))
 
-    async def lookup(self, request: WorkerRequest, spec: WorkerSpec) -> CachedResult | None:
+    @staticmethod
+    def key(request: WorkerRequest, spec: WorkerSpec, model: str = "") -> str:
+        """The key of ``request`` to ``spec``'s worker with ``model`` resolved."""
+        return cache_key(
+            request.worker_id, spec.version, request.tenant, request.input, spec_hash(spec), model
+        )
+
+    def refuse(self, key: str, why: str) -> None:
+        """Count and log a hit the current ``output_schema`` rejects (it is a miss)."""
+        self.refused += 1
+        log.warning("step cache hit refused: %s", why, extra={"cache_key": key})
+
+    async def lookup(
+        self, request: WorkerRequest, spec: WorkerSpec, model: str = ""
+    ) -> CachedResult | None:
         """The stored result of this call if one is younger than the request's TTL.
 
         Raises:
@@ -278,7 +325,7 @@ class StepCache:
         why = cache_refusal(spec)
         if why is not None:
             raise InvalidInputError(why, field="cache")
-        key = cache_key(request.worker_id, spec.version, request.tenant, request.input)
+        key = self.key(request, spec, model)
         try:
             raw = await self.backend.read(request.tenant, key)
             entry = json.loads(raw) if raw is not None else None
@@ -297,12 +344,14 @@ class StepCache:
         except ValueError:  # a damaged entry is a miss (and overwritten)
             return None
 
-    async def store(self, request: WorkerRequest, response: WorkerResponse) -> None:
+    async def store(
+        self, request: WorkerRequest, response: WorkerResponse, spec: WorkerSpec, model: str = ""
+    ) -> None:
         """Keep a ``succeeded`` response of a cached call; anything else is not kept."""
         policy = request.cache
         if policy is None or response.status != "succeeded":
             return
-        key = cache_key(request.worker_id, response.version, request.tenant, request.input)
+        key = self.key(request, spec, model)
         now = self.clock()
         entry = {
             "format": _FORMAT,
@@ -332,4 +381,5 @@ __all__ = [
     "backend_beside",
     "cache_key",
     "canonical_json",
+    "spec_hash",
 ]

@@ -40,6 +40,7 @@ PARTS = (
     ("bench.llm_stream", "llm_stream"),
     ("bench.browser_hostile", "browser_hostile"),
     ("bench.slowloris", "slowloris"),
+    ("bench.check_caps", "check_caps"),
 )
 ENGINE = "engine"
 

@@ -52,6 +52,37 @@ HARD_MAX_RESOLVED_BYTES = 64 * 1024 * 1024
 HARD_MAX_FOREACH_BYTES = 256 * 1024 * 1024
 """Size of a ``for_each`` step's list and item inputs together."""
 
+# -- what a pipeline asks the checks to compile (fixed, never configurable) ----
+#
+# Checking a JSON Schema against the metaschema costs about 0.2 ms per
+# subschema, and compiling an RE2 pattern up to its memory limit (see
+# :mod:`~aiworker.schemas.patterns`) a few ms: a pipeline with thousands of them
+# held an event loop or a workflow task for seconds. These are counted before
+# anything compiles (one pass over the literal schemas and patterns, distinct
+# ones only: the same schema or pattern compiles once), so that every check
+# (``aiworker check``, ``run``, the client, ``serve``, the workflow) costs
+# bounded time. Where they are counted: ``when.schema``, ``validate.schema``,
+# the literal ``schema`` of a validator step and ``response_schema`` of an
+# llm-call step (input and fallback_input), a web-scrape step's extraction
+# ``regex`` fields and ``discover.pattern``.
+
+MAX_PIPELINE_SCHEMAS = 100
+"""Distinct literal JSON Schemas in one pipeline."""
+MAX_PIPELINE_SCHEMA_NODES = 10_000
+"""JSON values (objects, arrays, scalars) in a pipeline's distinct literal schemas
+together; a ``const``, ``enum``, ``default`` or ``examples`` value counts as one."""
+MAX_PIPELINE_PATTERNS = 256
+"""Distinct regular expressions in one pipeline (``pattern``, ``patternProperties``
+names, extraction ``regex``, ``discover.pattern``)."""
+MAX_PIPELINE_PATTERN_CHARS = 32 * 1024
+"""Characters of a pipeline's distinct patterns together."""
+MAX_WORKFLOW_SCHEMA_NODES = 2_000
+"""JSON values in the distinct ``when`` and ``validate`` schemas: the workflow applies
+these itself (a ``when``, a review's check), inside a workflow task, which the
+SDK's deadlock detector ends after 2 s."""
+MAX_WORKFLOW_PATTERNS = 16
+"""Distinct patterns in the ``when`` and ``validate`` schemas (as above)."""
+
 # -- configurable defaults ----------------------------------------------------
 
 DEFAULT_MAX_FOREACH_ITEMS = 100_000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 from typing_extensions import TypeAliasType
@@ -170,6 +170,11 @@ class RunConfigCall(Model):
         description="record every worker the answering process knows: an llm-agent step's "
         "tools refer to a step's outputs (schemas.recorded.open_tools)",
     )
+    pipeline: dict[str, Any] | None = Field(
+        default=None,
+        description="the pipeline to check in full here (schemas, patterns, each step's input "
+        "against its worker's contract), off the workflow task; None: the run checks it itself",
+    )
 
 
 class RunConfig(Model):
@@ -210,4 +215,9 @@ class RunConfig(Model):
         default_factory=list,
         description="every worker the answering process knows, only when it does not know "
         "one the run names (the run's refusal names them)",
+    )
+    problems: list[str] | None = Field(
+        default=None,
+        description="what the full check of RunConfigCall.pipeline found (empty: none); "
+        "None: not checked here (a run that checks its pipeline itself)",
     )

@@ -25,6 +25,10 @@ import re2
 ENGINE = "aiworker runs patterns on RE2 (linear time, no backreferences or lookaround)"
 
 
+MAX_MEM = 1024 * 1024
+"""RE2's memory limit per pattern (program and matching cache)."""
+
+
 class PatternError(ValueError):
     """A pattern RE2 does not compile; the message says why, naming the engine."""
 
@@ -34,6 +38,13 @@ def _options() -> re2.Options:
     # RE2 logs every refused pattern to stderr by default; the refusal is
     # reported to the caller instead.
     options.log_errors = False
+    # RE2's compile time grows with the program it builds, up to this memory
+    # limit: at its default (8 MiB) one 16-character pattern (a Unicode class
+    # repeated) took 140-300 ms, so a dozen held a workflow task past the SDK's
+    # deadlock detector. At 1 MiB the worst pattern compiles (or is refused as
+    # too large) in about 40 ms, which the caps on patterns per pipeline
+    # (schemas/caps.py) turn into a bound.
+    options.max_mem = MAX_MEM
     return options
 
 
@@ -83,4 +94,4 @@ def first_group(regex: Any, text: str) -> str | None:
     return found if found is not None else ""
 
 
-__all__ = ["ENGINE", "PatternError", "compile_pattern", "first_group", "search"]
+__all__ = ["ENGINE", "MAX_MEM", "PatternError", "compile_pattern", "first_group", "search"]

@@ -37,6 +37,7 @@ from pydantic import ValidationError
 from aiworker.schemas import names, safe_schema
 from aiworker.schemas.agent import allow_list
 from aiworker.schemas.caps import SETTING_OF, Caps
+from aiworker.schemas.compile_caps import compile_cap_problems
 from aiworker.schemas.messages import suggest
 from aiworker.schemas.pipeline import Concurrency, PipelineSpec, Step
 from aiworker.schemas.problems import Problem, field_problems
@@ -63,7 +64,14 @@ class PipelineSpecError(ValueError):
         super().__init__("invalid pipeline: " + "; ".join(self.problems))
 
 
-def parse_pipeline(raw: Any, known_workers: Workers, caps: Caps | None = None) -> PipelineSpec:
+def parse_pipeline(
+    raw: Any,
+    known_workers: Workers,
+    caps: Caps | None = None,
+    *,
+    compiled: bool = True,
+    compile_caps: bool = True,
+) -> PipelineSpec:
     """Parse and check a pipeline spec.
 
     Args:
@@ -73,6 +81,13 @@ def parse_pipeline(raw: Any, known_workers: Workers, caps: Caps | None = None) -
             worker's contract as well.
         caps: the caps to check against; the hard ceilings when omitted (the
             check at workflow start, which cannot read settings).
+        compiled: check what compiles (schemas against the metaschema, patterns,
+            selectors, each step's input against its worker's contract); False:
+            only what costs no compiling (the workflow task's part, see
+            :func:`check_pipeline`).
+        compile_caps: apply the caps on schemas and patterns
+            (:mod:`~aiworker.schemas.compile_caps`); False only to replay runs
+            started before them.
 
     Returns:
         The parsed spec.
@@ -81,7 +96,9 @@ def parse_pipeline(raw: Any, known_workers: Workers, caps: Caps | None = None) -
         PipelineSpecError: naming every problem found.
     """
     spec = _validated(raw)
-    problems = check_pipeline(spec, known_workers, caps)
+    problems = check_pipeline(
+        spec, known_workers, caps, compiled=compiled, compile_caps=compile_caps
+    )
     if problems:
         raise PipelineSpecError(problems)
     return spec
@@ -95,39 +112,49 @@ def _validated(raw: Any) -> PipelineSpec:
         raise PipelineSpecError(field_problems(raw, e)) from None
 
 
-def parse_structure(raw: Any) -> PipelineSpec:
+def parse_structure(raw: Any, *, compiled: bool = True, compile_caps: bool = True) -> PipelineSpec:
     """Parse and check a pipeline as far as it can be without its workers' specs:
     every check of :func:`parse_pipeline` but which workers exist and each step's
     input against its worker's contract (every worker it names is taken as
     known). A run does this first, then records the specs of the workers it names
-    and checks against them (:func:`check_workers`).
+    and checks against them (:func:`check_workers`). ``compiled`` and
+    ``compile_caps`` as :func:`parse_pipeline`.
 
     Raises:
         PipelineSpecError: naming every problem found.
     """
     spec = _validated(raw)
     named = {s.worker for s in spec.steps} | {s.fallback for s in spec.steps if s.fallback}
-    problems = check_pipeline(spec, named)
+    problems = check_pipeline(spec, named, compiled=compiled, compile_caps=compile_caps)
     if problems:
         raise PipelineSpecError(problems)
     return spec
 
 
-def check_workers(spec: PipelineSpec, known_workers: Mapping[str, WorkerSpec | None]) -> None:
+def check_workers(
+    spec: PipelineSpec,
+    known_workers: Mapping[str, WorkerSpec | None],
+    *,
+    compiled: bool = True,
+    compile_caps: bool = True,
+) -> None:
     """The rest of :func:`parse_pipeline` for a spec :func:`parse_structure` passed:
-    unknown workers and each step's input against its worker's contract.
+    unknown workers and (``compiled``) each step's input against its worker's contract.
 
     Raises:
         PipelineSpecError: naming every problem found.
     """
-    problems = check_pipeline(spec, known_workers)
+    problems = check_pipeline(spec, known_workers, compiled=compiled, compile_caps=compile_caps)
     if problems:
         raise PipelineSpecError(problems)
 
 
-def _schema_problem(schema: Any) -> str | None:
+def _schema_problem(schema: Any, compiled: bool = True) -> str | None:
     try:
-        safe_schema.check(schema)
+        if compiled:
+            safe_schema.check(schema)
+        else:
+            safe_schema.check_references(schema)
     except SchemaError as e:
         return safe_schema.problem(e)
     return None
@@ -216,7 +243,12 @@ def _names(known_workers: Workers) -> tuple[set[str], Mapping[str, WorkerSpec | 
 
 
 def check_pipeline(
-    spec: PipelineSpec, known_workers: Workers, caps: Caps | None = None
+    spec: PipelineSpec,
+    known_workers: Workers,
+    caps: Caps | None = None,
+    *,
+    compiled: bool = True,
+    compile_caps: bool = True,
 ) -> list[Problem]:
     """Every problem of a pipeline, each naming the step and field; empty when fine.
 
@@ -224,8 +256,17 @@ def check_pipeline(
     walked any further. With the workers' specs (a mapping), each step's input
     is checked against its worker's contract
     (:func:`~aiworker.schemas.step_inputs.step_problems`).
+
+    Then (``compile_caps``) the caps on schemas and patterns, counted before
+    anything compiles (:func:`~aiworker.schemas.compile_caps.compile_cap_problems`).
+    Without ``compiled`` nothing compiles at all: schemas are only walked for
+    remote references, and each step's input is not checked against its
+    worker's contract; the workflow task checks this much, and the ``run-config``
+    local activity the rest, so that no pipeline holds a workflow task.
     """
     problems = cap_problems(spec, caps or Caps.ceilings())
+    if not problems and compile_caps:
+        problems = compile_cap_problems(spec)
     if problems:
         return problems
     known, specs = _names(known_workers)
@@ -274,9 +315,9 @@ def check_pipeline(
         if step.when is not None:
             if set(step.when) != {"value", "schema"}:
                 add("when", "needs exactly 'value' and 'schema'")
-            elif (p := _schema_problem(step.when["schema"])) is not None:
+            elif (p := _schema_problem(step.when["schema"], compiled)) is not None:
                 add("when.schema", p)
-        if step.validate_ is not None and (p := _schema_problem(step.validate_.schema_)):
+        if step.validate_ is not None and (p := _schema_problem(step.validate_.schema_, compiled)):
             add("validate.schema", p)
         if specs is None:
             problems.extend(_input_schema_problems(step, i))
@@ -340,7 +381,7 @@ def check_pipeline(
                     cycle[0], "depends_on", "cycle " + " -> ".join(cycle), index=index[cycle[0]]
                 )
             )
-    if not problems and specs is not None:
+    if not problems and specs is not None and compiled:
         problems.extend(step_problems(spec, specs))
     return problems
 

@@ -186,8 +186,8 @@ def test_targets_block_says_met_from_the_figures() -> None:
     engine = block["checks"][:6]
     assert [c["met"] for c in engine] == [True, False, True, False, True, False]
     assert engine[-1]["value"] == 2.0
-    # issue 29's parts did not run: unknown (null), never met
-    assert [c["met"] for c in block["checks"][6:]] == [None] * 8
+    # issue 29's and 31's parts did not run: unknown (null), never met
+    assert [c["met"] for c in block["checks"][6:]] == [None] * 11
     assert block["all_met"] is False
     # a skipped for_each: its targets are unknown (null), never met
     block = targets({"for_each": {"skipped": "bench.foreach not present"}})
@@ -202,6 +202,9 @@ def test_targets_against_what_users_would_pick_instead() -> None:
         "scrape_ratio_vs_direct": 0.91,
         "article_ratio_vs_direct": 0.85,
         "llm_stream": {"ratio": 0.97, "first_token_overhead_ms": 38.2},
+        "browser_hostile": {"ratio": 1.004},
+        "slowloris": {"ratio": 43.9},
+        "check_caps": {"during_ms": {"p50": 52.0, "p95": 77.5}},
     }
     checks = {c["target"].split(":")[0] + ":" + str(c["limit"]): c for c in targets(out)["checks"]}
     met = {
@@ -218,6 +221,9 @@ def test_targets_against_what_users_would_pick_instead() -> None:
         "article mode:0.9": False,
         "llm stream:0.95": True,
         "llm stream:50.0": True,
+        "front door:100.0": True,  # /healthz p95 77.5 ms during a check
+        "hostile page:1.1": True,
+        "slow clients:1.1": False,  # descriptors held after the burst: 43.9x
     }
 
 

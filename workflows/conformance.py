@@ -6,7 +6,8 @@ process. The workflow calls the worker by its activity name (its
 ``worker_id``) on the queue its spec names, with the activity options every
 pipeline derives from the spec (:func:`aiworker.schemas.options.activity_options`),
 and hands back each call's raw outcome: the response as the worker sent it
-(decoded as a plain dict, so that a malformed envelope is reported, not
+(taken as a raw payload and decoded here as a plain dict, so that a reply
+that is no JSON object, or no JSON at all, is reported as a failed call, not
 fatal to the workflow task), or the failure with its type, retry flag,
 message and details. Judging the outcomes is plain Python in the caller;
 this file only moves payloads. Deterministic code only.
@@ -19,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporalio import workflow
+from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 
@@ -88,11 +90,13 @@ class ConformanceWorkflow:
             queue_suffix=plan.queue_suffix,
         )
         try:
-            response = await workflow.execute_activity(
+            reply = await workflow.execute_activity(
                 spec.worker_id,
                 call.request,
                 activity_id=call.id,
-                result_type=dict,
+                # raw: a reply the converter cannot decode into a dict would fail the
+                # workflow task on every retry (and the command with it), not the call
+                result_type=RawValue,
                 # Bounds a call whose worker nobody serves, or that keeps retrying.
                 schedule_to_close_timeout=timedelta(seconds=plan.call_timeout_seconds),
                 summary=f"conformance {call.id}",
@@ -100,7 +104,30 @@ class ConformanceWorkflow:
             )
         except ActivityError as e:
             return {"id": call.id, "ok": False, "failure": _failure(e)}
+        try:
+            response = workflow.payload_converter().from_payload(reply.payload, dict)
+        except Exception as e:  # whatever the converter raises: the reply is the worker's fault
+            return {"id": call.id, "ok": False, "failure": _undecodable(reply, e)}
         return {"id": call.id, "ok": True, "response": response}
+
+
+def _undecodable(reply: RawValue, err: Exception) -> dict[str, Any]:
+    """A call that returned, but with a reply that is no JSON object."""
+    encoding = reply.payload.metadata.get("encoding", b"").decode("utf-8", "replace")
+    why = str(err.__cause__ or err).splitlines()[0][:300]
+    if "Input should be an object" in str(err) or "dict_type" in str(err):
+        why = "it is JSON, but not an object"
+    return {
+        "kind": "undecodable",
+        "type": None,
+        "non_retryable": False,
+        "message": (
+            f"the reply could not be decoded as a response envelope "
+            f"(payload encoding {encoding or 'unset'!r}, {len(reply.payload.data)} bytes): {why}"
+        ),
+        "details": [],
+        "retry_state": None,
+    }
 
 
 def _failure(err: ActivityError) -> dict[str, Any]:

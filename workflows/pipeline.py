@@ -80,6 +80,7 @@ from aiworker.workflows.state import Board, PipelineRun, now, search_attributes_
 _NO_OUTPUTS: dict[str, IncEx | bool] = {"outputs": True, "cause": {"__all__": {"outputs"}}}
 
 __all__ = [
+    "CHECK_IN_RUN_CONFIG_PATCH",
     "RECORDED_SPECS_PATCH",
     "PipelineWorkflow",
     "error_code_of",
@@ -111,40 +112,64 @@ STEP_INPUTS_PATCH = "pipeline-check-step-inputs"
 # checked against, and calling with, the replaying process's catalog.
 RECORDED_SPECS_PATCH = "pipeline-recorded-specs"
 
+# Runs started with this marker check in their workflow task only what compiles
+# nothing (structure, references, every cap, counted: schemas/compile_caps.py)
+# and leave the rest (schemas against the metaschema, patterns, selectors, each
+# step's input against its worker's contract) to the run-config local activity,
+# whose answer (RunConfig.problems) is in the history: a pipeline full of schemas
+# and patterns once held the workflow task past the SDK's deadlock detector
+# (TMPRL1101) and the task was retried for ever. Runs without it replay as they
+# ran: the whole check in the workflow task, without the caps on schemas and
+# patterns.
+CHECK_IN_RUN_CONFIG_PATCH = "pipeline-check-in-run-config"
+
 
 def _checked_spec(raw: Any, specs: Mapping[str, WorkerSpec]) -> PipelineSpec:
     """:func:`parse_spec` with the workers' contracts; a run that started before
     that check existed (no patch marker) keeps the older check's answer."""
     try:
-        return parse_spec(raw, specs)
+        return parse_spec(raw, specs, compile_caps=False)
     except ApplicationError:
-        older = parse_spec(raw, set(specs))  # raises when the older check refused too
+        # raises when the older check refused too
+        older = parse_spec(raw, set(specs), compile_caps=False)
         if workflow.patched(STEP_INPUTS_PATCH):
             raise
         return older
 
 
-def _structure(raw: Any) -> PipelineSpec:
-    """:func:`~aiworker.schemas.pipeline_check.parse_structure` as ``invalid_input``."""
+def _structure(raw: Any, offload: bool) -> PipelineSpec:
+    """:func:`~aiworker.schemas.pipeline_check.parse_structure` as ``invalid_input``:
+    with ``offload`` (CHECK_IN_RUN_CONFIG_PATCH) what compiles nothing, with the
+    caps on schemas and patterns; without, as runs before that marker checked."""
     try:
-        return parse_structure(raw)
+        return parse_structure(raw, compiled=not offload, compile_caps=offload)
     except PipelineSpecError as e:
         raise invalid_input(str(e), e.problems) from None
 
 
-def recorded_workers(spec: PipelineSpec, run_config: RunConfig) -> Mapping[str, WorkerSpec]:
+def recorded_workers(
+    spec: PipelineSpec, run_config: RunConfig, offload: bool = False
+) -> Mapping[str, WorkerSpec]:
     """The specs the run config recorded, once ``spec`` passed the check against
     them: an unknown worker is ``invalid_input`` naming it and every worker the
-    answering process knows, and so is a step input its worker's contract refuses."""
+    answering process knows, and so is a step input its worker's contract refuses.
+    With ``offload`` (CHECK_IN_RUN_CONFIG_PATCH) the workflow task checks only what
+    compiles nothing; the rest is the run config's answer (``problems``)."""
+    workers = {**dict.fromkeys(run_config.known), **run_config.specs}
     try:
-        check_workers(spec, {**dict.fromkeys(run_config.known), **run_config.specs})
+        check_workers(spec, workers, compiled=not offload, compile_caps=offload)
     except PipelineSpecError as e:
         raise invalid_input(str(e), e.problems) from None
+    if offload and run_config.problems:
+        problems = run_config.problems
+        raise invalid_input("invalid pipeline: " + "; ".join(problems), problems)
     return run_config.specs
 
 
 def parse_spec(
-    raw: Any, known_workers: Collection[str] | Mapping[str, WorkerSpec | None]
+    raw: Any,
+    known_workers: Collection[str] | Mapping[str, WorkerSpec | None],
+    compile_caps: bool = True,
 ) -> PipelineSpec:
     """Parse and check a pipeline spec; raise ``invalid_input`` naming step and field.
 
@@ -152,7 +177,7 @@ def parse_spec(
     its worker's contract too (:mod:`~aiworker.schemas.step_inputs`).
     """
     try:
-        return parse_pipeline(raw, known_workers)
+        return parse_pipeline(raw, known_workers, compile_caps=compile_caps)
     except PipelineSpecError as e:
         raise invalid_input(str(e), e.problems) from None
 
@@ -214,9 +239,13 @@ class PipelineWorkflow(PermitSignals):
         """
         board = self._board
         recording = workflow.patched(RECORDED_SPECS_PATCH)
+        offload = recording and workflow.patched(CHECK_IN_RUN_CONFIG_PATCH)
         specs: Mapping[str, WorkerSpec] = {} if recording else _specs()
         try:
-            spec = _structure(pipeline) if recording else _checked_spec(pipeline, specs)
+            if recording:
+                spec = _structure(pipeline, offload)
+            else:
+                spec = _checked_spec(pipeline, specs)
         except ApplicationError:
             board.set_status("failed")
             raise
@@ -224,9 +253,9 @@ class PipelineWorkflow(PermitSignals):
         try:
             if recording:
                 run_config = await run.limits.load_run_config(
-                    spec, named_workers(spec), open_tools(spec)
+                    spec, named_workers(spec), open_tools(spec), pipeline if offload else None
                 )
-                run.workers = recorded_workers(spec, run_config)
+                run.workers = recorded_workers(spec, run_config, offload)
             else:
                 run_config = await run.limits.load_run_config(spec)
             # The spec passed the hard ceilings at the start; now the process's caps.

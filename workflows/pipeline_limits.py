@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -71,14 +72,20 @@ class PipelineLimits:
     run_config: RunConfig | None = None
 
     async def load_run_config(
-        self, spec: PipelineSpec, record: list[str] | None = None, record_all: bool = False
+        self,
+        spec: PipelineSpec,
+        record: list[str] | None = None,
+        record_all: bool = False,
+        pipeline: dict[str, Any] | None = None,
     ) -> RunConfig:
         """Ask once, before any step, for the run config: which of the pipeline's
         workers are rate limited, what its tenant may do, the process's caps and
         local workers and (``record``; every known worker with ``record_all``) the
         specs of the workers it calls. One local activity, so the answer is in the
         history and the run decides from it from now on, also on replay.
-        ``invalid_input`` when the tenant is refused."""
+        ``invalid_input`` when the tenant is refused. With ``pipeline`` the activity
+        checks it in full too (``RunConfig.problems``): what compiles stays out of
+        the workflow task."""
         workers = [s.worker for s in spec.steps] + [s.fallback for s in spec.steps if s.fallback]
         if record is not None:
             # an agent's model turns and tools too: they wait for the same permits
@@ -94,6 +101,7 @@ class PipelineLimits:
                     resume_from=resume,
                     record=record,
                     record_all=record_all,
+                    pipeline=pipeline,
                 ),
                 result_type=RunConfig,
                 summary="run config",

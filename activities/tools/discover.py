@@ -30,8 +30,10 @@ from lxml import etree  # type: ignore[import-untyped]
 from protego import Protego
 
 from aiworker.activities.errors import (
+    AccessDeniedError,
     FetchFailedError,
     FetchTimeoutError,
+    InvalidInputError,
     PayloadTooLargeError,
     WorkerError,
 )
@@ -231,11 +233,38 @@ class Discovery:
         if self.respect_robots:
             with contextlib.suppress(WorkerError):
                 found = list((await self.rules(self.page_url)).sitemaps)
+            # robots.txt may name sitemaps anywhere: under same_site only the site's own
+            found = [url for url in found if not self._other_site_sitemap(url)]
         p = urlsplit(self.page_url)
         return found[:MAX_FETCHES] or [f"{p.scheme}://{p.netloc}/sitemap.xml"]
 
+    def _other_site_sitemap(self, url: str) -> bool:
+        """Whether ``url`` is a sitemap ``same_site`` keeps this discovery from reading
+        (another site's: none of its URLs would be kept, and its site is not the
+        one the step names); warns when it is."""
+        try:
+            host = urlsplit(url).hostname or ""
+        except ValueError:
+            host = ""
+        if not self.spec.same_site or _site(host) == self._home:
+            return False
+        self.warn(
+            "sitemap_other_site",
+            f"{url[:300]} not read: it is on another site than {self.page_url[:300]} "
+            "(same_site: false allows it)",
+        )
+        return True
+
     async def _read(self, url: str, *, root: bool, required: bool) -> list[str]:
         """Read one sitemap; return the child sitemaps it lists (an index)."""
+        if self._other_site_sitemap(url):
+            if root and required:  # the step's only source, named in its input
+                raise InvalidInputError(
+                    f"discover.sitemap {url[:300]} is on another site than the step's url "
+                    f"{self.page_url[:300]}; same_site: false allows it",
+                    field="input.discover.sitemap",
+                )
+            return []
         if not self._budget():
             self.warn(
                 "sitemap_budget",
@@ -255,6 +284,14 @@ class Discovery:
                 respect_robots=self.respect_robots,
                 allow_domains=self.allow_domains,
             ) as (resp, final):
+                if final != url and self._other_site_sitemap(final):  # redirected away
+                    if root and required:
+                        raise AccessDeniedError(
+                            f"sitemap {url[:300]} redirects to another site ({final[:300]}); "
+                            "same_site: false allows it",
+                            url=url,
+                        )
+                    return []
                 pieces = self.fetcher.iter_body(resp, url, SITEMAP_MAX_BYTES)
                 entries = read_entries(pieces, url, body)
                 try:

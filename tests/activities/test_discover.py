@@ -16,6 +16,8 @@ import pytest
 import pytest_asyncio
 from conftest import Stack
 from fixtures.sitemap_site import MILLION, SitemapSite, sitemap_site  # noqa: F401
+from fixtures.sitemap_site import index as index_doc
+from fixtures.sitemap_site import urlset as urlset_doc
 from support.loopback import Exchange, serve
 from support.payloads import stack_settings
 from support.scraping import scrape_stack
@@ -272,3 +274,65 @@ async def test_links_of_a_rendered_page(stack: Stack, sitemap_site: SitemapSite)
     assert result.steps["plain"].outputs["data"]["urls"] == []
     assert result.steps["rendered"].outputs["data"]["urls"] == [u("/item/1"), u("/item/2")]
     assert result.steps["rendered"].usage.external_calls == 1
+
+
+async def test_same_site_reads_no_sitemap_of_another_site(stack: Stack) -> None:
+    """Issue 31: robots.txt, a sitemap index and the step's own ``sitemap`` may name
+    sitemaps of another site; under ``same_site`` (the default) none is fetched.
+    Two loopback servers: the step's site on 127.0.0.1, the other as ``localhost``
+    on another port, which counts every request it gets."""
+    other_hits: list[str] = []
+
+    def other(h: Exchange) -> None:
+        other_hits.append(h.path)
+        h.send(200, index_doc([]), "application/xml")
+
+    with serve(other) as elsewhere:
+        far = f"http://localhost:{elsewhere.port}"
+
+        def home(h: Exchange) -> None:
+            if h.path == "/robots.txt":
+                robots = f"User-agent: *\nSitemap: {far}/robots-named.xml\n"
+                return h.send(200, robots.encode(), "text/plain")
+            if h.path == "/index.xml":
+                children = [f"{far}/child.xml", mine.url("/mine.xml")]
+                return h.send(200, index_doc(children), "application/xml")
+            if h.path == "/mine.xml":
+                return h.send(200, urlset_doc([mine.url("/p/1")]), "application/xml")
+            if h.path == "/sitemap.xml":
+                return h.send(200, urlset_doc([mine.url("/p/2")]), "application/xml")
+            if h.path == "/moved.xml":
+                return h.send(302, b"", "text/plain", {"Location": f"{far}/moved.xml"})
+            return h.send(404, b"nope")
+
+        with serve(home) as mine:
+            u = mine.url
+            result = await run(
+                stack,
+                [
+                    step("robots", u("/"), {"sitemap": True}),
+                    step("index", u("/"), {"sitemap": u("/index.xml")}),
+                    step("named", u("/"), {"sitemap": f"{far}/named.xml"}),
+                    step("moved", u("/"), {"sitemap": u("/moved.xml")}),
+                    step("allowed", u("/"), {"sitemap": f"{far}/named.xml", "same_site": False}),
+                ],
+            )
+    s = result.steps
+    # robots.txt names only another site's sitemap: /sitemap.xml of the site is read instead
+    assert s["robots"].outputs["data"]["urls"] == [u("/p/2")]
+    assert "sitemap_other_site" in codes(s["robots"].outputs["warnings"])
+    # the index's child on the other site is skipped, the site's own is read
+    assert s["index"].outputs["data"]["urls"] == [u("/p/1")]
+    assert (
+        f"{far}/child.xml not read" in codes(s["index"].outputs["warnings"])["sitemap_other_site"]
+    )
+    # a sitemap named on another site is refused, not fetched
+    assert (s["named"].status, s["named"].error_code) == ("failed", "invalid_input")
+    assert s["allowed"].status == "succeeded"
+    # a sitemap that redirects to another site: its one request, then refused
+    assert (s["moved"].status, s["moved"].error_code) == ("failed", "access_denied")
+    assert "redirects to another site" in (s["moved"].error_message or "")
+    # the other site saw only the step that allows it (and the redirect's one request)
+    assert other_hits.count("/named.xml") == 1
+    assert set(other_hits) <= {"/named.xml", "/moved.xml", "/robots.txt"}
+    assert "/robots-named.xml" not in other_hits and "/child.xml" not in other_hits

@@ -22,6 +22,7 @@ from aiworker.activities.step_cache import (
     StepCache,
     cache_key,
     canonical_json,
+    spec_hash,
 )
 from aiworker.config.catalog import builtin_spec
 from aiworker.schemas import names
@@ -77,13 +78,24 @@ def test_the_key_is_canonical_and_covers_worker_version_tenant_and_input() -> No
         cache_key("w", "1", "acme", {"a": 1, "b": 3}),
     ]
     assert key not in others and len(set(others)) == 4
+    # issue 31: the spec's hash and the resolved model are part of the key, so a prompt,
+    # model or output_schema changed without a new version is another key
+    assert cache_key("w", "1", "acme", {"a": 1, "b": 2}, spec="s1") != cache_key(
+        "w", "1", "acme", {"a": 1, "b": 2}, spec="s2"
+    )
+    assert cache_key("w", "1", "acme", {}, model="openai x gpt-a") != cache_key(
+        "w", "1", "acme", {}, model="openai x gpt-b"
+    )
+    revised = SPEC.model_copy(update={"output_schema": {"type": "object"}})
+    assert spec_hash(revised) != spec_hash(SPEC)
+    assert spec_hash(SPEC.model_copy(update={"examples": []})) == spec_hash(SPEC)
 
 
 async def test_a_stored_result_is_reused_until_its_ttl(tmp_path: Path) -> None:
     clock = Clock()
     cache = StepCache(FileCacheBackend(tmp_path), clock=clock)
     assert await cache.lookup(_request(), SPEC) is None
-    await cache.store(_request(), _response())
+    await cache.store(_request(), _response(), SPEC)
     hit = await cache.lookup(_request(), SPEC)
     assert hit is not None
     assert hit.outputs == {"reply": "hi"}
@@ -100,8 +112,8 @@ async def test_a_stored_result_is_reused_until_its_ttl(tmp_path: Path) -> None:
 
 async def test_only_succeeded_results_of_cached_calls_are_stored(tmp_path: Path) -> None:
     cache = StepCache(FileCacheBackend(tmp_path))
-    await cache.store(_request(), _response(status="partial"))
-    await cache.store(_request(ttl=None), _response())
+    await cache.store(_request(), _response(status="partial"), SPEC)
+    await cache.store(_request(ttl=None), _response(), SPEC)
     assert not (tmp_path / "cache").exists()
 
 
@@ -129,12 +141,12 @@ async def test_a_damaged_entry_is_a_miss_and_is_overwritten(tmp_path: Path) -> N
     backend = FileCacheBackend(tmp_path)
     cache = StepCache(backend)
     req = _request()
-    path = backend.path_for("acme", cache_key("cache-echo", "1.0.0", "acme", req.input))
+    path = backend.path_for("acme", StepCache.key(req, SPEC))
     path.parent.mkdir(parents=True)
     for junk in (b"{not json", b"[]", b'{"format": 1, "key": "x", "stored_at": 0}'):
         path.write_bytes(junk)
         assert await cache.lookup(req, SPEC) is None
-    await cache.store(req, _response())
+    await cache.store(req, _response(), SPEC)
     assert await cache.lookup(req, SPEC) is not None
 
 
@@ -166,12 +178,12 @@ async def test_s3_entries_beside_the_artifacts_scoped_by_tenant(
     cache = StepCache.beside(store, Path("/nonexistent"))
     assert isinstance(cache.backend, S3CacheBackend)
     assert await cache.lookup(_request(), SPEC) is None
-    await cache.store(_request(), _response())
+    await cache.store(_request(), _response(), SPEC)
     hit = await cache.lookup(_request(), SPEC)
     assert hit is not None and hit.outputs == {"reply": "hi"}
     assert await cache.lookup(_request(tenant="other"), SPEC) is None
     keys = _keys(moto_s3, bucket, "art/_cache/")
-    key = cache_key("cache-echo", "1.0.0", "acme", _request().input)
+    key = StepCache.key(_request(), SPEC)
     assert keys == [f"art/_cache/acme/{key[:2]}/{key}.json"]
 
 

@@ -419,3 +419,37 @@ async def _to_thread(fn: Any, *args: Any) -> Any:
     import asyncio
 
     return await asyncio.to_thread(fn, *args)
+
+
+# --- a reply that cannot be decoded ----------------------------------------------------
+
+
+def _undecodable_reply() -> Any:
+    """A stand-in for ``text-length`` whose reply is a JSON list, not an envelope
+    (an external worker in another language that answers with the wrong shape)."""
+
+    @activity.defn(name="text-length")
+    async def stand_in(request: dict[str, Any]) -> list[Any]:
+        return ["not", "an", "envelope"]
+
+    return stand_in
+
+
+async def test_a_worker_whose_reply_cannot_be_decoded_fails_with_the_reason(
+    client: Client, settings: Settings
+) -> None:
+    # Before: the workflow failed decoding the reply and the command crashed with
+    # "unexpected error (WorkflowFailureError)" instead of a report.
+    acts = {"text-length": _undecodable_reply()}
+    async with running_stack(
+        client, settings, workers=served(TextLength()), replace_activities=acts
+    ):
+        report = await check_worker(
+            client, TextLength.spec, queue_suffix=settings.task_queue_suffix
+        )
+    assert not report.passed
+    example = report.check("example[0] (three letters)")
+    assert example.status == "fail"
+    assert "reply could not be decoded" in example.reason, example.reason
+    assert "it is JSON, but not an object" in example.reason
+    assert report.render().splitlines()[-1].startswith("FAILED:"), report.render()

@@ -292,3 +292,41 @@ def test_the_documented_example_checks(capsys: pytest.CaptureFixture[str]) -> No
     example = Path(__file__).resolve().parents[2] / "examples" / "pipelines" / "cached.json"
     assert cli.main(["check", str(example)]) == 0
     assert "(2 steps)" in capsys.readouterr().out
+
+
+# --- issue 31: answers made under an older spec, and hits re-checked -------------------
+
+
+async def test_a_spec_changed_without_a_new_version_misses(
+    client: Client, settings: Settings
+) -> None:
+    tenant = _tenant()
+    for module in ("support.cache_workers", "support.cache_workers_revised"):
+        with_module = settings.model_copy(update={"worker_modules": (module,)})
+        with installed_workers(with_module) as workers:
+            async with running_stack(client, with_module, workers=workers) as stack:
+                result, _ = await _run(stack, _echo_pipeline(tenant, "spec"))
+        assert result.status == "succeeded"
+        assert result.steps["echo"].cached is False  # the revised spec is another key
+    assert CALLS[f"cache-echo:{tenant}:spec"] == 2
+
+
+async def test_a_hit_the_output_schema_refuses_is_a_miss(cache_stack: Stack) -> None:
+    tenant = _tenant()
+    await _run(cache_stack, _echo_pipeline(tenant, "kept"))
+    # the entry's outputs no longer pass the output_schema (written by an older
+    # spec, or damaged): the hit is refused, counted, and the worker runs
+    (entry,) = (cache_stack.settings.data_dir / "cache" / tenant).glob("*/*.json")
+    doc = json.loads(entry.read_text())
+    doc["result"]["outputs"] = {"reply": 5}
+    entry.write_text(json.dumps(doc))
+    refused_before = cache_stack.runtime.cache.refused
+    second, _ = await _run(cache_stack, _echo_pipeline(tenant, "kept"))
+    assert second.status == "succeeded", second
+    assert second.steps["echo"].cached is False
+    assert second.output == {"reply": "kept"}
+    assert CALLS[f"cache-echo:{tenant}:kept"] == 2
+    assert cache_stack.runtime.cache.refused == refused_before + 1
+    # the fresh result was stored again: a third run hits it
+    third, _ = await _run(cache_stack, _echo_pipeline(tenant, "kept"))
+    assert third.steps["echo"].cached is True

@@ -19,6 +19,9 @@ this replay never installs; ``test_recorded_specs.py`` records it
 (``AIWORKER_RECORD_HISTORIES=1``). ``dag-run-config`` is the ``dag`` shape with
 the ``run-config-activity`` patch (``record_histories.py basic``, its
 ``dag.json``); ``dag`` itself is older: a run that asked ``limiter-plan``.
+``dag-check-in-run-config`` is the ``dag`` shape recorded with the
+``pipeline-check-in-run-config`` patch (what compiles checked by the run-config
+local activity, not the workflow task); the other files guard runs from before it.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ HISTORIES = sorted(FOLDER.glob("*.json"))
 # Every pipeline shape the recorder covers (record_histories.RECORDINGS).
 SHAPES = {
     "dag",
+    "dag-check-in-run-config",
     "recorded-specs",
     "foreach",
     "foreach-chunk",
@@ -112,7 +116,7 @@ OLDER_CODE |= {
 # deploy replay.
 OLDER_CODE |= {
     f"{shape}-20261127"
-    for shape in SHAPES - {"recorded-specs", "registry"}
+    for shape in SHAPES - {"recorded-specs", "registry", "dag-check-in-run-config"}
     if not shape.startswith(("limited-", "limiter-", "agent-limited"))
 }
 

@@ -218,6 +218,8 @@ def _unanswered(o: dict[str, Any], queue: str, timeout: float) -> str | None:
     f = o.get("failure") or {}
     if o["ok"] or f.get("kind") == "application":
         return None
+    if f.get("kind") == "undecodable":  # the workflow could not decode the reply
+        return f"the worker answered, but {f.get('message')}"
     if f.get("kind") == "timeout" and o["attempts"] == 0:
         return (
             f"no answer within {timeout:g}s: is a worker process polling task queue {queue}? "

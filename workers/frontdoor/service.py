@@ -214,7 +214,11 @@ class Service:
         """
         pipelines = self.door.pipelines
         try:
-            await pipelines.check_live(pipeline)
+            await pipelines.worker_view()
+            # off the event loop: a check compiles schemas and patterns (bounded by
+            # the caps of schemas/caps.py, still CPU work), and /healthz and every
+            # other request wait while the loop is held
+            await asyncio.to_thread(pipelines.check, pipeline)
         except PipelineSpecError as e:
             # which workers it was checked against: the live registry or local specs
             view = await pipelines.worker_view()
