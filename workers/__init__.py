@@ -42,7 +42,7 @@ MOVED: dict[str, str] = {
     "deployment_commands": "cli.deployment_commands",
     "deployments": "process.deployments",
     "devserver": "devstack.devserver",
-    "http_server": "frontdoor.http_server",
+    "http_server": "process.probes",
     "lambda_handler": "process.lambda_handler",
     "live_registry": "process.live_registry",
     "logs": "process.logs",

@@ -100,8 +100,8 @@ async def run_worker_process(
 
     from aiworker.activities.metrics import WorkerMetrics
     from aiworker.workers.client.temporal_client import connect
-    from aiworker.workers.frontdoor.http_server import Health, MetricsServer
     from aiworker.workers.process.live_registry import live_entry, publishing
+    from aiworker.workers.process.probes import Health, MetricsServer
     from aiworker.workers.process.registry import default_queues
     from aiworker.workers.process.resources import build_runtime, close_connections
     from aiworker.workers.process.worker import (
