@@ -81,6 +81,8 @@ SHAPES = {
     "limiter-blocks",
     "limited-queued-chunk",
     "limiter-queued",
+    "items-per-task",
+    "items-per-task-chunk",
 }
 OLDER_CODE = {
     "dag-20261122",
@@ -112,7 +114,7 @@ OLDER_CODE |= {
 # deploy replay.
 OLDER_CODE |= {
     f"{shape}-20261127"
-    for shape in SHAPES - {"recorded-specs", "registry"}
+    for shape in SHAPES - {"recorded-specs", "registry", "items-per-task", "items-per-task-chunk"}
     if not shape.startswith(("limited-", "limiter-", "agent-limited"))
 }
 
