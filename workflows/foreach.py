@@ -231,16 +231,22 @@ class PipelineForEachWorkflow(PermitSignals):
         group go in ONE ``<worker_id>.items`` call (:func:`call_items`). At most
         ``max_parallel`` items are in flight: ``max_parallel // items_per_task``
         tasks at once (at least one), each running ``min(items_per_task,
-        max_parallel)`` items at once. An item that failed retryably runs again in
-        a next task of its group's items, after the spec's backoff (or the
-        worker's retry-after, if longer), until the step's attempts are spent.
+        max_parallel)`` items at once; one group more takes its permits and
+        admission ahead and waits, holding them, for a task slot. An item that
+        failed retryably runs again in a next task of its group's items, after
+        the spec's backoff (or the worker's retry-after, if longer), until the
+        step's attempts are spent.
         Written here rather than left to Temporal's retry policy because one
         activity succeeds or fails as a whole, while each item must keep its own
         attempts and code.
         """
         k = chunk.items_per_task
         inner = min(k, chunk.max_parallel)
-        tasks = asyncio.Semaphore(max(1, chunk.max_parallel // k))
+        at_once = max(1, chunk.max_parallel // k)
+        tasks = asyncio.Semaphore(at_once)
+        # one group more than run at once takes its permits and admission ahead, so
+        # a task starts as soon as a slot frees, not a permit round trip later
+        ready = asyncio.Semaphore(at_once + 1)
         policy = retry_policy(worker, chunk.max_attempts)
         most = policy.maximum_attempts or 1
 
@@ -280,9 +286,11 @@ class PipelineForEachWorkflow(PermitSignals):
             return [r for r in final if r is not None]
 
         async def group(items: list[ChunkItem]) -> list[ItemResult]:
-            async with tasks:
+            async with ready:
                 pairs = [governed(item, False) for item in items]
-                outs = await governed_batch([c for c, _ in pairs], [g for _, g in pairs], rounds)
+                outs = await governed_batch(
+                    [c for c, _ in pairs], [g for _, g in pairs], rounds, slot=tasks
+                )
                 return [ended(item, out) for item, out in zip(items, outs, strict=True)]
 
         groups = [chunk.items[i : i + k] for i in range(0, len(chunk.items), k)]

@@ -50,9 +50,10 @@ Not through permits: a step's validator (no permits, no budget, as before).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from temporalio import workflow
 
@@ -156,7 +157,10 @@ BatchInvoke = Callable[[list[tuple[WorkerCall, Admission | None]]], Awaitable[li
 
 
 async def governed_batch(
-    calls: Sequence[WorkerCall], govs: Sequence[Governance], invoke: BatchInvoke
+    calls: Sequence[WorkerCall],
+    govs: Sequence[Governance],
+    invoke: BatchInvoke,
+    slot: contextlib.AbstractAsyncContextManager[Any] | None = None,
 ) -> list[StepResult | Refused]:
     """Run several calls (a for_each's items of one items task) under their own
     governance, in the documented order for each (module docstring), with ONE
@@ -168,7 +172,9 @@ async def governed_batch(
     one result each, in that order; then every lease is released and every
     admission settled with its own call's usage. A call refused on the way is
     its :class:`Refused`, the others run. Permits first, always: this form is
-    newer than :data:`ITEM_PERMITS_FIRST_PATCH`.
+    newer than :data:`ITEM_PERMITS_FIRST_PATCH`. ``slot``, when given, is entered
+    after the admissions and held around ``invoke`` (the caller's bound on tasks
+    running at once), so a group waiting for it already holds its permits.
     """
     waited = await asyncio.gather(*(_wait_for_permits(g) for g in govs))
     out: list[StepResult | Refused | None] = [None] * len(calls)
@@ -186,7 +192,8 @@ async def governed_batch(
     results: list[StepResult] = []
     try:
         if admitted:
-            results = await invoke([(calls[i], a) for i, _, a in admitted])
+            async with slot or contextlib.nullcontext():
+                results = await invoke([(calls[i], a) for i, _, a in admitted])
     finally:
         for i, leases, _ in admitted:
             await _release(govs[i], leases)
