@@ -36,8 +36,12 @@ processes' ``write_bytes`` from ``/proc``), history bytes and events per page
 
 ``BENCH_QUICK=1 python -m bench.crawl`` (2,000 pages) or ``python -m bench.crawl``
 (10,000). ``BENCH_CRAWL_VARIANTS=off`` runs only the limiter-off variant,
-``on`` only the shipped one (default ``on,off``); a variant may add flags of
-``aiworker dev`` after ``+`` (``off+fast-poll`` runs ``aiworker dev --fast-poll``).
+``on`` only the shipped one (default ``on+tasks16,on,off``); a variant may add
+flags of ``aiworker dev`` after ``+`` (``off+fast-poll`` runs ``aiworker dev
+--fast-poll``), and ``+tasksN`` sets the step's ``items_per_task`` to N (key
+``aiworker_limiter_on+items_per_task_N``). The headline ``ratio`` is the first
+limiter-on variant with ``items_per_task`` (the recommended crawl,
+docs/scrape-discovery.md), else the first variant.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ from bench.foreach import _PeakRss, _rss_mb
 
 QUICK_PAGES = 2_000
 # The recommended items_per_task for a crawl (docs/scrape-discovery.md), the headline.
-ITEMS_PER_TASK = 8
+ITEMS_PER_TASK = 16
 DEFAULT_VARIANTS = f"on+tasks{ITEMS_PER_TASK},on,off"
 FULL_PAGES = 10_000
 CONCURRENCY = 16
