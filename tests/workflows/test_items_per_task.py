@@ -178,7 +178,10 @@ async def test_items_per_task_budget_stops_items_exactly(
         async with running_stack(client, fast(settings), tools=tools) as stack:
             spec = pipeline(server, items)
             spec["budget"] = {"max_external_calls": 7}
-            result = await (await stack.start(spec)).result()
+            handle = await stack.start(spec)
+            result = await handle.result()
+            [chunk] = await chunks(client, handle.id)
+            kinds = await scheduled(client, chunk)
     finally:
         server.stop()
         await tools["fetch_url"].aclose()
@@ -188,6 +191,8 @@ async def test_items_per_task_budget_stops_items_exactly(
     assert pages.items == {"total": 12, "succeeded": 7, "failed": 5}
     assert {e["error_code"] for e in pages.outputs["errors"]} == {"budget_exceeded"}
     assert result.status == "budget_exhausted"
+    # the admitted items went five to a task (5 + 2); the refused ones in none
+    assert kinds == {items_activity(names.WEB_SCRAPE): 2}
 
 
 async def test_items_per_task_rate_limit_holds_per_item(client: Client, settings: Settings) -> None:
