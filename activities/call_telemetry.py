@@ -126,6 +126,16 @@ class WorkerCall:
         self.status = "succeeded"
         self.error_code: str | None = None
         self._tokens: tuple[str, int, int] | None = None
+        # False for an item of an items task: its earlier attempts were other tasks,
+        # whose usage the workflow booked already (the task's heartbeats are not its own).
+        self.prior_usage = True
+
+    def as_item(self, attempt: int) -> None:
+        """Make this call one item of an items task, at the item's own ``attempt``."""
+        self.attempt = attempt
+        self.prior_usage = False
+        self.fields["attempt"] = attempt
+        self.span.set_attribute("aiworker.attempt", attempt)
 
     def bind(self, request: WorkerRequest) -> None:
         """Note the parsed request: tenant, idempotency key and the trace ids it runs under."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -51,6 +51,7 @@ from aiworker.activities.call_telemetry import (
     CallTelemetryInterceptor,
     WorkerCall,
     current_call,
+    observe_call,
     tracer,
 )
 from aiworker.activities.constraints import tighten
@@ -62,6 +63,7 @@ from aiworker.activities.errors import (
     InvalidOutputError,
     WorkerError,
     WorkerTimeoutError,
+    code_of,
     map_failures,
 )
 from aiworker.activities.metrics import WorkerMetrics
@@ -73,8 +75,11 @@ from aiworker.activities.tools.egress import tenant_egress
 from aiworker.activities.usage import UsageBook
 from aiworker.config.settings import Settings
 from aiworker.schemas import messages, names, safe_schema
+from aiworker.schemas.batch import ItemOutcome, ItemsResult, ItemsTask
+from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.protocol import (
     ArtifactRef,
+    ErrorInfo,
     Observability,
     Usage,
     WarningInfo,
@@ -162,6 +167,46 @@ class WorkerContext:
         """Report progress of long work to Temporal (no-op outside an activity)."""
         if activity.in_activity():
             activity.heartbeat(*details)
+
+
+def item_error(error: ApplicationError, worker_id: str, attempt: int) -> ErrorInfo:
+    """An item's failure (as :func:`~aiworker.activities.errors.map_failures` raised it)
+    as its ``ErrorInfo``: the stable code, retryable as the error says, usage so far."""
+    detail = error.details[0] if error.details else None
+    if isinstance(detail, dict):
+        try:
+            info = ErrorInfo.model_validate(detail)
+            return info.model_copy(update={"retryable": not error.non_retryable})
+        except ValidationError:
+            pass
+    return ErrorInfo(
+        code=ErrorCode(code_of(error)),
+        message=error.message,
+        retryable=not error.non_retryable,
+        worker_id=worker_id,
+        context={"attempt": attempt},
+    )
+
+
+@contextlib.asynccontextmanager
+async def _heartbeating(heartbeat_seconds: float | None) -> AsyncIterator[None]:
+    """Heartbeat the running activity every third of ``heartbeat_seconds`` (if set)."""
+    if not heartbeat_seconds or not activity.in_activity():
+        yield
+        return
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(max(0.5, heartbeat_seconds / 3))
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 class Executes(Protocol):
@@ -322,7 +367,7 @@ class WorkerRuntime:
         interceptor opened.
         """
         call = current_call(worker.worker_id)
-        usage = UsageBook.of(call.info)
+        usage = UsageBook.of(call.info) if call.prior_usage else UsageBook()
 
         def failed(failure: Failure) -> ApplicationError:
             call.note({"error_code": failure.error.type, **failure.why})
@@ -385,6 +430,36 @@ class WorkerRuntime:
         except WorkerError as e:
             return str(e.message)
         return None
+
+    async def run_items(self, worker: Executes, task: ItemsTask) -> ItemsResult:
+        """Run the items of an items task (:mod:`~aiworker.schemas.batch`), at most
+        ``task.max_parallel`` at once, each exactly as :meth:`run` runs one call
+        (contracts, step cache, constraints, toolbox, its own telemetry at its own
+        attempt); one outcome per item, in order. An item's failure is its outcome
+        (the stable code, whether it may be retried, its usage), never the task's;
+        only a cancellation leaves the task.
+
+        Why not Temporal's retries per item: an activity succeeds or fails as a
+        whole, so the items' retries are the calling workflow's (docs/foreach.md).
+        """
+        slots = asyncio.Semaphore(task.max_parallel)
+        spec = self.spec_of(worker)
+
+        async def one(raw: dict[str, Any], attempt: int) -> ItemOutcome:
+            async with slots:
+                try:
+                    with observe_call(worker.worker_id, self.metrics) as call:
+                        call.as_item(attempt)
+                        return ItemOutcome(response=await self.run(worker, raw))
+                except ApplicationError as e:
+                    return ItemOutcome(error=item_error(e, worker.worker_id, attempt))
+
+        async with _heartbeating(spec.heartbeat_seconds):
+            # each item in its own task: its telemetry's context stays its own
+            outcomes = await asyncio.gather(
+                *(one(r, a) for r, a in zip(task.requests, task.attempts, strict=True))
+            )
+        return ItemsResult(outcomes=list(outcomes))
 
     def _enforce_constraints(
         self, spec: WorkerSpec, request: WorkerRequest, call: WorkerCall, usage: UsageBook

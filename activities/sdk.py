@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from temporalio import activity
 
 from aiworker.activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
+from aiworker.schemas.batch import ItemsResult, ItemsTask, items_activity
 from aiworker.schemas.options import ActivityOptions, activity_options
 from aiworker.schemas.protocol import RequestConstraints, WorkerResponse
 from aiworker.schemas.spec import WorkerSpec, describe_validation
@@ -117,6 +118,20 @@ class Worker:
         run.__doc__ = self.spec.purpose
         run.__module__ = type(self).__module__
         return activity.defn(name=self.worker_id)(run)
+
+    def items_activity(
+        self, runtime: WorkerRuntime
+    ) -> Callable[[ItemsTask], Awaitable[ItemsResult]]:
+        """This worker's items activity (``<worker_id>.items``): several for_each items
+        in one task, each run as :meth:`activity` runs one (:meth:`WorkerRuntime.run_items`)."""
+
+        async def run_items(task: ItemsTask) -> ItemsResult:
+            return await runtime.run_items(self, task)
+
+        run_items.__name__ = run_items.__qualname__ = self.worker_id.replace("-", "_") + "_items"
+        run_items.__doc__ = f"{self.spec.purpose} (several for_each items per task)"
+        run_items.__module__ = type(self).__module__
+        return activity.defn(name=items_activity(self.worker_id))(run_items)
 
     def activity_options(
         self,

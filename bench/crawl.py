@@ -36,8 +36,12 @@ processes' ``write_bytes`` from ``/proc``), history bytes and events per page
 
 ``BENCH_QUICK=1 python -m bench.crawl`` (2,000 pages) or ``python -m bench.crawl``
 (10,000). ``BENCH_CRAWL_VARIANTS=off`` runs only the limiter-off variant,
-``on`` only the shipped one (default ``on,off``); a variant may add flags of
-``aiworker dev`` after ``+`` (``off+fast-poll`` runs ``aiworker dev --fast-poll``).
+``on`` only the shipped one (default ``on+tasks16,on,off``); a variant may add
+flags of ``aiworker dev`` after ``+`` (``off+fast-poll`` runs ``aiworker dev
+--fast-poll``), and ``+tasksN`` sets the step's ``items_per_task`` to N (key
+``aiworker_limiter_on+items_per_task_N``). The headline ``ratio`` is the first
+limiter-on variant with ``items_per_task`` (the recommended crawl,
+docs/scrape-discovery.md), else the first variant.
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ from bench.common import process_cpu_seconds, standalone
 from bench.foreach import _PeakRss, _rss_mb
 
 QUICK_PAGES = 2_000
+# The recommended items_per_task for a crawl (docs/scrape-discovery.md), the headline.
+ITEMS_PER_TASK = 16
+DEFAULT_VARIANTS = f"on+tasks{ITEMS_PER_TASK},on,off"
 FULL_PAGES = 10_000
 CONCURRENCY = 16
 WARMUP_PAGES = 20
@@ -263,7 +270,7 @@ _NO_LIMIT = (
 )
 
 
-def _pipeline(sitemap: str) -> dict[str, Any]:
+def _pipeline(sitemap: str, per_task: int = 1) -> dict[str, Any]:
     # BENCH_CRAWL_CHUNK_SIZE: a diagnostic (the default is 100)
     chunk = os.environ.get("BENCH_CRAWL_CHUNK_SIZE")
     return {
@@ -287,6 +294,7 @@ def _pipeline(sitemap: str) -> dict[str, Any]:
                 # BENCH_CRAWL_PARALLEL: a diagnostic (Scrapy keeps 16)
                 "max_parallel": int(os.environ.get("BENCH_CRAWL_PARALLEL") or CONCURRENCY),
                 **({"chunk_size": int(chunk)} if chunk else {}),
+                **({"items_per_task": per_task} if per_task > 1 else {}),
                 "input": {
                     "url": "${{ item }}",
                     "cache": "off",
@@ -384,7 +392,9 @@ def _server_pid(data_dir: Path) -> int:
     raise RuntimeError("dev.lock names no server pid")
 
 
-async def run_aiworker(base: str, n: int, limiter: bool, flags: list[str]) -> dict[str, Any]:
+async def run_aiworker(
+    base: str, n: int, limiter: bool, flags: list[str], per_task: int = 1
+) -> dict[str, Any]:
     from aiworker.config.settings import Settings
     from aiworker.schemas import names
     from aiworker.workers.client.client import PipelineClient
@@ -421,7 +431,10 @@ async def run_aiworker(base: str, n: int, limiter: bool, flags: list[str]) -> di
 
             async def crawl(sitemap: str, wid: str) -> dict[str, Any]:
                 result: dict[str, Any] = await client.execute_workflow(
-                    names.PIPELINE_WORKFLOW, _pipeline(sitemap), id=wid, task_queue=queue
+                    names.PIPELINE_WORKFLOW,
+                    _pipeline(sitemap, per_task),
+                    id=wid,
+                    task_queue=queue,
                 )
                 return result
 
@@ -489,6 +502,7 @@ async def run_aiworker(base: str, n: int, limiter: bool, flags: list[str]) -> di
     return {
         "limiter": "on" if limiter else "off",
         "dev_flags": " ".join(flags),
+        "items_per_task": per_task,
         "pages": n,
         "wall_seconds": round(wall, 2),
         "pages_per_s": round(n / wall, 2),
@@ -547,7 +561,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
         # the baseline is missing, so there is no ratio to report
         return {"skipped": "Scrapy is not installed: pip install -e '.[bench]' (make bench does)"}
     n = int(os.environ.get("BENCH_CRAWL_PAGES") or (QUICK_PAGES if quick else FULL_PAGES))
-    variants = os.environ.get("BENCH_CRAWL_VARIANTS", "on,off").split(",")
+    variants = os.environ.get("BENCH_CRAWL_VARIANTS", DEFAULT_VARIANTS).split(",")
     site = Site(n)
     try:
         # Scrapy before and after each aiworker run: each run's ratio is against the
@@ -555,9 +569,14 @@ async def run(quick: bool = False) -> dict[str, Any]:
         scrapys = [run_scrapy(site.base)]
         runs = []
         for v in variants:
-            limiter, *flags = v.split("+")
-            flags = [f"--{f}" for f in flags]
-            runs.append(await run_aiworker(site.base, n, limiter == "on", flags))
+            limiter, *parts = v.split("+")
+            per_task = [int(f[len("tasks") :]) for f in parts if f.startswith("tasks")]
+            flags = [f"--{f}" for f in parts if not f.startswith("tasks")]
+            runs.append(
+                await run_aiworker(
+                    site.base, n, limiter == "on", flags, per_task[0] if per_task else 1
+                )
+            )
             scrapys.append(run_scrapy(site.base))
     finally:
         site.stop()
@@ -594,10 +613,17 @@ async def run(quick: bool = False) -> dict[str, Any]:
         r["ratio_to_scrapy"] = round(r["pages_per_s"] / beside, 3)
         r["cpu_ratio_to_scrapy"] = round(r["cpu_s_per_page"]["total"] / cpu_beside, 2)
         r["fields"] = _agreement(items, scrapy_items)
-        out["aiworker_limiter_" + "+".join([r["limiter"], *r["dev_flags"].split()])] = r
-    headline = runs[0]
+        key = "+".join([r["limiter"], *r["dev_flags"].split()])
+        if r["items_per_task"] > 1:
+            key += f"+items_per_task_{r['items_per_task']}"
+        out["aiworker_limiter_" + key] = r
+    # the shipped recommendation: items_per_task where a variant ran it, else limiter on
+    batched = [r for r in runs if r["items_per_task"] > 1 and r["limiter"] == "on"]
+    headline = batched[0] if batched else runs[0]
     out["ratio"] = headline["ratio_to_scrapy"]
-    out["ratio_is"] = f"aiworker (limiter {headline['limiter']}) pages/s / Scrapy pages/s"
+    out["ratio_is"] = f"aiworker (limiter {headline['limiter']}) pages/s / Scrapy pages/s" + (
+        f", items_per_task {headline['items_per_task']}" if headline["items_per_task"] > 1 else ""
+    )
     out["field_agreement"] = min(r["fields"]["agreement"] for r in runs)
     out["command"] = ("BENCH_QUICK=1 " if quick else "") + ".venv/bin/python -m bench.crawl"
     return out

@@ -199,6 +199,14 @@ class Step(Model):
         le=1000,
         description="for_each items per child workflow (keeps every history bounded)",
     )
+    items_per_task: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="for_each items per activity task: above 1 a task runs several items "
+        "at once in the worker, each with its own result, retries, permits and budget "
+        "(python and prompt workers only; see docs/foreach.md)",
+    )
     cache: CachePolicy | None = Field(
         default=None,
         description='{"ttl_seconds": N}: reuse the stored result of an earlier call with the '
@@ -387,6 +395,9 @@ class ChunkInput(Model):
     )
     local: bool = Field(
         default=False, description="items run as local activities (the parent's plan said so)"
+    )
+    items_per_task: int = Field(
+        default=1, ge=1, le=100, description="items per activity task (the step's)"
     )
     store_outputs: bool = Field(
         default=False,

@@ -185,6 +185,30 @@ def _input_schema_problems(step: Step, i: int) -> list[Problem]:
     return problems
 
 
+def _items_per_task_problems(
+    step: Step, i: int, specs: Mapping[str, WorkerSpec | None] | None
+) -> list[Problem]:
+    """``items_per_task`` above 1: only on a for_each, and only for a worker that
+    aiworker's own runtime runs in a Python process (python or prompt)."""
+    if step.for_each is None:
+        return [
+            Problem(step.id, "items_per_task", "only a for_each step takes items_per_task", index=i)
+        ]
+    worker = specs.get(step.worker) if specs is not None else None
+    if worker is None or worker.kind in ("python", "prompt"):
+        return []
+    return [
+        Problem(
+            step.id,
+            "items_per_task",
+            f"worker {step.worker!r} is a {worker.kind} worker: items_per_task needs a python "
+            "or prompt worker, which aiworker's runtime runs in its own process (drop "
+            "items_per_task or set it to 1)",
+            index=i,
+        )
+    ]
+
+
 # Fields that are never resolved: only their nesting is capped.
 def _over(caps: Caps, name: str) -> str:
     return f"the cap is {getattr(caps, name)} ({SETTING_OF[name]})"
@@ -335,6 +359,8 @@ def check_pipeline(
                 "an llm-agent step runs as a child workflow of its own and takes no for_each "
                 "(give the items to the agent in its prompt, or use llm-call)",
             )
+        if step.items_per_task > 1:
+            problems.extend(_items_per_task_problems(step, i, specs))
         if step.worker == names.LLM_AGENT and specs is not None:
             tools = step.input.get("tools") if isinstance(step.input, dict) else None
             known_specs = {k: v for k, v in specs.items() if v is not None}

@@ -51,8 +51,13 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from aiworker.schemas import messages, safe_schema
+    from aiworker.schemas.batch import ItemsResult, ItemsTask, items_activity
     from aiworker.schemas.errors import ErrorCode
-    from aiworker.schemas.options import LOCAL_RETRY_THRESHOLD, activity_options
+    from aiworker.schemas.options import (
+        LOCAL_RETRY_THRESHOLD,
+        activity_options,
+        effective_timeout,
+    )
     from aiworker.schemas.pipeline import StepResult
     from aiworker.schemas.protocol import (
         CachePolicy,
@@ -155,29 +160,10 @@ async def call_worker(call: WorkerCall, admission: Admission | None = None) -> S
     with the error code, message and reasons.
     """
     worker, ctx = call.worker, call.context
-    key, tenant, trace_id, step_id = call.key, ctx.tenant, ctx.trace_id, ctx.step_id
     queue_suffix, priority, summary = ctx.queue_suffix, ctx.priority, call.summary
-    timeout_seconds, max_attempts, cache = call.timeout_seconds, call.max_attempts, call.cache
-    local = call.local
-    timeout = timeout_seconds
-    if admission is not None and admission.timeout_seconds is not None:
-        timeout = admission.timeout_seconds
-    constraints = RequestConstraints(
-        timeout_seconds=timeout,
-        max_tokens=admission.max_tokens if admission else None,
-        max_external_calls=admission.max_external_calls if admission else None,
-    )
-    request = WorkerRequest(
-        worker_id=worker.worker_id,
-        version=worker.version,
-        idempotency_key=key,
-        step_id=step_id,
-        tenant=tenant,
-        trace=TraceContext(trace_id=trace_id, span_id=workflow.uuid4().hex[:16]),
-        input=call.input,
-        constraints=constraints,
-        cache=cache,
-    )
+    max_attempts, local = call.max_attempts, call.local
+    request = _request(call, admission)
+    constraints = request.constraints
     external = worker.kind == "external"
     local = local and not external  # another process's worker cannot run here
     options = activity_options(
@@ -266,6 +252,133 @@ async def call_worker(call: WorkerCall, admission: Admission | None = None) -> S
         usage=response.usage,
         cached=response.cached,
     )
+
+
+def _request(call: WorkerCall, admission: Admission | None) -> WorkerRequest:
+    """The envelope of ``call`` under what the budget admitted (draws one ``uuid4``)."""
+    ctx = call.context
+    timeout = call.timeout_seconds
+    if admission is not None and admission.timeout_seconds is not None:
+        timeout = admission.timeout_seconds
+    constraints = RequestConstraints(
+        timeout_seconds=timeout,
+        max_tokens=admission.max_tokens if admission else None,
+        max_external_calls=admission.max_external_calls if admission else None,
+    )
+    return WorkerRequest(
+        worker_id=call.worker.worker_id,
+        version=call.worker.version,
+        idempotency_key=call.key,
+        step_id=ctx.step_id,
+        tenant=ctx.tenant,
+        trace=TraceContext(trace_id=ctx.trace_id, span_id=workflow.uuid4().hex[:16]),
+        input=call.input,
+        constraints=constraints,
+        cache=call.cache,
+    )
+
+
+@dataclass(frozen=True)
+class ItemEnd:
+    """How one item of an items task ended (:func:`call_items`): its ``result``, and
+    for a failure whether the workflow may run it again (``retryable``) and after how
+    long at least (``retry_after``, what the worker asked for)."""
+
+    result: StepResult
+    retryable: bool = False
+    retry_after: float | None = None
+
+
+async def call_items(
+    calls: list[tuple[WorkerCall, Admission | None]],
+    attempts: list[int],
+    max_parallel: int,
+    summary: str,
+) -> list[ItemEnd]:
+    """ONE call of ``<worker_id>.items`` for several calls of one worker (a for_each's
+    items, ``items_per_task``); never raises on a worker's failure.
+
+    Each call goes as its own envelope, at its own attempt; the task runs at most
+    ``max_parallel`` of them at once. Its start-to-close timeout is one item's
+    (the longest admitted, with the usual grace) times the rounds the items need
+    at that parallelism (``ceil(len / max_parallel)``). Temporal retries the task
+    only when it fails as a whole (a worker gone, a timeout), per the spec's
+    retry policy: an item's failure is its outcome, which the caller retries.
+    When the task's attempts are spent, every item fails with the task's code.
+    """
+    worker, ctx = calls[0][0].worker, calls[0][0].context
+    requests = [_request(c, a) for c, a in calls]
+    longest = max(effective_timeout(worker, r.constraints) for r in requests)
+    options = activity_options(
+        worker,
+        constraints=RequestConstraints(timeout_seconds=longest),
+        max_attempts=calls[0][0].max_attempts,
+        queue_suffix=ctx.queue_suffix,
+    )
+    rounds = -(-len(calls) // max_parallel)
+    options["start_to_close_timeout"] = options["start_to_close_timeout"] * rounds
+    policy = options["retry_policy"]
+    task = ItemsTask(
+        requests=[r.model_dump(mode="json", exclude_defaults=True) for r in requests],
+        attempts=attempts,
+        max_parallel=max_parallel,
+    )
+    try:
+        done = await workflow.execute_activity(
+            items_activity(worker.worker_id),
+            task,
+            result_type=ItemsResult,
+            summary=summary,
+            priority=ctx.priority,
+            **options,
+        )
+    except ActivityError as e:
+        cause = e.cause
+        message = str(cause) if cause else str(e)
+        failed = StepResult(
+            status="failed",
+            error_code=error_code_of(e),
+            error_message=f"the items task failed as a whole: {message}",
+        )
+        return [ItemEnd(failed.model_copy(update={"attempts": n})) for n in attempts]
+    no_retry = set(policy.non_retryable_error_types or ())
+    out: list[ItemEnd] = []
+    for n, outcome in zip(attempts, done.outcomes, strict=True):
+        if outcome.response is not None:
+            r = outcome.response
+            out.append(
+                ItemEnd(
+                    StepResult(
+                        status=r.status,
+                        outputs=r.outputs,
+                        attempts=n,
+                        warnings=[w.model_dump(mode="json") for w in r.warnings],
+                        artifacts=[a.model_dump(mode="json") for a in r.artifacts],
+                        usage=r.usage,
+                        cached=r.cached,
+                    )
+                )
+            )
+            continue
+        err = outcome.error
+        if err is None:  # a reply with neither: the worker side's bug, never data
+            err = ErrorInfo(code=ErrorCode.INTERNAL, message="no outcome", retryable=False)
+        code = err.code.value
+        out.append(
+            ItemEnd(
+                StepResult(
+                    status="failed",
+                    attempts=n,
+                    error_code=code,
+                    error_message=err.message,
+                    reasons=list(err.reasons),
+                    usage=err.usage or Usage(),
+                ),
+                retryable=err.retryable and code not in no_retry,
+                retry_after=err.retry_after_seconds,
+            )
+        )
+    return out
 
 
 def schedule_to_start_seconds(worker: WorkerSpec, admission: Admission | None) -> float | None:

@@ -255,6 +255,7 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
         concurrency_limit=step.concurrency.limit if step.concurrency else None,
         lease_seconds=limits.lease_seconds,
         local=run.limits.is_local(worker.worker_id),
+        items_per_task=step.items_per_task,
         store_outputs=by_ref,
         spec=worker,  # the run's spec of its worker: chunks never read a catalog
     )

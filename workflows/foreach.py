@@ -29,6 +29,7 @@ pipeline started on older code (no spec) reads the process's catalog.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from temporalio import workflow
@@ -38,21 +39,37 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.limits import AcquireCall
-    from aiworker.schemas.pipeline import Budget, ChunkInput, ChunkItem, ChunkResult, ItemResult
+    from aiworker.schemas.options import retry_policy
+    from aiworker.schemas.pipeline import (
+        Budget,
+        ChunkInput,
+        ChunkItem,
+        ChunkResult,
+        ItemResult,
+        StepResult,
+    )
     from aiworker.schemas.priority import task_priority
     from aiworker.schemas.protocol import Usage
+    from aiworker.schemas.spec import WorkerSpec
 
-from aiworker.workflows.budget import Deadline, Ledger
-from aiworker.workflows.calls import CallContext, WorkerCall
+from aiworker.workflows.budget import Admission, Deadline, Ledger
+from aiworker.workflows.calls import CallContext, WorkerCall, call_items
 from aiworker.workflows.chunks import share, split
 from aiworker.workflows.governed import (
     ITEM_PERMITS_FIRST_PATCH,
     Governance,
     Refused,
+    governed_batch,
     governed_call,
 )
 from aiworker.workflows.items import ItemsUnavailable, store_index, store_items
 from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals
+
+# The ``workflow.patched`` id of a chunk whose items go ``items_per_task`` to an
+# activity task (``<worker_id>.items``); issued only by a step with items_per_task > 1.
+ITEMS_PER_TASK_PATCH = "foreach-items-per-task"
+# The kinds of worker whose items a task may group: aiworker's runtime runs them.
+BATCHED_KINDS = ("python", "prompt")
 
 
 @workflow.defn(name=names.FOREACH_WORKFLOW)
@@ -122,71 +139,163 @@ class PipelineForEachWorkflow(PermitSignals):
                 order.append(not workflow.patched(ITEM_PERMITS_FIRST_PATCH))
             return order[0]
 
+        def governed(item: ChunkItem, ordered: bool) -> tuple[WorkerCall, Governance]:
+            # The worker's per-tenant rate limit holds for every item, and the
+            # step's concurrency key (resolved per item) across every chunk.
+            limits = CallLimits(
+                requester=me,
+                worker_id=worker.worker_id,
+                tenant=chunk.tenant,
+                rate_limited=chunk.rate_limited,
+                concurrency_key=(
+                    item.concurrency_key if chunk.concurrency_limit is not None else None
+                ),
+                concurrency_limit=chunk.concurrency_limit or 1,
+                lease_seconds=chunk.lease_seconds,
+            )
+
+            def asks(limits: CallLimits = limits, index: int = item.index) -> list[AcquireCall]:
+                if not limits.any:
+                    return []
+                # drawn only when asking: the ids drawn after it must not shift on replay
+                return limits.calls(f"{me}/{index}/{workflow.uuid4().hex[:8]}")
+
+            call = WorkerCall(
+                worker,
+                key=f"{chunk.key_prefix}/{item.index}",
+                input=item.input,
+                context=context,
+                summary=f"{chunk.step_id}[{item.index}] ({worker.worker_id})",
+                timeout_seconds=chunk.timeout_seconds,
+                max_attempts=chunk.max_attempts,
+                cache=chunk.cache,
+                local=chunk.local,
+            )
+            gov = Governance(
+                ledger=ledger,
+                permits=self._permits,
+                asks=asks,
+                deadline=ledger.ends,
+                who=str(item.index),
+                # without permits both orders issue the same commands: no marker
+                budget_first=ordered and limits.any and budget_first(),
+            )
+            return call, gov
+
+        def ended(item: ChunkItem, result: StepResult | Refused) -> ItemResult:
+            if isinstance(result, Refused):
+                code = (
+                    ErrorCode.BUDGET_EXCEEDED if result.kind == "budget" else ErrorCode.RATE_LIMITED
+                )
+                return refused(item, code.value, result.message)
+            self._done += 1
+            return ItemResult(
+                index=item.index,
+                status="failed" if not result.ok else result.status,  # type: ignore[arg-type]
+                outputs=result.outputs if result.ok else None,
+                attempts=result.attempts,
+                error_code=result.error_code,
+                error_message=result.error_message,
+                cached=result.cached,
+            )
+
         async def one(item: ChunkItem) -> ItemResult:
             async with slots:
-                # The worker's per-tenant rate limit holds for every item, and the
-                # step's concurrency key (resolved per item) across every chunk.
-                limits = CallLimits(
-                    requester=me,
-                    worker_id=worker.worker_id,
-                    tenant=chunk.tenant,
-                    rate_limited=chunk.rate_limited,
-                    concurrency_key=(
-                        item.concurrency_key if chunk.concurrency_limit is not None else None
-                    ),
-                    concurrency_limit=chunk.concurrency_limit or 1,
-                    lease_seconds=chunk.lease_seconds,
-                )
+                call, gov = governed(item, ordered=True)
+                return ended(item, await governed_call(call, gov))
 
-                def asks(limits: CallLimits = limits, index: int = item.index) -> list[AcquireCall]:
-                    if not limits.any:
-                        return []
-                    # drawn only when asking: the ids drawn after it must not shift on replay
-                    return limits.calls(f"{me}/{index}/{workflow.uuid4().hex[:8]}")
-
-                call = WorkerCall(
-                    worker,
-                    key=f"{chunk.key_prefix}/{item.index}",
-                    input=item.input,
-                    context=context,
-                    summary=f"{chunk.step_id}[{item.index}] ({worker.worker_id})",
-                    timeout_seconds=chunk.timeout_seconds,
-                    max_attempts=chunk.max_attempts,
-                    cache=chunk.cache,
-                    local=chunk.local,
-                )
-                gov = Governance(
-                    ledger=ledger,
-                    permits=self._permits,
-                    asks=asks,
-                    deadline=ledger.ends,
-                    who=str(item.index),
-                    # without permits both orders issue the same commands: no marker
-                    budget_first=limits.any and budget_first(),
-                )
-                result = await governed_call(call, gov)
-                if isinstance(result, Refused):
-                    code = (
-                        ErrorCode.BUDGET_EXCEEDED
-                        if result.kind == "budget"
-                        else ErrorCode.RATE_LIMITED
-                    )
-                    return refused(item, code.value, result.message)
-                self._done += 1
-                return ItemResult(
-                    index=item.index,
-                    status="failed" if not result.ok else result.status,  # type: ignore[arg-type]
-                    outputs=result.outputs if result.ok else None,
-                    attempts=result.attempts,
-                    error_code=result.error_code,
-                    error_message=result.error_message,
-                    cached=result.cached,
-                )
-
-        results = await asyncio.gather(*(one(i) for i in chunk.items))
+        if (
+            chunk.items_per_task > 1
+            and not chunk.local
+            and worker.kind in BATCHED_KINDS
+            and workflow.patched(ITEMS_PER_TASK_PATCH)
+        ):
+            results = await self._in_tasks(chunk, worker, governed, ended)
+        else:
+            results = await asyncio.gather(*(one(i) for i in chunk.items))
         if not chunk.store_outputs:
             return ChunkResult(items=list(results), usage=ledger.used)
         return await self._store(chunk, list(results), ledger.used)
+
+    async def _in_tasks(
+        self,
+        chunk: ChunkInput,
+        worker: WorkerSpec,
+        governed: Callable[[ChunkItem, bool], tuple[WorkerCall, Governance]],
+        ended: Callable[[ChunkItem, StepResult | Refused], ItemResult],
+    ) -> list[ItemResult]:
+        """The chunk's items, ``items_per_task`` to an activity task (docs/foreach.md).
+
+        Each item takes its permits and its budget admission as a single item does
+        (:func:`~aiworker.workflows.governed.governed_batch`); the admitted ones of a
+        group go in ONE ``<worker_id>.items`` call (:func:`call_items`). At most
+        ``max_parallel`` items are in flight: ``max_parallel // items_per_task``
+        tasks at once (at least one), each running ``min(items_per_task,
+        max_parallel)`` items at once; one group more takes its permits and
+        admission ahead and waits, holding them, for a task slot. An item that
+        failed retryably runs again in a next task of its group's items, after
+        the spec's backoff (or the worker's retry-after, if longer), until the
+        step's attempts are spent.
+        Written here rather than left to Temporal's retry policy because one
+        activity succeeds or fails as a whole, while each item must keep its own
+        attempts and code.
+        """
+        k = chunk.items_per_task
+        inner = min(k, chunk.max_parallel)
+        at_once = max(1, chunk.max_parallel // k)
+        tasks = asyncio.Semaphore(at_once)
+        # one group more than run at once takes its permits and admission ahead, so
+        # a task starts as soon as a slot frees, not a permit round trip later
+        ready = asyncio.Semaphore(at_once + 1)
+        policy = retry_policy(worker, chunk.max_attempts)
+        most = policy.maximum_attempts or 1
+
+        def backoff(attempt: int) -> float:
+            first = policy.initial_interval.total_seconds() if policy.initial_interval else 1.0
+            delay = first * policy.backoff_coefficient ** (attempt - 1)
+            cap = policy.maximum_interval
+            return min(delay, cap.total_seconds()) if cap is not None else delay
+
+        async def rounds(admitted: list[tuple[WorkerCall, Admission | None]]) -> list[StepResult]:
+            final: list[StepResult | None] = [None] * len(admitted)
+            used = [Usage() for _ in admitted]
+            attempts = [1] * len(admitted)
+            pending = list(range(len(admitted)))
+            while pending:
+                first = admitted[pending[0]][0]
+                ends = await call_items(
+                    [admitted[i] for i in pending],
+                    [attempts[i] for i in pending],
+                    inner,
+                    f"{chunk.step_id}[{first.key.rsplit('/', 1)[-1]}..] "
+                    f"{len(pending)} items ({worker.worker_id})",
+                )
+                again: list[int] = []
+                wait = 0.0
+                for i, end in zip(pending, ends, strict=True):
+                    used[i] = used[i] + end.result.usage
+                    if end.retryable and attempts[i] < most:
+                        again.append(i)
+                        wait = max(wait, backoff(attempts[i]), end.retry_after or 0.0)
+                        attempts[i] += 1
+                    else:
+                        final[i] = end.result.model_copy(update={"usage": used[i]})
+                if again:
+                    await workflow.sleep(wait)
+                pending = again
+            return [r for r in final if r is not None]
+
+        async def group(items: list[ChunkItem]) -> list[ItemResult]:
+            async with ready:
+                pairs = [governed(item, False) for item in items]
+                outs = await governed_batch(
+                    [c for c, _ in pairs], [g for _, g in pairs], rounds, slot=tasks
+                )
+                return [ended(item, out) for item, out in zip(items, outs, strict=True)]
+
+        groups = [chunk.items[i : i + k] for i in range(0, len(chunk.items), k)]
+        done = await asyncio.gather(*(group(g) for g in groups))
+        return [r for g in done for r in g]
 
     @staticmethod
     async def _store(chunk: ChunkInput, results: list[ItemResult], usage: Usage) -> ChunkResult:

@@ -50,9 +50,10 @@ Not through permits: a step's validator (no permits, no budget, as before).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from temporalio import workflow
 
@@ -152,6 +153,56 @@ async def governed_call(
     return result
 
 
+BatchInvoke = Callable[[list[tuple[WorkerCall, Admission | None]]], Awaitable[list[StepResult]]]
+
+
+async def governed_batch(
+    calls: Sequence[WorkerCall],
+    govs: Sequence[Governance],
+    invoke: BatchInvoke,
+    slot: contextlib.AbstractAsyncContextManager[Any] | None = None,
+) -> list[StepResult | Refused]:
+    """Run several calls (a for_each's items of one items task) under their own
+    governance, in the documented order for each (module docstring), with ONE
+    ``invoke`` for all the admitted ones.
+
+    Each call waits for its permits (all together: the chunk's permit book asks
+    the limiters for them in one go), then the budget admits it or not, in call
+    order; ``invoke`` gets the admitted calls with their admissions and returns
+    one result each, in that order; then every lease is released and every
+    admission settled with its own call's usage. A call refused on the way is
+    its :class:`Refused`, the others run. Permits first, always: this form is
+    newer than :data:`ITEM_PERMITS_FIRST_PATCH`. ``slot``, when given, is entered
+    after the admissions and held around ``invoke`` (the caller's bound on tasks
+    running at once), so a group waiting for it already holds its permits.
+    """
+    waited = await asyncio.gather(*(_wait_for_permits(g) for g in govs))
+    out: list[StepResult | Refused | None] = [None] * len(calls)
+    admitted: list[tuple[int, list[Lease], Admission | None]] = []
+    for i, (call, gov, leases) in enumerate(zip(calls, govs, waited, strict=True)):
+        if isinstance(leases, Refused):
+            out[i] = leases
+            continue
+        admission = _admit(call, gov)
+        if isinstance(admission, Refused):
+            await _release(gov, leases)
+            out[i] = admission
+            continue
+        admitted.append((i, leases, admission))
+    results: list[StepResult] = []
+    try:
+        if admitted:
+            async with slot or contextlib.nullcontext():
+                results = await invoke([(calls[i], a) for i, _, a in admitted])
+    finally:
+        for i, leases, _ in admitted:
+            await _release(govs[i], leases)
+    for (i, _, admission), result in zip(admitted, results, strict=True):
+        _settle(govs[i], admission, result.usage)
+        out[i] = result
+    return [r for r in out if r is not None]
+
+
 async def _wait_for_permits(gov: Governance) -> list[Lease] | Refused:
     asks = gov.asks() if gov.asks is not None else ()
     if gov.permits is None or not asks:
@@ -203,5 +254,6 @@ __all__ = [
     "Governance",
     "Refused",
     "WorkerCall",
+    "governed_batch",
     "governed_call",
 ]

@@ -25,7 +25,8 @@ budget refusal, review (retry, approve, reject, timeout), redrive, llm-agent
 with a scripted loopback model (parent and child; and under a tenant's rate
 limits, its turns and tool calls waiting for permits: ``agent-limited``), cancel, and a run started
 by a Temporal Schedule, the live worker registry (publish, expiry, withdraw),
-and rate-limited for_each items with their limiters (leased blocks, queued).
+and rate-limited for_each items with their limiters (leased blocks, queued), and
+for_each items several to an activity task (``items_per_task``, with a retry round).
 ``limited*``, ``review-cancelled`` and
 ``slot-expired`` came from code before the pipeline split (commit 8a3581a);
 ``*-budget-first`` from code before for_each items took their permits before
@@ -49,6 +50,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent.parent)]
 from conftest import Stack, running_stack  # noqa: E402
 from fixtures.agent_model import call, models_file, say, start_scripted_model  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
+from support.loopback import Exchange, Loopback  # noqa: E402
 from support.payloads import stack_settings, workflow_tree  # noqa: E402
 from support.registry import entry, publish_raw  # noqa: E402
 from support.standins import fail, standin  # noqa: E402
@@ -552,6 +554,59 @@ async def rec_registry(client: Client, tmp: Path) -> Saved:
     return {"registry": wid}
 
 
+async def rec_items_per_task(client: Client, tmp: Path) -> Saved:
+    """A for_each with ``items_per_task`` (``foreach-items-per-task``): web-scrape items
+    three to a task against a loopback site whose page 1 fails its first request
+    (one retry round), under a rate limit (each item's permit)."""
+    import threading
+
+    from aiworker.activities.tools import scrape_tools
+
+    seen: set[str] = set()
+    lock = threading.Lock()
+
+    def page(ex: Exchange) -> None:
+        with lock:
+            first = ex.path not in seen
+            seen.add(ex.path)
+        if ex.path == "/p/1" and first:
+            return ex.send(500, b"down", None)
+        ex.send(200, f"<html><body><h1>{ex.path}</h1></body></html>".encode())
+
+    server = Loopback(page).start()
+    rules = tuple(parse_rate_limits("web-scrape:replay-ipt=100000/min"))
+    settings = _settings(tmp, rate_limits=rules)
+    tools = scrape_tools(settings)
+    pipeline = {
+        "name": "replay-items-per-task",
+        "tenant": "replay-ipt",
+        "steps": [
+            {
+                "id": "each",
+                "worker": "web-scrape",
+                "for_each": list(range(7)),
+                "items_per_task": 3,
+                "max_parallel": 6,
+                "input": {
+                    "url": server.url("/p/") + "${{ item }}",
+                    "extraction_spec": {"fields": {"h1": {"selector": "h1"}}},
+                    "respect_robots": False,
+                },
+            }
+        ],
+    }
+    try:
+        async with running_stack(client, settings, tools=tools) as stack:
+            await _run(stack, pipeline, "replay-items-per-task")
+    finally:
+        server.stop()
+        await tools["fetch_url"].aclose()
+    return {
+        "items-per-task": "replay-items-per-task",
+        "items-per-task-chunk": "replay-items-per-task/each/0",
+    }
+
+
 async def _equal(found: Awaitable[set[str]], want: set[str]) -> bool:
     return await found == want
 
@@ -568,6 +623,7 @@ RECORDINGS: dict[str, Recording] = {
     "schedule": rec_schedule,
     "registry": rec_registry,
     "limiter": rec_limiter,
+    "items-per-task": rec_items_per_task,
 }
 
 

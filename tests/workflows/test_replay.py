@@ -85,6 +85,8 @@ SHAPES = {
     "limiter-blocks",
     "limited-queued-chunk",
     "limiter-queued",
+    "items-per-task",
+    "items-per-task-chunk",
 }
 OLDER_CODE = {
     "dag-20261122",
@@ -116,7 +118,14 @@ OLDER_CODE |= {
 # deploy replay.
 OLDER_CODE |= {
     f"{shape}-20261127"
-    for shape in SHAPES - {"recorded-specs", "registry", "dag-check-in-run-config"}
+    for shape in SHAPES
+    - {
+        "recorded-specs",
+        "registry",
+        "dag-check-in-run-config",
+        "items-per-task",
+        "items-per-task-chunk",
+    }
     if not shape.startswith(("limited-", "limiter-", "agent-limited"))
 }
 

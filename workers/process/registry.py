@@ -97,6 +97,14 @@ def activities_for(
         for wid in workers.served
         if workers.specs[wid].task_queue == queue and wid not in skip
     ]
+    # beside each python or prompt worker, its items activity (for_each items_per_task)
+    out += [
+        workers.served[wid].items_activity(runtime)
+        for wid in workers.served
+        if workers.specs[wid].task_queue == queue
+        and workers.specs[wid].kind in ("python", "prompt")
+        and wid not in skip
+    ]
     if queue == names.PIPELINES_QUEUE:
         # the run config's local activity runs beside the pipeline workflows; it
         # names the workers whose calls run as local activities here too
