@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -72,7 +72,7 @@ from aiworker.activities.step_cache import StepCache
 from aiworker.activities.tenancy import admit
 from aiworker.activities.toolbox import Toolbox, tool_secrets
 from aiworker.activities.tools.egress import tenant_egress
-from aiworker.activities.usage import UsageBook
+from aiworker.activities.usage import UsageBook, heartbeating
 from aiworker.config.settings import Settings
 from aiworker.schemas import messages, names, safe_schema
 from aiworker.schemas.batch import ItemOutcome, ItemsResult, ItemsTask
@@ -186,27 +186,6 @@ def item_error(error: ApplicationError, worker_id: str, attempt: int) -> ErrorIn
         worker_id=worker_id,
         context={"attempt": attempt},
     )
-
-
-@contextlib.asynccontextmanager
-async def _heartbeating(heartbeat_seconds: float | None) -> AsyncIterator[None]:
-    """Heartbeat the running activity every third of ``heartbeat_seconds`` (if set)."""
-    if not heartbeat_seconds or not activity.in_activity():
-        yield
-        return
-
-    async def beat() -> None:
-        while True:
-            activity.heartbeat()
-            await asyncio.sleep(max(0.5, heartbeat_seconds / 3))
-
-    task = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 class Executes(Protocol):
@@ -454,7 +433,7 @@ class WorkerRuntime:
                 except ApplicationError as e:
                     return ItemOutcome(error=item_error(e, worker.worker_id, attempt))
 
-        async with _heartbeating(spec.heartbeat_seconds):
+        async with heartbeating(spec.heartbeat_seconds):
             # each item in its own task: its telemetry's context stays its own
             outcomes = await asyncio.gather(
                 *(one(r, a) for r, a in zip(task.requests, task.attempts, strict=True))

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from decimal import Decimal
 from typing import Any
 
@@ -134,28 +135,33 @@ class UsageBook:
         info = {**failure.details[0], "usage": usage.model_dump(mode="json")}
         return replaced(failure, failure.message, [info, *failure.details[1:]])
 
-    @contextlib.asynccontextmanager
-    async def heartbeats(self, heartbeat_seconds: float | None) -> AsyncIterator[None]:
+    def heartbeats(self, heartbeat_seconds: float | None) -> AbstractAsyncContextManager[None]:
         """Heartbeat in the background every third of ``heartbeat_seconds`` (if set,
         inside an activity), carrying the earlier attempts' usage."""
-        if not heartbeat_seconds or not activity.in_activity():
-            yield
-            return
-        interval = max(0.5, heartbeat_seconds / 3)
-        details = _details(self.prior)
+        return heartbeating(heartbeat_seconds, *_details(self.prior))
 
-        async def beat() -> None:
-            while True:
-                activity.heartbeat(*details)
-                await asyncio.sleep(interval)
 
-        task = asyncio.create_task(beat())
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+@contextlib.asynccontextmanager
+async def heartbeating(heartbeat_seconds: float | None, *details: Any) -> AsyncIterator[None]:
+    """Heartbeat the running activity in the background every third of
+    ``heartbeat_seconds`` (if set, inside an activity), with ``details``."""
+    if not heartbeat_seconds or not activity.in_activity():
+        yield
+        return
+    interval = max(0.5, heartbeat_seconds / 3)
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat(*details)
+            await asyncio.sleep(interval)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 # Failed local attempts' usage by (workflow id, run id, activity id), taken by the next

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowHandle, WorkflowHistory
 
 from aiworker.schemas import names
 
@@ -107,3 +107,26 @@ def worker_replies(events: list[Any]) -> list[Any]:
             result = e.marker_recorded_event_attributes.details["result"]
             out.append(json.loads(result.payloads[0].data))
     return out
+
+
+def grant_times(history: WorkflowHistory) -> tuple[list[float], list[float]]:
+    """(times of permits taken from leased blocks, times the limiter granted queued
+    permits) in one workflow's history: the ``limiter-acquire`` results and the
+    ``permit`` signals, as recorded."""
+    pooled, queued = [], []
+    for e in history.events:
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            a = e.marker_recorded_event_attributes
+            if a.marker_name != LOCAL_ACTIVITY_MARKER:
+                continue
+            kind = json.loads(a.details["data"].payloads[0].data)["activity_type"]
+            if kind not in (names.LIMITER_ACQUIRE, names.LIMITER_ACQUIRE_MANY):
+                continue
+            answer = json.loads(a.details["result"].payloads[0].data)
+            answers = answer["results"] if kind == names.LIMITER_ACQUIRE_MANY else [answer]
+            pooled += [r["granted_at"] for r in answers if r.get("pooled")]
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            a2 = e.workflow_execution_signaled_event_attributes
+            if a2.signal_name == names.PERMIT_SIGNAL:
+                queued.append(json.loads(a2.input.payloads[0].data)["granted_at"])
+    return pooled, queued

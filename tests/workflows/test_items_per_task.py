@@ -8,7 +8,6 @@ own budget admission and rate permit.
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -16,9 +15,10 @@ from collections import Counter
 from typing import Any
 
 from conftest import running_stack
+from support.history import grant_times
 from support.loopback import Exchange, Loopback
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHistory
+from temporalio.client import Client
 
 from aiworker.activities.tools import scrape_tools
 from aiworker.config.settings import Settings, parse_rate_limits
@@ -26,7 +26,6 @@ from aiworker.schemas import names
 from aiworker.schemas.batch import items_activity
 from aiworker.schemas.pipeline import ChunkResult
 
-LOCAL_MARKER = "core_local_activity"  # the SDK's marker of a local activity
 PER_TASK = 5
 ITEMS = 23
 BAD = {3, 17}  # an invalid selector: invalid_input, never retried
@@ -82,29 +81,6 @@ def pipeline(server: Loopback, items: list[dict[str, Any]], **step: Any) -> dict
         ],
         **({"budget": step.pop("budget")} if "budget" in step else {}),
     }
-
-
-def _grants(history: WorkflowHistory) -> list[float]:
-    """When each permit of a chunk was granted, as its history recorded it: the
-    ``limiter-acquire-many`` answers taken from a leased block and the ``permit``
-    signals of queued grants (as tests/workflows/test_limiter_scale.py reads them)."""
-    out: list[float] = []
-    for e in history.events:
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
-            a = e.marker_recorded_event_attributes
-            if a.marker_name != LOCAL_MARKER:
-                continue
-            kind = json.loads(a.details["data"].payloads[0].data)["activity_type"]
-            if kind not in (names.LIMITER_ACQUIRE, names.LIMITER_ACQUIRE_MANY):
-                continue
-            answer = json.loads(a.details["result"].payloads[0].data)
-            answers = answer["results"] if kind == names.LIMITER_ACQUIRE_MANY else [answer]
-            out += [r["granted_at"] for r in answers if r.get("pooled")]
-        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
-            a2 = e.workflow_execution_signaled_event_attributes
-            if a2.signal_name == names.PERMIT_SIGNAL:
-                out.append(json.loads(a2.input.payloads[0].data)["granted_at"])
-    return sorted(out)
 
 
 async def chunks(client: Client, workflow_id: str) -> list[str]:
@@ -213,7 +189,8 @@ async def test_items_per_task_rate_limit_holds_per_item(client: Client, settings
         server.stop()
         await tools["fetch_url"].aclose()
     assert result.steps["pages"].items == {"total": 10, "succeeded": 10, "failed": 0}
-    granted = _grants(history)
+    pooled, queued = grant_times(history)
+    granted = sorted(pooled + queued)
     assert len(granted) == 10, granted
     for i in range(len(granted) - 4):  # never more than 4 grants in a second
         assert granted[i + 4] - granted[i] >= 1.0, granted

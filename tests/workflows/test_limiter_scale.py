@@ -5,7 +5,6 @@ or one by one from the limiter's queue (a tight limit); nothing is dropped."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import sys
 import uuid
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.history import grant_times
 from support.loopback import InFlight, Loopback
 from support.procs import WorkerProcess, worker_env
 from temporalio.api.enums.v1 import EventType
@@ -24,7 +24,6 @@ from aiworker.schemas import names
 from aiworker.workflows.limits import _used
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
-LOCAL_MARKER = "core_local_activity"
 
 
 def test_block_size_only_for_limits_high_for_their_period() -> None:
@@ -76,29 +75,6 @@ async def _histories(client: Client, wid: str) -> list[WorkflowHistory]:
                     e.start_child_workflow_execution_initiated_event_attributes.workflow_id
                 )
     return out
-
-
-def _grants(history: WorkflowHistory) -> tuple[list[float], list[float]]:
-    """(times of permits taken from leased blocks, times the limiter granted queued
-    permits) in one workflow's history: the ``limiter-acquire`` results and the
-    ``permit`` signals, as recorded."""
-    pooled, queued = [], []
-    for e in history.events:
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
-            a = e.marker_recorded_event_attributes
-            if a.marker_name != LOCAL_MARKER:
-                continue
-            kind = json.loads(a.details["data"].payloads[0].data)["activity_type"]
-            if kind not in (names.LIMITER_ACQUIRE, names.LIMITER_ACQUIRE_MANY):
-                continue
-            answer = json.loads(a.details["result"].payloads[0].data)
-            answers = answer["results"] if kind == names.LIMITER_ACQUIRE_MANY else [answer]
-            pooled += [r["granted_at"] for r in answers if r.get("pooled")]
-        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
-            a2 = e.workflow_execution_signaled_event_attributes
-            if a2.signal_name == names.PERMIT_SIGNAL:
-                queued.append(json.loads(a2.input.payloads[0].data)["granted_at"])
-    return pooled, queued
 
 
 def _identities(histories: list[WorkflowHistory]) -> set[str]:
@@ -198,7 +174,7 @@ async def test_limits_hold_exactly_with_three_worker_processes_under_load(
         fast_histories = [h for w, _, _ in runs[:3] for h in await _histories(client, w)]
         pooled, queued = [], []
         for h in fast_histories:
-            p, q = _grants(h)
+            p, q = grant_times(h)
             pooled += p
             queued += q
         assert len(pooled) + len(queued) == 3 * 160
@@ -215,7 +191,7 @@ async def test_limits_hold_exactly_with_three_worker_processes_under_load(
         slow_times: list[float] = []
         for w, _, _ in runs[3:6]:
             for h in await _histories(client, w):
-                p, q = _grants(h)
+                p, q = grant_times(h)
                 assert p == []  # a tight limit never leases blocks
                 slow_times += q
         assert len(slow_times) == 24
@@ -260,7 +236,7 @@ async def test_limits_hold_across_the_limiters_continue_as_new(
         assert outcome["steps"]["each"]["items"]["succeeded"] == n
         pooled, granted = [], []
         for history in await _histories(client, h.id):
-            p, q = _grants(history)
+            p, q = grant_times(history)
             pooled += p
             granted += q
         assert len(pooled) + len(granted) == n
