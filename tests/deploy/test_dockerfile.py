@@ -64,18 +64,26 @@ def test_entrypoint_and_healthcheck() -> None:
 def test_dockerignore_keeps_the_context_small() -> None:
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert "**" in ignore  # everything out, then the packages back in
-    for needed in (
-        "pyproject.toml",
-        "aiworker/",
-        "schemas/",
-        "activities/",
-        "workflows/",
-        "workers/",
-    ):
+    for needed in ("pyproject.toml", "aiworker/", *(f"{p}/" for p in PACKAGE_FOLDERS)):
         assert f"!{needed}" in ignore
     copied = re.findall(r"^COPY (?!--from)(\S+)", DOCKERFILE, re.M)
     for src in copied:
         assert (ROOT / src).exists(), src
+
+
+# The folders aiworker/ links to: each installs as aiworker.<name>, so an image
+# that leaves one out installs a package that cannot import.
+PACKAGE_FOLDERS = sorted(p.name for p in (ROOT / "aiworker").iterdir() if p.is_symlink())
+
+
+def test_every_image_copies_every_package_folder() -> None:
+    assert {"schemas", "config", "activities", "workflows", "workers"} <= set(PACKAGE_FOLDERS)
+    for dockerfile in (DEPLOY / "Dockerfile", DEPLOY / "lambda" / "Dockerfile"):
+        copied = {
+            src.rstrip("/") for src in re.findall(r"^COPY (\S+) ", dockerfile.read_text(), re.M)
+        }
+        missing = set(PACKAGE_FOLDERS) - copied
+        assert not missing, f"{dockerfile.relative_to(ROOT)} does not copy {sorted(missing)}"
 
 
 PLUGIN = ROOT / "examples" / "plugin"
