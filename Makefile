@@ -39,7 +39,7 @@ install: $(STAMP)
 # .pyc files each run compiles them from source (measured: most of a short
 # pipeline's worker CPU).
 compile: $(STAMP)
-	$(BIN)/python -m compileall -q aiworker schemas activities workflows workers bench >/dev/null
+	$(BIN)/python -m compileall -q aiworker schemas config activities workflows workers bench >/dev/null
 
 ## Start the embedded Temporal server + UI + worker, run the sample pipeline, print the result.
 demo: compile
