@@ -138,9 +138,8 @@ async def governed_call(
         leases = await _wait_for_permits(gov)
         if isinstance(leases, Refused):
             return leases
-        admission = _admit(call, gov)
+        admission = await _admit_holding(call, gov, leases)
         if isinstance(admission, Refused):
-            await _release(gov, leases)
             return admission
     try:
         result = await (_cut(run, admission, gov) if gov.cut else run(admission))
@@ -183,9 +182,8 @@ async def governed_batch(
         if isinstance(leases, Refused):
             out[i] = leases
             continue
-        admission = _admit(call, gov)
+        admission = await _admit_holding(call, gov, leases)
         if isinstance(admission, Refused):
-            await _release(gov, leases)
             out[i] = admission
             continue
         admitted.append((i, leases, admission))
@@ -220,6 +218,17 @@ def _admit(call: WorkerCall, gov: Governance) -> Admission | Refused | None:
         return gov.ledger.admit(call.worker, workflow.now().timestamp(), call.timeout_seconds)
     except BudgetRefused as e:
         return Refused("budget", e.resource, e.message)
+
+
+async def _admit_holding(
+    call: WorkerCall, gov: Governance, leases: list[Lease]
+) -> Admission | Refused | None:
+    """The budget's admission of a call that already holds its permits; a refusal
+    releases them."""
+    admission = _admit(call, gov)
+    if isinstance(admission, Refused):
+        await _release(gov, leases)
+    return admission
 
 
 async def _release(gov: Governance, leases: list[Lease]) -> None:

@@ -20,8 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conftest import Stack, running_stack
+
 from aiworker.workers.frontdoor.auth import hash_key
+from support.payloads import stack_settings
 from support.procs import WorkerProcess
+from support.standins import fail, standin
 from support.waiting import wait_until
 
 GITHUB_SECRET = "gh-secret-0123456789abcdef"
@@ -153,3 +157,16 @@ def stripe_headers(body: bytes, at: float | None = None) -> dict[str, str]:
         "Stripe-Signature": f"t={stamp},v1={digest.hexdigest()}",
         "Content-Type": "application/json",
     }
+
+
+async def _garbage(_: dict[str, Any]) -> dict[str, Any]:
+    raise fail("invalid_output", "the model returned garbage")
+
+
+@asynccontextmanager
+async def door_stack(client: Any, folder: Path) -> AsyncIterator[Stack]:
+    """The workers a front door test starts pipelines on: the real stack, with an
+    aggregator that always fails ``invalid_output`` (a step that ends failed)."""
+    acts = {"aggregator": standin("aggregator", _garbage)}
+    async with running_stack(client, stack_settings(folder), replace_activities=acts) as s:
+        yield s

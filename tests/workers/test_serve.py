@@ -16,22 +16,21 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from conftest import Stack, running_stack
+from conftest import Stack
 from support.front_door import (
     DOCS_SECRET,
     KEYS,
     MAX_BODY,
     Door,
     bearer,
+    door_stack,
     github_headers,
     running_door,
     stripe_headers,
     write_config,
 )
-from support.payloads import stack_settings
 from support.pipelines import one_step_pipeline
 from support.procs import worker_env
-from support.standins import fail, standin
 from support.waiting import wait_until
 from temporalio.testing import WorkflowEnvironment
 
@@ -55,17 +54,11 @@ def review_pipeline() -> dict[str, Any]:
     }
 
 
-async def _garbage(_: dict[str, Any]) -> dict[str, Any]:
-    raise fail("invalid_output", "the model returned garbage")
-
-
 @pytest_asyncio.fixture(scope="module")
 async def stack(
     env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Stack]:
-    settings = stack_settings(tmp_path_factory.mktemp("serve-stack"))
-    acts = {"aggregator": standin("aggregator", _garbage)}
-    async with running_stack(env.client, settings, replace_activities=acts) as s:
+    async with door_stack(env.client, tmp_path_factory.mktemp("serve-stack")) as s:
         yield s
 
 

@@ -14,18 +14,15 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
-from conftest import Stack, running_stack
+from conftest import Stack
 from support import history
-from support.front_door import Door, bearer, github_headers, running_door, write_config
-from support.payloads import stack_settings
+from support.front_door import Door, bearer, door_stack, github_headers, running_door, write_config
 from support.pipelines import one_step_pipeline
 from support.procs import worker_env
-from support.standins import fail, standin
 from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
@@ -34,17 +31,11 @@ HEADER_TIMEOUT = 2.0
 BODY_TIMEOUT = 2.0
 
 
-async def _garbage(_: dict[str, Any]) -> dict[str, Any]:
-    raise fail("invalid_output", "the model returned garbage")
-
-
 @pytest_asyncio.fixture(scope="module")
 async def stack(
     env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Stack]:
-    settings = stack_settings(tmp_path_factory.mktemp("hostile-stack"))
-    acts = {"aggregator": standin("aggregator", _garbage)}
-    async with running_stack(env.client, settings, replace_activities=acts) as s:
+    async with door_stack(env.client, tmp_path_factory.mktemp("hostile-stack")) as s:
         yield s
 
 
