@@ -59,7 +59,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle  # no
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from aiworker.activities.llm import LlmMetrics  # noqa: E402
-from aiworker.config.settings import Settings, parse_rate_limits  # noqa: E402  # noqa: E402
+from aiworker.config.settings import Settings, parse_rate_limits  # noqa: E402
 from aiworker.schemas import names  # noqa: E402
 from aiworker.schemas.tenants import TenantRegistry  # noqa: E402
 from aiworker.workers.client.client import PipelineClient  # noqa: E402
@@ -394,6 +394,23 @@ async def rec_limiter(client: Client, tmp: Path) -> Saved:
     }
 
 
+async def _record_agent(
+    client: Client, settings: Settings, pipeline: dict[str, Any], workflow_id: str
+) -> None:
+    """Run an agent pipeline on a stack whose language model reads ``settings``'s
+    models file (the scripted model)."""
+    tools = build_tools(settings)
+    tools["language_model"] = build_language_model(
+        settings, {}, llm_metrics=LlmMetrics(CollectorRegistry())
+    )
+    try:
+        async with running_stack(client, settings, tools=tools) as stack:
+            await _run(stack, pipeline, workflow_id)
+    finally:
+        await tools["language_model"].aclose()
+        await tools["fetch_url"].aclose()
+
+
 async def rec_agent(client: Client, tmp: Path) -> Saved:
     """An llm-agent step (a child workflow) with one tool call, on a scripted model."""
     model = start_scripted_model()
@@ -405,10 +422,6 @@ async def rec_agent(client: Client, tmp: Path) -> Saved:
             say("It is valid."),
         )
         settings = _settings(tmp, models_file=path)
-        tools = build_tools(settings)
-        tools["language_model"] = build_language_model(
-            settings, {}, llm_metrics=LlmMetrics(CollectorRegistry())
-        )
         pipeline = {
             "name": "replay-agent",
             "tenant": "acme",
@@ -427,12 +440,7 @@ async def rec_agent(client: Client, tmp: Path) -> Saved:
             ],
             "output": {"answer": "${{ steps.agent.outputs.answer }}"},
         }
-        try:
-            async with running_stack(client, settings, tools=tools) as stack:
-                await _run(stack, pipeline, "replay-agent")
-        finally:
-            await tools["language_model"].aclose()
-            await tools["fetch_url"].aclose()
+        await _record_agent(client, settings, pipeline, "replay-agent")
     finally:
         model.stop()
     return {"agent": "replay-agent", "agent-child": "replay-agent/agent"}
@@ -458,10 +466,6 @@ async def rec_agent_limited(client: Client, tmp: Path) -> Saved:
         }
         registry = TenantRegistry.model_validate({"tenants": {"replay-limited": tenant}})
         settings = _settings(tmp, models_file=path, tenants=registry)
-        tools = build_tools(settings)
-        tools["language_model"] = build_language_model(
-            settings, {}, llm_metrics=LlmMetrics(CollectorRegistry())
-        )
         pipeline = {
             "name": "replay-agent-limited",
             "tenant": "replay-limited",
@@ -480,12 +484,7 @@ async def rec_agent_limited(client: Client, tmp: Path) -> Saved:
             ],
             "output": {"answer": "${{ steps.agent.outputs.answer }}"},
         }
-        try:
-            async with running_stack(client, settings, tools=tools) as stack:
-                await _run(stack, pipeline, "replay-agent-limited")
-        finally:
-            await tools["language_model"].aclose()
-            await tools["fetch_url"].aclose()
+        await _record_agent(client, settings, pipeline, "replay-agent-limited")
     finally:
         model.stop()
     return {
