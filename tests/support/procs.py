@@ -33,12 +33,15 @@ def worker_env(client: Client, settings: Settings, data_dir: Path) -> dict[str, 
 class WorkerProcess:
     """One worker process, stopped by its PID (never by name)."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, cmd: list[str], env: dict[str, str], log: Path, cwd: Path | None = None
+    ) -> None:
         self.log = log
         self._log = open(log, "ab")
         self.proc = subprocess.Popen(
             cmd,
             env=env,
+            cwd=cwd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -95,8 +95,12 @@ async def _print_or_wait(
     pipeline: dict[str, Any],
     ui_url: str | None,
 ) -> int:
+    from aiworker.workers.client.temporal_client import dev_ui_url
     from aiworker.workers.client.watch import wait_and_show
 
+    if not ui_url:  # AIWORKER_UI_URL unset: the UI of the dev stack it talks to, if any
+        target = pipelines.temporal.service_client.config.target_host
+        ui_url = dev_ui_url(target, pipelines.settings.data_dir)
     return await wait_and_show(
         pipelines, handle, pipeline, ui_url, no_wait=args.no_wait, as_json=args.json
     )
@@ -200,6 +204,7 @@ def _dev_options(args: argparse.Namespace) -> DevOptions:
         exit_after_pipeline=getattr(args, "exit", False),
         json_result=getattr(args, "json", False),
         local_model=not args.no_model,
+        site_port=getattr(args, "site", None),
     )
 
 

@@ -83,6 +83,10 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+# `aiworker dev --site` without a port: free of the Temporal server (7233), its UI
+# (8233), `serve` (8000) and the metrics (9464).
+DEFAULT_SITE_PORT = 8081
+
 JSON_RESULT_HELP = "print the whole result JSON and no progress (what scripts parse)"
 DEBUG_HELP = "print the traceback of a failure (each failure is one line otherwise)"
 
@@ -153,10 +157,25 @@ def build_parser() -> argparse.ArgumentParser:
         ("demo", "dev stack plus the sample pipeline"),
     ):
         d = sub.add_parser(name, help=helptext)
-        d.add_argument("--port", type=int, default=7233)
-        d.add_argument("--ui-port", type=int, default=8233)
+        d.add_argument(
+            "--port",
+            type=int,
+            default=7233,
+            help="the Temporal server's gRPC port on 127.0.0.1 (default 7233); commands "
+            "run beside the stack find it by themselves (docs/running.md)",
+        )
+        d.add_argument(
+            "--ui-port",
+            type=int,
+            default=8233,
+            help="the Temporal Web UI's port on 127.0.0.1 (default 8233)",
+        )
         d.add_argument("--headless", action="store_true", help="no Web UI")
-        d.add_argument("--data-dir", help="default AIWORKER_DATA_DIR or ./.aiworker")
+        d.add_argument(
+            "--data-dir",
+            help="where the server's database, logs and the stack's dev.json and "
+            "temporal.toml live (default AIWORKER_DATA_DIR or ./.aiworker)",
+        )
         d.add_argument(
             "--fast-poll",
             action="store_true",
@@ -167,6 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="do not start the local model as the `default` alias when none is configured",
         )
+        if name == "dev":
+            d.add_argument(
+                "--site",
+                nargs="?",
+                type=port_number,
+                const=DEFAULT_SITE_PORT,
+                metavar="PORT",
+                help="also serve the bundled sample shop on http://127.0.0.1:PORT "
+                f"(default {DEFAULT_SITE_PORT}; 0: any free port)",
+            )
         if name == "demo":
             d.add_argument("--pipeline", help="pipeline file (default: the bundled sample)")
             d.add_argument("--exit", action="store_true", help="stop after the pipeline ends")

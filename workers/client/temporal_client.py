@@ -2,6 +2,12 @@
 
 ``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_API_KEY``, TLS
 settings and profiles in ``temporal.toml`` all work as the SDK documents.
+A client told nothing (no address, profile, ``TEMPORAL_ADDRESS``,
+``TEMPORAL_CONFIG_FILE`` or ``TEMPORAL_PROFILE``, no address in the default
+config file) uses the ``aiworker dev`` stack running for its data directory
+(``./.aiworker`` by default), through the envconfig profile file that stack
+wrote, and says so on stderr (:func:`resolve_target`,
+:mod:`aiworker.workers.devstack.state`); else ``localhost:7233``.
 Every client uses the pydantic data converter with a failure converter that
 drops failure details it cannot decode (:mod:`workers.failures`); with
 settings, the converter also moves large payloads to external storage
@@ -21,9 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -52,7 +61,12 @@ from aiworker.schemas.wire import COMPACT_MODELS, compact_exclude
 from aiworker.workers.failures import TolerantFailureConverter
 
 if TYPE_CHECKING:
+    from aiworker.workers.devstack.state import DevStack
     from aiworker.workers.process.telemetry import Telemetry
+
+DEFAULT_ADDRESS = "localhost:7233"
+# Variables by which a person chose a server (or a profile) themselves.
+_CHOOSING_VARIABLES = ("TEMPORAL_ADDRESS", "TEMPORAL_CONFIG_FILE", "TEMPORAL_PROFILE")
 
 
 class _CheckedJSONConverter(PydanticJSONPlainPayloadConverter):
@@ -144,12 +158,117 @@ def data_converter(settings: Settings | None) -> DataConverter:
     return dataclasses.replace(converter, external_storage=external_storage(settings))
 
 
-def connect_config(profile: str | None = None, **overrides: Any) -> dict[str, Any]:
-    """Connection keyword arguments from envconfig, with explicit overrides."""
+def default_data_dir() -> Path:
+    """The data directory of a client built without settings: ``AIWORKER_DATA_DIR``
+    or ``./.aiworker``, as :class:`~aiworker.config.settings.Settings` reads it."""
+    return Path(os.environ.get("AIWORKER_DATA_DIR") or ".aiworker")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where a client connects, and why there.
+
+    Attributes:
+        config: keyword arguments of ``Client.connect`` (``target_host`` included).
+        dev_stack: the ``aiworker dev`` stack the address came from, if it did.
+        notice: one line for a person (``aiworker: ...``) when the server is
+            not the one they named or the default: a dev stack found, or a
+            stale dev state ignored.
+    """
+
+    config: dict[str, Any]
+    dev_stack: DevStack | None = None
+    notice: str | None = None
+
+
+def _chosen(profile: str | None, cfg: dict[str, Any], overrides: dict[str, Any]) -> bool:
+    """Whether a person chose the server: an argument, a profile, a variable, or
+    an address in the default envconfig file (all of which win over a dev stack)."""
+    if overrides.get("target_host") or profile or cfg.get("target_host"):
+        return True
+    return any(os.environ.get(name) for name in _CHOOSING_VARIABLES)
+
+
+def resolve_target(
+    profile: str | None = None, *, data_dir: Path | None = None, **overrides: Any
+) -> Target:
+    """Connection arguments from envconfig, with explicit overrides; when nobody
+    chose a server, those of the live ``aiworker dev`` stack of ``data_dir``.
+
+    Args:
+        profile: the envconfig profile.
+        data_dir: where a dev stack records itself (default :func:`default_data_dir`).
+        **overrides: connection arguments over envconfig's (``None`` ignored).
+    """
+    from aiworker.workers.devstack import state
+
+    given = {k: v for k, v in overrides.items() if v is not None}
     cfg: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
-    cfg.setdefault("target_host", "localhost:7233")
-    cfg.update({k: v for k, v in overrides.items() if v is not None})
-    return cfg
+    stack = None
+    notice = None
+    if not _chosen(profile, cfg, given):
+        place = data_dir if data_dir is not None else default_data_dir()
+        stack, stale = state.find(place)
+        if stack is not None:
+            # envconfig reads the stack's profile; TEMPORAL_NAMESPACE and the like still apply
+            cfg = dict(ClientConfig.load_client_connect_config(config_file=str(stack.profile_path)))
+            cfg.setdefault("target_host", stack.address)
+            where = _shown(place / state.STATE_FILE)
+            notice = (
+                f"aiworker: using the aiworker dev stack at {cfg['target_host']} "
+                f"(from {where}; TEMPORAL_ADDRESS or --address choose another server)"
+            )
+        elif stale is not None:
+            notice = (
+                f"aiworker: ignoring the dev stack recorded in {_shown(place / state.STATE_FILE)}"
+                f": {stale}; connecting to {DEFAULT_ADDRESS}"
+            )
+    cfg.setdefault("target_host", DEFAULT_ADDRESS)
+    cfg.update(given)
+    return Target(cfg, stack, notice)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is under it."""
+    path = path.absolute()
+    try:
+        return f"./{path.relative_to(Path.cwd())}"
+    except ValueError:
+        return str(path)
+
+
+def connect_config(
+    profile: str | None = None, *, data_dir: Path | None = None, **overrides: Any
+) -> dict[str, Any]:
+    """Connection keyword arguments from envconfig, with explicit overrides
+    (the dev stack's when nobody chose a server: :func:`resolve_target`)."""
+    return resolve_target(profile, data_dir=data_dir, **overrides).config
+
+
+def dev_ui_url(target_host: str, data_dir: Path | None = None) -> str | None:
+    """The Web UI of the ``aiworker dev`` stack recorded in ``data_dir`` (or beside
+    ``TEMPORAL_CONFIG_FILE``) when it serves ``target_host``, else None (for the
+    UI link of a run)."""
+    from aiworker.workers.devstack import state
+
+    places = [data_dir if data_dir is not None else default_data_dir()]
+    if profile_file := os.environ.get("TEMPORAL_CONFIG_FILE"):  # the profile a stack wrote
+        places.append(Path(profile_file).parent)
+    for place in places:
+        stack = state.read(place)
+        if stack is not None and stack.address == target_host:
+            return stack.ui_url
+    return None
+
+
+_said: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """A notice on stderr (never stdout, where ``--json`` output goes), once a process."""
+    if line not in _said:
+        _said.add(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 async def connect(
@@ -162,7 +281,9 @@ async def connect(
     on_wait: Callable[[str], None] | None = None,
     **overrides: Any,
 ) -> Client:
-    """Connect to Temporal as envconfig says (default ``localhost:7233``).
+    """Connect to Temporal as envconfig says, or to the ``aiworker dev`` stack of
+    the data directory when nobody chose a server (:func:`resolve_target`),
+    else ``localhost:7233``.
 
     Pass ``settings`` so that payloads over the threshold go to (and come
     from) the configured store; every process that touches the same
@@ -183,7 +304,12 @@ async def connect(
         TemporalUnreachableError: the connection failed, or the frontend was
             not healthy within ``wait_seconds``.
     """
-    cfg = connect_config(profile, **overrides)
+    resolved = resolve_target(
+        profile, data_dir=settings.data_dir if settings is not None else None, **overrides
+    )
+    if resolved.notice is not None:
+        _say_once(resolved.notice)
+    cfg = dict(resolved.config)
     target = cfg.pop("target_host")
     all_interceptors = [*(telemetry.interceptors if telemetry else []), *(interceptors or [])]
     if telemetry is not None:

@@ -39,6 +39,7 @@ from aiworker.workers.cli.common import print_outcome, warn_duplicates
 from aiworker.workers.errors import StartupError
 
 if TYPE_CHECKING:
+    from aiworker.workers.devstack import state
     from aiworker.workers.devstack.modelserver import ModelServer
     from aiworker.workers.process.telemetry import Telemetry
 
@@ -221,6 +222,8 @@ class DevOptions:
             a summary table (``demo --json``).
         local_model: start the local model as the ``default`` alias when no model
             is configured (``--no-model`` turns it off, as ``AIWORKER_LOCAL_MODEL=false``).
+        site_port: serve the bundled sample site on this loopback port (0: any
+            free one; ``dev --site``); ``None`` serves none.
     """
 
     port: int = 7233
@@ -229,6 +232,7 @@ class DevOptions:
     exit_after_pipeline: bool = False
     json_result: bool = False
     local_model: bool = True
+    site_port: int | None = None
 
 
 def dev_log_file(data_dir: Path) -> IO[str]:
@@ -262,6 +266,7 @@ async def run_dev_stack(
         StartupError: the worker cannot start.
     """
     from aiworker.workers.client.temporal_client import TemporalUnreachableError, connect
+    from aiworker.workers.devstack import state
     from aiworker.workers.devstack.demo_site import DemoSite
     from aiworker.workers.devstack.devserver import DevServer, DevServerError
     from aiworker.workers.devstack.modelserver import (
@@ -285,6 +290,16 @@ async def run_dev_stack(
     stop = asyncio.Event()
     outcome = None
     async with contextlib.AsyncExitStack() as stack:
+        sample_site = None
+        if options.site_port is not None:  # a busy port is said before anything starts
+            try:
+                sample_site = DemoSite(options.site_port).start()
+            except OSError as e:
+                raise DevServerError(
+                    f"cannot serve the sample site on port {options.site_port}: {e.strerror}; "
+                    "choose another with --site PORT (0: any free port)"
+                ) from None
+            stack.callback(sample_site.stop)
         if model is not None:
             # Loads while the Temporal server starts; ready-checked once that is up.
             stack.callback(model.stop)
@@ -310,7 +325,23 @@ async def run_dev_stack(
         )
         # A worker that ended before it polled failed to start, or was stopped starting.
         if not worker.done():
+            recorded = state.record(
+                settings.data_dir,
+                address=server.address,
+                namespace=client.namespace,
+                ui_url=server.ui_url,
+                server_pid=server.pid,
+                site_url=sample_site.url if sample_site is not None else None,
+            )
+            stack.callback(state.forget, recorded)
             _announce(server.address, server.ui_url, settings.data_dir)
+            if sample_site is not None:
+                print(
+                    f"Sample site:     {sample_site.url}/ (workers/samples/site, e.g. "
+                    f"{sample_site.url}/kettle.html)",
+                    flush=True,
+                )
+            _say_other_terminals(recorded)
             if model is not None:
                 print(
                     f"Local model:     {model.base_url} (default alias; llama-server pid "
@@ -395,6 +426,22 @@ def _announce(address: str, ui_url: str | None, data_dir: Path) -> None:
     if ui_url:
         print(f"Temporal UI:     {ui_url}", flush=True)
     print(f"Worker polling:  all task queues; logs in {data_dir / 'worker.log'}", flush=True)
+
+
+def _say_other_terminals(recorded: state.DevStack) -> None:
+    """The line a second terminal needs: nothing in this folder (its clients read
+    ``dev.json``), the profile file elsewhere and for the ``temporal`` CLI."""
+    here = Path(recorded.data_dir) == (Path.cwd() / ".aiworker").resolve()
+    who = "in this folder" if here else f"with AIWORKER_DATA_DIR={recorded.data_dir}"
+    print(
+        f"Other terminals: aiworker commands and scripts run {who} use this stack by themselves;",
+        flush=True,
+    )
+    print(
+        "                 elsewhere, and for the temporal CLI: "
+        f"export TEMPORAL_CONFIG_FILE={recorded.profile_path}",
+        flush=True,
+    )
 
 
 def _point_at_demo_site(
