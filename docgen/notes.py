@@ -109,7 +109,8 @@ SETTINGS: dict[str, str] = {
     "(development and tests only)",
     "egress_allow": "comma list of domains outbound calls may reach (empty: any public address)",
     "ui_url": "the Temporal Web UI's address, for the workflow links `aiworker run` prints "
-    "(default: http://localhost:8233 when Temporal is at localhost:7233, else none)",
+    "(default: the UI of the `aiworker dev` stack in use, http://localhost:8233 when "
+    "Temporal is at localhost:7233, else none)",
     "llm_base_url": "the `default` model alias: the provider's URL (OpenAI-style ends in /v1)",
     "llm_model": "the `default` model alias: the model name",
     "llm_api_key": "the `default` model alias: its API key (never logged)",
