@@ -71,7 +71,12 @@ async def dev(tmp_path: Path) -> AsyncIterator[Dev]:
     folder.mkdir()
     port, ui_port = free_port(), free_port()
     cmd = [AIWORKER, "dev", "--no-model", "--port", str(port), "--ui-port", str(ui_port)]
-    env = _env(AIWORKER_METRICS_PORT="0", AIWORKER_SHUTDOWN_GRACE_SECONDS="2")
+    # a server chosen in dev's own shell: the banner warns that it wins there
+    env = _env(
+        AIWORKER_METRICS_PORT="0",
+        AIWORKER_SHUTDOWN_GRACE_SECONDS="2",
+        TEMPORAL_ADDRESS="127.0.0.1:9",
+    )
     proc = WorkerProcess([*cmd, "--site", "0"], env, tmp_path / "dev.out", cwd=folder)
     try:
         await wait_until(
@@ -98,6 +103,10 @@ async def test_commands_in_the_folder_use_the_dev_stack_and_its_ui(
         banner
     ), banner
     assert f"export TEMPORAL_CONFIG_FILE={profile}" in banner, banner
+    assert (
+        "Note:            TEMPORAL_ADDRESS=127.0.0.1:9 is set in this shell; commands run "
+        "with it use what it names, not this stack"
+    ) in banner, banner
     state = json.loads((dev.folder / ".aiworker" / "dev.json").read_text())
     assert state["address"] == dev.address and state["pid"] == dev.proc.pid
     assert state["ui_url"] == f"http://127.0.0.1:{dev.ui_port}"

@@ -8,7 +8,7 @@ the dev stack and users' code share::
 
     import aiworker
 
-    pipelines = await aiworker.PipelineClient.connect()  # envconfig, default localhost:7233
+    pipelines = await aiworker.PipelineClient.connect()  # envconfig, or the dev stack beside it
     handle = await pipelines.start({"name": "hello", "steps": [...]})
     result = await handle.result()  # a PipelineResult
     print(result.status, result.output)
@@ -145,7 +145,9 @@ class PipelineClient:
         known_workers: Collection[str] | None = None,
         **overrides: Any,
     ) -> PipelineClient:
-        """Connect as ``temporalio.envconfig`` says (default ``localhost:7233``).
+        """Connect as ``temporalio.envconfig`` says; told no server, to the
+        ``aiworker dev`` stack of the data directory (saying so on stderr), else
+        ``localhost:7233`` (:func:`~aiworker.workers.client.temporal_client.resolve_target`).
 
         Args:
             profile: the envconfig profile; the default profile when omitted.

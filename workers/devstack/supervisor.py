@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -442,6 +443,15 @@ def _say_other_terminals(recorded: state.DevStack) -> None:
         f"export TEMPORAL_CONFIG_FILE={recorded.profile_path}",
         flush=True,
     )
+    # A server chosen in the shell wins over the stack (temporal_client.resolve_target).
+    for name in ("TEMPORAL_ADDRESS", "TEMPORAL_CONFIG_FILE", "TEMPORAL_PROFILE"):
+        value = os.environ.get(name)
+        if value and value not in (recorded.address, str(recorded.profile_path)):
+            print(
+                f"Note:            {name}={value} is set in this shell; commands run with it "
+                "use what it names, not this stack",
+                flush=True,
+            )
 
 
 def _point_at_demo_site(
