@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from aiworker.workers.process.telemetry import Telemetry
 
 DEFAULT_ADDRESS = "localhost:7233"
+_DEFAULT_ADDRESSES = frozenset((DEFAULT_ADDRESS, "127.0.0.1:7233"))
 # Variables by which a person chose a server (or a profile) themselves.
 _CHOOSING_VARIABLES = ("TEMPORAL_ADDRESS", "TEMPORAL_CONFIG_FILE", "TEMPORAL_PROFILE")
 
@@ -172,8 +173,8 @@ class Target:
         config: keyword arguments of ``Client.connect`` (``target_host`` included).
         dev_stack: the ``aiworker dev`` stack the address came from, if it did.
         notice: one line for a person (``aiworker: ...``) when the server is
-            not the one they named or the default: a dev stack found, or a
-            stale dev state ignored.
+            neither one they named nor the default: a dev stack found on other
+            ports, or a stale dev state ignored.
     """
 
     config: dict[str, Any]
@@ -214,10 +215,11 @@ def resolve_target(
             cfg = dict(ClientConfig.load_client_connect_config(config_file=str(stack.profile_path)))
             cfg.setdefault("target_host", stack.address)
             where = _shown(place / state.STATE_FILE)
-            notice = (
-                f"aiworker: using the aiworker dev stack at {cfg['target_host']} "
-                f"(from {where}; TEMPORAL_ADDRESS or --address choose another server)"
-            )
+            if cfg["target_host"] not in _DEFAULT_ADDRESSES:  # the default says nothing
+                notice = (
+                    f"aiworker: using the aiworker dev stack at {cfg['target_host']} "
+                    f"(from {where}; TEMPORAL_ADDRESS or --address choose another server)"
+                )
         elif stale is not None:
             notice = (
                 f"aiworker: ignoring the dev stack recorded in {_shown(place / state.STATE_FILE)}"
