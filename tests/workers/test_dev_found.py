@@ -152,6 +152,20 @@ async def test_commands_in_the_folder_use_the_dev_stack_and_its_ui(
     flag = await asyncio.to_thread(_cli, ["list", "--address", dead], dev.folder, _env())
     assert flag.returncode == 1 and "using the aiworker dev stack" not in flag.stderr
 
+    # a second stack on the same port: told to choose another, which its folder finds
+    second = tmp_path / "second"
+    second.mkdir()
+    busy = await asyncio.to_thread(
+        _cli, ["dev", "--no-model", "--port", str(dev.port), "--headless"], second, _env()
+    )
+    assert busy.returncode == 2, busy.stderr
+    assert busy.stderr.strip() == (
+        f"aiworker: port {dev.port} on 127.0.0.1 (Temporal frontend) is in use; free it or "
+        "choose another with --port / --ui-port (commands run in this folder find the stack "
+        "on any port)"
+    ), busy.stderr
+    assert not (second / ".aiworker" / "dev.json").exists()
+
     # the sample site `dev --site` serves, at the address it printed
     site = re.search(r"Sample site:\s+(http://127\.0\.0\.1:\d+)/", banner)
     assert site, banner

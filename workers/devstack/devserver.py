@@ -321,7 +321,8 @@ class DevServer(ChildServer):
                 if port is not None and not port_free(self.ip, port):
                     raise DevServerError(
                         f"port {port} on {self.ip} ({what}) is in use; free it or choose "
-                        "another with --port / --ui-port"
+                        "another with --port / --ui-port (commands run in this folder find "
+                        "the stack on any port)"
                     )
             db = self.data_dir / "temporal.db" if self.persistent else None
             args = dev_server_args(
