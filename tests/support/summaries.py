@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
@@ -87,3 +88,40 @@ def unexplained(events: Iterable[HistoryEvent]) -> list[str]:
 def summaries(events: Iterable[HistoryEvent]) -> list[str]:
     """Every summary of the events :func:`described` covers, in history order."""
     return [s for e in events if described(e) is not None and (s := summary_of(e))]
+
+
+def limited_pipeline(tenant: str) -> dict[str, Any]:
+    """A small pipeline whose every call waits at a limiter under :data:`LIMITED_RATE`:
+    two steps one after the other, a for_each of three items, one step and the
+    pipeline each under a concurrency key of its own, and a deadline (so each wait for a permit
+    is bounded by a timer)."""
+    check = {"data": "${{ inputs.n }}", "schema": {"type": "integer"}}
+    return {
+        "name": "explained",
+        "tenant": tenant,
+        "inputs": {"n": 3, "customer": "c1"},
+        "budget": {"deadline_seconds": 120},
+        "concurrency": {"key": "${{ inputs.customer }}", "limit": 1},
+        "steps": [
+            {"id": "read", "worker": "validator", "input": check},
+            {
+                "id": "summarize",
+                "worker": "validator",
+                "depends_on": ["read"],
+                "concurrency": {"key": "writer", "limit": 1},
+                "input": check,
+            },
+            {
+                "id": "each",
+                "worker": "validator",
+                "depends_on": ["summarize"],
+                "for_each": [1, 2, 3],
+                "input": {"data": "${{ item }}", "schema": {"type": "integer"}},
+            },
+        ],
+    }
+
+
+def limited_rate(tenant: str) -> str:
+    """The rate limit :func:`limited_pipeline` runs under (``AIWORKER_RATE_LIMITS``)."""
+    return f"validator:{tenant}=2/2s"
