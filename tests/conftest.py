@@ -173,13 +173,15 @@ async def stack(client: Client, settings: Settings) -> AsyncIterator[Stack]:
 #   unit         none of the above: no server, no process
 TIERS = ("unit", "integration", "process", "reliability", "deploy")
 _SERVER_FIXTURES = frozenset({"env", "ts_env", "client", "stack", "local_model"})
-# BrowserTool( launches Chromium: a test module that builds one starts a browser of its own
+# BrowserTool( and chromium.launch( start Chromium, DevServer( a Temporal server of its own
 _PROCESS_HINTS = (
     "subprocess",
     "create_subprocess_exec",
     "support.procs",
     "support.processes",
     "BrowserTool(",
+    "chromium.launch(",
+    "DevServer(",
 )
 _process_modules: dict[str, bool] = {}
 

@@ -74,7 +74,7 @@ async def run_agent(
             req,
             id=child_id,
             task_queue=workflow.info().task_queue,
-            static_summary=f"{call.summary} ({worker.worker_id})",
+            static_summary=call.summary or f"{req.step_id} ({worker.worker_id})",
             priority=ctx.priority,
         )
     except ChildWorkflowError as e:

@@ -65,7 +65,9 @@ class SharedBreakerWorkflow:
             self._changed = False
             try:
                 await workflow.wait_condition(
-                    lambda: self._changed, timeout=timedelta(seconds=idle)
+                    lambda: self._changed,
+                    timeout=timedelta(seconds=idle),
+                    timeout_summary=f"breaker {state.key}: end when idle (open period over)",
                 )
             except TimeoutError:
                 pass

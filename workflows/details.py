@@ -1,4 +1,4 @@
-"""The pipeline's current details: a Markdown table of its steps, for the Temporal UI.
+"""The pipeline's current details: a Markdown list of its steps, for the Temporal UI.
 
 The Temporal UI shows a workflow's *current details* (the Markdown it reads
 through the built-in ``__temporal_workflow_metadata`` query) on the workflow's
@@ -9,6 +9,12 @@ neither the history nor replay. :class:`StepBoard` notes every step result the
 run writes; :class:`StepTable` renders again only when a step's row changed
 (status, attempts, cached, for_each items) and sets the details only when the
 Markdown changed.
+
+A list, not a table: the UI renders current details (User Metadata → Current
+Details) with its own Markdown renderer, whose tables have no cell padding, so
+adjacent cells run together (``summarizellm-call``); a list item with its fields
+between `` · `` reads the same everywhere. Counts are written ``3 of 10``: the
+renderer turns ``3/10`` into a fraction glyph.
 
 Bounded: at most :data:`MAX_ROWS` steps get a row, in the spec's order (past
 that, one line counts the rest by status and points at the ``progress`` query),
@@ -52,12 +58,32 @@ def row_of(result: StepResult) -> Row:
     )
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+_MARKDOWN = str.maketrans({c: f"\\{c}" for c in "\\`*_[]<>|#"})
+
+
+def _text(text: str) -> str:
+    """``text`` shown as it is (Markdown's special characters escaped)."""
+    return text.translate(_MARKDOWN)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def step_line(step_id: str, worker: str, row: Row) -> str:
+    """One step's list item: ``- **read** · web-scrape · running · 2 attempts ·
+    items 3 of 10`` (attempts when any, items for a for_each)."""
+    st, attempts, cached, done, total = row
+    fields = [f"**{_text(step_id)}**", _text(worker), f"{st}{' (cached)' if cached else ''}"]
+    if attempts:
+        fields.append(_plural(attempts, "attempt"))
+    if total is not None:
+        fields.append(f"items {done} of {total}")
+    return "- " + " · ".join(fields)
 
 
 def render_table(name: str, status: str, workers: dict[str, str], rows: dict[str, Row]) -> str:
-    """The Markdown the UI shows: a headline, then one row per step (spec order).
+    """The Markdown the UI shows: a headline, then one list item per step (spec order).
 
     Args:
         name: the pipeline's name.
@@ -66,22 +92,14 @@ def render_table(name: str, status: str, workers: dict[str, str], rows: dict[str
         rows: step id -> :func:`row_of` of its latest result.
     """
     ended = sum(1 for r in rows.values() if r[0] in ENDED_STEP_STATUSES)
-    lines = [
-        f"**{_cell(name)}** · {status} · {ended}/{len(workers)} steps done",
-        "",
-        "| step | worker | status | attempts | items |",
-        "| --- | --- | --- | ---: | ---: |",
-    ]
+    lines = [f"**{_text(name)}** · {status} · {ended} of {len(workers)} steps done", ""]
     size = sum(len(x) + 1 for x in lines)
     rest: Counter[str] = Counter()
     for n, (sid, worker) in enumerate(workers.items()):
-        st, attempts, cached, done, total = rows.get(sid, ("pending", 0, False, None, None))
-        line = (
-            f"| {sid} | {_cell(worker)} | {st}{' (cached)' if cached else ''} | {attempts} | "
-            f"{'' if total is None else f'{done}/{total}'} |"
-        )
+        row = rows.get(sid, ("pending", 0, False, None, None))
+        line = step_line(sid, worker, row)
         if n >= MAX_ROWS or size + len(line) + 200 > MAX_CHARS:
-            rest[st] += 1
+            rest[row[0]] += 1
             continue
         lines.append(line)
         size += len(line) + 1
@@ -93,7 +111,7 @@ def render_table(name: str, status: str, workers: dict[str, str], rows: dict[str
 
 @dataclass
 class StepTable:
-    """The run's step table: rows as steps change, the details set when they differ."""
+    """The run's step list: rows as steps change, the details set when they differ."""
 
     name: str = ""
     status: str = "running"

@@ -289,7 +289,7 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
                 ),
                 id=f"{info.workflow_id}/{step.id}/{k}",
                 task_queue=info.task_queue,
-                static_summary=f"{step.id} items {chunk[0]}..{chunk[-1]}",
+                static_summary=f"{step.id} items {chunk[0]}..{chunk[-1]} ({step.worker})",
                 priority=run.priority,
             )
             return await handle

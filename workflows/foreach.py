@@ -72,6 +72,10 @@ ITEMS_PER_TASK_PATCH = "foreach-items-per-task"
 BATCHED_KINDS = ("python", "prompt")
 
 
+def _items(n: int) -> str:
+    return "1 item" if n == 1 else f"{n} items"
+
+
 @workflow.defn(name=names.FOREACH_WORKFLOW)
 class PipelineForEachWorkflow(PermitSignals):
     """Runs one chunk of a for_each step with bounded concurrency."""
@@ -268,7 +272,7 @@ class PipelineForEachWorkflow(PermitSignals):
                     [attempts[i] for i in pending],
                     inner,
                     f"{chunk.step_id}[{first.key.rsplit('/', 1)[-1]}..] "
-                    f"{len(pending)} items ({worker.worker_id})",
+                    f"{_items(len(pending))} ({worker.worker_id})",
                 )
                 again: list[int] = []
                 wait = 0.0
@@ -281,7 +285,12 @@ class PipelineForEachWorkflow(PermitSignals):
                     else:
                         final[i] = end.result.model_copy(update={"usage": used[i]})
                 if again:
-                    await workflow.sleep(wait)
+                    retry = max(attempts[i] for i in again)
+                    await workflow.sleep(
+                        wait,
+                        summary=f"backoff before retry {retry} of {chunk.step_id}[..] "
+                        f"{_items(len(again))} ({worker.worker_id})",
+                    )
                 pending = again
             return [r for r in final if r is not None]
 
@@ -350,7 +359,10 @@ class PipelineForEachWorkflow(PermitSignals):
                     sub,
                     id=f"{info.workflow_id}/{k}",
                     task_queue=info.task_queue,
-                    static_summary=(f"{chunk.step_id} items {items[0].index}..{items[-1].index}"),
+                    static_summary=(
+                        f"{chunk.step_id} items {items[0].index}..{items[-1].index} "
+                        f"({chunk.worker})"
+                    ),
                     priority=info.priority,
                 )
             self._done += len(result.items) + result.succeeded

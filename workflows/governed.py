@@ -142,7 +142,7 @@ async def governed_call(
         if isinstance(admission, Refused):
             return admission
     try:
-        result = await (_cut(run, admission, gov) if gov.cut else run(admission))
+        result = await (_cut(run, admission, gov, call) if gov.cut else run(admission))
     finally:
         await _release(gov, leases)
     if isinstance(result, Refused):
@@ -241,14 +241,25 @@ def _settle(gov: Governance, admission: Admission | None, usage: Usage) -> None:
         gov.ledger.settle(admission, usage)
 
 
-async def _cut(run: Invoke, admission: Admission | None, gov: Governance) -> StepResult | Refused:
+async def _cut(
+    run: Invoke, admission: Admission | None, gov: Governance, call: WorkerCall
+) -> StepResult | Refused:
     """The call, cancelled when the ledger's deadline passes before it ends."""
     left = gov.ledger.ends.left(workflow.now().timestamp()) if gov.ledger else None
     if left is None:
         return await run(admission)
     task = asyncio.ensure_future(run(admission))
-    done, _ = await workflow.wait([task], timeout=max(0.001, left))
-    if not done:
+    # wait_condition rather than workflow.wait: the same timer command at the same
+    # point (created as the wait begins, cancelled when the call ends), with a summary
+    try:
+        await workflow.wait_condition(
+            task.done,
+            timeout=max(0.001, left),
+            timeout_summary=f"deadline of {call.summary} ({call.worker.worker_id})",
+        )
+    except TimeoutError:
+        pass
+    if not task.done():
         # call_worker turns the cancellation into a result; that is not the call's
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

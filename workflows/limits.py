@@ -219,10 +219,12 @@ class LimiterWorkflow:
                 return self._snapshot()
             if workflow.info().get_current_history_length() > _MAX_HISTORY_EVENTS:
                 break
-            wake = self._next_wake(idle_since)
+            wake, why = self._next_wake(idle_since)
             try:
                 await workflow.wait_condition(
-                    lambda: self._changed, timeout=timedelta(seconds=max(0.05, wake))
+                    lambda: self._changed,
+                    timeout=timedelta(seconds=max(0.05, wake)),
+                    timeout_summary=f"limiter {self._s.key} ({self._limit_text()}): {why}",
                 )
             except TimeoutError:
                 pass
@@ -250,18 +252,30 @@ class LimiterWorkflow:
             }
         )
 
-    def _next_wake(self, idle_since: float) -> float:
+    def _limit_text(self) -> str:
+        return per_text(self._s.limit, self._s.period_seconds if self._s.kind == "rate" else None)
+
+    def _next_wake(self, idle_since: float) -> tuple[float, str]:
+        """Seconds until the next thing to do when no signal comes first, and what
+        it is (the timer's summary in the UI)."""
         now = self._now()
-        candidates = [idle_since + _IDLE_SECONDS - now]
+        queued = f"{len(self._waiters)} queued"
+        candidates = [(idle_since + _IDLE_SECONDS - now, "end when still idle")]
         if self._waiters and self._s.kind == "rate" and self._grants:
-            candidates.append(self._grants[0] + self._s.period_seconds - now)
+            candidates.append(
+                (self._grants[0] + self._s.period_seconds - now, f"window frees a permit, {queued}")
+            )
         if self._waiters and self._s.kind == "rate" and self._blocks:
             candidates.append(
-                min(t + ttl for t, _, ttl in self._blocks) + self._s.period_seconds - now
+                (
+                    min(t + ttl for t, _, ttl in self._blocks) + self._s.period_seconds - now,
+                    f"leased block leaves the window, {queued}",
+                )
             )
         if self._holders:
-            candidates.append(min(self._holders.values()) - now)
-        return max(0.05, min(candidates))
+            candidates.append((min(self._holders.values()) - now, "check a lease past its time"))
+        wake, why = min(candidates, key=lambda c: c[0])
+        return max(0.05, wake), why
 
     async def _expire(self, ticket: str, now: float) -> None:
         """An expired lease: keep it while its holder lives, else take it back."""
@@ -372,6 +386,35 @@ def _used(grants: list[float], blocks: list[tuple[float, int, float]], start: fl
     return sum(1 for t in grants if t > start) + sum(k for t, k, ttl in blocks if t + ttl > start)
 
 
+def per_text(limit: int | None, period_seconds: float | None) -> str:
+    """A rate as people read it: ``600/min``, ``3 per 2s``, ``2 at once``."""
+    if not period_seconds:
+        return f"{limit} at once"
+    unit = {1.0: "s", 60.0: "min", 3600.0: "h", 86400.0: "day"}.get(float(period_seconds))
+    return f"{limit}/{unit}" if unit else f"{limit} per {period_seconds:g}s"
+
+
+def ask_summary(call: AcquireCall, who: str) -> str:
+    """The summary of the local activity that asks a limiter for ``call`` (what the
+    UI shows instead of the bare ``limiter-acquire``)."""
+    if isinstance(call, RateCall):
+        return f"ask for a {call.worker_id} permit (tenant {call.tenant}) for {who}"
+    if call.scope == "tenant":
+        return f"ask for a pipeline slot of tenant {call.key} (limit {call.limit} at once)"
+    return f"ask for a concurrency slot of {call.key} (limit {call.limit} at once) for {who}"
+
+
+def wait_summary(call: AcquireCall, result: AcquireResult, who: str) -> str:
+    """The summary of the timer that bounds the wait for ``call``'s permit: what it
+    waits for, with the limit the limiter answered."""
+    rate = per_text(result.limit, result.period_seconds)
+    if isinstance(call, RateCall):
+        return f"wait for a {call.worker_id} permit (tenant {call.tenant}, limit {rate}) for {who}"
+    if call.scope == "tenant":
+        return f"wait for a pipeline slot of tenant {call.key} (limit {rate})"
+    return f"wait for a concurrency slot of {call.key} (limit {rate}) for {who}"
+
+
 def limit_text(result: AcquireResult) -> str:
     """Which limit a request waits for and its configured rate, as people read it:
     ``rate:web-scrape:acme (10 per 60s)``, ``concurrency:c1 (2 at once)``."""
@@ -461,7 +504,7 @@ class PermitBook:
         self.run_id = this_run()  # releases act only inside this run (workflows.runs)
         self._batch = batch
         self._batching: bool | None = None  # decided at the first ask (workflow.patched)
-        self._asks: list[tuple[AcquireCall, asyncio.Future[AcquireResult]]] = []
+        self._asks: list[tuple[AcquireCall, asyncio.Future[AcquireResult], str]] = []
         self._sending: set[asyncio.Task[None]] = set()
 
     def on_permit(self, permit: Permit) -> None:
@@ -476,6 +519,13 @@ class PermitBook:
         """Who waits for a permit now: step id (or "") -> ``rate`` or ``concurrency``."""
         return dict(self.waiting.values())
 
+    def _who(self, who: str) -> str:
+        """Who a permit is for, in a summary: ``step read``, ``each[3]`` (an item of
+        this chunk's step), or ``the pipeline``."""
+        if self.step is not None:
+            return f"{self.step}[{who}]" if who else f"step {self.step}"
+        return f"step {who}" if who else "the pipeline"
+
     def waiting_limits(self) -> dict[str, str]:
         """Who waits for a permit now -> the limit it waits for, with its configured
         rate (``rate:validator:acme, 5 per 20s``): what ``aiworker run`` says."""
@@ -485,13 +535,17 @@ class PermitBook:
         self, call: AcquireCall, wait: timedelta | None, who: str = ""
     ) -> AcquireResult | None:
         """Wait for a permit; the limiter's answer, or None if ``wait`` passed first."""
-        result = await self._ask(call)
+        result = await self._ask(call, who)
         if not result.limited:
             return result
         self.waiting[call.ticket] = (who, call.kind)
         self.limits[call.ticket] = limit_text(result)
         try:
-            await workflow.wait_condition(lambda: call.ticket in self.received, timeout=wait)
+            await workflow.wait_condition(
+                lambda: call.ticket in self.received,
+                timeout=wait,
+                timeout_summary=wait_summary(call, result, self._who(who)),
+            )
         except TimeoutError:
             if result.limiter_id is not None:
                 await self._signal_release(result.limiter_id, call.ticket)
@@ -504,14 +558,14 @@ class PermitBook:
             self.held[call.ticket] = result.limiter_id
         return result
 
-    async def _ask(self, call: AcquireCall) -> AcquireResult:
+    async def _ask(self, call: AcquireCall, who: str = "") -> AcquireResult:
         """The limiter's answer to ``call``: one local activity per call, or with
         ``batch`` the calls of one workflow task together (:meth:`_ask_together`)."""
         if self._batch and self._batching is None:
             self._batching = workflow.patched(_BATCH_ASK_PATCH)
         if self._batching:
             answer: asyncio.Future[AcquireResult] = asyncio.get_running_loop().create_future()
-            self._asks.append((call, answer))
+            self._asks.append((call, answer, who))
             if len(self._asks) == 1:  # the first ask of this task sends them all
                 task = asyncio.create_task(self._ask_together())
                 self._sending.add(task)
@@ -521,6 +575,7 @@ class PermitBook:
             names.LIMITER_ACQUIRE,
             call,
             result_type=AcquireResult,
+            summary=ask_summary(call, self._who(who)),
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
         )
@@ -533,23 +588,45 @@ class PermitBook:
         try:
             answers: AcquireResults = await workflow.execute_local_activity(
                 names.LIMITER_ACQUIRE_MANY,
-                AcquireBatch(calls=[c for c, _ in asks]),
+                AcquireBatch(calls=[c for c, _, _ in asks]),
                 result_type=AcquireResults,
+                summary=self._asks_summary(asks),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
             )
         except asyncio.CancelledError:
-            for _, answer in asks:
+            for _, answer, _ in asks:
                 answer.cancel()
             raise
         except Exception as e:
-            for _, answer in asks:
+            for _, answer, _ in asks:
                 if not answer.done():
                     answer.set_exception(e)
             return
-        for (_, answer), result in zip(asks, answers.results, strict=True):
+        for (_, answer, _), result in zip(asks, answers.results, strict=True):
             if not answer.done():
                 answer.set_result(result)
+
+    def _asks_summary(
+        self, asks: Sequence[tuple[AcquireCall, asyncio.Future[AcquireResult], str]]
+    ) -> str:
+        """One ``limiter-acquire-many``'s summary: how many permits, of which
+        workers and keys, for which items (``ask for 4 validator permits (tenant
+        acme) for each[0..3]``)."""
+        if len(asks) == 1:
+            call, _, who = asks[0]
+            return ask_summary(call, self._who(who))
+        what = sorted(
+            {
+                f"{c.worker_id} permits (tenant {c.tenant})"
+                if isinstance(c, RateCall)
+                else f"concurrency slots of {c.key}"
+                for c, _, _ in asks
+            }
+        )
+        whos = [w for _, _, w in asks]
+        span = f"{whos[0]}..{whos[-1]}" if whos[0] != whos[-1] else whos[0]
+        return f"ask for {len(asks)} {' and '.join(what)} for {self._who(span)}"
 
     def _tell_wait(self, who: str, kind: str, result: AcquireResult, waited: float) -> None:
         """Log a step's first wait of a second or more at a limiter

@@ -104,7 +104,10 @@ class PipelineLimits:
                     pipeline=pipeline,
                 ),
                 result_type=RunConfig,
-                summary="run config",
+                summary=(
+                    f"run config: limits, caps and worker specs (tenant {spec.tenant}, "
+                    f"{len(set(workers))} named)"
+                ),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5)),
             )

@@ -250,7 +250,7 @@ class StepRunner:
             key=key,
             input={"data": call.outputs, "schema": v.schema_},
             context=self.context(),
-            summary=f"{self.step.id} validate",
+            summary=f"{self.step.id} validate ({names.VALIDATOR})",
             local=self.run.limits.is_local(names.VALIDATOR),
         )
         # no permits, no budget: the validator checks, it spends nothing

@@ -107,7 +107,11 @@ class WorkerRegistryWorkflow:
                 first = min(r.expires_at for r in self._records.values())
                 timeout = timedelta(seconds=max(first - now, 0.0) + 0.001)
             try:
-                await workflow.wait_condition(lambda: self._changed, timeout=timeout)
+                await workflow.wait_condition(
+                    lambda: self._changed,
+                    timeout=timeout,
+                    timeout_summary="registry: drop the next worker entry past its expiry",
+                )
             except TimeoutError:
                 pass  # an entry expired: the next round drops it
         await workflow.wait_condition(workflow.all_handlers_finished)

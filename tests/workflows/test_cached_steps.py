@@ -94,9 +94,9 @@ async def test_a_second_run_reuses_the_result_and_progress_says_cached(
     assert second.steps["echo"].cached is True
     assert progress["steps"]["echo"]["cached"] is True
     assert progress["steps"]["check"]["cached"] is False  # no cache declared
-    # the Temporal UI's step table marks the cached step, and only it
-    assert "| echo | cache-echo | succeeded (cached) |" in progress["details"]
-    assert "| check | validator | succeeded |" in progress["details"]
+    # the Temporal UI's step list marks the cached step, and only it
+    assert "- **echo** · cache-echo · succeeded (cached) · " in progress["details"]
+    assert "- **check** · validator · succeeded · " in progress["details"]
     # downstream references read the cached outputs as they read fresh ones
     assert second.output == first.output == {"reply": "hello"}
     assert second.steps["check"].outputs == first.steps["check"].outputs

@@ -1,4 +1,4 @@
-"""The pipeline's current details: the Markdown table of step statuses the Temporal
+"""The pipeline's current details: the Markdown list of step statuses the Temporal
 UI shows, read back through the same built-in query the UI sends, during and
 after a run; and the table's bounds."""
 
@@ -30,12 +30,12 @@ async def current_details(handle: WorkflowHandle[Any, Any]) -> str:
 
 
 def _rows(details: str) -> dict[str, list[str]]:
-    """step id -> its cells (worker, status, attempts, items) of the details table."""
+    """step id -> its fields (worker, status, attempts, items) of the details list."""
     out = {}
     for line in details.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if line.startswith("| ") and len(cells) == 5 and cells[0] not in ("step", "---"):
-            out[cells[0]] = cells[1:]
+        if line.startswith("- **"):
+            step, *fields = line[2:].split(" · ")
+            out[step.strip("*")] = fields
     return out
 
 
@@ -103,17 +103,17 @@ async def test_details_show_each_step_while_it_runs_and_after(
             timeout=60,
         )
     assert result.status == "succeeded"
-    assert during.splitlines()[0] == "**details** · running · 2/3 steps done"
+    assert during.splitlines()[0] == "**details** · running · 2 of 3 steps done"
     assert _rows(during) == {
-        "fast": ["validator", "succeeded", "1", ""],
-        "each": ["validator", "succeeded", "1", "3/3"],
-        "slow": ["publish", "running", "1", ""],
+        "fast": ["validator", "succeeded", "1 attempt"],
+        "each": ["validator", "succeeded", "1 attempt", "items 3 of 3"],
+        "slow": ["publish", "running", "1 attempt"],
     }
-    assert after.splitlines()[0] == "**details** · succeeded · 3/3 steps done"
-    assert _rows(after)["slow"] == ["publish", "succeeded", "1", ""]
+    assert after.splitlines()[0] == "**details** · succeeded · 3 of 3 steps done"
+    assert _rows(after)["slow"] == ["publish", "succeeded", "1 attempt"]
     # the `temporal` CLI shows them as the UI does
     assert shown.returncode == 0, shown.stderr
-    assert "**details** · succeeded · 3/3 steps done" in shown.stdout, shown.stdout
+    assert "**details** · succeeded · 3 of 3 steps done" in shown.stdout, shown.stdout
     # current details are no part of the workflow's static user metadata
     assert not desc.raw_description.execution_config.user_metadata.details.data
 
@@ -124,9 +124,11 @@ def test_table_is_bounded_and_counts_the_rest() -> None:
     rows: dict[str, Any] = {f"s{i}": ("succeeded", 1, False, None, None) for i in range(40)}
     text = render_table("big", "running", workers, rows)
     assert len(_rows(text)) == MAX_ROWS
-    assert text.splitlines()[0] == f"**big** · running · 40/{n} steps done"
+    assert text.splitlines()[0] == f"**big** · running · 40 of {n} steps done"
     assert text.splitlines()[-1] == ("… 30 more steps (pending 30): the `progress` query has all")
-    # cells that could break the table are escaped; the whole stays under its cap
-    long = render_table("x", "running", {"a": "w|x"}, {"a": ("running", 2, True, 4, 10)})
-    assert "| a | w\\|x | running (cached) | 2 | 4/10 |" in long.splitlines()
+    # Markdown in an id is escaped (shown as written); the whole stays under its cap
+    long = render_table("x", "running", {"a_b": "w*x"}, {"a_b": ("running", 2, True, 4, 10)})
+    assert (
+        "- **a\\_b** · w\\*x · running (cached) · 2 attempts · items 4 of 10" in long.splitlines()
+    )
     assert len(render_table("y" * 100, "running", workers, {})) < MAX_CHARS

@@ -1,0 +1,149 @@
+"""The Temporal Web UI explains a run, read in a real headless Chromium.
+
+A dev server of its own with the Web UI on a free loopback port (as ``aiworker
+dev`` starts it), a rate-limited pipeline whose steps wait for permits, then
+the workflow's pages as a person opens them: the Event History and the
+Timeline name each wait (what for, for which step and tenant), and User
+Metadata → Current Details shows the step list with step ids and workers as
+separate words. Each page is saved as a screenshot under the test's tmp dir
+and the assertions read its rendered text (``inner_text``).
+
+Chromium is Debian's package (never downloaded); the test skips, naming the
+package, when it is absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from conftest import running_stack
+from support.payloads import stack_settings
+from support.summaries import limited_pipeline, limited_rate
+from support.waiting import wait_until
+from temporalio.client import Client
+
+from aiworker.config.settings import parse_rate_limits
+from aiworker.workers.client.temporal_client import data_converter
+from aiworker.workers.devstack.devserver import DevServer, free_port
+
+if TYPE_CHECKING:
+    from playwright.async_api import Page
+
+CHROMIUM = Path("/usr/bin/chromium")
+pytestmark = [
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason="Chromium is not installed: apt-get install chromium (Debian's package)",
+    ),
+    pytest.mark.timeout(240),
+]
+# How long a page may take to show what it loads (the UI fetches after it renders).
+PAGE_WAIT_MS = 30_000
+
+
+def _ui_answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+@asynccontextmanager
+async def dev_server_with_ui(tmp_path: Path) -> AsyncIterator[DevServer]:
+    """A Temporal dev server with its Web UI, both on free loopback ports."""
+    server = DevServer(tmp_path / "server", port=free_port(), ui_port=free_port(), persistent=False)
+    await asyncio.to_thread(server.start)
+    try:
+        ui = server.ui_url
+        assert ui is not None
+        await wait_until(lambda: asyncio.to_thread(_ui_answers, ui), f"the Web UI at {ui}")
+        yield server
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def _open(page: Page, url: str, shows: str, shot: Path) -> str:
+    """Open ``url``, wait (bounded) until ``shows`` is rendered, save a screenshot,
+    and return the page's rendered text."""
+    await page.goto(url)
+    await page.get_by_text(shows, exact=False).first.wait_for(timeout=PAGE_WAIT_MS)
+    await page.screenshot(path=str(shot), full_page=True)
+    return await page.inner_text("body")
+
+
+async def test_the_ui_names_each_wait_and_lists_the_steps(tmp_path: Path) -> None:
+    pytest.importorskip("playwright.async_api", reason="playwright is not installed")
+    from playwright.async_api import async_playwright
+
+    tenant = f"t{uuid.uuid4().hex[:6]}"
+    settings = stack_settings(tmp_path, rate_limits=tuple(parse_rate_limits(limited_rate(tenant))))
+    async with dev_server_with_ui(tmp_path) as server:
+        client = await Client.connect(server.address, data_converter=data_converter(None))
+        # the workers stay up while the pages are read: current details are a query
+        async with running_stack(client, settings) as stack:
+            handle = await stack.start(limited_pipeline(tenant))
+            result = await handle.result()
+            assert result.status == "succeeded", result
+            run_id = (await handle.describe()).run_id
+            base = f"{server.ui_url}/namespaces/{client.namespace}/workflows/{handle.id}/{run_id}"
+            wait = (
+                f"wait for a validator permit (tenant {tenant}, limit 2 per 2s) for step summarize"
+            )
+            ask = f"ask for a validator permit (tenant {tenant}) for step summarize"
+            async with async_playwright() as p:
+                browser = await p.chromium.launch(
+                    executable_path=str(CHROMIUM),
+                    headless=True,
+                    # Chromium refuses its sandbox as root (tests in containers run as root)
+                    chromium_sandbox=os.geteuid() != 0,
+                )
+                try:
+                    page = await browser.new_page(viewport={"width": 1600, "height": 1200})
+                    history = await _open(page, f"{base}/history", ask, tmp_path / "history.png")
+                    timeline = await _open(
+                        page, f"{base}/timeline", wait, tmp_path / "timeline.png"
+                    )
+                    # a local activity's row shows its type; a click opens its summary
+                    await page.get_by_role("button", name="Event limiter-acquire").first.click()
+                    await page.get_by_text("ask for a concurrency slot of c1").first.wait_for(
+                        timeout=PAGE_WAIT_MS
+                    )
+                    await page.screenshot(path=str(tmp_path / "clicked.png"), full_page=True)
+                    await page.goto(f"{base}/user-metadata")
+                    details = page.frame_locator("iframe#user-metadata-current-details")
+                    await details.get_by_text("steps done").wait_for(timeout=PAGE_WAIT_MS)
+                    await page.screenshot(path=str(tmp_path / "details.png"), full_page=True)
+                    metadata = await page.inner_text("body")
+                    steps = await details.locator("body").inner_text()
+                finally:
+                    await browser.close()
+    for shot in ("history.png", "timeline.png", "details.png"):
+        assert (tmp_path / shot).stat().st_size > 0
+    # Event History: each local activity and timer row shows its summary
+    assert ask in history
+    assert wait in history
+    assert "ask for a concurrency slot of c1 (limit 1 at once) for the pipeline" in history
+    # Timeline: the timers by what they wait for, not by number and duration ("1 (1m, 59s)")
+    assert wait in timeline
+    assert (
+        f"wait for a validator permit (tenant {tenant}, limit 2 per 2s) for step read" in timeline
+    )
+    assert "each items 0..2 (validator)" in timeline  # the for_each chunk child
+    assert not re.search(r"^\d+ \(\d+m, \d+s\)$", timeline, re.M), timeline
+    # User Metadata → Current Details: one line per step, id and worker apart
+    assert "User Metadata" in metadata and "Current Details" in metadata
+    lines = [line.strip() for line in steps.splitlines() if line.strip()]
+    assert "explained · succeeded · 3 of 3 steps done" in lines, lines
+    assert "read · validator · succeeded · 1 attempt" in lines, lines
+    assert "summarize · validator · succeeded · 1 attempt" in lines, lines
+    assert "each · validator · succeeded · 1 attempt · items 3 of 3" in lines, lines
