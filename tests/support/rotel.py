@@ -47,6 +47,7 @@ class Block:
 
 
 _ATTR = re.compile(r"^\s*-> ([^:]+): (?:\w+\((.*)\)|(.*))$")
+_HEAD = re.compile(r"^(Resource\w+|Scope\w+|Span|Metric|LogRecord|\w+DataPoints) #\d+")
 _FIELD = re.compile(r"^\s*([A-Za-z][A-Za-z ]*?)\s*:\s?(.*)$")
 
 
@@ -96,8 +97,9 @@ class Rotel:
     def ready(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:
             raise AssertionError(f"rotel exited: {self.text()[-2000:]}")
-        with contextlib.suppress(OSError), socket.create_connection(
-            ("127.0.0.1", self.http_port), timeout=0.5
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection(("127.0.0.1", self.http_port), timeout=0.5),
         ):
             return True
         return False
@@ -126,7 +128,7 @@ class Rotel:
         point: dict[str, str] | None = None
         for raw in re.sub(r"\x1b\[[0-9;]*m", "", self.text()).splitlines():
             line = raw.rstrip()
-            head = re.match(r"^(Resource\w+|Scope\w+|Span|Metric|LogRecord|\w+DataPoints) #\d+", line)
+            head = _HEAD.match(line)
             if head:
                 name = head.group(1)
                 if name.startswith("Resource"):
@@ -145,8 +147,8 @@ class Rotel:
             if m:
                 key = m.group(1).strip()
                 if m.group(2) is None:  # a descriptor field (-> Name: x), not an attribute
-                    if current is not None:
-                        current.header[key] = (m.group(3) or "").strip()
+                    if current is not None:  # (a span event's "-> Name" is not the span's)
+                        current.header.setdefault(key, (m.group(3) or "").strip())
                     continue
                 value = m.group(2)
                 if in_resource:
