@@ -105,13 +105,17 @@ def configure_logging(
     level: str = "INFO", secrets: Iterable[str] = (), stream: Any = None
 ) -> logging.Handler:
     """Send every log record to ``stream`` (stderr) as JSON lines; returns the handler."""
+    secrets = list(secrets)
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter(Redactor(secrets)))
     root = logging.getLogger()
     for h in list(root.handlers):
-        # The OTLP log handler (workers.process.otlp) outlives a reconfiguration.
+        # The OTLP log handler (workers.process.otlp) outlives a reconfiguration,
+        # and redacts what the new JSON lines redact.
         if not getattr(h, "keep_on_reconfigure", False):
             root.removeHandler(h)
+        elif isinstance(h.formatter, JsonFormatter):
+            h.formatter.redact = Redactor([*h.formatter.redact.secrets, *secrets])
     root.addHandler(handler)
     root.setLevel(level)
     # The SDK's own chatter at INFO is useful; httpx logs every request at INFO.
