@@ -339,6 +339,7 @@ class OtlpLogHandler(logging.Handler):
 
         super().__init__()
         self.provider = provider
+        self._closed = False
         self.setFormatter(JsonFormatter(Redactor(secrets)))
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -370,4 +371,10 @@ class OtlpLogHandler(logging.Handler):
             self.handleError(record)
 
     def flush(self) -> None:
-        self.provider.force_flush()
+        if not self._closed:
+            self.provider.force_flush()
+
+    def close(self) -> None:
+        """No more flushes (logging flushes every handler again at exit)."""
+        self._closed = True
+        super().close()

@@ -377,6 +377,7 @@ class Telemetry:
             self.metrics_export = None
         if self.log_handler is not None and self.logger_provider is not None:
             logging.getLogger().removeHandler(self.log_handler)
+            self.log_handler.close()
             self.logger_provider.shutdown()
             self.log_handler = None
         if self.tracer_provider is not None:
