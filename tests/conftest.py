@@ -179,6 +179,7 @@ _PROCESS_HINTS = (
     "create_subprocess_exec",
     "support.procs",
     "support.processes",
+    "support.rotel",  # an OTLP receiver process (rotel) on loopback
     "BrowserTool(",
     "chromium.launch(",
     "DevServer(",

@@ -8,9 +8,15 @@ from typing import Any
 import pytest
 import yaml
 from deploy_tools import ROOT, compose_binary, run
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
+from aiworker.workers.process.telemetry import (
+    log_exporter_from_env,
+    metric_exporter_from_env,
+    span_exporter_from_env,
+)
 
 WORKER_SERVICES = {
     "aiworker-pipelines": names.PIPELINES_QUEUE,
@@ -86,7 +92,13 @@ def test_one_worker_service_per_task_queue(compose: dict[str, Any]) -> None:
         env = svc["environment"]
         assert env["AIWORKER_TASK_QUEUES"] == queue
         assert env["TEMPORAL_ADDRESS"] == "temporal:7233"
-        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://jaeger:4317")
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://jaeger:4318")
+        # The exporters these variables ask for are ones the image has: spans to
+        # Jaeger over http/protobuf; Jaeger takes no metrics or logs.
+        otel = {k: v for k, v in env.items() if k.startswith("OTEL_") and v is not None}
+        assert isinstance(span_exporter_from_env(otel), OTLPSpanExporter)
+        assert metric_exporter_from_env(otel) is None
+        assert log_exporter_from_env(otel) is None
         # The process would refuse an unknown or malformed AIWORKER_* variable.
         settings = Settings.from_env({k: v for k, v in env.items() if v is not None})
         assert settings.task_queues == (queue,)
@@ -128,6 +140,75 @@ def test_startup_order_and_health_checks(compose: dict[str, Any]) -> None:
     assert s["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
     for name in ("postgresql", "temporal", "prometheus", "grafana", "temporal-ui"):
         assert s[name].get("healthcheck", {}).get("test"), f"{name} has no health check"
+
+
+# What each image of the stack ships that a health check may call, and where that is
+# said. A health check whose binary an image lacks fails forever and holds back every
+# service that waits for it (service_healthy), so each check's binary must be here.
+IMAGE_TOOLS: dict[str, tuple[set[str], str]] = {
+    "aiworker": (
+        {"python"},
+        "deploy/Dockerfile: python:3.11-slim-bookworm runtime, nothing added (no curl, no wget)",
+    ),
+    "postgres": (
+        {"pg_isready", "sh"},
+        "docker-library/postgres Alpine Dockerfile: the PostgreSQL client tools, BusyBox sh",
+    ),
+    "temporalio/auto-setup": (
+        {"temporal", "tctl", "curl", "bash", "sh"},
+        "temporalio/docker-builds server.Dockerfile (auto-setup target): copies the temporal "
+        "CLI and tctl onto temporalio/base-server (Alpine + bash, curl); its auto-setup.sh "
+        "itself waits with `temporal operator cluster health`",
+    ),
+    "temporalio/ui": (
+        {"curl", "bash", "sh"},
+        "temporalio/ui server/Dockerfile: the ui-server binary on temporalio/base-server "
+        "(Alpine + bash, curl; later releases on alpine with curl too)",
+    ),
+    "prom/prometheus": (
+        {"wget", "sh"},
+        "prometheus/prometheus Dockerfile: FROM quay.io/prometheus/busybox (BusyBox applets, "
+        "wget among them; no curl)",
+    ),
+    "grafana/grafana": (
+        {"curl", "bash", "sh"},
+        "grafana/grafana Dockerfile: apk add ca-certificates bash curl tzdata musl-utils "
+        "(Alpine; the Ubuntu variant installs curl too)",
+    ),
+}
+
+
+def _repository(image: str) -> str:
+    name = image.rsplit(":", 1)[0] if ":" in image.split("/")[-1] else image
+    return name.removeprefix("docker.io/").removeprefix("library/")
+
+
+def _check_binary(test: list[str]) -> str:
+    kind, *rest = test
+    if kind == "CMD":
+        return rest[0]
+    assert kind == "CMD-SHELL", test
+    return rest[0].split()[0]
+
+
+def test_health_checks_call_only_what_their_image_ships(compose: dict[str, Any]) -> None:
+    checked = set()
+    for name, svc in compose["services"].items():
+        test = svc.get("healthcheck", {}).get("test")
+        if not test or svc.get("healthcheck", {}).get("disable"):
+            continue
+        repo = _repository(svc["image"])
+        assert repo in IMAGE_TOOLS, f"{name}: say what {repo} ships in IMAGE_TOOLS"
+        tools, _source = IMAGE_TOOLS[repo]
+        binary = _check_binary(test)
+        assert binary in tools, f"{name}: {binary!r} is not known to be in {repo} ({tools})"
+        if test[0] == "CMD-SHELL":
+            assert "sh" in tools, f"{name}: CMD-SHELL needs a shell in {repo}"
+        checked.add(name)
+    assert {"temporal-ui", "grafana", "prometheus", "postgresql", "temporal"} <= checked
+    # The guard bites: the check this replaced (wget in the UI image) is refused.
+    assert "wget" not in IMAGE_TOOLS["temporalio/ui"][0]
+    assert "curl" not in IMAGE_TOOLS["prom/prometheus"][0]
 
 
 def test_search_attributes_are_registered_by_the_one_shot_setup() -> None:

@@ -259,7 +259,13 @@ def cli_rooted_trace(root: str, result: dict[str, Any]) -> list[Any]:
     """The spans of the trace a CLI command's span ``root`` began; it started the
     workflow and the pipeline result names it."""
     (cli_span,) = _by_name(SPANS.get_finished_spans(), root)
-    assert cli_span.parent is None
+    # Under the command's own span (workers.cli.command_span), the trace's root.
+    (command,) = [
+        s for s in SPANS.get_finished_spans() if s.context.span_id == cli_span.parent.span_id
+    ]
+    assert command.parent is None
+    assert command.name == "aiworker " + root.split()[1]
+    assert "process.exit.code" in command.attributes
     assert result["trace_id"] == hex_trace(cli_span)
     spans = [
         s for s in SPANS.get_finished_spans() if s.context.trace_id == cli_span.context.trace_id

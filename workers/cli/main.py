@@ -35,6 +35,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiworker.workers.cli.command_span import command_span
 from aiworker.workers.cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -473,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     traceback.
     """
     args = build_parser().parse_args(argv)
+    # Every client-side command is one span with its exit code (workers.cli.command_span).
+    with command_span(args) as outcome:
+        return outcome(_dispatch(args))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except KeyboardInterrupt:

@@ -59,6 +59,11 @@ class JsonFormatter(logging.Formatter):
         self.redact = redactor or Redactor()
 
     def format(self, record: logging.LogRecord) -> str:
+        doc = self.fields(record)
+        return self.redact(json.dumps(self.redact.value(doc), default=str, ensure_ascii=False))
+
+    def fields(self, record: logging.LogRecord) -> dict[str, Any]:
+        """The line's fields, not yet redacted (the OTLP log records use them too)."""
         doc: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
@@ -93,19 +98,24 @@ class JsonFormatter(logging.Formatter):
                     doc.setdefault(k, v)
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
-        doc = {k: v for k, v in doc.items() if v is not None}
-        return self.redact(json.dumps(self.redact.value(doc), default=str, ensure_ascii=False))
+        return {k: v for k, v in doc.items() if v is not None}
 
 
 def configure_logging(
     level: str = "INFO", secrets: Iterable[str] = (), stream: Any = None
 ) -> logging.Handler:
     """Send every log record to ``stream`` (stderr) as JSON lines; returns the handler."""
+    secrets = list(secrets)
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter(Redactor(secrets)))
     root = logging.getLogger()
     for h in list(root.handlers):
-        root.removeHandler(h)
+        # The OTLP log handler (workers.process.otlp) outlives a reconfiguration,
+        # and redacts what the new JSON lines redact.
+        if not getattr(h, "keep_on_reconfigure", False):
+            root.removeHandler(h)
+        elif isinstance(h.formatter, JsonFormatter):
+            h.formatter.redact = Redactor([*h.formatter.redact.secrets, *secrets])
     root.addHandler(handler)
     root.setLevel(level)
     # The SDK's own chatter at INFO is useful; httpx logs every request at INFO.

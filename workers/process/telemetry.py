@@ -1,4 +1,5 @@
-"""Telemetry wiring of every aiworker process: traces, SDK metrics, Core logs.
+"""Telemetry wiring of every aiworker process: traces, SDK metrics, Core logs,
+and metrics and logs over OTLP.
 
 Traces
     The SDK's own OpenTelemetry integration,
@@ -36,6 +37,16 @@ Core logs
     otherwise; the runtime forwards them into the ``temporalio.core`` Python
     logger so they come out as JSON lines like everything else.
 
+OTLP metrics and logs
+    Configured by the standard variables like the traces
+    (``OTEL_METRICS_EXPORTER`` / ``OTEL_LOGS_EXPORTER``, default ``otlp``;
+    ``OTEL_EXPORTER_OTLP_[METRICS_|LOGS_]ENDPOINT``, ``..._PROTOCOL``,
+    ``..._HEADERS``; ``OTEL_METRIC_EXPORT_INTERVAL``), exported only when an
+    endpoint is set. Metrics are the process's ``prometheus_client``
+    registry (aiworker's and the SDK's metrics) read periodically; log
+    records are the JSON lines' records with their stable fields as
+    attributes (:mod:`aiworker.workers.process.otlp` says why so).
+
 Pipelines by terminal status
     ``PipelineWorkflow`` counts itself (``aiworker_pipelines``, labels status,
     pipeline, tenant) through the replay-safe ``workflow.metric_meter()``; the
@@ -51,9 +62,12 @@ from datetime import timedelta
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter
+from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from prometheus_client import CollectorRegistry
 from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.runtime import (
@@ -66,6 +80,7 @@ from temporalio.runtime import (
     TelemetryFilter,
 )
 
+from aiworker.workers.process.otlp import OtlpLogHandler, RegistryMetricsExporter
 from aiworker.workers.process.sdk_metrics import SdkMetricsCollector
 
 log = logging.getLogger("aiworker.telemetry")
@@ -81,47 +96,119 @@ def _env_true(environ: Mapping[str, str], name: str) -> bool:
     return environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def span_exporter_from_env(environ: Mapping[str, str]) -> SpanExporter | None:
-    """The span exporter the ``OTEL_*`` variables ask for, or None to export nothing."""
+# The OpenTelemetry SDK's exporter class of each signal, by protocol and module.
+_EXPORTERS: dict[str, dict[str, tuple[str, str]]] = {
+    "traces": {
+        "http/protobuf": (
+            "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+            "OTLPSpanExporter",
+        ),
+        "grpc": ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "OTLPSpanExporter"),
+        "console": ("opentelemetry.sdk.trace.export", "ConsoleSpanExporter"),
+    },
+    "metrics": {
+        "http/protobuf": (
+            "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+            "OTLPMetricExporter",
+        ),
+        "grpc": ("opentelemetry.exporter.otlp.proto.grpc.metric_exporter", "OTLPMetricExporter"),
+        "console": ("opentelemetry.sdk.metrics.export", "ConsoleMetricExporter"),
+    },
+    "logs": {
+        "http/protobuf": (
+            "opentelemetry.exporter.otlp.proto.http._log_exporter",
+            "OTLPLogExporter",
+        ),
+        "grpc": ("opentelemetry.exporter.otlp.proto.grpc._log_exporter", "OTLPLogExporter"),
+        "console": ("opentelemetry.sdk._logs.export", "ConsoleLogRecordExporter"),
+    },
+}
+
+
+def _exporter_from_env(environ: Mapping[str, str], signal: str) -> Any | None:
+    """The exporter ``OTEL_<SIGNAL>_EXPORTER`` and the OTLP variables ask for, or None.
+
+    ``otlp`` (the default) exports only when an endpoint is set
+    (``OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT`` as is, or
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` plus ``/v1/<signal>`` over http/protobuf);
+    the protocol is ``OTEL_EXPORTER_OTLP_[<SIGNAL>_]PROTOCOL``. Headers,
+    timeout, TLS and compression the exporter reads from its variables itself.
+    """
+    import importlib
+
+    upper = signal.upper()
     kinds = [
         k.strip().lower()
-        for k in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")
+        for k in environ.get(f"OTEL_{upper}_EXPORTER", "otlp").split(",")
         if k.strip()
     ]
     if "console" in kinds:
-        return ConsoleSpanExporter()
+        module, name = _EXPORTERS[signal]["console"]
+        return getattr(importlib.import_module(module), name)()
     if "otlp" not in kinds:
         return None
-    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get(
-        "OTEL_EXPORTER_OTLP_ENDPOINT"
-    )
+    own_endpoint = environ.get(f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT")
+    endpoint = own_endpoint or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if not endpoint:
         return None
     protocol = (
-        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        environ.get(f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL")
         or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
         or "http/protobuf"
     ).strip()
     if protocol == "grpc":
+        module, name = _EXPORTERS[signal]["grpc"]
         try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
-                OTLPSpanExporter as GrpcExporter,
-            )
+            cls = getattr(importlib.import_module(module), name)
         except ImportError:
             log.warning(
                 "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs opentelemetry-exporter-otlp-proto-grpc, "
-                "which is not installed; traces are not exported (use http/protobuf)",
+                "which is not installed; %s are not exported (use http/protobuf)",
+                signal,
                 extra={"aiworker": {"event": "otlp_exporter_missing"}},
             )
             return None
-        exporter: SpanExporter = GrpcExporter()
-        return exporter
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        return cls()
+    module, name = _EXPORTERS[signal]["http/protobuf"]
+    if not own_endpoint:
+        endpoint = endpoint.rstrip("/") + f"/v1/{signal}"
+    return getattr(importlib.import_module(module), name)(endpoint=endpoint)
 
-    if not environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        endpoint = endpoint.rstrip("/") + "/v1/traces"
-    # Headers, timeout, TLS and compression: the exporter reads its variables itself.
-    return OTLPSpanExporter(endpoint=endpoint)
+
+def span_exporter_from_env(environ: Mapping[str, str]) -> SpanExporter | None:
+    """The span exporter the ``OTEL_*`` variables ask for, or None to export nothing."""
+    exporter: SpanExporter | None = _exporter_from_env(environ, "traces")
+    return exporter
+
+
+def metric_exporter_from_env(environ: Mapping[str, str]) -> MetricExporter | None:
+    """The metric exporter ``OTEL_METRICS_EXPORTER`` and the OTLP variables ask for."""
+    if _env_true(environ, "OTEL_SDK_DISABLED"):
+        return None
+    exporter: MetricExporter | None = _exporter_from_env(environ, "metrics")
+    return exporter
+
+
+def log_exporter_from_env(environ: Mapping[str, str]) -> LogRecordExporter | None:
+    """The log record exporter ``OTEL_LOGS_EXPORTER`` and the OTLP variables ask for."""
+    if _env_true(environ, "OTEL_SDK_DISABLED"):
+        return None
+    exporter: LogRecordExporter | None = _exporter_from_env(environ, "logs")
+    return exporter
+
+
+def resource_from_env(
+    environ: Mapping[str, str], service_name: str = DEFAULT_SERVICE_NAME
+) -> Resource:
+    """``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME``, else ``service_name``."""
+    resource = Resource.create()
+    if environ.get("OTEL_SERVICE_NAME"):
+        resource = resource.merge(Resource({SERVICE_NAME: environ["OTEL_SERVICE_NAME"]}))
+    elif str(resource.attributes.get(SERVICE_NAME, "unknown_service")).startswith(
+        "unknown_service"
+    ):
+        resource = resource.merge(Resource({SERVICE_NAME: service_name}))
+    return resource
 
 
 def tracer_provider_from_env(
@@ -131,19 +218,20 @@ def tracer_provider_from_env(
     env = os.environ if environ is None else environ
     if _env_true(env, "OTEL_SDK_DISABLED"):
         return None
-    resource = Resource.create()
-    if env.get("OTEL_SERVICE_NAME"):
-        resource = resource.merge(Resource({SERVICE_NAME: env["OTEL_SERVICE_NAME"]}))
-    elif str(resource.attributes.get(SERVICE_NAME, "unknown_service")).startswith(
-        "unknown_service"
-    ):
-        resource = resource.merge(Resource({SERVICE_NAME: service_name}))
     # The sampler comes from OTEL_TRACES_SAMPLER(_ARG), read by the SDK.
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource_from_env(env, service_name))
     exporter = span_exporter_from_env(env)
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
+
+
+def _millis(environ: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        value = float(environ.get(name, default))
+    except ValueError:
+        return default / 1000
+    return (value if value > 0 else default) / 1000
 
 
 def install_tracer_provider(provider: TracerProvider | None) -> trace.TracerProvider:
@@ -200,6 +288,16 @@ class Telemetry:
     ) -> None:
         env = os.environ if environ is None else environ
         self.secrets = otlp_header_secrets(env)
+        self.resource = resource_from_env(env, service_name)
+        self._metric_exporter = metric_exporter_from_env(env)
+        self._metric_interval = _millis(env, "OTEL_METRIC_EXPORT_INTERVAL", 60_000)
+        self._metric_timeout = _millis(env, "OTEL_METRIC_EXPORT_TIMEOUT", 30_000)
+        self.metrics_export: RegistryMetricsExporter | None = None
+        self.logger_provider: LoggerProvider | None = None
+        self.log_handler: OtlpLogHandler | None = None
+        log_exporter = log_exporter_from_env(env)
+        if log_exporter is not None:
+            self._install_log_handler(log_exporter)
         installed = install_tracer_provider(
             tracer_provider or tracer_provider_from_env(env, service_name)
         )
@@ -225,6 +323,23 @@ class Telemetry:
             SdkMetricsCollector(self.buffer, interval=drain_interval) if self.buffer else None
         )
 
+    def _install_log_handler(self, exporter: LogRecordExporter) -> None:
+        """Every log record of the process also as an OTLP log record (one handler a process)."""
+        from aiworker.workers.process.logs import JsonFormatter
+
+        root = logging.getLogger()
+        if any(isinstance(h, OtlpLogHandler) for h in root.handlers):
+            return  # an earlier Telemetry of this process sends them already
+        # The secrets the JSON lines redact (configure_logging ran first, or adds them later).
+        secrets = list(self.secrets)
+        for h in root.handlers:
+            if isinstance(h.formatter, JsonFormatter):
+                secrets.extend(h.formatter.redact.secrets)
+        self.logger_provider = LoggerProvider(resource=self.resource)
+        self.logger_provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+        self.log_handler = OtlpLogHandler(self.logger_provider, secrets)
+        root.addHandler(self.log_handler)
+
     @property
     def interceptors(self) -> list[Any]:
         """Client interceptors; workers built from the client inherit them."""
@@ -234,16 +349,36 @@ class Telemetry:
         """Expose the SDK's metrics on ``registry`` (the one ``/metrics`` serves)."""
         if self.sdk_metrics is not None:
             registry.register(self.sdk_metrics)
+        if self._metric_exporter is not None and self.metrics_export is None:
+            # The same registry /metrics serves, so OTLP and Prometheus never disagree.
+            self.metrics_export = RegistryMetricsExporter(
+                registry,
+                self._metric_exporter,
+                self.resource,
+                interval=self._metric_interval,
+                timeout=self._metric_timeout,
+            )
 
     def start(self) -> Telemetry:
         """Start draining SDK metrics in the background."""
         if self.sdk_metrics is not None:
             self.sdk_metrics.start()
+        if self.metrics_export is not None:
+            self.metrics_export.start()
         return self
 
     def shutdown(self, timeout: timedelta = timedelta(seconds=5)) -> None:
-        """Stop draining and flush spans waiting for export (bounded by ``timeout``)."""
+        """Stop draining, export the last metrics, flush spans and log records
+        waiting for export (each bounded by ``timeout``)."""
         if self.sdk_metrics is not None:
             self.sdk_metrics.stop()
+        if self.metrics_export is not None:
+            self.metrics_export.shutdown()
+            self.metrics_export = None
+        if self.log_handler is not None and self.logger_provider is not None:
+            logging.getLogger().removeHandler(self.log_handler)
+            self.log_handler.close()
+            self.logger_provider.shutdown()
+            self.log_handler = None
         if self.tracer_provider is not None:
             self.tracer_provider.force_flush(int(timeout.total_seconds() * 1000))
