@@ -137,7 +137,7 @@ class LlmCall(Worker):
                 safe_schema.cached_validator(schema)
             except SchemaError as e:
                 raise InvalidInputError(
-                    f"input.response_schema: {safe_schema.problem(e)}",
+                    f"input.response_schema: {safe_schema.described(schema, e)}",
                     field="input.response_schema",
                 ) from None
         if input.get("stream") and input.get("tools"):

@@ -31,7 +31,7 @@ class Validator(Worker):
             errors = safe_schema.errors(safe_schema.cached_validator(schema), input["data"])
         except SchemaError as e:
             raise InvalidInputError(
-                f"input.schema: {safe_schema.problem(e)}", field="input.schema"
+                f"input.schema: {safe_schema.described(schema, e)}", field="input.schema"
             ) from None
         reasons = messages.reasons(errors, limit)
         if errors and input.get("gate", False):

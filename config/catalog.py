@@ -28,7 +28,8 @@ def load_spec_dir(folder: Path) -> list[tuple[WorkerSpec, Path]]:
     """Every ``*.json`` spec in ``folder`` (sorted by name), each checked.
 
     ``ValueError`` names the file and field of the first bad one; a spec file
-    must be named after its ``worker_id``.
+    must be named after its ``worker_id`` (``<worker_id>.json``), and the error
+    for one that is not says the rule and the name it should have.
     """
     if not folder.is_dir():
         raise ValueError(f"worker spec directory {folder} does not exist")
@@ -38,7 +39,11 @@ def load_spec_dir(folder: Path) -> list[tuple[WorkerSpec, Path]]:
             continue
         spec = WorkerSpec.from_file(entry)
         if f"{spec.worker_id}.json" != entry.name:
-            raise ValueError(f"worker spec {entry} declares worker_id {spec.worker_id!r}")
+            raise ValueError(
+                f"worker spec {entry} declares worker_id {spec.worker_id!r}: a spec file is "
+                f"named <worker_id>.json, so rename it {spec.worker_id}.json (or change "
+                "its worker_id)"
+            )
         out.append((spec, entry))
     return out
 

@@ -9,6 +9,7 @@ The Temporal connection itself comes from ``temporalio.envconfig``.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from aiworker.schemas.caps import DEFAULT_FOREACH_INLINE_ITEMS, SETTING_OF, Caps
+from aiworker.schemas.messages import with_suggestion
 from aiworker.schemas.spec import parse_rate
 from aiworker.schemas.tenants import TenantRegistry, TenantsFileError, domain_list, load_tenants
 
@@ -246,10 +248,7 @@ class Settings(BaseModel):
             if key.startswith(ENV_PREFIX):
                 name = key[len(ENV_PREFIX) :]
                 if name not in known and not name.startswith(ignored_prefixes):
-                    raise SettingsError(
-                        f"{key}: unknown setting (known: "
-                        f"{', '.join(ENV_PREFIX + k for k in sorted(known))})"
-                    )
+                    raise SettingsError(_unknown_setting(key, known))
 
         def get(name: str) -> str | None:
             v = env.get(ENV_PREFIX + name)
@@ -336,6 +335,16 @@ class Settings(BaseModel):
                 field = str(err["loc"][0]) if err["loc"] else "?"
                 lines.append(f"{ENV_PREFIX}{field.upper()}: {err['msg']}")
             raise SettingsError("; ".join(lines)) from None
+
+
+def _unknown_setting(key: str, known: set[str]) -> str:
+    """Why ``key`` is refused: the setting closest to it (difflib), or, when none is
+    close, every setting there is."""
+    close = difflib.get_close_matches(key.removeprefix(ENV_PREFIX), sorted(known), n=1)
+    if close:
+        return with_suggestion(f"{key}: unknown setting", ENV_PREFIX + close[0])
+    every = ", ".join(ENV_PREFIX + k for k in sorted(known))
+    return f"{key}: unknown setting (known: {every}; see docs/configuration.md)"
 
 
 def parse_caps(get: Callable[[str], str | None]) -> Caps:

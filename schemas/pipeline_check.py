@@ -71,6 +71,7 @@ def parse_pipeline(
     *,
     compiled: bool = True,
     compile_caps: bool = True,
+    output_shapes: bool = True,
 ) -> PipelineSpec:
     """Parse and check a pipeline spec.
 
@@ -88,6 +89,9 @@ def parse_pipeline(
         compile_caps: apply the caps on schemas and patterns
             (:mod:`~aiworker.schemas.compile_caps`); False only to replay runs
             started before them.
+        output_shapes: hold references into a built-in step's outputs against
+            what its input makes (:mod:`~aiworker.schemas.output_shapes`); False
+            only to replay runs checked in their workflow task before that.
 
     Returns:
         The parsed spec.
@@ -97,7 +101,12 @@ def parse_pipeline(
     """
     spec = _validated(raw)
     problems = check_pipeline(
-        spec, known_workers, caps, compiled=compiled, compile_caps=compile_caps
+        spec,
+        known_workers,
+        caps,
+        compiled=compiled,
+        compile_caps=compile_caps,
+        output_shapes=output_shapes,
     )
     if problems:
         raise PipelineSpecError(problems)
@@ -137,27 +146,36 @@ def check_workers(
     *,
     compiled: bool = True,
     compile_caps: bool = True,
+    output_shapes: bool = True,
 ) -> None:
     """The rest of :func:`parse_pipeline` for a spec :func:`parse_structure` passed:
     unknown workers and (``compiled``) each step's input against its worker's contract.
+    ``output_shapes`` as :func:`parse_pipeline`.
 
     Raises:
         PipelineSpecError: naming every problem found.
     """
-    problems = check_pipeline(spec, known_workers, compiled=compiled, compile_caps=compile_caps)
+    problems = check_pipeline(
+        spec,
+        known_workers,
+        compiled=compiled,
+        compile_caps=compile_caps,
+        output_shapes=output_shapes,
+    )
     if problems:
         raise PipelineSpecError(problems)
 
 
-def _schema_problem(schema: Any, compiled: bool = True) -> str | None:
+def _schema_problems(schema: Any, compiled: bool = True) -> list[str]:
+    """Every problem of a literal schema (:func:`~aiworker.schemas.safe_schema.problems`);
+    without ``compiled`` only its remote references."""
+    if compiled:
+        return safe_schema.problems(schema)
     try:
-        if compiled:
-            safe_schema.check(schema)
-        else:
-            safe_schema.check_references(schema)
+        safe_schema.check_references(schema)
     except SchemaError as e:
-        return safe_schema.problem(e)
-    return None
+        return [safe_schema.problem(e)]
+    return []
 
 
 def _input_schema_problems(step: Step, i: int) -> list[Problem]:
@@ -273,6 +291,7 @@ def check_pipeline(
     *,
     compiled: bool = True,
     compile_caps: bool = True,
+    output_shapes: bool = True,
 ) -> list[Problem]:
     """Every problem of a pipeline, each naming the step and field; empty when fine.
 
@@ -287,6 +306,7 @@ def check_pipeline(
     remote references, and each step's input is not checked against its
     worker's contract; the workflow task checks this much, and the ``run-config``
     local activity the rest, so that no pipeline holds a workflow task.
+    ``output_shapes`` as :func:`parse_pipeline`.
     """
     problems = cap_problems(spec, caps or Caps.ceilings())
     if not problems and compile_caps:
@@ -339,10 +359,12 @@ def check_pipeline(
         if step.when is not None:
             if set(step.when) != {"value", "schema"}:
                 add("when", "needs exactly 'value' and 'schema'")
-            elif (p := _schema_problem(step.when["schema"], compiled)) is not None:
-                add("when.schema", p)
-        if step.validate_ is not None and (p := _schema_problem(step.validate_.schema_, compiled)):
-            add("validate.schema", p)
+            else:
+                for p in _schema_problems(step.when["schema"], compiled):
+                    add("when.schema", p)
+        if step.validate_ is not None:
+            for p in _schema_problems(step.validate_.schema_, compiled):
+                add("validate.schema", p)
         if specs is None:
             problems.extend(_input_schema_problems(step, i))
         if step.for_each is not None and step.on_failure == "escalate":
@@ -407,8 +429,11 @@ def check_pipeline(
                     cycle[0], "depends_on", "cycle " + " -> ".join(cycle), index=index[cycle[0]]
                 )
             )
-    if not problems and specs is not None and compiled:
-        problems.extend(step_problems(spec, specs))
+    if specs is not None and compiled:
+        # beside the problems above, so that one check names them all (each step's
+        # checks stand on their own: an unknown worker or step is passed over there)
+        found = step_problems(spec, specs, output_shapes=output_shapes)
+        problems.extend(p for p in found if p not in problems)
     return problems
 
 

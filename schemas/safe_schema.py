@@ -217,6 +217,54 @@ def problem(e: SchemaError) -> str:
     return f"invalid JSON Schema{at}: {found.text}"
 
 
+# A schema's problems are listed up to this many; the rest are counted.
+MAX_PROBLEMS = 20
+
+
+def problems(schema: Any) -> list[str]:
+    """Every problem :func:`check` finds in ``schema``, each worded as :func:`problem`
+    words one: all of the metaschema's errors at once (the most relevant first, as
+    :func:`check` raises it), not only the first, up to :data:`MAX_PROBLEMS` (then a
+    line counting the rest); empty when the schema is fine.
+
+    A remote reference, a pattern RE2 refuses or a schema too deep is reported
+    alone: the walk that finds it stops there, before the metaschema recurses.
+    """
+    try:
+        local = _walk(schema)
+    except SchemaError as e:
+        return [problem(e)]
+    found = list(_META.iter_errors(schema))
+    if found:
+        best = best_match(found)
+        ordered = [best, *(e for e in found if e is not best)] if best is not None else found
+        out = [problem(SchemaError.create_from(e)) for e in ordered[:MAX_PROBLEMS]]
+        if len(ordered) > MAX_PROBLEMS:
+            out.append(f"and {len(ordered) - MAX_PROBLEMS} more JSON Schema errors")
+        return out
+    if not local:
+        return []
+    resolver = Registry().resolver_with_root(DRAFT202012.create_resource(schema))
+    out = []
+    for ref, path in local:
+        try:
+            resolver.lookup(ref)
+        except Unresolvable:
+            out.append(
+                problem(_refuse(f"$ref {ref[:200]!r} resolves to nothing in this schema", path))
+            )
+    if len(out) > MAX_PROBLEMS:
+        out[MAX_PROBLEMS:] = [f"and {len(out) - MAX_PROBLEMS} more JSON Schema errors"]
+    return out
+
+
+def described(schema: Any, e: SchemaError) -> str:
+    """``schema``'s :func:`problems` on one line (``; `` between them), for a worker
+    that refuses it when it runs; :func:`problem` of ``e`` when the check finds none
+    (the schema failed only when applied)."""
+    return "; ".join(problems(schema)) or problem(e)
+
+
 def _walk(schema: Any, patterns: bool = True) -> list[tuple[str, tuple[Any, ...]]]:
     """Refuse remote references and (with ``patterns``) patterns RE2 will not run;
     the local references with their places. Iterative, so that depth is counted
@@ -359,10 +407,12 @@ __all__ = [
     "cached_validator",
     "check",
     "check_references",
+    "described",
     "errors",
     "first_error",
     "is_valid",
     "problem",
+    "problems",
     "validator",
     "where",
 ]

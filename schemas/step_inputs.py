@@ -15,9 +15,12 @@ parse_pipeline` in the CLI, the Python client and at workflow start:
   branch (:func:`~aiworker.schemas.messages.issues`), so ``selectr`` inside an
   extraction field is named, with ``selector`` as a suggestion.
 - **References**: ``inputs.<path>`` must exist in the pipeline's ``inputs``;
-  ``steps.<id>.outputs.<path>`` must be a place the worker's ``output_schema``
-  allows; checked only where the schema forbids other keys, so a reference
-  is refused only when it cannot resolve.
+  ``steps.<id>.outputs.<path>`` must be a place the step's outputs can have:
+  the worker's ``output_schema``, narrowed for the built-in workers by what
+  the step's input makes (:mod:`~aiworker.schemas.output_shapes`: web-scrape's
+  fields and content, llm-call's ``response_schema``, aggregator's policy);
+  checked only where the schema forbids other keys, so a reference is
+  refused only when it cannot resolve.
 - **A step cache** (``cache``) on a worker that may not have one: one with
   ``side_effects`` (publish: a skipped call would skip its effect), or an
   external one (the cache lives in aiworker's worker runtime, which another
@@ -43,6 +46,7 @@ from aiworker.schemas import names, safe_schema
 from aiworker.schemas.discover_spec import compile_discover
 from aiworker.schemas.extraction_spec import SpecError, compile_selector, compile_spec
 from aiworker.schemas.messages import issues, json_path, suggest
+from aiworker.schemas.output_shapes import ORIGIN, Shapes
 from aiworker.schemas.patterns import PatternError, compile_pattern
 from aiworker.schemas.pipeline import PipelineSpec, Step
 from aiworker.schemas.problems import Problem
@@ -184,7 +188,9 @@ def _schema_problems(step: Step, i: int, field: str, worker: str, value: Any) ->
         # and again, and a full metaschema check costs far more than the lookup
         safe_schema.cached_validator(value[key])
     except SchemaError as e:
-        return [Problem(step.id, f"{field}.{key}", safe_schema.problem(e), index=i)]
+        # every error of the schema at once, each a problem (the cache keeps no failures)
+        found = safe_schema.problems(value[key]) or [safe_schema.problem(e)]
+        return [Problem(step.id, f"{field}.{key}", p, index=i) for p in found]
     return []
 
 
@@ -220,13 +226,18 @@ def _missing_input(ref: Ref, inputs: Any) -> tuple[str, str | None] | None:
     return f"{gap.walked} has no {str(seg)!r}", close
 
 
-def _missing_output(ref: Ref, schema: Any, worker: str) -> tuple[str, str | None] | None:
+def _missing_output(ref: Ref, schema: Any, origin: str) -> tuple[str, str | None] | None:
     """Why ``steps.<id>.outputs.<path>`` cannot exist under ``schema`` (and a close
-    key), or None when it may; only a schema that forbids other keys refuses."""
+    key), or None when it may; only a schema that forbids other keys refuses.
+    ``origin`` names the schema (``the output_schema of worker 'x'``); a derived
+    object (:mod:`~aiworker.schemas.output_shapes`) names its own and lists its keys."""
     walked = "outputs"
+    derived = False
     for seg in ref.path[2:]:
         if not isinstance(schema, dict) or set(schema) & {"$ref", "anyOf", "oneOf", "allOf", "if"}:
             return None
+        if isinstance(schema.get(ORIGIN), str):
+            origin, derived = schema[ORIGIN], True
         props = schema.get("properties") or {}
         if isinstance(seg, str) and seg in props:
             schema = props[seg]
@@ -234,7 +245,9 @@ def _missing_output(ref: Ref, schema: Any, worker: str) -> tuple[str, str | None
             schema = schema.get("items", {})
         elif schema.get("additionalProperties") is False and not schema.get("patternProperties"):
             known = [str(k) for k in props]
-            why = f"the output_schema of worker {worker!r} has no {walked}.{seg}"
+            why = f"{origin} has no {walked}.{seg}"
+            if derived:
+                why += f" (it has: {', '.join(sorted(known))})" if known else " (it has none)"
             return why, suggest(str(seg), known)
         else:
             return None
@@ -244,8 +257,7 @@ def _missing_output(ref: Ref, schema: Any, worker: str) -> tuple[str, str | None
 
 def _ref_problems(
     spec: PipelineSpec,
-    steps: dict[str, Step],
-    workers: Mapping[str, WorkerSpec | None],
+    shapes: Shapes,
     where: tuple[str | None, int | None],
     field: str,
     value: Any,
@@ -256,11 +268,10 @@ def _ref_problems(
         why: tuple[str, str | None] | None = None
         if ref.root == "inputs":
             why = _missing_input(ref, spec.inputs)
-        elif ref.step_id in steps and len(ref.path) > 2 and ref.path[1] == "outputs":
-            target = steps[ref.step_id]
-            worker = workers.get(target.worker)
-            if target.for_each is None and target.fallback is None and worker is not None:
-                why = _missing_output(ref, worker.output_schema, worker.worker_id)
+        elif ref.step_id is not None and len(ref.path) > 2 and ref.path[1] == "outputs":
+            found = shapes.of(ref.step_id)
+            if found is not None:
+                why = _missing_output(ref, *found)
         if why is not None:
             out.append(Problem(step_id, at, f"{ref.text}: {why[0]}", why[1], i))
     return out
@@ -306,11 +317,22 @@ def cache_refusal(worker: WorkerSpec) -> str | None:
     return None
 
 
-def step_problems(spec: PipelineSpec, workers: Mapping[str, WorkerSpec | None]) -> list[Problem]:
+def step_problems(
+    spec: PipelineSpec,
+    workers: Mapping[str, WorkerSpec | None],
+    *,
+    output_shapes: bool = True,
+) -> list[Problem]:
     """Every problem of the steps' inputs and references under the workers' specs
-    (a worker without a spec, or unknown, is checked by name only, elsewhere)."""
+    (a worker without a spec, or unknown, is checked by name only, elsewhere).
+
+    ``output_shapes``: hold references into a built-in step's outputs against what
+    its input makes (:mod:`~aiworker.schemas.output_shapes`); False: against the
+    workers' declared output_schema only, as runs checked in their workflow task
+    before the shapes existed replay."""
     out: list[Problem] = []
     steps = {s.id: s for s in spec.steps}
+    shapes = Shapes(steps, workers, derive=output_shapes)
     for i, step in enumerate(spec.steps):
         calls = [("input", step.worker, step.input)]
         if step.fallback is not None:
@@ -335,11 +357,11 @@ def step_problems(spec: PipelineSpec, workers: Mapping[str, WorkerSpec | None]) 
         for field, value in step_fields(step):
             if field in DEPTH_ONLY:
                 continue
-            out.extend(_ref_problems(spec, steps, workers, (step.id, i), field, value))
-    out.extend(_ref_problems(spec, steps, workers, (None, None), "output", spec.output))
+            out.extend(_ref_problems(spec, shapes, (step.id, i), field, value))
+    out.extend(_ref_problems(spec, shapes, (None, None), "output", spec.output))
     if spec.concurrency is not None:
         key = spec.concurrency.key
-        out.extend(_ref_problems(spec, steps, workers, (None, None), "concurrency.key", key))
+        out.extend(_ref_problems(spec, shapes, (None, None), "concurrency.key", key))
     return out
 
 

@@ -126,9 +126,11 @@ CHECK_IN_RUN_CONFIG_PATCH = "pipeline-check-in-run-config"
 
 def _checked_spec(raw: Any, specs: Mapping[str, WorkerSpec]) -> PipelineSpec:
     """:func:`parse_spec` with the workers' contracts; a run that started before
-    that check existed (no patch marker) keeps the older check's answer."""
+    that check existed (no patch marker) keeps the older check's answer. These runs
+    check in the workflow task: against the declared output schemas only, as they
+    ran (the output shapes came later, in the run config's check)."""
     try:
-        return parse_spec(raw, specs, compile_caps=False)
+        return parse_spec(raw, specs, compile_caps=False, output_shapes=False)
     except ApplicationError:
         # raises when the older check refused too
         older = parse_spec(raw, set(specs), compile_caps=False)
@@ -154,10 +156,14 @@ def recorded_workers(
     them: an unknown worker is ``invalid_input`` naming it and every worker the
     answering process knows, and so is a step input its worker's contract refuses.
     With ``offload`` (CHECK_IN_RUN_CONFIG_PATCH) the workflow task checks only what
-    compiles nothing; the rest is the run config's answer (``problems``)."""
+    compiles nothing; the rest is the run config's answer (``problems``). Without
+    ``offload`` the references into outputs are held against the declared output
+    schemas only, as those runs checked them (the output shapes came later)."""
     workers = {**dict.fromkeys(run_config.known), **run_config.specs}
     try:
-        check_workers(spec, workers, compiled=not offload, compile_caps=offload)
+        check_workers(
+            spec, workers, compiled=not offload, compile_caps=offload, output_shapes=offload
+        )
     except PipelineSpecError as e:
         raise invalid_input(str(e), e.problems) from None
     if offload and run_config.problems:
@@ -170,6 +176,7 @@ def parse_spec(
     raw: Any,
     known_workers: Collection[str] | Mapping[str, WorkerSpec | None],
     compile_caps: bool = True,
+    output_shapes: bool = True,
 ) -> PipelineSpec:
     """Parse and check a pipeline spec; raise ``invalid_input`` naming step and field.
 
@@ -177,7 +184,9 @@ def parse_spec(
     its worker's contract too (:mod:`~aiworker.schemas.step_inputs`).
     """
     try:
-        return parse_pipeline(raw, known_workers, compile_caps=compile_caps)
+        return parse_pipeline(
+            raw, known_workers, compile_caps=compile_caps, output_shapes=output_shapes
+        )
     except PipelineSpecError as e:
         raise invalid_input(str(e), e.problems) from None
 

@@ -127,8 +127,8 @@ def test_a_reference_to_an_output_the_schema_forbids_is_refused() -> None:
         "step 'use': field 'input.data': steps.check.outputs.vaild: the output_schema of "
         "worker 'validator' has no outputs.vaild (did you mean 'valid'?)"
     )
-    # where the schema says nothing (web-scrape's `data` is any object): no opinion
-    use["input"]["data"] = "${{ steps.scrape.outputs.data.anything.at.all }}"
+    # where nothing says (an extraction field's value may be any JSON): no opinion
+    use["input"]["data"] = "${{ steps.scrape.outputs.data.t.anything.at.all }}"
     assert problems(scrape({"t": "h1"}), check, use) == []
     # the pipeline's output too
     out = only(problems(check, output={"ok": "${{ steps.check.outputs.valdi }}"}))
