@@ -40,6 +40,7 @@ from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
     CancelledError,
+    FailureError,
     RetryState,
     TimeoutType,
 )
@@ -200,7 +201,7 @@ async def call_worker(call: WorkerCall, admission: Admission | None = None) -> S
             raise
         # a local activity's application failure arrives as it was raised, unwrapped
         cause = e.cause if isinstance(e, ActivityError) else e
-        message = str(cause) if cause else str(e)
+        message = failure_text(cause or e)
         code = error_code_of(e)
         details = error_details(e)
         if external and isinstance(e, ActivityError):
@@ -333,8 +334,7 @@ async def call_items(
             **options,
         )
     except ActivityError as e:
-        cause = e.cause
-        message = str(cause) if cause else str(e)
+        message = failure_text(e.cause or e)
         failed = StepResult(
             status="failed",
             error_code=error_code_of(e),
@@ -415,6 +415,14 @@ def external_wait(
             )
         ),
     }
+
+
+def failure_text(error: BaseException) -> str:
+    """What a failure says, without its code: ``str()`` of an ``ApplicationError`` is
+    ``"<type>: <message>"``, and the type is the step's ``error_code`` already, so a
+    message built from ``str()`` read ``invalid_input: invalid_input: ...`` once the
+    code was put before it."""
+    return error.message if isinstance(error, FailureError) else str(error)
 
 
 def foreign_failure(

@@ -48,7 +48,7 @@ from temporalio.client import (
     WorkflowHandle,
 )
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
 
 from aiworker.config import catalog
 from aiworker.config.settings import Settings
@@ -300,7 +300,9 @@ class PipelineClient:
             details = getattr(cause, "details", None)
             first = details[0] if details and isinstance(details[0], dict) else {}
             problems = [str(p) for p in first.get("problems") or []]
-            error = PipelineError.of_problems(code, str(cause), problems)
+            # the message without its code: str() of an ApplicationError is "<type>: <message>"
+            message = cause.message if isinstance(cause, FailureError) else str(cause)
+            error = PipelineError.of_problems(code, message, problems)
             doc: dict[str, Any] = {
                 "workflow_id": workflow_id,
                 "status": "failed",
