@@ -51,6 +51,9 @@ CHANGES: dict[str, Callable[[dict[str, Any]], None]] = {
     ),
     '`"worker": "web-scrap"` in `scrape`': lambda d: _step(d, "scrape").update(worker="web-scrap"),
     '`"gate": "chek"` in `save`': lambda d: _step(d, "save").update(gate="chek"),
+    '`"title": "${{ steps.scrape.outputs.data.titel }}"` in `output`': lambda d: d["output"].update(
+        title="${{ steps.scrape.outputs.data.titel }}"
+    ),
     SUMMARY_ROW: (
         lambda d: d["steps"].append(
             {
