@@ -30,14 +30,14 @@ may approve other outputs). Such a place is an open schema (``{}``), and the
 check refuses a reference only where a schema says ``additionalProperties:
 false``: a valid pipeline is never refused.
 
-The shapes are JSON Schema fragments that are only walked (never compiled);
+The shapes are JSON Schema fragments that are only walked (never compiled nor
+changed: they share the declared schemas' parts, copied shallowly);
 :data:`ORIGIN` marks a closed object with what it was derived from, for the
 message. Pure and deterministic: it runs inside the workflow sandbox.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -223,9 +223,9 @@ def _web_scrape(step: Step, declared: Any) -> Any:
     data = _scrape_data(step)
     if data is None or not isinstance(declared, dict):
         return None
-    shape = copy.deepcopy(declared)
-    shape.setdefault("properties", {})["data"] = data
-    return shape
+    # shallow copies: the shapes are only read, and the declared schema stays as it is
+    props = declared.get("properties")
+    return {**declared, "properties": {**(props if isinstance(props, dict) else {}), "data": data}}
 
 
 def _scrape_data(step: Step) -> dict[str, Any] | None:
@@ -281,15 +281,15 @@ def _llm_call(step: Step, declared: Any) -> Any:
     if not isinstance(declared, dict) or not isinstance(declared.get("properties"), dict):
         return None
     schema = step.input.get("response_schema")
-    shape = copy.deepcopy(declared)
-    props = shape["properties"]
+    props = dict(declared["properties"])  # shallow copies: the shapes are only read
+    shape = {**declared, "properties": props}
     if schema is None:
         props.pop("json", None)
         shape[ORIGIN] = f"llm-call step {step.id!r} without response_schema (its reply is text)"
         return shape
     if isinstance(schema, dict) and not _varies(schema):
         props["json"] = {
-            **copy.deepcopy(schema),
+            **schema,
             ORIGIN: f"the response_schema of step {step.id!r}",
         }
     return shape
