@@ -286,7 +286,9 @@ async def test_demo_summarizes_with_the_local_model(tmp_path: Path) -> None:
     (said,) = [line for line in out if line.startswith("LLM summary:")]
     text = said.removeprefix("LLM summary:").strip()
     assert text and not text.startswith(("skipped", "invalid", "timeout", "upstream")), said
-    assert any(word in text.lower() for word in ("espresso", "grinder", "kettle", "coffee")), said
+    # the demo asks which kettle the guide recommends (docs/local-model.md: a question
+    # whose answer is in the text is what the 135M model gets right)
+    assert "kettle" in text.lower(), said
     (row,) = [line.split()[:4] for line in out if line.split()[:1] == ["summary"]]
     assert row == ["summary", "llm-call", "succeeded", "1"], proc.stdout
 
