@@ -333,6 +333,7 @@ async def test_demo_runs_the_bundled_pipeline_offline(tmp_path: Path) -> None:
         "output.published",
     ], out
     assert fields[2][1] == "3" and fields[3][1] == "true" and table[17].startswith("workflow: ")
+    assert fields[0][1].endswith("…  (--json prints it whole)")  # demo takes no --field
     assert '"status": "succeeded"' not in out
     sink = data / "sinks" / "demo" / "catalog.jsonl"
     records = [json.loads(line) for line in sink.read_text().splitlines()]

@@ -257,14 +257,19 @@ def _cut(text: str, hint: str) -> str:
     return text[: OUTPUT_CHARS - 1] + f"…  ({hint} prints it whole)"
 
 
-def output_lines(output: Any, fields: Sequence[str] = ()) -> list[str]:
+# What a cut output field's line says prints it whole (``{key}``: the field's name).
+FIELD_HINT = "--field {key}"
+
+
+def output_lines(output: Any, fields: Sequence[str] = (), hint: str = FIELD_HINT) -> list[str]:
     """The pipeline's output in the summary table.
 
     One line, ``output: {...}``, when it fits in :data:`OUTPUT_CHARS` and no
     field was asked for. Otherwise one line per output field, so a long field
     (an article's Markdown) does not hide a short one (its summary): a field of
     ``fields`` (``run --field``) whole, a string as its text with its lines
-    kept; any other field cut at :data:`OUTPUT_CHARS`, saying how to see it whole.
+    kept; any other field cut at :data:`OUTPUT_CHARS`, saying how to see it whole
+    (``hint``: ``--json`` where the command takes no ``--field``, as ``demo``).
     """
     if not output:
         return []
@@ -277,8 +282,8 @@ def output_lines(output: Any, fields: Sequence[str] = ()) -> list[str]:
             text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
             lines.append(f"output.{key}:" + ("\n" if "\n" in text else " ") + text)
         else:
-            hint = f"--field {key}" if len(str(key).split()) == 1 else "--json"
-            lines.append(f"output.{key}: {_cut(json.dumps(value, ensure_ascii=False), hint)}")
+            how = hint.format(key=key) if len(str(key).split()) == 1 else "--json"
+            lines.append(f"output.{key}: {_cut(json.dumps(value, ensure_ascii=False), how)}")
     return lines
 
 
@@ -290,6 +295,7 @@ def summary(
     elapsed: float | None = None,
     link: str | None = None,
     fields: Sequence[str] = (),
+    hint: str = FIELD_HINT,
 ) -> str:
     """The short table a run ends with: status, one row per step (worker, status,
     attempts, duration), the output (:func:`output_lines`; ``fields`` whole), the
@@ -321,7 +327,7 @@ def summary(
         for r in rows:
             left = "  ".join(r[i].ljust(widths[i]) for i in range(3))
             lines.append(f"  {left}  {r[3].rjust(widths[3])}  {r[4].rjust(widths[4])}")
-    lines.extend(output_lines(doc.get("output"), fields))
+    lines.extend(output_lines(doc.get("output"), fields, hint))
     error = doc.get("error")
     if isinstance(error, Mapping):
         where = f" (step {error['step']})" if error.get("step") else ""

@@ -39,6 +39,7 @@ from aiworker.workers.cli.common import (
     warn_duplicates,
 )
 from aiworker.workers.client.progress import (
+    FIELD_HINT,
     Snapshot,
     progress_line,
     step_events,
@@ -92,9 +93,10 @@ class _Output:
         link: str | None = None,
         workers: Mapping[str, str] | None = None,
         fields: Sequence[str] = (),
+        hint: str = FIELD_HINT,
     ) -> None:
         self.out, self.name, self.link, self.workers = out, name, link, workers
-        self.fields = fields
+        self.fields, self.hint = fields, hint
 
     def summary(self, doc: dict[str, Any], elapsed: float) -> str:
         """The run's :func:`~aiworker.workers.client.progress.summary` table."""
@@ -105,6 +107,7 @@ class _Output:
             elapsed=elapsed,
             link=self.link,
             fields=self.fields,
+            hint=self.hint,
         )
 
 
@@ -192,13 +195,14 @@ def choose_view(
     link: str | None,
     workers: Mapping[str, str] | None = None,
     fields: Sequence[str] = (),
+    hint: str = FIELD_HINT,
 ) -> View:
     """A live line on a terminal, plain lines anywhere else; the summary shows the
-    output ``fields`` whole."""
+    output ``fields`` whole and says ``hint`` for a field it cuts."""
     isatty = getattr(out, "isatty", None)
     if isatty is not None and isatty():
-        return LiveView(out, name, link, workers, fields)
-    return PlainView(out, name, link, workers, fields)
+        return LiveView(out, name, link, workers, fields, hint)
+    return PlainView(out, name, link, workers, fields, hint)
 
 
 async def _watch(pipelines: PipelineClient, workflow_id: str, view: View, start: float) -> None:
@@ -246,12 +250,13 @@ async def show_run(
     pipeline: Mapping[str, Any],
     link: str | None,
     fields: Sequence[str] = (),
+    hint: str = FIELD_HINT,
 ) -> dict[str, Any]:
     """Follow a started pipeline on stdout (a live line or plain lines, then the
     summary table, with the output ``fields`` whole); its outcome."""
     name = str(pipeline.get("name"))
     workers = {str(s.get("id")): str(s.get("worker")) for s in pipeline.get("steps") or ()}
-    view = choose_view(sys.stdout, name, link, workers, fields)
+    view = choose_view(sys.stdout, name, link, workers, fields, hint)
     return await follow(pipelines, handle, view)
 
 

@@ -452,7 +452,8 @@ async def _run_pipeline(
     if json_result:
         outcome = asyncio.create_task(pipelines.outcome(handle.id, handle.result_run_id))
     else:
-        outcome = asyncio.create_task(show_run(pipelines, handle, pipeline, link))
+        # `demo` takes no --field: a cut output field points at --json
+        outcome = asyncio.create_task(show_run(pipelines, handle, pipeline, link, hint="--json"))
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait([outcome, stopped, worker], return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
