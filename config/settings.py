@@ -75,6 +75,8 @@ class Settings(BaseModel):
     models_file: Path | None = None
     # `aiworker dev` / `demo` start a local model as `default` when none is configured.
     local_model: bool = True
+    # ...and with this GGUF file on disk instead of the bundled SmolLM2-135M.
+    local_model_file: Path | None = None
     rate_limits: tuple[RateLimitRule, ...] = ()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     max_concurrent_activities: int = Field(default=100, ge=1)
@@ -204,6 +206,7 @@ class Settings(BaseModel):
             "LLM_PROVIDER",
             "MODELS_FILE",
             "LOCAL_MODEL",
+            "LOCAL_MODEL_FILE",
             "LOCAL_ACTIVITIES",
             "RATE_LIMITS",
             "LOG_LEVEL",
@@ -290,6 +293,7 @@ class Settings(BaseModel):
             ("LLM_API_KEY", "llm_api_key"),
             ("LLM_PROVIDER", "llm_provider"),
             ("MODELS_FILE", "models_file"),
+            ("LOCAL_MODEL_FILE", "local_model_file"),
             ("SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds"),
             ("REGISTRY_TTL_SECONDS", "registry_ttl_seconds"),
             ("DEPLOYMENT_NAME", "deployment_name"),

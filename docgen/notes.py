@@ -120,6 +120,9 @@ SETTINGS: dict[str, str] = {
     "local_model": "`aiworker dev` and `demo` start the bundled local model (llama.cpp's "
     "llama-server with SmolLM2-135M-Instruct) as the `default` alias when no model is "
     "configured; false turns that off (as `--no-model` does)",
+    "local_model_file": "a GGUF model file on this machine for that local model instead of "
+    "SmolLM2-135M-Instruct (nothing is downloaded; `aiworker dev` refuses a path that is "
+    "not a GGUF file); see docs/local-model.md",
     "rate_limits": "rate limits per worker and tenant, e.g. "
     "`web-scrape:acme=600/min,llm-call:*=60/min`",
     "log_level": "level of the JSON log lines on stderr",

@@ -61,7 +61,7 @@ async def test_file_lineage_and_cli(
     listed = json.loads(capsys.readouterr().out)
     assert sorted(r["uri"] for r in listed) == sorted([a.uri, a.uri, b.uri])
     assert {r["trace_id"] for r in listed} == {"cd" * 16}
-    assert await run_cli("artifacts", "unknown-workflow") == 1
+    assert await run_cli("artifacts", "unknown-workflow") == 3  # not found, as `items`
     assert "no artifacts recorded" in capsys.readouterr().err
 
 

@@ -286,7 +286,9 @@ async def test_demo_summarizes_with_the_local_model(tmp_path: Path) -> None:
     (said,) = [line for line in out if line.startswith("LLM summary:")]
     text = said.removeprefix("LLM summary:").strip()
     assert text and not text.startswith(("skipped", "invalid", "timeout", "upstream")), said
-    assert any(word in text.lower() for word in ("espresso", "grinder", "kettle", "coffee")), said
+    # the demo asks which kettle the guide recommends (docs/local-model.md: a question
+    # whose answer is in the text is what the 135M model gets right)
+    assert "kettle" in text.lower(), said
     (row,) = [line.split()[:4] for line in out if line.split()[:1] == ["summary"]]
     assert row == ["summary", "llm-call", "succeeded", "1"], proc.stdout
 
@@ -319,7 +321,19 @@ async def test_demo_runs_the_bundled_pipeline_offline(tmp_path: Path) -> None:
         ["summary", "llm-call", "skipped", "0"],
         ["publish", "publish", "succeeded", "1"],
     ], out
-    assert table[10].startswith('output: {"catalog": ') and table[11].startswith("workflow: ")
+    # a long output: one line per field, so the short ones show whole
+    fields = [line.split(": ", 1) for line in table[10:17]]
+    assert [f[0] for f in fields] == [
+        "output.catalog",
+        "output.catalog_warnings",
+        "output.pages_scraped",
+        "output.valid",
+        "output.guide",
+        "output.summary_status",
+        "output.published",
+    ], out
+    assert fields[2][1] == "3" and fields[3][1] == "true" and table[17].startswith("workflow: ")
+    assert fields[0][1].endswith("…  (--json prints it whole)")  # demo takes no --field
     assert '"status": "succeeded"' not in out
     sink = data / "sinks" / "demo" / "catalog.jsonl"
     records = [json.loads(line) for line in sink.read_text().splitlines()]

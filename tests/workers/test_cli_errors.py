@@ -81,7 +81,7 @@ BAD_COMMANDS = {
     "run-id-taken": (["run", "{file}", "--id", "{other}"], EXIT_USAGE, "is already running"),
     "list-bad-limit": (["list", "--limit", "x"], EXIT_USAGE, "invalid int value"),
     "list-bad-tenant": (["list", "--tenant", "No Such"], EXIT_USAGE, "is not a tenant name"),
-    "artifacts-unknown-id": (["artifacts", "{missing}"], EXIT_FAILED, "no artifacts recorded"),
+    "artifacts-unknown-id": (["artifacts", "{missing}"], EXIT_NOT_FOUND, "no artifacts recorded"),
     "workers-bad-flag": (["workers", "--bogus"], EXIT_USAGE, "unrecognized arguments"),
     "schemas-bad-action": (["schemas", "bogus"], EXIT_USAGE, "invalid choice"),
     "conformance-unknown-worker": (["conformance", "nosuch"], EXIT_USAGE, "unknown worker"),

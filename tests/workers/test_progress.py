@@ -3,11 +3,14 @@ the summary table are pure functions of what they show."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 from aiworker.workers.client.progress import (
+    OUTPUT_CHARS,
     Snapshot,
     Wait,
+    output_lines,
     progress_line,
     step_events,
     summary,
@@ -114,13 +117,33 @@ def test_summary_is_a_short_table_with_output_error_and_link() -> None:
         "  fetch  web-scrape  succeeded                            1     0.81s",
         "  each   web-scrape  partial (cached) 10/10 items         2    12.00s",
     ]
-    assert lines[4].startswith('output: {"title": "xxx') and lines[4].endswith(
-        "…  (--json prints it whole)"
+    assert lines[4].startswith('output.title: "xxx') and lines[4].endswith(
+        "…  (--field title prints it whole)"
     )
     assert lines[5:] == [
         "error: not_found: 1 of 10 items failed (step each)",
         "workflow: hello-1  http://ui/w",
     ]
+
+
+def test_output_shows_asked_fields_whole_and_cuts_the_rest() -> None:
+    short = {"title": "t", "n": 2}
+    assert output_lines(short) == ['output: {"title": "t", "n": 2}']
+    assert output_lines({}) == []
+    long = {"markdown": "# a\n" + "m" * 400, "summary": "s" * 50, "tags": ["x"] * 80}
+    cut = output_lines(long)
+    assert cut[0].startswith('output.markdown: "# a\\nmmm') and cut[0].endswith(
+        "…  (--field markdown prints it whole)"
+    )
+    assert len(cut[0]) <= len("output.markdown: ") + OUTPUT_CHARS + len(
+        "  (--field markdown prints it whole)"
+    )
+    assert cut[1] == f'output.summary: "{"s" * 50}"'  # a short field beside a long one: whole
+    assert cut[2].endswith("…  (--field tags prints it whole)")
+    asked = output_lines(long, ["markdown", "tags"])
+    assert asked[0] == "output.markdown:\n# a\n" + "m" * 400  # its text, lines kept
+    assert asked[2] == "output.tags: " + json.dumps(["x"] * 80)
+    assert output_lines(short, ["title"]) == ["output.title: t", "output.n: 2"]
 
 
 def test_ui_link_from_the_setting_or_the_dev_default() -> None:

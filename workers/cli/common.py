@@ -1,12 +1,13 @@
 """What the ``aiworker`` commands share: exit codes, the one-line error, settings,
 logs, a command's root span and reading and checking a pipeline file.
 
-Exit codes are part of the command line's contract (docs/cli.md): 0 done (a
-pipeline that succeeded), 1 failed (a pipeline that did not succeed, Temporal
-unreachable, a refused review, an unexpected error), 2 bad usage (a bad file,
-flag, setting or plugin, a pipeline that cannot be redriven), 3 not found (no
-workflow or schedule with that id), 130 Ctrl-C. How errors map to them:
-:mod:`aiworker.workers.cli.errors`.
+Exit codes are part of the command line's contract (docs/cli.md, and
+tests/workers/test_cli_exit_codes.py runs each): 0 done (a pipeline that
+succeeded), 1 failed (a pipeline that did not succeed, Temporal unreachable, a
+refused review, an unexpected error), 2 bad usage (a bad file, flag, setting or
+plugin, a pipeline that cannot be redriven), 3 not found (no workflow,
+schedule, deployment or build with that id; nothing recorded), 130 Ctrl-C. How
+errors map to them: :mod:`aiworker.workers.cli.errors`.
 """
 
 from __future__ import annotations

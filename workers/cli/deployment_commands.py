@@ -6,7 +6,7 @@ Beside :mod:`aiworker.workers.cli.main` (which lists :func:`cmd_deployment` in i
 ``temporal worker deployment ...`` commands send; the deployment defaults to
 this stack's (``AIWORKER_DEPLOYMENT_NAME`` plus the task-queue suffix). Exit
 codes: 0 done (``drain``: nothing left running), 1 Temporal refused or (``drain``)
-runs still open, 2 bad usage, 3 no such deployment.
+runs still open, 2 bad usage, 3 no such deployment or build.
 """
 
 from __future__ import annotations

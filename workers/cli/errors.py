@@ -68,17 +68,21 @@ def _subject(args: argparse.Namespace) -> str:
 def _rpc(e: RPCError, args: argparse.Namespace) -> Failure:
     if e.status in _UNREACHABLE:
         return Failure(f"cannot reach Temporal: {e.message}", EXIT_FAILED)
+    if args.command == "schedule" and (
+        e.status == RPCStatusCode.NOT_FOUND or "already completed" in e.message
+    ):
+        # Temporal names the schedule's internal workflow, and a schedule deleted a
+        # moment ago answers as that workflow having completed; to a person both
+        # mean the id names no schedule.
+        return Failure(
+            f"{_subject(args)} not found in this namespace (see `aiworker schedule list`)",
+            EXIT_NOT_FOUND,
+        )
     if "already completed" in e.message:
         return Failure(
             f"{_subject(args)} has already ended; only a running pipeline takes "
             f"`aiworker {args.command}` (see `aiworker list`)",
             EXIT_FAILED,
-        )
-    if e.status == RPCStatusCode.NOT_FOUND and args.command == "schedule":
-        # Temporal names the schedule's internal workflow; the id is what a person gave.
-        return Failure(
-            f"{_subject(args)} not found in this namespace (see `aiworker schedule list`)",
-            EXIT_NOT_FOUND,
         )
     if e.status == RPCStatusCode.NOT_FOUND:
         return Failure(

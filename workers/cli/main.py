@@ -39,6 +39,7 @@ from aiworker.workers.cli.command_span import command_span
 from aiworker.workers.cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_USAGE,
     check_pipeline_file,
@@ -73,6 +74,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
     from aiworker.workers.client.client import PipelineClient
 
     raw = await read_checked_pipeline(args)
+    if why := unknown_fields(args, raw):
+        err(why)
+        return EXIT_USAGE
     settings = load_settings()
     configure_logs(settings)
     # The root of the pipeline's trace: start, workflow, every activity attempt.
@@ -103,8 +107,24 @@ async def _print_or_wait(
         target = pipelines.temporal.service_client.config.target_host
         ui_url = dev_ui_url(target, pipelines.settings.data_dir)
     return await wait_and_show(
-        pipelines, handle, pipeline, ui_url, no_wait=args.no_wait, as_json=args.json
+        pipelines,
+        handle,
+        pipeline,
+        ui_url,
+        no_wait=args.no_wait,
+        as_json=args.json,
+        fields=args.field or (),
     )
+
+
+def unknown_fields(args: argparse.Namespace, pipeline: dict[str, Any]) -> str | None:
+    """Why ``--field`` names no field of the pipeline's ``output``, or None."""
+    output = pipeline.get("output") or {}
+    missing = [f for f in args.field or () if f not in output]
+    if not missing:
+        return None
+    has = ", ".join(sorted(output)) or "none: the pipeline declares no output"
+    return f"--field {missing[0]!r} is not a field of the pipeline's output (its fields: {has})"
 
 
 async def cmd_check(args: argparse.Namespace) -> int:
@@ -172,6 +192,9 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
     ) as pipelines:
         # RedriveError (running, succeeded, not a pipeline): one line and exit 2 in `main`
         pipeline = await pipelines.redrive_input(args.workflow_id)
+        if why := unknown_fields(args, pipeline):
+            err(why)
+            return EXIT_USAGE
         handle = await pipelines.start_redrive(pipeline)
         err(f"redriving {args.workflow_id} as {handle.id}: {describe_redrive(pipeline)}")
         return await _print_or_wait(pipelines, handle, args, pipeline, pipelines.settings.ui_url)
@@ -346,9 +369,9 @@ async def cmd_artifacts(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
         return EXIT_OK
-    if not records:
+    if not records:  # as `items` with no items: nothing found (``--json``: ``[]``, exit 0)
         err(f"no artifacts recorded for workflow {args.workflow_id!r}")
-        return EXIT_FAILED
+        return EXIT_NOT_FOUND
     print(
         f"{'step':<16} {'att':>3} {'worker':<12} {'tenant':<12} {'size':>10} "
         f"{'media type':<24} {'sha256':<16} {'trace_id':<32}  uri"
@@ -410,9 +433,9 @@ async def cmd_conformance(args: argparse.Namespace) -> int:
         except ValueError as e:
             err(f"--examples {e}")
             return EXIT_USAGE
-    if client is None:
+    if client is None:  # Temporal unreachable: the work failed, the request was fine
         err(f"cannot reach Temporal: {unreachable}")
-        return EXIT_USAGE
+        return EXIT_FAILED
     err(f"checking {args.worker_id!r} against its spec from {view.describe()}")
     report = await check_worker(
         client,
@@ -480,6 +503,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    """Check the settings, then run the command; an exception ends in its exit code."""
+    if args.command not in ("dev", "demo"):  # theirs are read with local defaults
+        # Every command stops at once on a wrong AIWORKER_* setting (exit 2, naming
+        # it), also those that would not read the setting it names.
+        load_settings()
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except KeyboardInterrupt:

@@ -88,6 +88,10 @@ class Parser(argparse.ArgumentParser):
 DEFAULT_SITE_PORT = 8081
 
 JSON_RESULT_HELP = "print the whole result JSON and no progress (what scripts parse)"
+FIELD_HELP = (
+    "print this field of the pipeline's output whole in the summary table (repeatable; "
+    "long fields are cut otherwise)"
+)
 DEBUG_HELP = "print the traceback of a failure (each failure is one line otherwise)"
 
 
@@ -128,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-wait", action="store_true", help="print the workflow id and return")
     r.add_argument("--json", action="store_true", help=JSON_RESULT_HELP)
     r.add_argument("--id", help="workflow id (default: <name>-<random>)")
+    r.add_argument("--field", action="append", metavar="FIELD", help=FIELD_HELP)
     conn(r)
 
     ck = sub.add_parser(
@@ -222,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("workflow_id")
     rd.add_argument("--no-wait", action="store_true", help="print the new workflow id and return")
     rd.add_argument("--json", action="store_true", help=JSON_RESULT_HELP)
+    rd.add_argument("--field", action="append", metavar="FIELD", help=FIELD_HELP)
     conn(rd)
 
     ws = sub.add_parser(

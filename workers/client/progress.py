@@ -36,7 +36,8 @@ SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 ASCII_SPINNER = "|/-\\"
 
 _KIND = {"rate": "at rate limit", "concurrency": "for a concurrency slot"}
-# The output's one line in the summary stops here: the full result is --json's.
+# The output's line (or a field's) in the summary stops here: the full result is
+# --json's, a field's `run --field`'s.
 OUTPUT_CHARS = 160
 # The end of a streaming reply a progress line quotes.
 STREAM_TAIL_CHARS = 32
@@ -250,6 +251,42 @@ def workflow_link(ui_url: str | None, namespace: str, workflow_id: str) -> str |
     return f"{ui_url.rstrip('/')}/namespaces/{quote(namespace)}/workflows/{quote(workflow_id)}"
 
 
+def _cut(text: str, hint: str) -> str:
+    if len(text) <= OUTPUT_CHARS:
+        return text
+    return text[: OUTPUT_CHARS - 1] + f"…  ({hint} prints it whole)"
+
+
+# What a cut output field's line says prints it whole (``{key}``: the field's name).
+FIELD_HINT = "--field {key}"
+
+
+def output_lines(output: Any, fields: Sequence[str] = (), hint: str = FIELD_HINT) -> list[str]:
+    """The pipeline's output in the summary table.
+
+    One line, ``output: {...}``, when it fits in :data:`OUTPUT_CHARS` and no
+    field was asked for. Otherwise one line per output field, so a long field
+    (an article's Markdown) does not hide a short one (its summary): a field of
+    ``fields`` (``run --field``) whole, a string as its text with its lines
+    kept; any other field cut at :data:`OUTPUT_CHARS`, saying how to see it whole
+    (``hint``: ``--json`` where the command takes no ``--field``, as ``demo``).
+    """
+    if not output:
+        return []
+    whole = json.dumps(output, ensure_ascii=False)
+    if not isinstance(output, Mapping) or (len(whole) <= OUTPUT_CHARS and not fields):
+        return [f"output: {_cut(whole, '--json')}"]
+    lines = []
+    for key, value in output.items():
+        if key in fields:
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            lines.append(f"output.{key}:" + ("\n" if "\n" in text else " ") + text)
+        else:
+            how = hint.format(key=key) if len(str(key).split()) == 1 else "--json"
+            lines.append(f"output.{key}: {_cut(json.dumps(value, ensure_ascii=False), how)}")
+    return lines
+
+
 def summary(
     doc: Mapping[str, Any],
     *,
@@ -257,9 +294,12 @@ def summary(
     workers: Mapping[str, str] | None = None,
     elapsed: float | None = None,
     link: str | None = None,
+    fields: Sequence[str] = (),
+    hint: str = FIELD_HINT,
 ) -> str:
     """The short table a run ends with: status, one row per step (worker, status,
-    attempts, duration), the output on one line, the error, the workflow and its link."""
+    attempts, duration), the output (:func:`output_lines`; ``fields`` whole), the
+    error, the workflow and its link."""
     steps: Mapping[str, Any] = doc.get("steps") or {}
     took = f" in {elapsed:.1f}s" if elapsed is not None else ""
     lines = [f"{name} {doc.get('status')}{took}"]
@@ -287,11 +327,7 @@ def summary(
         for r in rows:
             left = "  ".join(r[i].ljust(widths[i]) for i in range(3))
             lines.append(f"  {left}  {r[3].rjust(widths[3])}  {r[4].rjust(widths[4])}")
-    if doc.get("output"):
-        out = json.dumps(doc["output"], ensure_ascii=False)
-        if len(out) > OUTPUT_CHARS:
-            out = out[: OUTPUT_CHARS - 1] + "…  (--json prints it whole)"
-        lines.append(f"output: {out}")
+    lines.extend(output_lines(doc.get("output"), fields, hint))
     error = doc.get("error")
     if isinstance(error, Mapping):
         where = f" (step {error['step']})" if error.get("step") else ""

@@ -26,7 +26,7 @@ import contextlib
 import shutil
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from temporalio.exceptions import TemporalError
@@ -39,6 +39,7 @@ from aiworker.workers.cli.common import (
     warn_duplicates,
 )
 from aiworker.workers.client.progress import (
+    FIELD_HINT,
     Snapshot,
     progress_line,
     step_events,
@@ -91,12 +92,23 @@ class _Output:
         name: str,
         link: str | None = None,
         workers: Mapping[str, str] | None = None,
+        fields: Sequence[str] = (),
+        hint: str = FIELD_HINT,
     ) -> None:
         self.out, self.name, self.link, self.workers = out, name, link, workers
+        self.fields, self.hint = fields, hint
 
     def summary(self, doc: dict[str, Any], elapsed: float) -> str:
         """The run's :func:`~aiworker.workers.client.progress.summary` table."""
-        return summary(doc, name=self.name, workers=self.workers, elapsed=elapsed, link=self.link)
+        return summary(
+            doc,
+            name=self.name,
+            workers=self.workers,
+            elapsed=elapsed,
+            link=self.link,
+            fields=self.fields,
+            hint=self.hint,
+        )
 
 
 class PlainView(_Output):
@@ -178,13 +190,19 @@ class LiveView(_Output):
 
 
 def choose_view(
-    out: IO[str], name: str, link: str | None, workers: Mapping[str, str] | None = None
+    out: IO[str],
+    name: str,
+    link: str | None,
+    workers: Mapping[str, str] | None = None,
+    fields: Sequence[str] = (),
+    hint: str = FIELD_HINT,
 ) -> View:
-    """A live line on a terminal, plain lines anywhere else."""
+    """A live line on a terminal, plain lines anywhere else; the summary shows the
+    output ``fields`` whole and says ``hint`` for a field it cuts."""
     isatty = getattr(out, "isatty", None)
     if isatty is not None and isatty():
-        return LiveView(out, name, link, workers)
-    return PlainView(out, name, link, workers)
+        return LiveView(out, name, link, workers, fields, hint)
+    return PlainView(out, name, link, workers, fields, hint)
 
 
 async def _watch(pipelines: PipelineClient, workflow_id: str, view: View, start: float) -> None:
@@ -231,12 +249,15 @@ async def show_run(
     handle: PipelineHandle,
     pipeline: Mapping[str, Any],
     link: str | None,
+    fields: Sequence[str] = (),
+    hint: str = FIELD_HINT,
 ) -> dict[str, Any]:
     """Follow a started pipeline on stdout (a live line or plain lines, then the
-    summary table); its outcome."""
+    summary table, with the output ``fields`` whole); its outcome."""
     name = str(pipeline.get("name"))
     workers = {str(s.get("id")): str(s.get("worker")) for s in pipeline.get("steps") or ()}
-    return await follow(pipelines, handle, choose_view(sys.stdout, name, link, workers))
+    view = choose_view(sys.stdout, name, link, workers, fields, hint)
+    return await follow(pipelines, handle, view)
 
 
 async def wait_and_show(
@@ -247,11 +268,13 @@ async def wait_and_show(
     *,
     no_wait: bool = False,
     as_json: bool = False,
+    fields: Sequence[str] = (),
 ) -> int:
     """What ``aiworker run`` and ``redrive`` print once the pipeline started; the
     exit code. The workflow id (``no_wait``); or the outcome JSON (``as_json``,
     with what a step has long waited for on stderr meanwhile); or a first line
-    with the workflow id and UI link, the run's progress and the summary table."""
+    with the workflow id and UI link, the run's progress and the summary table
+    (the output ``fields`` whole: ``--field``)."""
     if no_wait:
         print(handle.id)
         return EXIT_OK
@@ -259,6 +282,6 @@ async def wait_and_show(
         return print_outcome(await outcome_telling_waits(pipelines, handle, err))
     link = run_link(pipelines.temporal, ui_url, handle.id)
     print(f"{pipeline.get('name')}: started {handle.id}" + (f"  {link}" if link else ""))
-    doc = await show_run(pipelines, handle, pipeline, link)
+    doc = await show_run(pipelines, handle, pipeline, link, fields)
     warn_duplicates(doc)
     return outcome_code(doc)

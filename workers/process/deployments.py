@@ -341,7 +341,10 @@ async def set_current(client: Client, name: str, build: str, *, wait_seconds: fl
             client.workflow_service.set_worker_deployment_current_version, request, wait_seconds
         )
     except RPCError as e:
-        raise DeploymentError(f"cannot make {name}/{build} current: {e.message}") from None
+        raise DeploymentError(
+            f"cannot make {name}/{build} current: {e.message}",
+            not_found=e.status == RPCStatusCode.NOT_FOUND,
+        ) from None
 
 
 async def set_ramping(client: Client, name: str, build: str | None, percentage: float) -> None:
@@ -362,7 +365,10 @@ async def set_ramping(client: Client, name: str, build: str | None, percentage: 
             )
         )
     except RPCError as e:
-        raise DeploymentError(f"cannot ramp {name}/{build}: {e.message}") from None
+        raise DeploymentError(
+            f"cannot ramp {name}/{build}: {e.message}",
+            not_found=e.status == RPCStatusCode.NOT_FOUND,
+        ) from None
 
 
 # --- what a process does at start -----------------------------------------------------------
