@@ -102,7 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def conn(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--address", help="Temporal frontend host:port (default: envconfig)")
+        sp.add_argument(
+            "--address",
+            help=(
+                "Temporal frontend host:port (default: TEMPORAL_ADDRESS or the envconfig "
+                "profile, else the aiworker dev stack recorded in this folder, else "
+                "localhost:7233)"
+            ),
+        )
         sp.add_argument("--profile", help="envconfig profile name")
 
     w = sub.add_parser("worker", help="run a worker process")
