@@ -79,13 +79,15 @@ class WorkerProcess:
         return self.log.read_text("utf-8", errors="replace")[-4000:]
 
 
-def run_cli_module(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_cli_module(
+    args: list[str], env: dict[str, str], *, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
     """``python -m aiworker.workers.cli.main ARGS`` as a user runs it, output captured."""
     return subprocess.run(
         [sys.executable, "-m", "aiworker.workers.cli.main", *args],
         env=env,
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=timeout,
         stdin=subprocess.DEVNULL,
     )

@@ -33,6 +33,7 @@ import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
 from support.payloads import stack_settings
+from support.procs import run_cli_module
 from support.waiting import wait_until
 from temporalio.client import Client
 from temporalio.service import RPCError
@@ -495,14 +496,7 @@ async def world(
 
 
 def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aiworker.workers.cli.main", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=120,
-    )
+    return run_cli_module(args, env, timeout=120)
 
 
 async def interrupted(

@@ -8,10 +8,10 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from conftest import Stack
+from support.procs import run_cli_module
 
 from aiworker.workers.cli.common import EXIT_OK, EXIT_USAGE
 from aiworker.workers.client.progress import OUTPUT_CHARS
@@ -31,14 +31,7 @@ def run_cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     env["TEMPORAL_ADDRESS"] = stack.client.service_client.config.target_host
     env["AIWORKER_TASK_QUEUE_SUFFIX"] = stack.settings.task_queue_suffix
     env["AIWORKER_DATA_DIR"] = str(stack.settings.data_dir)
-    return subprocess.run(
-        [sys.executable, "-m", "aiworker.workers.cli.main", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=120,
-    )
+    return run_cli_module(list(args), env, timeout=120)
 
 
 async def test_run_field_prints_the_asked_field_whole(stack: Stack, tmp_path: Path) -> None:
