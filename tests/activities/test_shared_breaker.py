@@ -17,7 +17,7 @@ from typing import Any, cast
 import pytest
 from conftest import running_stack
 from support.waiting import wait_until
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.activities.breakers import BreakerRegistry, SharedBreakers
@@ -161,6 +161,7 @@ class StandInTemporal:
         self.gate = asyncio.Event()
         self.gate.set()
         self.queries = 0
+        self.status = WorkflowExecutionStatus.RUNNING
 
     def get_workflow_handle(self, workflow_id: str) -> StandInTemporal:
         return self
@@ -172,7 +173,9 @@ class StandInTemporal:
             raise self.error
         return self
 
-    async def memo_value(self, key: str, default: Any = None, **kw: Any) -> float:
+    async def memo_value(self, key: str, default: Any = None, **kw: Any) -> Any:
+        if key == names.BREAKER_PROBE_MEMO_KEY:
+            return default
         assert key == names.BREAKER_MEMO_KEY
         return self.until
 
