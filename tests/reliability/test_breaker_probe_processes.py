@@ -153,16 +153,17 @@ async def test_one_probe_across_three_processes_when_the_open_period_ends(
 
     with serve(target.handle) as up:
         base = f"http://127.0.0.1:{up.port}"
+        key = f"host:127.0.0.1:{up.port}"
         breaker = client.get_workflow_handle(
-            names.shared_breaker_workflow_id(f"host:127.0.0.1:{up.port}", settings.task_queue_suffix)
+            names.shared_breaker_workflow_id(key, settings.task_queue_suffix)
         )
         try:
             for name in "abc":
                 procs.append(WorkerProcess([AIWORKER, "worker"], env, tmp_path / f"{name}.log"))
-            for p in procs:
+            for pid in [p.pid for p in procs]:
                 await wait_until(
-                    lambda p=p: polls_everything(client, settings, p.pid),  # type: ignore[misc]
-                    lambda: f"worker {p.pid} polling its queues\n{logs()}",
+                    lambda pid=pid: polls_everything(client, settings, pid),  # type: ignore[misc]
+                    lambda pid=pid: f"worker {pid} polling its queues\n{logs()}",  # type: ignore[misc]
                     timeout=90,
                 )
 
@@ -195,7 +196,7 @@ async def test_one_probe_across_three_processes_when_the_open_period_ends(
                 if not hits:
                     return False
                 probe = hits[0][1]
-                others = [h for h, i in zip(handles, range(SCRAPES)) if f"/s{i}" != probe]
+                others = [h for i, h in enumerate(handles) if f"/s{i}" != probe]
                 return all(await asyncio.gather(*(refused_for_probe(h) for h in others)))
 
             await wait_until(
