@@ -72,11 +72,12 @@ from aiworker.activities.step_cache import StepCache
 from aiworker.activities.tenancy import admit
 from aiworker.activities.toolbox import Toolbox, tool_secrets
 from aiworker.activities.tools.egress import tenant_egress
-from aiworker.activities.usage import USAGE_ESTIMATED, UsageBook, heartbeating
+from aiworker.activities.usage import UsageBook, heartbeating
 from aiworker.config.settings import Settings
 from aiworker.schemas import messages, names, safe_schema
 from aiworker.schemas.batch import ItemOutcome, ItemsResult, ItemsTask
 from aiworker.schemas.errors import ErrorCode
+from aiworker.schemas.lost_usage import USAGE_ESTIMATED, estimated_message
 from aiworker.schemas.protocol import (
     ArtifactRef,
     ErrorInfo,
@@ -542,14 +543,9 @@ class WorkerRuntime:
         spec = ctx.spec
         warnings = list(result.warnings)
         if ctx.usage.lost:
-            lost = ", ".join(str(n) for n in ctx.usage.lost)
             warnings.append(
                 WarningInfo(
-                    code=USAGE_ESTIMATED,
-                    message=f"usage estimated: attempt outcome unknown (attempt {lost} ended "
-                    "without reporting its usage, its worker process lost or timed out; "
-                    "booked at the most one attempt may consume)",
-                    field="usage",
+                    code=USAGE_ESTIMATED, message=estimated_message(ctx.usage.lost), field="usage"
                 )
             )
         return WorkerResponse(

@@ -53,10 +53,10 @@ from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.errors import replaced
 from aiworker.activities.toolbox import Toolbox
+from aiworker.schemas.lost_usage import NOTHING_HEARD, USAGE_ESTIMATED, LastBeat, cover
 from aiworker.schemas.protocol import Usage
 
-# The warning a response carries when it booked an earlier attempt at its maximum.
-USAGE_ESTIMATED = "usage_estimated"
+__all__ = ["USAGE_ESTIMATED", "UsageBook", "heartbeating"]
 
 
 class UsageBook:
@@ -66,7 +66,7 @@ class UsageBook:
         prior: what earlier attempts consumed (see :meth:`of`).
     """
 
-    def __init__(self, prior: Usage | None = None, last: _Last | None = None) -> None:
+    def __init__(self, prior: Usage | None = None, last: LastBeat | None = None) -> None:
         self.prior = prior if prior is not None else Usage()
         # What the last heartbeat said of the attempt that sent it (None: nothing known,
         # or details from a worker before attempts were marked: trusted as they are).
@@ -93,12 +93,12 @@ class UsageBook:
         for d in info.heartbeat_details if info else ():
             if isinstance(d, dict) and isinstance(d.get("usage"), dict):
                 try:
-                    book = cls(Usage.model_validate(d["usage"]), _Last.of(d))
+                    book = cls(Usage.model_validate(d["usage"]), LastBeat.of(d))
                 except ValidationError:
                     pass
                 break
         if book is None:
-            book = cls(last=_Last(0, True, Usage()) if info is not None else None)
+            book = cls(last=NOTHING_HEARD if info is not None else None)
         book.attempt = info.attempt if info is not None else 0
         return book
 
@@ -106,19 +106,9 @@ class UsageBook:
         """Book each earlier attempt that ended without reporting its usage (its
         worker killed, or timed out by the server) at ``estimate``, the most one
         attempt may consume, or at what it heartbeated if that is more."""
-        last, attempt = self._last, self.attempt
-        if last is None or attempt <= 1:
+        if self._last is None or self.attempt <= 1:
             return
-        # A final word covers its attempt; a running one's did not say how it ended.
-        first = last.attempt + 1 if last.final else last.attempt
-        prior = self.prior
-        for n in range(first, attempt):
-            if n == last.attempt:  # what it heartbeated is in prior already
-                prior = _most(prior, last.before + estimate)
-            else:
-                prior = prior + estimate
-            self.lost.append(n)
-        self.prior = prior
+        self.prior, self.lost = cover(self.prior, self._last, self.attempt - 1, estimate)
 
     def spend(self, input_tokens: int = 0, output_tokens: int = 0) -> None:
         """Book tokens a provider billed in this attempt."""
@@ -251,35 +241,3 @@ def _details(
     if before is not None:
         doc["before"] = before.model_dump(mode="json")
     return [doc]
-
-
-class _Last:
-    """What the last heartbeat said of the attempt that sent it."""
-
-    def __init__(self, attempt: int, final: bool, before: Usage) -> None:
-        self.attempt = attempt
-        self.final = final
-        self.before = before
-
-    @classmethod
-    def of(cls, doc: dict[str, Any]) -> _Last | None:
-        attempt = doc.get("attempt")
-        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
-            return None  # details of a worker from before attempts were marked
-        try:
-            before = Usage.model_validate(doc.get("before") or {})
-        except ValidationError:
-            before = Usage()
-        return cls(attempt, bool(doc.get("final")), before)
-
-
-def _most(a: Usage, b: Usage) -> Usage:
-    """Each count the larger of ``a``'s and ``b``'s."""
-    return Usage(
-        input_tokens=max(a.input_tokens, b.input_tokens),
-        output_tokens=max(a.output_tokens, b.output_tokens),
-        external_calls=max(a.external_calls, b.external_calls),
-        cached_input_tokens=max(a.cached_input_tokens, b.cached_input_tokens),
-        cache_write_tokens=max(a.cache_write_tokens, b.cache_write_tokens),
-        cost_usd=max(a.cost_usd, b.cost_usd),
-    )

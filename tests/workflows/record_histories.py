@@ -655,6 +655,36 @@ async def rec_breaker(client: Client, tmp: Path) -> Saved:
     return {"breaker": wid}
 
 
+async def rec_lost_usage(client: Client, tmp: Path) -> Saved:
+    """A call whose attempts the server timed out, never reported by their worker:
+    booked at their maximum (``lost-attempt-usage``; a same-name stand-in)."""
+    from support.standins import never_ends
+
+    def beats(attempt: int) -> dict[str, Any] | None:
+        usage = {"input_tokens": 30, "output_tokens": 10, "external_calls": 1}
+        return {"usage": usage, "attempt": 1, "final": False} if attempt == 1 else None
+
+    pipeline = {
+        "name": "replay-lost-usage",
+        "tenant": "acme",
+        "budget": {"max_tokens": 20000},
+        "steps": [
+            {
+                "id": "ask",
+                "worker": names.LLM_CALL,
+                "timeout_seconds": 1,
+                "retry": {"max_attempts": 2},
+                "input": {"prompt": "never answered"},
+            }
+        ],
+    }
+    act = never_ends(names.LLM_CALL, beats)
+    settings = _settings(tmp)
+    async with running_stack(client, settings, replace_activities={names.LLM_CALL: act}) as s:
+        await _run(s, pipeline, "replay-lost-usage")
+    return {"lost-usage": "replay-lost-usage"}
+
+
 async def _equal(found: Awaitable[set[str]], want: set[str]) -> bool:
     return await found == want
 
@@ -673,6 +703,7 @@ RECORDINGS: dict[str, Recording] = {
     "limiter": rec_limiter,
     "items-per-task": rec_items_per_task,
     "breaker": rec_breaker,
+    "lost-usage": rec_lost_usage,
 }
 
 

@@ -24,7 +24,10 @@ the ``run-config-activity`` patch (``record_histories.py basic``, its
 local activity, not the workflow task); the other files guard runs from before it.
 ``breaker`` is a ``SharedBreakerWorkflow`` granting and refusing the half-open
 probe lease (the ``breaker-probe-lease`` patch); ``breaker-20261127`` the same
-recording on the code before the lease (openings only).
+recording on the code before the lease (openings only). ``lost-usage`` is a call
+whose two attempts the server timed out, booked at their maximum (the
+``lost-attempt-usage`` patch); the committed histories with timed-out calls from
+before it carry no marker.
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ SHAPES = {
     "items-per-task",
     "items-per-task-chunk",
     "breaker",
+    "lost-usage",
 }
 OLDER_CODE = {
     "dag-20261122",
@@ -132,6 +136,7 @@ OLDER_CODE |= {
         "items-per-task",
         "items-per-task-chunk",
         "breaker",
+        "lost-usage",
     }
     if not shape.startswith(("limited-", "limiter-", "agent-limited"))
 }
@@ -362,6 +367,14 @@ def test_the_probe_lease_is_recorded_only_behind_its_patch() -> None:
 
     assert PROBE_LEASE_PATCH in _patches("breaker")
     assert PROBE_LEASE_PATCH not in _patches("breaker-20261127")
+
+
+def test_lost_attempts_are_booked_only_behind_their_patch() -> None:
+    """A call whose last attempt the server timed out records ``lost-attempt-usage``."""
+    from aiworker.workflows.calls import LOST_USAGE_PATCH
+
+    assert LOST_USAGE_PATCH in _patches("lost-usage")
+    assert LOST_USAGE_PATCH not in _patches("dag")
 
 
 def _local_activities(name: str) -> list[str]:
