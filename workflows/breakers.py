@@ -16,10 +16,11 @@ fails fast until the lease ends. The lease ends with the probe's outcome: a
 success (signal ``closed``) closes the breaker everywhere, a failure re-opens
 it (signal ``opened``); or with its expiry, so a prober killed mid-call frees
 the probe after one lease. Whether a probe closed it and until when the lease
-runs are kept in the memo too (``probe``), so processes that see a lease held
-fail fast without asking. Temporal has no cross-process lease primitive; a
-workflow's update handlers run one at a time, which makes "the first asker
-wins" exact.
+runs are kept in the memo too (``probe``): processes read from it that the
+target is half-open, and operators see the lease; whether a call may probe is
+always the update's answer, since a view up to a second old may miss the
+close. Temporal has no cross-process lease primitive; a workflow's update
+handlers run one at a time, which makes "the first asker wins" exact.
 
 The state is carried across continue-as-new; an idle breaker completes and the
 next opening starts it again.
