@@ -450,19 +450,23 @@ class BreakerRegistry:
         await shared.refresh(key)
         view = shared.view(key)
         now = time.time()
-        if view.open_until > now or not (local == "half_open" or view.half_open(now)):
-            self.check(target)  # open elsewhere: raises; closed everywhere: passes
+        if view.open_until > now:  # (re-)opened by another process
+            raise self._shared_open_error(target, view.open_until - now)
+        if not (local == "half_open" or view.half_open(now)):
+            self.check(target)  # closed everywhere
             return
         # The workflow decides, not this process's view of the lease: a view up to
         # ``refresh_seconds`` old may miss that the probe already closed the breaker.
         ask = self._asks.get(target)
         if ask is not None:  # another call of this process asks now: share its answer
             answer = await asyncio.shield(ask)
+            now = time.time()
             if answer is None:
                 self.check(target)
+            elif answer.open_until > now:
+                raise self._shared_open_error(target, answer.open_until - now)
             elif not answer.closed:
-                wait = max(answer.open_until, answer.lease_until) - time.time()
-                raise self._probe_elsewhere(target, wait, here=answer.granted)
+                raise self._probe_elsewhere(target, answer.lease_until - now, answer.granted)
             return
         self._reserve_probe(target)  # raises while this process's probe is in flight
         ask = asyncio.ensure_future(shared.request_probe(key, self.open_seconds))
@@ -485,8 +489,8 @@ class BreakerRegistry:
         if answer.closed:
             return
         now = time.time()
-        if answer.open_until > now:
-            self.check(target)  # re-opened meanwhile: raises as open elsewhere
+        if answer.open_until > now:  # re-opened meanwhile
+            raise self._shared_open_error(target, answer.open_until - now)
         raise self._probe_elsewhere(target, answer.lease_until - now)
 
     def _probe_elsewhere(self, target: str, wait: float, here: bool = False) -> CircuitOpenError:
@@ -577,13 +581,16 @@ class BreakerRegistry:
         until = self.shared.open_until(f"{self.kind}:{target}")
         wait = until - time.time()
         if wait > 0:
-            raise CircuitOpenError(
-                f"circuit for {self.kind} {target} is open (opened by another worker "
-                f"process); next probe in {wait:.1f}s",
-                retry_after=round(max(0.1, wait), 3),
-                target=target,
-                shared=True,
-            )
+            raise self._shared_open_error(target, wait)
+
+    def _shared_open_error(self, target: str, wait: float) -> CircuitOpenError:
+        return CircuitOpenError(
+            f"circuit for {self.kind} {target} is open (opened by another worker "
+            f"process); next probe in {wait:.1f}s",
+            retry_after=round(max(0.1, wait), 3),
+            target=target,
+            shared=True,
+        )
 
     def record_success(self, target: str) -> None:
         with self._lock:

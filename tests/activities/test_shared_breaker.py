@@ -312,3 +312,36 @@ async def test_one_probe_across_views_and_a_silent_prober_frees_it_after_the_lea
         for _ in range(3):  # closed: no more probes, every call passes
             await a.acheck("probe.example")
             await c.acheck("probe.example")
+
+
+async def test_a_half_open_view_fails_fast_when_another_process_reopened(
+    client: Client, settings: Settings
+) -> None:
+    """A process whose own breaker is half-open does not probe a target another
+    process has just opened again: it fails fast as open elsewhere."""
+    shared = [
+        SharedBreakers(settings.queue(names.PIPELINES_QUEUE), client=client, refresh_seconds=0.1)
+        for _ in range(2)
+    ]
+    a = BreakerRegistry("host", failure_threshold=1, open_seconds=1.0, shared=shared[0])
+    b = BreakerRegistry("host", failure_threshold=1, open_seconds=30.0, shared=shared[1])
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        a.record_failure("again.example")
+        await wait_until(lambda: a.state("again.example") == "half_open", "a half-open")
+        b.record_failure("again.example")  # b opens it for 30 s, for everyone
+
+        async def reopened() -> bool:
+            until = await open_until_in_temporal(client, settings, "host:again.example")
+            return until > time.time() + 10
+
+        await wait_until(reopened, "b's opening in the breaker workflow", timeout=15)
+
+        async def open_elsewhere() -> CircuitOpenError | None:
+            try:
+                await a.acheck("again.example")
+            except CircuitOpenError as e:
+                return e if "opened by another worker process" in e.message else None
+            raise AssertionError("a probed a target another process had opened again")
+
+        await wait_until(open_elsewhere, "a to see b's opening", timeout=15)
+        assert a.state("again.example") == "half_open"  # no probe of its own went out
