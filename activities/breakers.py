@@ -37,12 +37,28 @@ whose open/half-open/closed rules must be read together; its workflow is
    the workflow's memo through ``DescribeWorkflow``, which the server answers
    itself, so no worker replays anything and a killed worker cannot stall it.
    Publishing never blocks a call: it runs as a background task.
+
+3. One half-open probe across processes.
+
+   When the shared open period ends, the target stays half-open for every
+   process until a probe succeeds: before a call, a process that sees it
+   half-open (or whose own breaker is half-open) asks the breaker workflow for
+   the probe lease (:meth:`SharedBreakers.request_probe`, an update awaited at
+   most ``wait_seconds``). The first asker gets it and its call is the probe;
+   the others fail fast with ``circuit_open`` ("a probe is in flight") until
+   the lease ends, as the open state does. The probe's success closes the
+   breaker everywhere (signal ``closed``), its failure re-opens it; a prober
+   killed mid-call frees the lease after ``open_seconds``. Within one process
+   only one call asks at a time. A Temporal that does not answer in time
+   leaves the decision to this process alone, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import threading
 import time
 from collections import deque
@@ -65,13 +81,27 @@ from aiworker.activities.errors import CircuitOpenError
 from aiworker.activities.metrics import BREAKER_STATES, WorkerMetrics
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.schemas.breakers import SharedBreakerState
+from aiworker.schemas.breakers import ProbeAnswer, ProbeRequest, SharedBreakerState
 
 log = logging.getLogger("aiworker.breaker")
 
 # How long one refresh read may take in the background, so that a hung
 # Temporal does not pile up reads; callers wait far less (``wait_seconds``).
 _QUERY_RPC_TIMEOUT = timedelta(seconds=5)
+
+
+@dataclass(frozen=True)
+class SharedView:
+    """What the other processes said about one breaker key, as last refreshed:
+    open until ``open_until`` (epoch seconds, 0: never opened), then half-open
+    until a probe ``closed`` it; a probe lease runs until ``lease_until``."""
+
+    open_until: float = 0.0
+    closed: bool = True
+    lease_until: float = 0.0
+
+    def half_open(self, now: float) -> bool:
+        return 0 < self.open_until <= now and not self.closed
 
 
 class _Refresh:
@@ -109,6 +139,9 @@ class SharedBreakers:
         self._client = client
         self._suffix = names.queue_suffix_of(queue)
         self._open_until: dict[str, float] = {}
+        # (closed, lease_until) per key: the half-open probe's state
+        self._probe: dict[str, tuple[bool, float]] = {}
+        self._holder = f"{os.getpid()}@{socket.gethostname()}"
         self._refreshed: dict[str, float] = {}
         self._in_flight: dict[str, _Refresh] = {}
         self._failing: set[str] = set()
@@ -182,10 +215,57 @@ class SharedBreakers:
                     )
         return self._open_until.get(key, 0.0)
 
+    def view(self, key: str) -> SharedView:
+        """What the other processes said about ``key``, as last refreshed (never waits)."""
+        closed, lease_until = self._probe.get(key, (True, 0.0))
+        return SharedView(self._open_until.get(key, 0.0), closed, lease_until)
+
     def publish(self, key: str, open_until: float) -> None:
         """Tell every process that ``key`` is open until ``open_until``."""
         self._open_until[key] = max(self._open_until.get(key, 0.0), open_until)
+        self._probe[key] = (False, 0.0)
         self._spawn(self._publish(key, open_until))
+
+    def publish_closed(self, key: str) -> None:
+        """Tell every process that the probe of ``key`` succeeded."""
+        self._probe[key] = (True, 0.0)
+        self._spawn(self._publish_closed(key))
+
+    async def request_probe(self, key: str, lease_seconds: float) -> ProbeAnswer | None:
+        """Ask the breaker workflow for the one half-open probe of ``key``.
+
+        Returns its answer, or None when Temporal did not answer within
+        ``wait_seconds`` (or failed): the caller then decides alone.
+        """
+        client = self._get_client()
+        if client is None:
+            return None
+        handle = client.get_workflow_handle(names.shared_breaker_workflow_id(key, self._suffix))
+        try:
+            answer: ProbeAnswer = await asyncio.wait_for(
+                handle.execute_update(
+                    names.BREAKER_PROBE_UPDATE,
+                    ProbeRequest(holder=self._holder, lease_seconds=lease_seconds),
+                    result_type=ProbeAnswer,
+                    rpc_timeout=_QUERY_RPC_TIMEOUT,
+                ),
+                self.wait_seconds,
+            )
+        except Exception as e:
+            log.warning(
+                "breaker.probe_unanswered",
+                extra={
+                    "aiworker": {
+                        "event": "breaker_probe_unanswered",
+                        "key": key,
+                        "error": f"{type(e).__name__}: {e}"[:300],
+                    }
+                },
+            )
+            return None
+        self._open_until[key] = max(self._open_until.get(key, 0.0), answer.open_until)
+        self._probe[key] = (answer.closed, answer.lease_until)
+        return answer
 
     async def _refresh(self, key: str) -> None:
         client = self._get_client()
@@ -193,36 +273,45 @@ class SharedBreakers:
             return
         handle = client.get_workflow_handle(names.shared_breaker_workflow_id(key, self._suffix))
         try:
-            until = await self._read(handle)
+            view = await self._read(handle)
         except RPCError as e:
             if e.status != RPCStatusCode.NOT_FOUND:
                 self._refresh_failed(key, e)
                 return
-            until = 0.0  # never opened anywhere
+            view = SharedView()  # never opened anywhere
         except Exception as e:
             self._refresh_failed(key, e)
             return
         self._failing.discard(key)
-        self._open_until[key] = max(self._open_until.get(key, 0.0), float(until))
+        self._open_until[key] = max(self._open_until.get(key, 0.0), view.open_until)
+        if view.open_until >= self._open_until[key]:
+            self._probe[key] = (view.closed, view.lease_until)
 
     @staticmethod
-    async def _read(handle: WorkflowHandle[Any, Any]) -> float:
-        """The open-until time, from the memo the server keeps (no worker involved);
-        a breaker workflow started before it kept one is queried instead."""
+    async def _read(handle: WorkflowHandle[Any, Any]) -> SharedView:
+        """The breaker's state, from the memo the server keeps (no worker involved);
+        a breaker workflow started before it kept one is queried instead. A
+        workflow that is no longer running (idle long after its last opening) is
+        closed."""
         desc = await handle.describe(rpc_timeout=_QUERY_RPC_TIMEOUT)
+        running = desc.status == WorkflowExecutionStatus.RUNNING
         until = await desc.memo_value(names.BREAKER_MEMO_KEY, None, type_hint=float)
+        probe = await desc.memo_value(names.BREAKER_PROBE_MEMO_KEY, None)
+        closed, lease_until = not running, 0.0
+        if running and isinstance(probe, dict):
+            closed = bool(probe.get("closed", False))
+            lease_until = float(probe.get("lease_until") or 0.0)
         if until is not None:
-            return float(until)
-        if desc.status != WorkflowExecutionStatus.RUNNING:
-            return 0.0  # went idle long after its last opening
+            return SharedView(float(until), closed, lease_until)
+        if not running:
+            return SharedView()
         try:
-            return float(
-                await handle.query(
-                    names.BREAKER_STATE_QUERY, result_type=float, rpc_timeout=_QUERY_RPC_TIMEOUT
-                )
+            until = await handle.query(
+                names.BREAKER_STATE_QUERY, result_type=float, rpc_timeout=_QUERY_RPC_TIMEOUT
             )
         except WorkflowQueryRejectedError:
-            return 0.0
+            return SharedView()
+        return SharedView(float(until), closed, lease_until)
 
     def _refresh_failed(self, key: str, e: Exception) -> None:
         if key in self._failing:
@@ -234,6 +323,19 @@ class SharedBreakers:
                 "aiworker": {"event": "breaker_refresh_failed", "key": key, "error": str(e)[:300]}
             },
         )
+
+    async def _publish_closed(self, key: str) -> None:
+        client = self._get_client()
+        if client is None:
+            return
+        handle = client.get_workflow_handle(names.shared_breaker_workflow_id(key, self._suffix))
+        try:
+            await handle.signal(names.BREAKER_CLOSED_SIGNAL, rpc_timeout=_QUERY_RPC_TIMEOUT)
+        except Exception as e:
+            log.warning(
+                "breaker.share_failed",
+                extra={"aiworker": {"event": "breaker_share_failed", "key": key, "error": str(e)}},
+            )
 
     async def _publish(self, key: str, open_until: float) -> None:
         client = self._get_client()
@@ -265,6 +367,10 @@ class _Circuit:
     state: str = "closed"
     opened_at: float = 0.0
     probe_in_flight: bool = False
+    # when the probe in flight started (clock); one that never reports ends after open_seconds
+    probe_started: float = 0.0
+    # the probe in flight holds the shared lease: its outcome is told to every process
+    shared_probe: bool = False
 
 
 class BreakerRegistry:
@@ -290,6 +396,8 @@ class BreakerRegistry:
         self.shared = shared
         self._circuits: dict[str, _Circuit] = {}
         self._lock = threading.Lock()
+        # the one ask for the shared probe in flight per target; other calls share it
+        self._asks: dict[str, asyncio.Future[ProbeAnswer | None]] = {}
 
     @classmethod
     def from_settings(
@@ -320,15 +428,122 @@ class BreakerRegistry:
             return c.state
 
     async def acheck(self, target: str) -> None:
-        """:meth:`check`, after refreshing a stale view of what other processes opened.
+        """:meth:`check`, after refreshing a stale view of what other processes opened,
+        and with one half-open probe across processes (module docstring, 3).
 
         A locally open breaker fails fast without asking Temporal. The refresh
-        waits at most ``shared.wait_seconds``; a slow Temporal lets the call
-        go on with the last known state instead of failing it.
+        and the probe lease each wait at most ``shared.wait_seconds``; a slow
+        Temporal lets the call go on with this process's own state instead of
+        failing it.
         """
-        if self.shared is not None and self.state(target) == "closed":
-            await self.shared.refresh(f"{self.kind}:{target}")
-        self.check(target)
+        shared = self.shared
+        if shared is None:
+            self.check(target)
+            return
+        key = f"{self.kind}:{target}"
+        with self._lock:
+            c = self._circuits.setdefault(target, _Circuit())
+            self._advance(target, c)
+            local = c.state
+            if local == "open":
+                raise self._open_error(target, c)
+        await shared.refresh(key)
+        view = shared.view(key)
+        now = time.time()
+        if view.open_until > now:  # (re-)opened by another process
+            raise self._shared_open_error(target, view.open_until - now)
+        if not (local == "half_open" or view.half_open(now)):
+            self.check(target)  # closed everywhere
+            return
+        # The workflow decides, not this process's view of the lease: a view up to
+        # ``refresh_seconds`` old may miss that the probe already closed the breaker.
+        ask = self._asks.get(target)
+        if ask is not None:  # another call of this process asks now: share its answer
+            answer = await asyncio.shield(ask)
+            now = time.time()
+            if answer is None:
+                self.check(target)
+            elif answer.open_until > now:
+                raise self._shared_open_error(target, answer.open_until - now)
+            elif not answer.closed:
+                raise self._probe_elsewhere(target, answer.lease_until - now, answer.granted)
+            return
+        self._reserve_probe(target)  # raises while this process's probe is in flight
+        ask = asyncio.ensure_future(shared.request_probe(key, self.open_seconds))
+        self._asks[target] = ask
+        try:
+            answer = await asyncio.shield(ask)
+        except BaseException:
+            self._end_reservation(target)
+            raise
+        finally:
+            self._asks.pop(target, None)
+        if answer is None:  # Temporal did not answer: this process decides alone
+            self._end_reservation(target)
+            self.check(target)
+            return
+        if answer.granted:
+            self._grant_probe(target)
+            return
+        self._end_reservation(target, closed=answer.closed)
+        if answer.closed:
+            return
+        now = time.time()
+        if answer.open_until > now:  # re-opened meanwhile
+            raise self._shared_open_error(target, answer.open_until - now)
+        raise self._probe_elsewhere(target, answer.lease_until - now)
+
+    def _probe_elsewhere(self, target: str, wait: float, here: bool = False) -> CircuitOpenError:
+        wait = max(0.1, wait)
+        where = (
+            "its probe is in flight"
+            if here
+            else ("a probe is in flight from another worker process")
+        )
+        return CircuitOpenError(
+            f"circuit for {self.kind} {target} is half-open and {where}; "
+            f"next probe in {wait:.1f}s at the latest",
+            retry_after=round(wait, 3),
+            target=target,
+            shared=not here,
+        )
+
+    def _reserve_probe(self, target: str) -> None:
+        """This process's one ask for the shared probe, or ``CircuitOpenError``
+        while another call of this process asks or probes."""
+        with self._lock:
+            c = self._circuits.setdefault(target, _Circuit())
+            self._advance(target, c)
+            if c.probe_in_flight and self.clock() < c.probe_started + self.open_seconds:
+                wait = max(0.1, c.probe_started + self.open_seconds - self.clock())
+                raise CircuitOpenError(
+                    f"circuit for {self.kind} {target} is half-open and its probe is in "
+                    f"flight; next probe in {wait:.1f}s at the latest",
+                    retry_after=round(wait, 3),
+                    target=target,
+                )
+            c.probe_in_flight = True
+            c.probe_started = self.clock()
+
+    def _end_reservation(self, target: str, closed: bool = False) -> None:
+        """The ask ended without the probe; ``closed``: another process's probe closed it."""
+        with self._lock:
+            c = self._circuits.setdefault(target, _Circuit())
+            c.probe_in_flight = False
+            if closed and c.state != "closed":
+                c.failures.clear()
+                self._transition(target, c, "closed")
+
+    def _grant_probe(self, target: str) -> None:
+        """This call is the probe across processes: half-open here too."""
+        with self._lock:
+            c = self._circuits.setdefault(target, _Circuit())
+            c.probe_in_flight = True
+            c.probe_started = self.clock()
+            c.shared_probe = True
+            if c.state != "half_open":
+                c.opened_at = self.clock() - self.open_seconds
+                self._transition(target, c, "half_open")
 
     def check(self, target: str) -> None:
         """Let a call through, or raise ``CircuitOpenError`` with the wait.
@@ -342,15 +557,22 @@ class BreakerRegistry:
             if c.state == "closed":
                 self._check_shared(target)
                 return
-            if c.state == "half_open" and not c.probe_in_flight:
+            if c.state == "half_open" and (
+                not c.probe_in_flight or self.clock() >= c.probe_started + self.open_seconds
+            ):
+                # a probe that never reported (its call was cancelled) frees the next one
                 c.probe_in_flight = True
+                c.probe_started = self.clock()
                 return
-            wait = max(0.1, c.opened_at + self.open_seconds - self.clock())
-            raise CircuitOpenError(
-                f"circuit for {self.kind} {target} is open; next probe in {wait:.1f}s",
-                retry_after=round(wait, 3),
-                target=target,
-            )
+            raise self._open_error(target, c)
+
+    def _open_error(self, target: str, c: _Circuit) -> CircuitOpenError:
+        wait = max(0.1, c.opened_at + self.open_seconds - self.clock())
+        return CircuitOpenError(
+            f"circuit for {self.kind} {target} is open; next probe in {wait:.1f}s",
+            retry_after=round(wait, 3),
+            target=target,
+        )
 
     def _check_shared(self, target: str) -> None:
         """Fail fast while another process has this target's breaker open."""
@@ -359,19 +581,25 @@ class BreakerRegistry:
         until = self.shared.open_until(f"{self.kind}:{target}")
         wait = until - time.time()
         if wait > 0:
-            raise CircuitOpenError(
-                f"circuit for {self.kind} {target} is open (opened by another worker "
-                f"process); next probe in {wait:.1f}s",
-                retry_after=round(max(0.1, wait), 3),
-                target=target,
-                shared=True,
-            )
+            raise self._shared_open_error(target, wait)
+
+    def _shared_open_error(self, target: str, wait: float) -> CircuitOpenError:
+        return CircuitOpenError(
+            f"circuit for {self.kind} {target} is open (opened by another worker "
+            f"process); next probe in {wait:.1f}s",
+            retry_after=round(max(0.1, wait), 3),
+            target=target,
+            shared=True,
+        )
 
     def record_success(self, target: str) -> None:
         with self._lock:
             c = self._circuits.setdefault(target, _Circuit())
             c.failures.clear()
             c.probe_in_flight = False
+            if c.shared_probe and self.shared is not None:
+                self.shared.publish_closed(f"{self.kind}:{target}")
+            c.shared_probe = False
             if c.state != "closed":
                 self._transition(target, c, "closed")
 
@@ -381,6 +609,7 @@ class BreakerRegistry:
             now = self.clock()
             if c.state == "half_open":
                 c.probe_in_flight = False
+                c.shared_probe = False
                 c.opened_at = now
                 self._transition(target, c, "open")
                 return

@@ -116,7 +116,11 @@ def _heartbeat(ctx: WorkerContext) -> Callable[[StreamProgress], None]:
             + ctx.usage.this_attempt()
             + Usage(input_tokens=streamed.input_tokens, output_tokens=streamed.output_tokens)
         )
-        ctx.heartbeat(progress.details(ctx.step_id, so_far))
+        details = progress.details(ctx.step_id, so_far)
+        # which attempt is running and what was settled before it (activities/usage.py)
+        for marks in ctx.usage.running_details(so_far):
+            details.update(marks)
+        ctx.heartbeat(details)
 
     return beat
 
@@ -125,10 +129,43 @@ def _reason(message: str, validator: str) -> dict[str, str]:
     return {"path": "$", "message": message, "validator": validator, "schema_path": ""}
 
 
+def _chat_request(ctx: WorkerContext, input: dict[str, Any]) -> ChatRequest:  # noqa: A002 (as execute)
+    caps = [c for c in (ctx.max_tokens, input.get("max_tokens")) if c is not None]
+    stop = input.get("stop")
+    return ChatRequest(
+        messages=build_messages(input),
+        alias=input.get("model", "default"),
+        max_tokens=min(caps) if caps else None,
+        temperature=input.get("temperature"),
+        stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+        seed=input.get("seed"),
+        response_schema=input.get("response_schema"),
+        tools=tuple(tool_def_from_json(t) for t in input.get("tools") or ()),
+        stream=bool(input.get("stream")),
+    )
+
+
 class LlmCall(Worker):
     """Calls a language model once; validates structured output when asked."""
 
     spec = builtin_spec("llm-call")
+
+    def usage_if_lost(self, ctx: WorkerContext, input: dict[str, Any]) -> Usage:  # noqa: A002 (as execute)
+        """The prompt estimate plus ``max_tokens`` as this call sends them, priced at
+        the alias's prices, and its one external call (the caps when the call
+        cannot be planned: its alias unknown, its prompt too large)."""
+        lm: LanguageModel | None = ctx.tools.peek(TOOL)
+        if lm is None:
+            return super().usage_if_lost(ctx, input)
+        try:
+            request = _chat_request(ctx, input)
+            cfg = lm.resolve(request.alias)
+            max_tokens, est = lm.plan(cfg, request)
+        except Exception:  # the attempt itself reports what is wrong; book the caps
+            return super().usage_if_lost(ctx, input)
+        return priced(
+            Usage(input_tokens=est, output_tokens=max_tokens, external_calls=1), cfg.prices
+        )
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:  # noqa: A002 (Worker.execute's documented signature)
         schema = input.get("response_schema")
@@ -146,19 +183,7 @@ class LlmCall(Worker):
                 "input.stream: a call with tools is not streamed; remove stream or tools",
                 field="input.stream",
             )
-        caps = [c for c in (ctx.max_tokens, input.get("max_tokens")) if c is not None]
-        stop = input.get("stop")
-        request = ChatRequest(
-            messages=build_messages(input),
-            alias=input.get("model", "default"),
-            max_tokens=min(caps) if caps else None,
-            temperature=input.get("temperature"),
-            stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
-            seed=input.get("seed"),
-            response_schema=schema,
-            tools=tuple(tool_def_from_json(t) for t in input.get("tools") or ()),
-            stream=bool(input.get("stream")),
-        )
+        request = _chat_request(ctx, input)
         lm: LanguageModel = ctx.tools.use(TOOL)
         progress = StreamProgress(_heartbeat(ctx) if request.stream else None)
         try:

@@ -77,6 +77,7 @@ from aiworker.config.settings import Settings
 from aiworker.schemas import messages, names, safe_schema
 from aiworker.schemas.batch import ItemOutcome, ItemsResult, ItemsTask
 from aiworker.schemas.errors import ErrorCode
+from aiworker.schemas.lost_usage import USAGE_ESTIMATED, estimated_message
 from aiworker.schemas.protocol import (
     ArtifactRef,
     ErrorInfo,
@@ -362,6 +363,7 @@ class WorkerRuntime:
             depth = self.settings.caps.max_json_depth
             conform(self.contract(spec.input_schema, remember=True), request.input, "input", depth)
             ctx = self._enforce_constraints(spec, request, call, usage)
+            self._cover_lost(worker, ctx, call)
             model = self._cache_model(spec, request) if request.cache is not None else ""
             hit = await self.cache.lookup(request, spec, model)
             if hit is not None and (why := self._stale(spec, hit.outputs)) is not None:
@@ -378,6 +380,25 @@ class WorkerRuntime:
             response = self._respond(ctx, result, call)
             await self.cache.store(request, response, spec, model)
             return response
+
+    @staticmethod
+    def _cover_lost(worker: Executes, ctx: WorkerContext, call: WorkerCall) -> None:
+        """Book earlier attempts that ended without reporting their usage at their
+        maximum (:meth:`UsageBook.cover_lost`); a worker without ``usage_if_lost``
+        (a stand-in) is booked at its caps."""
+        if ctx.usage.attempt <= 1:
+            return
+        estimate_of = getattr(worker, "usage_if_lost", None)
+        if estimate_of is not None:
+            estimate = estimate_of(ctx, ctx.request.input)
+        else:
+            estimate = Usage(
+                output_tokens=ctx.max_tokens or 0,
+                external_calls=ctx.tools.max_external_calls or 0,
+            )
+        ctx.usage.cover_lost(estimate)
+        if ctx.usage.lost:
+            call.note({"usage_estimated_attempts": ctx.usage.lost})
 
     def _cache_model(self, spec: WorkerSpec, request: WorkerRequest) -> str:
         """The model behind a cached llm-call's or prompt worker's alias (provider,
@@ -520,12 +541,19 @@ class WorkerRuntime:
             model=str(result.log_fields.get("model") or ""),
         )
         spec = ctx.spec
+        warnings = list(result.warnings)
+        if ctx.usage.lost:
+            warnings.append(
+                WarningInfo(
+                    code=USAGE_ESTIMATED, message=estimated_message(ctx.usage.lost), field="usage"
+                )
+            )
         return WorkerResponse(
             worker_id=spec.worker_id,
             version=spec.version,
             status=status,
             outputs=result.outputs,
-            warnings=result.warnings,
+            warnings=warnings,
             artifacts=result.artifacts,
             usage=ctx.usage.total(result.input_tokens, result.output_tokens),
             observability=Observability(

@@ -33,7 +33,7 @@ from temporalio import activity
 from aiworker.activities.runtime import WorkerContext, WorkerResult, WorkerRuntime
 from aiworker.schemas.batch import ItemsResult, ItemsTask, items_activity
 from aiworker.schemas.options import ActivityOptions, activity_options
-from aiworker.schemas.protocol import RequestConstraints, WorkerResponse
+from aiworker.schemas.protocol import RequestConstraints, Usage, WorkerResponse
 from aiworker.schemas.spec import WorkerSpec, describe_validation
 
 Activity = Callable[[dict[str, Any]], Awaitable[WorkerResponse]]
@@ -107,6 +107,19 @@ class Worker:
         with a stable code; any other exception is ``internal``.
         """
         raise NotImplementedError(f"{type(self).__qualname__} does not implement execute")
+
+    def usage_if_lost(self, ctx: WorkerContext, input: dict[str, Any]) -> Usage:  # noqa: A002 (as execute)
+        """The most one attempt of this call may consume, booked for an earlier attempt
+        that ended without reporting its usage (its process killed, or timed out by
+        the server; :mod:`~aiworker.activities.usage`).
+
+        By default the attempt's token cap (as output tokens) and external-call cap,
+        as the budget admitted them; 0 where the worker has none. Override it where
+        the input says more (``llm-call``: the prompt estimate plus ``max_tokens``).
+        """
+        return Usage(
+            output_tokens=ctx.max_tokens or 0, external_calls=ctx.tools.max_external_calls or 0
+        )
 
     def activity(self, runtime: WorkerRuntime) -> Activity:
         """This worker's Temporal activity, bound to ``runtime``; named by ``worker_id``."""

@@ -49,6 +49,11 @@ class Toolbox:
             self.charge(name)
         return self._available[name]
 
+    def peek(self, name: str) -> Any | None:
+        """The tool ``name`` if allowed and available, counting nothing (to plan a
+        call, not to make one); None otherwise."""
+        return self._available.get(name) if name in self.allowed else None
+
     def charge(self, name: str, n: int = 1) -> None:
         """Count ``n`` external calls; ``budget_exceeded`` past the quota."""
         if (

@@ -16,6 +16,21 @@ fails and Temporal retries it, so each attempt's usage must reach the next:
 - a success reports the earlier attempts' usage plus its own
   (:meth:`UsageBook.total`).
 
+An attempt whose outcome is unknown is booked at its maximum. A worker
+process killed mid-call (``kill -9``, a lost node), or an attempt the server
+timed out before the worker's own deadline, never reports what it consumed;
+only its heartbeats, if any, reached Temporal. So every heartbeat says which
+attempt sent it and whether that attempt had ended (``final``: its usage is
+complete) or was still running (its usage so far, and what was settled
+``before`` it), and a failing attempt always heartbeats its final usage. The
+next attempt (:meth:`UsageBook.cover_lost`) sees which earlier attempts ended
+without a final word and books each at what the call may consume
+(``Worker.usage_if_lost``: an ``llm-call``'s prompt estimate plus its
+``max_tokens`` as admitted, and its one external call), or what it had
+heartbeated if that is more; its response then carries the warning
+``usage_estimated`` ("usage estimated: attempt outcome unknown"). The ledger
+may overcount such an attempt, never undercount it.
+
 A local activity (a worker whose spec says ``"execution": "local"``) cannot
 heartbeat; its retries run in the process that runs the workflow (backoffs
 up to ``LOCAL_RETRY_THRESHOLD``), so a failed attempt leaves its usage in this
@@ -38,7 +53,10 @@ from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.errors import replaced
 from aiworker.activities.toolbox import Toolbox
+from aiworker.schemas.lost_usage import NOTHING_HEARD, USAGE_ESTIMATED, LastBeat, cover
 from aiworker.schemas.protocol import Usage
+
+__all__ = ["USAGE_ESTIMATED", "UsageBook", "heartbeating"]
 
 
 class UsageBook:
@@ -48,8 +66,14 @@ class UsageBook:
         prior: what earlier attempts consumed (see :meth:`of`).
     """
 
-    def __init__(self, prior: Usage | None = None) -> None:
+    def __init__(self, prior: Usage | None = None, last: LastBeat | None = None) -> None:
         self.prior = prior if prior is not None else Usage()
+        # What the last heartbeat said of the attempt that sent it (None: nothing known,
+        # or details from a worker before attempts were marked: trusted as they are).
+        self._last = last
+        # Earlier attempts whose outcome was unknown, booked at their maximum.
+        self.lost: list[int] = []
+        self.attempt = 0
         self.input_tokens = 0
         self.output_tokens = 0
         self.cached_input_tokens = 0
@@ -65,13 +89,26 @@ class UsageBook:
         (a local activity's: in this process)."""
         if info is not None and info.is_local:
             return cls(_LOCAL_PRIOR.pop(_local_key(info), None))
+        book: UsageBook | None = None
         for d in info.heartbeat_details if info else ():
             if isinstance(d, dict) and isinstance(d.get("usage"), dict):
                 try:
-                    return cls(Usage.model_validate(d["usage"]))
+                    book = cls(Usage.model_validate(d["usage"]), LastBeat.of(d))
                 except ValidationError:
-                    break
-        return cls()
+                    pass
+                break
+        if book is None:
+            book = cls(last=NOTHING_HEARD if info is not None else None)
+        book.attempt = info.attempt if info is not None else 0
+        return book
+
+    def cover_lost(self, estimate: Usage) -> None:
+        """Book each earlier attempt that ended without reporting its usage (its
+        worker killed, or timed out by the server) at ``estimate``, the most one
+        attempt may consume, or at what it heartbeated if that is more."""
+        if self._last is None or self.attempt <= 1:
+            return
+        self.prior, self.lost = cover(self.prior, self._last, self.attempt - 1, estimate)
 
     def spend(self, input_tokens: int = 0, output_tokens: int = 0) -> None:
         """Book tokens a provider billed in this attempt."""
@@ -122,14 +159,17 @@ class UsageBook:
         keeps for the next attempt, so retries add up instead of starting at 0.
         """
         usage = self.prior + self.this_attempt()
-        if usage == Usage():
-            return failure
         if activity.in_activity():
             running = activity.info()
             if running.is_local:
-                _keep_local(running, usage)
+                if usage != Usage():
+                    _keep_local(running, usage)
             else:
-                activity.heartbeat(*_details(usage))
+                # always, even with nothing consumed: the next attempt then knows this
+                # one ended and reported, and books no estimate for it
+                activity.heartbeat(*_details(usage, running.attempt, final=True))
+        if usage == Usage():
+            return failure
         if not failure.details or not isinstance(failure.details[0], dict):
             return failure
         info = {**failure.details[0], "usage": usage.model_dump(mode="json")}
@@ -138,7 +178,16 @@ class UsageBook:
     def heartbeats(self, heartbeat_seconds: float | None) -> AbstractAsyncContextManager[None]:
         """Heartbeat in the background every third of ``heartbeat_seconds`` (if set,
         inside an activity), carrying the earlier attempts' usage."""
-        return heartbeating(heartbeat_seconds, *_details(self.prior))
+        return heartbeating(heartbeat_seconds, *self.running_details(self.prior))
+
+    def running_details(self, so_far: Usage) -> list[dict[str, Any]]:
+        """Heartbeat details of the running attempt: ``so_far`` is what the call has
+        consumed, this attempt's known part included; what was settled before the
+        attempt goes with it, so that a next attempt can book this one's maximum if
+        it never ends (:meth:`cover_lost`)."""
+        if self.attempt < 1:
+            return _details(so_far)
+        return _details(so_far, self.attempt, final=False, before=self.prior)
 
 
 @contextlib.asynccontextmanager
@@ -180,6 +229,15 @@ def _keep_local(info: activity.Info, usage: Usage) -> None:
         _LOCAL_PRIOR.popitem(last=False)
 
 
-def _details(usage: Usage) -> list[dict[str, Any]]:
-    """Heartbeat details that hand ``usage`` to the next attempt."""
-    return [{"usage": usage.model_dump(mode="json")}] if usage != Usage() else []
+def _details(
+    usage: Usage, attempt: int = 0, final: bool = False, before: Usage | None = None
+) -> list[dict[str, Any]]:
+    """Heartbeat details that hand ``usage`` to the next attempt, and say which
+    ``attempt`` sent them and whether it had ended (``final``)."""
+    if attempt < 1:
+        return [{"usage": usage.model_dump(mode="json")}] if usage != Usage() else []
+    doc: dict[str, Any] = {"usage": usage.model_dump(mode="json"), "attempt": attempt}
+    doc["final"] = final
+    if before is not None:
+        doc["before"] = before.model_dump(mode="json")
+    return [doc]

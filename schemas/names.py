@@ -134,6 +134,12 @@ BREAKER_OPENED_SIGNAL: Final = "opened"
 BREAKER_STATE_QUERY: Final = "state"
 # The memo key where SharedBreakerWorkflow keeps its open-until time (epoch seconds).
 BREAKER_MEMO_KEY: Final = "open_until"
+# Half-open across processes: a process asks the breaker workflow for the one probe
+# lease (an update answering ``ProbeAnswer``), and tells it when the probe succeeded.
+BREAKER_PROBE_UPDATE: Final = "probe"
+BREAKER_CLOSED_SIGNAL: Final = "closed"
+# The memo key where SharedBreakerWorkflow keeps ``{"closed", "lease_until"}``.
+BREAKER_PROBE_MEMO_KEY: Final = "probe"
 
 
 def shared_breaker_workflow_id(key: str, queue_suffix: str = "") -> str:

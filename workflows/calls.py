@@ -54,6 +54,13 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import messages, safe_schema
     from aiworker.schemas.batch import ItemsResult, ItemsTask, items_activity
     from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.lost_usage import (
+        NOTHING_HEARD,
+        USAGE_ESTIMATED,
+        LastBeat,
+        cover,
+        estimated_message,
+    )
     from aiworker.schemas.options import (
         LOCAL_RETRY_THRESHOLD,
         activity_options,
@@ -74,6 +81,10 @@ with workflow.unsafe.imports_passed_through():
 from aiworker.workflows.budget import Admission
 
 _CODES = frozenset(c.value for c in ErrorCode)
+# The ``workflow.patched`` id of a call whose last attempt the server timed out: the
+# attempts that never reported their usage are booked at their maximum (before it,
+# such a call booked nothing).
+LOST_USAGE_PATCH = "lost-attempt-usage"
 
 
 def invalid_input(message: str, problems: list[str] | None = None) -> ApplicationError:
@@ -229,13 +240,30 @@ async def call_worker(call: WorkerCall, admission: Admission | None = None) -> S
             else:  # a local activity's failure states no usable retry state
                 ran_out = _retried(cause, options["retry_policy"])
             attempts = (options["retry_policy"].maximum_attempts or 1) if ran_out else 1
+        usage, warnings = _usage_of(details), []
+        if (
+            not local
+            and isinstance(cause, TemporalTimeout)
+            and cause.type in (TimeoutType.START_TO_CLOSE, TimeoutType.HEARTBEAT)
+            and workflow.patched(LOST_USAGE_PATCH)
+        ):
+            usage, lost = _lost_usage(cause, attempts, _most_per_attempt(worker, admission))
+            if lost:
+                warnings.append(
+                    {
+                        "code": USAGE_ESTIMATED,
+                        "message": estimated_message(lost),
+                        "field": "usage",
+                    }
+                )
         return StepResult(
             status="failed",
             attempts=attempts,
             error_code=code,
             error_message=message,
             reasons=list(details.get("reasons") or []),
-            usage=_usage_of(details),
+            usage=usage,
+            warnings=warnings,
         )
     if isinstance(result, RawValue):
         checked = check_external_response(worker, result)
@@ -536,6 +564,36 @@ def _retried(cause: BaseException | None, policy: RetryPolicy) -> bool:
             policy.non_retryable_error_types or ()
         )
     return not isinstance(cause, CancelledError)
+
+
+def _most_per_attempt(worker: WorkerSpec, admission: Admission | None) -> Usage:
+    """The most one attempt may consume, as far as the workflow knows: the tokens
+    and external calls the budget reserved for the call, else the spec's caps."""
+    c = worker.constraints
+    tokens = admission.max_tokens if admission and admission.max_tokens is not None else None
+    calls = (
+        admission.max_external_calls
+        if admission and admission.max_external_calls is not None
+        else None
+    )
+    return Usage(
+        output_tokens=tokens if tokens is not None else (c.max_tokens or 0),
+        external_calls=calls if calls is not None else (c.max_external_calls or 0),
+    )
+
+
+def _lost_usage(cause: TemporalTimeout, attempts: int, estimate: Usage) -> tuple[Usage, list[int]]:
+    """What a call whose last attempt the server timed out consumed: what its last
+    heartbeat said, with every attempt that never reported booked at ``estimate``
+    (``schemas/lost_usage.py``)."""
+    for d in cause.last_heartbeat_details:
+        if isinstance(d, dict) and isinstance(d.get("usage"), dict):
+            heard = _usage_of(d)
+            last = LastBeat.of(d)
+            if last is None:  # a worker from before attempts were marked
+                return cover(heard, LastBeat(attempts, False, heard), attempts, estimate)
+            return cover(heard, last, attempts, estimate)
+    return cover(Usage(), NOTHING_HEARD, attempts, estimate)
 
 
 def _usage_of(details: dict[str, Any]) -> Usage:

@@ -117,6 +117,8 @@ class Tally:
             error_code=final.error_code,
             error_message=final.error_message,
             reasons=final.reasons,
+            # the failed call's own (its usage estimated for a lost attempt, say)
+            warnings=final.warnings,
             usage=self.usage,
             validation_attempts=self.validations,
             fallback_used=fallback_used,

@@ -176,7 +176,17 @@ async def test_describe_reads_the_partial_text_while_the_model_streams(
     desc = await handle.describe()
     (act,) = desc.raw_description.pending_activities
     (details,) = await client.data_converter.decode(act.heartbeat_details.payloads)
-    assert set(details) == {"step", "partial_text", "chars", "tokens", "usage"}
+    assert set(details) == {
+        "step",
+        "partial_text",
+        "chars",
+        "tokens",
+        "usage",
+        "attempt",
+        "final",
+        "before",
+    }
+    assert (details["attempt"], details["final"]) == (1, False)
     # and the temporal CLI, as docs/streaming.md shows it
     described = await asyncio.to_thread(
         subprocess.run,

@@ -17,7 +17,7 @@ from typing import Any, cast
 import pytest
 from conftest import running_stack
 from support.waiting import wait_until
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.activities.breakers import BreakerRegistry, SharedBreakers
@@ -161,6 +161,7 @@ class StandInTemporal:
         self.gate = asyncio.Event()
         self.gate.set()
         self.queries = 0
+        self.status = WorkflowExecutionStatus.RUNNING
 
     def get_workflow_handle(self, workflow_id: str) -> StandInTemporal:
         return self
@@ -172,7 +173,9 @@ class StandInTemporal:
             raise self.error
         return self
 
-    async def memo_value(self, key: str, default: Any = None, **kw: Any) -> float:
+    async def memo_value(self, key: str, default: Any = None, **kw: Any) -> Any:
+        if key == names.BREAKER_PROBE_MEMO_KEY:
+            return default
         assert key == names.BREAKER_MEMO_KEY
         return self.until
 
@@ -259,3 +262,86 @@ async def test_a_locally_open_breaker_fails_fast_without_asking_temporal() -> No
         await view.acheck("t.example")
     assert "another worker process" not in e.value.message
     assert temporal.queries == 0
+
+
+async def passes(registry: BreakerRegistry, target: str) -> bool:
+    try:
+        await registry.acheck(target)
+    except CircuitOpenError:
+        return False
+    return True
+
+
+async def test_one_probe_across_views_and_a_silent_prober_frees_it_after_the_lease(
+    client: Client, settings: Settings
+) -> None:
+    """Half-open across processes: one view's call is the probe, the other's is
+    refused; a prober that never reports (killed mid-call) frees the probe when its
+    lease (one open period) ends; a probe's success closes the breaker everywhere."""
+
+    def view() -> BreakerRegistry:
+        shared = SharedBreakers(
+            settings.queue(names.PIPELINES_QUEUE),
+            client=client,
+            refresh_seconds=0.1,
+            wait_seconds=10,
+        )
+        return BreakerRegistry("host", failure_threshold=1, open_seconds=1.0, shared=shared)
+
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        a, b, c = view(), view(), view()
+        a.record_failure("probe.example")  # opens, and tells the breaker workflow
+        await eventually_open(b, "probe.example", timeout=15)
+        # the open period ends: the first to ask probes, the others are refused
+        await wait_until(lambda: passes(b, "probe.example"), "b's probe", timeout=15)
+        assert b.state("probe.example") == "half_open"
+        with pytest.raises(CircuitOpenError) as refused:
+            await c.acheck("probe.example")
+        assert "a probe is in flight from another worker process" in refused.value.message
+        with pytest.raises(CircuitOpenError) as local:
+            await b.acheck("probe.example")  # b's own probe is in flight
+        assert "its probe is in flight" in local.value.message
+        # b never reports (its process died): c gets the probe once the lease ends
+        await wait_until(lambda: passes(c, "probe.example"), "c's probe after the lease")
+        with pytest.raises(CircuitOpenError):
+            await a.acheck("probe.example")
+        c.record_success("probe.example")  # closes it everywhere
+        assert c.state("probe.example") == "closed"
+        await wait_until(lambda: passes(a, "probe.example"), "a's call after the close")
+        assert a.state("probe.example") == "closed"
+        for _ in range(3):  # closed: no more probes, every call passes
+            await a.acheck("probe.example")
+            await c.acheck("probe.example")
+
+
+async def test_a_half_open_view_fails_fast_when_another_process_reopened(
+    client: Client, settings: Settings
+) -> None:
+    """A process whose own breaker is half-open does not probe a target another
+    process has just opened again: it fails fast as open elsewhere."""
+    shared = [
+        SharedBreakers(settings.queue(names.PIPELINES_QUEUE), client=client, refresh_seconds=0.1)
+        for _ in range(2)
+    ]
+    a = BreakerRegistry("host", failure_threshold=1, open_seconds=1.0, shared=shared[0])
+    b = BreakerRegistry("host", failure_threshold=1, open_seconds=30.0, shared=shared[1])
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        a.record_failure("again.example")
+        await wait_until(lambda: a.state("again.example") == "half_open", "a half-open")
+        b.record_failure("again.example")  # b opens it for 30 s, for everyone
+
+        async def reopened() -> bool:
+            until = await open_until_in_temporal(client, settings, "host:again.example")
+            return until > time.time() + 10
+
+        await wait_until(reopened, "b's opening in the breaker workflow", timeout=15)
+
+        async def open_elsewhere() -> CircuitOpenError | None:
+            try:
+                await a.acheck("again.example")
+            except CircuitOpenError as e:
+                return e if "opened by another worker process" in e.message else None
+            raise AssertionError("a probed a target another process had opened again")
+
+        await wait_until(open_elsewhere, "a to see b's opening", timeout=15)
+        assert a.state("again.example") == "half_open"  # no probe of its own went out

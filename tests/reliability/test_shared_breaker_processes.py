@@ -7,8 +7,9 @@ the opening reaches the target's ``SharedBreakerWorkflow``. Then process B
 starts and A drains and exits, so B is the only process that can take the
 next activity. B has never called the upstream and its own breaker is closed,
 yet the next scrape's first attempt fails fast with ``circuit_open`` without
-a request reaching the upstream; after the open period its retry probes the
-upstream once and the step ends with the upstream's error.
+a request reaching the upstream; after the open period its retry is the one
+half-open probe across processes: it probes the upstream once, the step ends
+with the upstream's error, and the probe's failure re-opens the breaker.
 
 robots.txt is off for these steps so that every request counted is a page
 request.
@@ -96,6 +97,19 @@ def attempts_logged(log: Path, workflow_id: str) -> list[tuple[int, str | None, 
         if doc.get("event") == "worker_call" and doc.get("workflow_id") == workflow_id:
             out.append((doc["attempt"], doc.get("error_code"), doc.get("error", "")))
     return sorted(out)
+
+
+def breaker_transitions(log: Path) -> list[tuple[str, str]]:
+    """(from, to) of each breaker transition in a process's log."""
+    out = []
+    for line in log.read_text("utf-8", errors="replace").splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if doc.get("event") == "breaker_state":
+            out.append((doc["from"], doc["to"]))
+    return out
 
 
 @pytest.mark.timeout(170)
@@ -225,8 +239,11 @@ async def test_breaker_opened_by_one_process_makes_the_other_fail_fast(
             assert "another worker process" in logged[0][2]
             assert attempts_logged(a.log, handle.id) == []
             assert "breaker.open" in a.log.read_text("utf-8", errors="replace")
-            # B's own breaker never opened: one failure is below the threshold
-            assert "breaker.open" not in b.log.read_text("utf-8", errors="replace")
+            # B's retry was the half-open probe across processes (it held the probe
+            # lease): its failure re-opened the breaker, for every process, although one
+            # failure is below B's own threshold
+            transitions = breaker_transitions(b.log)
+            assert transitions == [("closed", "half_open"), ("half_open", "open")], transitions
         finally:
             for p in procs:
                 p.terminate()

@@ -99,6 +99,22 @@ def standin(name: str, handler: Handler, calls: list[dict[str, Any]] | None = No
     return act
 
 
+def never_ends(name: str, details: Callable[[int], dict[str, Any] | None]) -> Any:
+    """An activity named ``name`` whose attempts never end: each heartbeats
+    ``details(attempt)`` (None: no heartbeat) and then waits until cancelled, so
+    the server's start-to-close timeout ends it, as when its process is lost."""
+
+    @activity.defn(name=name)
+    async def act(request: dict[str, Any]) -> dict[str, Any]:
+        doc = details(activity.info().attempt)
+        if doc is not None:
+            activity.heartbeat(doc)
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    return act
+
+
 # --- a real worker with a hold, in process or as its own process ---------------------------
 
 

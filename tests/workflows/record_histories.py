@@ -606,6 +606,85 @@ async def rec_items_per_task(client: Client, tmp: Path) -> Saved:
     }
 
 
+async def rec_breaker(client: Client, tmp: Path) -> Saved:
+    """A shared breaker: opened, its open period over, the half-open probe lease
+    granted to one process and refused to another, the probe's success closing
+    it, a re-opening, and a lease after it (``breaker-probe-lease``)."""
+    import time
+
+    from temporalio.service import RPCError
+
+    from aiworker.activities.breakers import SharedBreakers
+
+    settings = _settings(tmp)
+    key = "host:replay.example"
+    wid = names.shared_breaker_workflow_id(key, settings.task_queue_suffix)
+    handle = client.get_workflow_handle(wid)
+    queue = settings.queue(names.PIPELINES_QUEUE)
+    a = SharedBreakers(queue, client=client, wait_seconds=10)
+    b = SharedBreakers(queue, client=client, wait_seconds=10)
+
+    async def opened(until: float) -> bool:
+        try:
+            return bool(await handle.query(names.BREAKER_STATE_QUERY, result_type=float) >= until)
+        except RPCError:  # not started yet
+            return False
+
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        for round_ in range(2):
+            until = time.time() + 1.0
+            a.publish(key, until)
+            await wait_until(lambda u=until: opened(u), "the opening", timeout=30)  # type: ignore[misc]
+            await wait_until(lambda u=until: time.time() > u + 0.2, "the open period's end")  # type: ignore[misc]
+            if not hasattr(a, "request_probe"):
+                continue  # the code before the probe lease (its older-code history)
+            granted = await a.request_probe(key, 30.0)
+            refused = await b.request_probe(key, 30.0)
+            assert granted is not None and granted.granted, granted
+            assert refused is not None and not refused.granted, refused
+            if round_ == 0:
+                a.publish_closed(key)
+                answer = None
+
+                async def closed() -> bool:
+                    nonlocal answer
+                    answer = await b.request_probe(key, 30.0)
+                    return answer is not None and answer.closed
+
+                await wait_until(closed, "the probe's success", timeout=30)
+    return {"breaker": wid}
+
+
+async def rec_lost_usage(client: Client, tmp: Path) -> Saved:
+    """A call whose attempts the server timed out, never reported by their worker:
+    booked at their maximum (``lost-attempt-usage``; a same-name stand-in)."""
+    from support.standins import never_ends
+
+    def beats(attempt: int) -> dict[str, Any] | None:
+        usage = {"input_tokens": 30, "output_tokens": 10, "external_calls": 1}
+        return {"usage": usage, "attempt": 1, "final": False} if attempt == 1 else None
+
+    pipeline = {
+        "name": "replay-lost-usage",
+        "tenant": "acme",
+        "budget": {"max_tokens": 20000},
+        "steps": [
+            {
+                "id": "ask",
+                "worker": names.LLM_CALL,
+                "timeout_seconds": 1,
+                "retry": {"max_attempts": 2},
+                "input": {"prompt": "never answered"},
+            }
+        ],
+    }
+    act = never_ends(names.LLM_CALL, beats)
+    settings = _settings(tmp)
+    async with running_stack(client, settings, replace_activities={names.LLM_CALL: act}) as s:
+        await _run(s, pipeline, "replay-lost-usage")
+    return {"lost-usage": "replay-lost-usage"}
+
+
 async def _equal(found: Awaitable[set[str]], want: set[str]) -> bool:
     return await found == want
 
@@ -623,6 +702,8 @@ RECORDINGS: dict[str, Recording] = {
     "registry": rec_registry,
     "limiter": rec_limiter,
     "items-per-task": rec_items_per_task,
+    "breaker": rec_breaker,
+    "lost-usage": rec_lost_usage,
 }
 
 

@@ -22,6 +22,12 @@ the ``run-config-activity`` patch (``record_histories.py basic``, its
 ``dag-check-in-run-config`` is the ``dag`` shape recorded with the
 ``pipeline-check-in-run-config`` patch (what compiles checked by the run-config
 local activity, not the workflow task); the other files guard runs from before it.
+``breaker`` is a ``SharedBreakerWorkflow`` granting and refusing the half-open
+probe lease (the ``breaker-probe-lease`` patch); ``breaker-20261127`` the same
+recording on the code before the lease (openings only). ``lost-usage`` is a call
+whose two attempts the server timed out, booked at their maximum (the
+``lost-attempt-usage`` patch); the committed histories with timed-out calls from
+before it carry no marker.
 """
 
 from __future__ import annotations
@@ -87,6 +93,8 @@ SHAPES = {
     "limiter-queued",
     "items-per-task",
     "items-per-task-chunk",
+    "breaker",
+    "lost-usage",
 }
 OLDER_CODE = {
     "dag-20261122",
@@ -99,6 +107,8 @@ OLDER_CODE = {
     "limited-chunk1",
     "review-cancelled",
     "slot-expired",
+    # a shared breaker as the code before the half-open probe lease ran it
+    "breaker-20261127",
 }
 # Rate-limited for_each items as chunks ran them before the governed call
 # (``foreach-item-permits-before-budget``): admitted by the budget, then waiting
@@ -125,6 +135,8 @@ OLDER_CODE |= {
         "dag-check-in-run-config",
         "items-per-task",
         "items-per-task-chunk",
+        "breaker",
+        "lost-usage",
     }
     if not shape.startswith(("limited-", "limiter-", "agent-limited"))
 }
@@ -346,6 +358,23 @@ def test_an_agents_permits_are_recorded_only_behind_their_patch() -> None:
     # one permit asked before each of its four calls (two turns, two tool calls)
     assert _local_activities("agent-limited-child") == [names.LIMITER_ACQUIRE] * 4
     assert _local_activities("agent-child") == []
+
+
+def test_the_probe_lease_is_recorded_only_behind_its_patch() -> None:
+    """A breaker that granted a probe lease records ``breaker-probe-lease``; one from
+    before the lease carries no marker and still replays (the gate above)."""
+    from aiworker.workflows.breakers import PROBE_LEASE_PATCH
+
+    assert PROBE_LEASE_PATCH in _patches("breaker")
+    assert PROBE_LEASE_PATCH not in _patches("breaker-20261127")
+
+
+def test_lost_attempts_are_booked_only_behind_their_patch() -> None:
+    """A call whose last attempt the server timed out records ``lost-attempt-usage``."""
+    from aiworker.workflows.calls import LOST_USAGE_PATCH
+
+    assert LOST_USAGE_PATCH in _patches("lost-usage")
+    assert LOST_USAGE_PATCH not in _patches("dag")
 
 
 def _local_activities(name: str) -> list[str]:
