@@ -58,12 +58,14 @@ def row_of(result: StepResult) -> Row:
     )
 
 
-_MARKDOWN = str.maketrans({c: f"\\{c}" for c in "\\`*_[]<>|#"})
+# A frozenset, not a str.maketrans table: this module is shared by every run in
+# the sandbox, where a module-level dict is state a run could change.
+_MARKDOWN = frozenset("\\`*_[]<>|#")
 
 
 def _text(text: str) -> str:
     """``text`` shown as it is (Markdown's special characters escaped)."""
-    return text.translate(_MARKDOWN)
+    return "".join(f"\\{c}" if c in _MARKDOWN else c for c in text)
 
 
 def _plural(n: int, word: str) -> str:
