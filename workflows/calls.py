@@ -31,6 +31,7 @@ until the pipeline's deadline (``schedule_to_start``), then fails as
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,7 +248,8 @@ async def call_worker(call: WorkerCall, admission: Admission | None = None) -> S
             and cause.type in (TimeoutType.START_TO_CLOSE, TimeoutType.HEARTBEAT)
             and workflow.patched(LOST_USAGE_PATCH)
         ):
-            usage, lost = _lost_usage(cause, attempts, _most_per_attempt(worker, admission))
+            most = _most_per_attempt(worker, admission, request)
+            usage, lost = _lost_usage(cause, attempts, most)
             if lost:
                 warnings.append(
                     {
@@ -566,10 +568,18 @@ def _retried(cause: BaseException | None, policy: RetryPolicy) -> bool:
     return not isinstance(cause, CancelledError)
 
 
-def _most_per_attempt(worker: WorkerSpec, admission: Admission | None) -> Usage:
-    """The most one attempt may consume, as far as the workflow knows: the tokens
-    and external calls the budget reserved for the call, else the spec's caps."""
+def _most_per_attempt(
+    worker: WorkerSpec, admission: Admission | None, request: WorkerRequest
+) -> Usage:
+    """The most one attempt may consume, as far as the workflow knows: the output
+    tokens and external calls the budget reserved for the call, else the spec's
+    caps; and, for a worker that may call a model (``language_model`` in its
+    allow-list), the prompt at one token per byte of its input, which no
+    tokenizer exceeds (byte-level BPE), so the ledger never undercounts it."""
     c = worker.constraints
+    prompt = 0
+    if "language_model" in c.tools_allowed:
+        prompt = len(json.dumps(request.input, ensure_ascii=False).encode("utf-8"))
     tokens = admission.max_tokens if admission and admission.max_tokens is not None else None
     calls = (
         admission.max_external_calls
@@ -577,6 +587,7 @@ def _most_per_attempt(worker: WorkerSpec, admission: Admission | None) -> Usage:
         else None
     )
     return Usage(
+        input_tokens=prompt,
         output_tokens=tokens if tokens is not None else (c.max_tokens or 0),
         external_calls=calls if calls is not None else (c.max_external_calls or 0),
     )

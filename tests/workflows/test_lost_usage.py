@@ -7,12 +7,14 @@ marked as running, the second heartbeats nothing. Both are timed out by the
 server (a one-second step timeout plus the start-to-close grace). The step
 fails with ``timeout``; its usage and the pipeline's are what the first
 attempt heartbeated, raised to the most one attempt may consume (the tokens
-the budget reserved for the call and its one external call), plus that
-maximum again for the second; the step says the usage was estimated.
+the budget reserved for the call, its one external call, and its prompt at one
+token per byte of its input), plus that maximum again for the second; the
+step says the usage was estimated.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -60,7 +62,9 @@ async def test_a_timed_out_last_attempt_is_booked_at_its_maximum(
         result = await handle.result()
     step = result.steps["ask"]
     assert (result.status, step.error_code, step.attempts) == ("failed", "timeout", 2)
-    expected = (30, SPEC_MAX_TOKENS * 2, 2)
+    # the prompt's bound: one token per byte of the input (no tokenizer makes more)
+    prompt = len(json.dumps(LOST["steps"][0]["input"]).encode())
+    expected = (max(30, prompt) + prompt, SPEC_MAX_TOKENS * 2, 2)
     for usage in (step.usage, result.usage):
         assert (usage.input_tokens, usage.output_tokens, usage.external_calls) == expected
     (warning,) = step.warnings
