@@ -41,6 +41,7 @@ PARTS = (
     ("bench.browser_hostile", "browser_hostile"),
     ("bench.slowloris", "slowloris"),
     ("bench.check_caps", "check_caps"),
+    ("bench.otlp_export", "otlp_export"),
 )
 ENGINE = "engine"
 
