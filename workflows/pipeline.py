@@ -156,13 +156,17 @@ def recorded_workers(
     them: an unknown worker is ``invalid_input`` naming it and every worker the
     answering process knows, and so is a step input its worker's contract refuses.
     With ``offload`` (CHECK_IN_RUN_CONFIG_PATCH) the workflow task checks only what
-    compiles nothing; the rest is the run config's answer (``problems``). Without
-    ``offload`` the references into outputs are held against the declared output
-    schemas only, as those runs checked them (the output shapes came later)."""
+    compiles nothing; the rest is the run config's answer (``problems``), which
+    holds references into outputs against the output shapes too. Without
+    ``offload`` they are held against the declared output schemas only, as those
+    runs checked them (the output shapes came later)."""
     workers = {**dict.fromkeys(run_config.known), **run_config.specs}
     try:
+        # Output shapes never here: with ``offload`` the run config's own check held
+        # the references against them (its ``problems``), so the workflow task does
+        # not work them out again on every run; without, those runs never had them.
         check_workers(
-            spec, workers, compiled=not offload, compile_caps=offload, output_shapes=offload
+            spec, workers, compiled=not offload, compile_caps=offload, output_shapes=False
         )
     except PipelineSpecError as e:
         raise invalid_input(str(e), e.problems) from None
