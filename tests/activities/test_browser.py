@@ -252,6 +252,9 @@ async def test_rendered_pages_through_a_pipeline(stack: Stack, js_site: JsSite) 
                 # room for a browser start on a loaded machine (tests run in parallel)
                 timeout_seconds=8,
                 input={**BROWSER, "wait_for": ".never-there"},
+                # after the other rendered steps: the process has 2 browser pages, and
+                # time spent waiting for one would leave the wait less than its share
+                depends_on=["rendered", "delayed", "idle", "mixed"],
             ),
             step(
                 "mixed",
