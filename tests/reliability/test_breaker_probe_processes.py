@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from support import history
 from support.loopback import Exchange, serve
+from support.pipelines import scrape_pipeline
 from support.procs import WorkerProcess, worker_env
 from support.waiting import wait_until
 from temporalio.api.enums.v1 import TaskQueueType
@@ -79,23 +80,7 @@ class Recovering:
 
 
 def scrape(url: str, attempts: int) -> dict[str, Any]:
-    return {
-        "name": "breaker-probe",
-        "tenant": "acme",
-        "inputs": {"url": url},
-        "steps": [
-            {
-                "id": "get",
-                "worker": names.WEB_SCRAPE,
-                "input": {
-                    "url": "${{ inputs.url }}",
-                    "extraction_spec": {"fields": {"h1": "h1"}},
-                    "respect_robots": False,
-                },
-                "retry": {"max_attempts": attempts},
-            }
-        ],
-    }
+    return scrape_pipeline("breaker-probe", url, attempts)
 
 
 async def polls_everything(client: Client, settings: Settings, pid: int) -> bool:

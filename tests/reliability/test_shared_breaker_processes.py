@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from support import history
 from support.loopback import upstream
+from support.pipelines import scrape_pipeline
 from support.procs import WorkerProcess, worker_env
 from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType, TaskQueueType
@@ -46,23 +47,7 @@ OPEN_SECONDS = 15.0
 
 
 def scrape(url: str) -> dict[str, Any]:
-    return {
-        "name": "shared-breaker",
-        "tenant": "acme",
-        "inputs": {"url": url},
-        "steps": [
-            {
-                "id": "get",
-                "worker": names.WEB_SCRAPE,
-                "input": {
-                    "url": "${{ inputs.url }}",
-                    "extraction_spec": {"fields": {"h1": "h1"}},
-                    "respect_robots": False,
-                },
-                "retry": {"max_attempts": THRESHOLD},
-            }
-        ],
-    }
+    return scrape_pipeline("shared-breaker", url, THRESHOLD)
 
 
 async def pollers(client: Client, queue: str, kind: TaskQueueType.ValueType) -> list[str]:

@@ -26,12 +26,12 @@ from typing import Any
 import pytest
 from support import history
 from support.loopback import Exchange, serve
+from support.pipelines import lost_call_pipeline
 from support.procs import WorkerProcess, worker_env
 from support.waiting import wait_until
 from temporalio.client import Client
 
 from aiworker.config.settings import Settings
-from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.workers.client.client import start_pipeline
 
@@ -114,25 +114,17 @@ async def test_a_killed_attempts_usage_is_booked_at_its_maximum(
         )
         env = worker_env(client, settings, tmp_path / "data")
         env["AIWORKER_MODELS_FILE"] = str(models)
-        pipeline = {
-            "name": "lost-usage",
-            "tenant": "acme",
-            "budget": {"max_tokens": 20000},
-            "steps": [
-                {
-                    "id": "ask",
-                    "worker": names.LLM_CALL,
-                    # start-to-close 3 s + grace: how long the lost attempt waits
-                    "timeout_seconds": 3,
-                    "input": {
-                        "model": "slow",
-                        "prompt": "Why does tea brew cooler up a mountain? One line.",
-                        "max_tokens": MAX_TOKENS,
-                        "stream": True,
-                    },
-                }
-            ],
-        }
+        pipeline = lost_call_pipeline(
+            "lost-usage",
+            # start-to-close 3 s + grace: how long the lost attempt waits
+            3,
+            input={
+                "model": "slow",
+                "prompt": "Why does tea brew cooler up a mountain? One line.",
+                "max_tokens": MAX_TOKENS,
+                "stream": True,
+            },
+        )
         first = WorkerProcess([AIWORKER, "worker"], env, tmp_path / "worker-1.log")
         second: WorkerProcess | None = None
         try:

@@ -37,3 +37,37 @@ def one_step_pipeline(name: str = "traced") -> dict[str, Any]:
         ],
         "output": {"valid": "${{ steps.check.outputs.valid }}"},
     }
+
+
+def scrape_pipeline(name: str, url: str, max_attempts: int) -> dict[str, Any]:
+    """One web-scrape step of ``url`` (robots not asked), up to ``max_attempts``."""
+    return {
+        "name": name,
+        "tenant": "acme",
+        "inputs": {"url": url},
+        "steps": [
+            {
+                "id": "get",
+                "worker": "web-scrape",
+                "input": {
+                    "url": "${{ inputs.url }}",
+                    "extraction_spec": {"fields": {"h1": "h1"}},
+                    "respect_robots": False,
+                },
+                "retry": {"max_attempts": max_attempts},
+            }
+        ],
+    }
+
+
+def lost_call_pipeline(name: str, timeout_seconds: float, **step: Any) -> dict[str, Any]:
+    """One llm-call step ``ask`` under a 20,000-token budget (the lost-attempt tests);
+    ``step`` adds to or replaces the step's fields."""
+    ask: dict[str, Any] = {
+        "id": "ask",
+        "worker": "llm-call",
+        "timeout_seconds": timeout_seconds,
+        "input": {"prompt": "never answered"},
+        **step,
+    }
+    return {"name": name, "tenant": "acme", "budget": {"max_tokens": 20000}, "steps": [ask]}

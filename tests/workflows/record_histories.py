@@ -52,6 +52,7 @@ from fixtures.agent_model import call, models_file, say, start_scripted_model  #
 from prometheus_client import CollectorRegistry  # noqa: E402
 from support.loopback import Exchange, Loopback  # noqa: E402
 from support.payloads import stack_settings, workflow_tree  # noqa: E402
+from support.pipelines import lost_call_pipeline  # noqa: E402
 from support.registry import entry, publish_raw  # noqa: E402
 from support.standins import fail, standin  # noqa: E402
 from support.waiting import wait_until  # noqa: E402
@@ -664,20 +665,7 @@ async def rec_lost_usage(client: Client, tmp: Path) -> Saved:
         usage = {"input_tokens": 30, "output_tokens": 10, "external_calls": 1}
         return {"usage": usage, "attempt": 1, "final": False} if attempt == 1 else None
 
-    pipeline = {
-        "name": "replay-lost-usage",
-        "tenant": "acme",
-        "budget": {"max_tokens": 20000},
-        "steps": [
-            {
-                "id": "ask",
-                "worker": names.LLM_CALL,
-                "timeout_seconds": 1,
-                "retry": {"max_attempts": 2},
-                "input": {"prompt": "never answered"},
-            }
-        ],
-    }
+    pipeline = lost_call_pipeline("replay-lost-usage", 1, retry={"max_attempts": 2})
     act = never_ends(names.LLM_CALL, beats)
     settings = _settings(tmp)
     async with running_stack(client, settings, replace_activities={names.LLM_CALL: act}) as s:

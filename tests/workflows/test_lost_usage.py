@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from conftest import running_stack
 from support import history
+from support.pipelines import lost_call_pipeline
 from support.standins import never_ends
 from temporalio.client import Client
 
@@ -36,20 +37,7 @@ def first_attempt_beats(attempt: int) -> dict[str, Any] | None:
     return {"usage": HEARD, "attempt": 1, "final": False, "before": {}}
 
 
-LOST = {
-    "name": "lost-usage",
-    "tenant": "acme",
-    "budget": {"max_tokens": 20000},
-    "steps": [
-        {
-            "id": "ask",
-            "worker": names.LLM_CALL,
-            "timeout_seconds": 1,
-            "retry": {"max_attempts": 2},
-            "input": {"prompt": "never answered"},
-        }
-    ],
-}
+LOST = lost_call_pipeline("lost-usage", 1, retry={"max_attempts": 2})
 
 
 @pytest.mark.timeout(90)
