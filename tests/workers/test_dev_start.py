@@ -36,13 +36,28 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie nobody has reaped yet counts as gone)."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first), or None."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+def _started(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot): tells it from a later process
+    that was given the same PID."""
+    fields = _stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _alive(pid: int, started: str | None = None) -> bool:
+    """Whether ``pid`` runs (a zombie nobody has reaped yet counts as gone), and is
+    still the process that began at ``started`` when that is given."""
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":
         return False
-    return state != "Z"
+    return started is None or (len(fields) > 19 and fields[19] == started)
 
 
 @contextlib.contextmanager
@@ -166,26 +181,29 @@ async def test_dev_killed_with_sigkill_leaves_no_server(tmp_path: Path) -> None:
     data = tmp_path / "dev"
     dev = _start_dev(tmp_path)
     server_pid = model_pid = None
+    started: dict[int, str | None] = {}
     try:
         model_pid = await _dev_ready(dev)
         server_pid = _temporal_pid(data)
+        started = {pid: _started(pid) for pid in (server_pid, model_pid)}
+        server_started, model_started = started[server_pid], started[model_pid]
         assert _alive(server_pid)
         assert _alive(model_pid)
         dev.kill()
         await wait_until(
-            lambda: not _alive(server_pid),
+            lambda: not _alive(server_pid, server_started),
             f"the Temporal server (pid {server_pid}) to exit with its parent",
             timeout=30,
         )
         await wait_until(
-            lambda: not _alive(model_pid),
+            lambda: not _alive(model_pid, model_started),
             f"the local model server (pid {model_pid}) to exit with its parent",
             timeout=30,
         )
     finally:
         dev.close()
         for pid in (server_pid, model_pid):
-            if pid is not None and _alive(pid):
+            if pid is not None and _alive(pid, started.get(pid)):
                 os.kill(pid, signal.SIGKILL)
 
 

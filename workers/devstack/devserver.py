@@ -149,32 +149,44 @@ def local_server_extra_args(fast_poll: bool = True) -> list[str]:
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def die_with_parent() -> None:
-    """In a child between fork and exec: ask Linux to SIGTERM it when its parent dies.
+def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None]:
+    """For ``subprocess.Popen(preexec_fn=...)``: a function that, in the child between
+    fork and exec, asks Linux to send it ``sig`` when its parent dies.
 
-    For ``subprocess.Popen(preexec_fn=...)``. The signal is tied to the thread
-    that forked, so start such children from the main thread (or a thread
-    that lives as long as they should). Elsewhere than Linux it does nothing.
+    SIGTERM lets a server with state (the Temporal server's database) end
+    cleanly; SIGKILL suits one with nothing to save, whose graceful stop may
+    wait on its own threads (``llama-server`` once outlived a SIGKILLed
+    ``aiworker dev`` by more than 30 s on a loaded machine). The signal is tied
+    to the thread that forked, so start such children from the main thread (or
+    a thread that lives as long as they should). Elsewhere than Linux it does
+    nothing.
     """
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
+
+    def arm() -> None:
+        if not sys.platform.startswith("linux"):
+            return
+        parent = os.getppid()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return arm
 
 
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def spawn_child(argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+def spawn_child(
+    argv: list[str], log: IO[bytes], parent_death: signal.Signals = signal.SIGTERM
+) -> subprocess.Popen[bytes]:
     """Start a server as a child process in its own session, its output in ``log``.
 
     Its own session (and process group): Ctrl-C in the terminal reaches us,
     not it, and we stop it ourselves (:func:`stop_child`). A parent killed
-    with SIGKILL cannot stop it: on Linux the kernel does (:func:`die_with_parent`).
+    with SIGKILL cannot stop it: on Linux the kernel does, with ``parent_death``
+    (:func:`die_with_parent`).
     """
     return subprocess.Popen(
         argv,
@@ -182,7 +194,7 @@ def spawn_child(argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
-        preexec_fn=die_with_parent if _in_main_thread() else None,
+        preexec_fn=die_with_parent(parent_death) if _in_main_thread() else None,
     )
 
 
@@ -221,10 +233,12 @@ class ChildServer:
         """The child's PID while it is ours (``None`` before start and after stop)."""
         return self.process.pid if self.process is not None else None
 
-    def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, argv: list[str], parent_death: signal.Signals = signal.SIGTERM
+    ) -> subprocess.Popen[bytes]:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
-        self.process = spawn_child(argv, self._log)
+        self.process = spawn_child(argv, self._log, parent_death)
         return self.process
 
     def _await_ready(self, ready: Callable[[], bool], timeout: float) -> bool:

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import importlib.util
 import os
+import signal
 import sys
 import urllib.error
 import urllib.request
@@ -226,7 +227,11 @@ class ModelServer(ChildServer):
                 f"port {self.port} on {self.host} (local model server) is in use; free it "
                 "or choose another"
             )
-        self._spawn([str(binary), *server_args(model, self.host, self.port, self.model_name)])
+        # Nothing to save: if we die, the kernel kills it outright (die_with_parent).
+        self._spawn(
+            [str(binary), *server_args(model, self.host, self.port, self.model_name)],
+            parent_death=signal.SIGKILL,
+        )
         return self
 
     def failure(self) -> str | None:
