@@ -106,11 +106,13 @@ class EventStream(Response):
     def __init__(
         self, events: AsyncIterator[Event], limits: StreamLimits, stats: StreamStats, name: str
     ) -> None:
-        super().__init__(
-            status_code=200,
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-            media_type="text/event-stream; charset=utf-8",
-        )
+        super().__init__(status_code=200)
+        # no content-length (Response's init would say 0): the body streams, chunked
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-store"),
+            (b"x-accel-buffering", b"no"),
+        ]
         self.events, self.limits, self.stats, self.name = events, limits, stats, name
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -205,29 +207,37 @@ def _cursor(request: Request, given: str | None) -> str | None:
     return last
 
 
+async def _stream_caller(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    access_token: Annotated[
+        str | None,
+        Query(description="the API key, for clients that cannot send headers (EventSource)"),
+    ] = None,
+) -> ApiKey:
+    """The caller's key, from the header or ``?access_token=`` (401 without one), after
+    its rate (429), as every other route's."""
+    service: Service = request.app.state.service
+    token = credentials.credentials if credentials else access_token
+    key = service.door.keys.find(token) if token else None
+    if key is None:
+        raise ApiError(
+            401,
+            ErrorCode.ACCESS_DENIED,
+            "a valid API key is required (Authorization: Bearer <key>, or ?access_token=)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    service.limit(f"key:{key.name}", key.rate_limit)
+    return key
+
+
+StreamCaller = Annotated[ApiKey, Depends(_stream_caller)]
+
+
 def install_event_routes(app: FastAPI, service: Service, limits: StreamLimits) -> StreamStats:
     """Add the event stream and the live page to ``app``; the streams' stats."""
     stats = StreamStats()
     app.state.event_streams = stats
-
-    async def caller(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-        access_token: Annotated[
-            str | None,
-            Query(description="the API key, for clients that cannot send headers (EventSource)"),
-        ] = None,
-    ) -> ApiKey:
-        token = credentials.credentials if credentials else access_token
-        key = service.door.keys.find(token) if token else None
-        if key is None:
-            raise ApiError(
-                401,
-                ErrorCode.ACCESS_DENIED,
-                "a valid API key is required (Authorization: Bearer <key>, or ?access_token=)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        service.limit(f"key:{key.name}", key.rate_limit)
-        return key
 
     @app.get(
         "/v1/pipelines/{workflow_id}/events",
@@ -244,7 +254,7 @@ def install_event_routes(app: FastAPI, service: Service, limits: StreamLimits) -
     async def events(
         workflow_id: str,
         request: Request,
-        key: Annotated[ApiKey, Depends(caller)],
+        key: StreamCaller,
         last_event_id: Annotated[
             str | None, Query(description="resume after this id (as the Last-Event-ID header)")
         ] = None,
