@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import uuid
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import pytest_asyncio
 import uvicorn
 from conftest import Stack, running_stack
@@ -334,3 +336,56 @@ async def test_a_client_that_stops_reading_is_dropped_and_the_server_stays_bound
             await wait_until(closed, "the dropped connection to close", interval=0)
         finally:
             sock.close()
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="Chromium is not installed: apt-get install chromium (Debian's package)",
+)
+async def test_the_live_page_shows_the_run_as_its_history_tells_it(live: Live) -> None:
+    pytest.importorskip("playwright.async_api", reason="playwright is not installed")
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            chromium_sandbox=os.geteuid() != 0,  # Chromium refuses its sandbox as root
+        )
+        try:
+            page = await browser.new_page()
+            handle = await live.pipelines.start(pipeline(), check=False)
+            await page.goto(f"{live.url}/v1/pipelines/{handle.id}/live#key={KEYS['ci'][1]}")
+            # the partial text shows while the step runs
+            await page.wait_for_function(
+                """() => {
+                    const tr = document.querySelector('tr[data-step="ask"]');
+                    return tr && tr.dataset.status === "running"
+                        && tr.querySelector(".text").textContent.length > 0;
+                }""",
+                timeout=30_000,
+            )
+            partial = await page.inner_text('tr[data-step="ask"] .text')
+            assert SLOW_TEXT.startswith(partial.strip()), partial
+            await page.wait_for_selector('#run-status[data-status="succeeded"]', timeout=60_000)
+            result = await handle.result()
+            rows = await page.eval_on_selector_all(
+                "#steps tr",
+                """trs => trs.map(tr => [tr.dataset.step, tr.dataset.status,
+                    tr.querySelector(".attempts").textContent])""",
+            )
+            assert rows == [
+                [sid, step.status, str(step.attempts)] for sid, step in result.steps.items()
+            ]
+            assert await page.inner_text("#run-status") == result.status
+            assert await page.inner_text("#note") == "The run ended."
+            # a stranger's key shows nothing of the run
+            page = await browser.new_page()
+            await page.goto(f"{live.url}/v1/pipelines/{handle.id}/live#key=wrong")
+            await page.wait_for_selector('#run-status[data-status="unavailable"]')
+            assert await page.locator("#steps tr").count() == 0
+        finally:
+            await browser.close()
