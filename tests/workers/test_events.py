@@ -59,6 +59,7 @@ class Live:
     pipelines: PipelineClient
     url: str
     stats: StreamStats
+    other_url: str  # a second front door app: another `serve` process's stand-in
 
 
 def pipeline(*, review: bool = False) -> dict[str, Any]:
@@ -119,8 +120,18 @@ async def live(
             door = FrontDoor(pipelines, keys, {}, settings, FrontDoorRateLimiter("10000/min"))
             limits = StreamLimits(keepalive_seconds=0.3, poll_seconds=0.2)
             app = create_app(door, limits)
-            async with serving(app) as url:
-                yield Live(stack, pipelines, url, app.state.event_streams)
+            other = create_app(
+                FrontDoor(
+                    PipelineClient(client, settings),
+                    keys,
+                    {},
+                    settings,
+                    FrontDoorRateLimiter("10000/min"),
+                ),
+                limits,
+            )
+            async with serving(app) as url, serving(other) as other_url:
+                yield Live(stack, pipelines, url, app.state.event_streams, other_url)
     finally:
         await lm.aclose()
 
@@ -275,9 +286,12 @@ async def test_the_http_stream_keeps_alive_resumes_and_ends(live: Live) -> None:
                 json={"decision": "approve", "outputs": GOOD},
             )
             assert review.status_code == 200, review.text
-            # a reconnect with the last id gets the rest, then the stream ends
+            # a reconnect with the last id, to another front door, gets the rest, then
+            # the stream ends
             async with http.stream(
-                "GET", url, headers={**bearer("ci"), "Last-Event-ID": first[-1].id}
+                "GET",
+                url.replace(live.url, live.other_url),
+                headers={**bearer("ci"), "Last-Event-ID": first[-1].id},
             ) as r:
                 rest, _ = await read_sse(r)
             result = await handle.result()
