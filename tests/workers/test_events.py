@@ -28,7 +28,8 @@ import pytest_asyncio
 import uvicorn
 from conftest import Stack, running_stack
 from fixtures.llm_fakes import SLOW_TEXT, FakeProvider, fake  # noqa: F401 (fake: the fixture)
-from support.front_door import KEYS, bearer, write_config
+from support.front_door import KEYS, bearer, door_stack, running_door, write_config
+from support.procs import worker_env
 from support.standins import fail, standin
 from support.waiting import wait_until
 from temporalio.client import Client
@@ -403,3 +404,40 @@ async def test_the_live_page_shows_the_run_as_its_history_tells_it(live: Live) -
             assert await page.locator("#steps tr").count() == 0
         finally:
             await browser.close()
+
+
+async def test_a_real_serve_process_streams_a_run_to_its_end(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    """`aiworker serve` as its own process: a run started over HTTP, streamed to its end."""
+    async with door_stack(client, tmp_path / "stack") as stack:
+        env = worker_env(stack.client, stack.settings, tmp_path / "data") | write_config(tmp_path)
+        async with (
+            running_door(env, tmp_path / "serve.log") as door,
+            httpx.AsyncClient(base_url=door.url, timeout=60, headers=bearer("ci")) as http,
+        ):
+            started = await http.post("/v1/pipelines", json=pipeline(review=True))
+            assert started.status_code == 201, started.text
+            wid = started.json()["workflow_id"]
+            async with http.stream("GET", f"/v1/pipelines/{wid}/events") as r:
+                seen: list[Event] = []
+                fields: dict[str, str] = {}
+                async for line in r.aiter_lines():
+                    if line == "" and fields:
+                        seen.append(
+                            Event(fields["id"], fields["event"], json.loads(fields["data"]))
+                        )
+                        fields = {}
+                        if seen[-1].type == "review_awaited":
+                            decided = await http.post(
+                                f"/v1/pipelines/{wid}/review", json={"decision": "reject"}
+                            )
+                            assert decided.status_code == 200, decided.text
+                    elif line and not line.startswith(":"):
+                        name, _, value = line.partition(": ")
+                        fields[name] = value
+            outcome = (await http.get(f"/v1/pipelines/{wid}/result")).json()
+            assert seen[-1].type == "run_ended"
+            assert seen[-1].data["status"] == outcome["status"] == "rejected"
+            ended = {e.data["step"]: e.data["status"] for e in seen if e.type == "step_ended"}
+            assert ended == {sid: s["status"] for sid, s in outcome["steps"].items()}
