@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +73,8 @@ EVENT_TYPES = (
     "run_ended",
 )
 END_ID = "end"
+# "<n>.<t>": ASCII digits only (str.isdigit takes other scripts' digits too)
+_ID = re.compile(r"([0-9]{1,18})\.([0-9]{1,20})", re.ASCII)
 # While a step runs, describe is read this often for heartbeats (partial text).
 POLL_SECONDS = 0.5
 # With nothing running, the history long-poll wakes the reader; this bounds its nap.
@@ -111,10 +114,10 @@ class Cursor:
         text = last_event_id.strip()
         if text == END_ID:
             return cls(ended=True)
-        n, sep, t = text.partition(".")
-        if not sep or not n.isdigit() or not t.isdigit() or len(text) > 40:
+        m = _ID.fullmatch(text)
+        if m is None:
             raise ValueError(f"not an event id of this stream: {last_event_id[:60]!r}")
-        return cls(int(n), int(t))
+        return cls(int(m[1]), int(m[2]))
 
     def id(self) -> str:
         """The id of an event delivered at this cursor."""
