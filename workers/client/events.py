@@ -38,9 +38,13 @@ run in child workflows: their partial text is not streamed (their step events
 are).
 
 **Polling.** A reader long-polls the history (``wait_new_event``): each new
-history event wakes it to ask the ``events`` query; while a step runs it also
-reads ``describe`` every ``poll_seconds`` for heartbeats (a heartbeat writes no
-history event). Why our own loop rather than Temporal's Workflow Streams: this
+history event wakes it to ask the ``events`` query; it reads ``describe`` for
+heartbeats (a heartbeat writes no history event) every ``poll_seconds`` while a
+step streams text, every :data:`QUIET_SECONDS` while steps run that do not (yet),
+and otherwise only when the history moves (at least every :data:`IDLE_SECONDS`).
+A run that has ended is read with the same query, which a worker process
+answers by replaying it; without one within :data:`ENDED_QUERY_SECONDS` the
+reader sends ``run_ended`` alone. Why our own loop rather than Temporal's Workflow Streams: this
 SDK (temporalio 1.35) and server (1.32) have none; the loop uses only the
 history, a query and describe, so a worker or ``serve`` restart loses nothing.
 """
@@ -77,6 +81,9 @@ END_ID = "end"
 _ID = re.compile(r"([0-9]{1,18})\.([0-9]{1,20})", re.ASCII)
 # While a step runs, describe is read this often for heartbeats (partial text).
 POLL_SECONDS = 0.5
+# A running step that has not streamed text (yet) is looked at this often: most
+# steps never stream, and each look is a describe call per open stream.
+QUIET_SECONDS = 2.0
 # With nothing running, the history long-poll wakes the reader; this bounds its nap.
 IDLE_SECONDS = 5.0
 # Running activities whose heartbeat details one poll decodes.
@@ -224,8 +231,11 @@ async def follow(
                         "attempt": attempt,
                     },
                 )
-            pending = bool(desc.raw_description.pending_activities)
-            nap = poll_seconds if pending else IDLE_SECONDS
+            nap = IDLE_SECONDS
+            if streams:
+                nap = poll_seconds
+            elif desc.raw_description.pending_activities:
+                nap = max(poll_seconds, QUIET_SECONDS)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.changed.wait(), nap)
     finally:
