@@ -314,12 +314,17 @@ async def test_a_client_that_stops_reading_is_dropped_and_the_server_stays_bound
     limits = StreamLimits(keepalive_seconds=5, buffer_events=8, send_timeout_seconds=0.5)
     made = 0
 
+    closed = False
+
     async def endless() -> AsyncIterator[Event]:
-        nonlocal made
-        while True:
-            made += 1
-            yield Event(f"{made}.0", "llm_text", {"step": "s", "text": "x" * 2000})
-            await asyncio.sleep(0)
+        nonlocal made, closed
+        try:
+            while True:
+                made += 1
+                yield Event(f"{made}.0", "llm_text", {"step": "s", "text": "x" * 2000})
+                await asyncio.sleep(0)
+        finally:
+            closed = True  # what follow() does here: stop its history long-poll
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await EventStream(endless(), limits, stats, "endless")(scope, receive, send)
@@ -333,6 +338,7 @@ async def test_a_client_that_stops_reading_is_dropped_and_the_server_stays_bound
         try:
             await wait_until(lambda: stats.dropped == 1, lambda: f"a drop ({stats})", timeout=30)
             assert stats.open == 0
+            assert closed, "the source was left open"
             made_at_drop = made
             # the source stopped when the buffer filled: it is not read any more
             await asyncio.sleep(0)

@@ -159,6 +159,12 @@ class EventStream(Response):
             for task in (producer, leaving, writer):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            # a producer that stopped at a full buffer left the reader open: close it
+            # now (its history long-poll with it), not when it is garbage-collected
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
         if outcome == "ended":
             stats.ended += 1
         elif outcome == "gone":
