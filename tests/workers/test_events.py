@@ -379,7 +379,13 @@ async def test_the_live_page_shows_the_run_as_its_history_tells_it(live: Live) -
         try:
             page = await browser.new_page()
             handle = await live.pipelines.start(pipeline(), check=False)
-            await page.goto(f"{live.url}/v1/pipelines/{handle.id}/live#key={KEYS['ci'][1]}")
+            opened = await page.goto(
+                f"{live.url}/v1/pipelines/{handle.id}/live#key={KEYS['ci'][1]}"
+            )
+            # only its own script runs (named by its hash), and it talks only to the door
+            assert opened is not None
+            csp = opened.headers["content-security-policy"]
+            assert "script-src 'sha256-" in csp and "connect-src 'self'" in csp
             # the partial text shows while the step runs
             await page.wait_for_function(
                 """() => {

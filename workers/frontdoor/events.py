@@ -36,9 +36,12 @@ is four lines.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -286,25 +289,30 @@ def install_event_routes(app: FastAPI, service: Service, limits: StreamLimits) -
     async def live(workflow_id: str) -> HTMLResponse:
         # Static: the page holds no data; its script reads the key from the
         # fragment (never sent to the server) and opens the event stream.
-        return HTMLResponse(live_page(), headers=PAGE_HEADERS)
+        html = live_page()
+        return HTMLResponse(html, headers=page_headers(html))
 
     return stats
-
-
-# The page runs only its own inline script and connects only to this origin.
-PAGE_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-        "connect-src 'self'"
-    ),
-    "Cache-Control": "no-store",
-    "Referrer-Policy": "no-referrer",
-}
 
 
 def live_page() -> str:
     """The live page's HTML (``workers/frontdoor/live.html``)."""
     return (files("aiworker.workers.frontdoor") / "live.html").read_text(encoding="utf-8")
+
+
+def page_headers(html: str) -> dict[str, str]:
+    """The page's headers: it runs only its own inline script (named by its hash,
+    so an injected one would not run) and connects only to this origin."""
+    script = re.search(r"<script>(.*?)</script>", html, re.S)
+    digest = base64.b64encode(hashlib.sha256(script[1].encode() if script else b"").digest())
+    return {
+        "Content-Security-Policy": (
+            f"default-src 'none'; script-src 'sha256-{digest.decode()}'; "
+            "style-src 'unsafe-inline'; connect-src 'self'"
+        ),
+        "Cache-Control": "no-store",
+        "Referrer-Policy": "no-referrer",
+    }
 
 
 __all__ = [
@@ -314,4 +322,5 @@ __all__ = [
     "frame",
     "install_event_routes",
     "live_page",
+    "page_headers",
 ]
