@@ -47,6 +47,7 @@ from aiworker.workflows.governed import Governance, Refused, governed_call
 from aiworker.workflows.pipeline_limits import step_max_attempts
 from aiworker.workflows.state import Ended, PipelineRun, ms_since, now
 from aiworker.workflows.tally import Tally, after_primary, gate_verdict
+from aiworker.workflows.wait_step import run_wait
 
 # A reviewer may send a step back this many times; then the step fails.
 MAX_REVIEW_ROUNDS = 3
@@ -64,6 +65,8 @@ async def run_step(run: PipelineRun, step: Step) -> StepResult:
         ended = Ended(failed) if failed is not None else preflight(run, step)
     if ended is not None:
         result = ended.result
+    elif step.wait is not None:
+        result = await run_wait(run, step)
     elif step.for_each is not None:
         result = await run_for_each(run, step)
     else:
