@@ -95,6 +95,7 @@ SHAPES = {
     "items-per-task-chunk",
     "breaker",
     "lost-usage",
+    "wait",
 }
 OLDER_CODE = {
     "dag-20261122",
