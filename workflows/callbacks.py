@@ -122,9 +122,10 @@ class CallbackDesk:
         if slot.answer is not None:
             if req.action != "heartbeat" and req.answer() == slot.answer:
                 raise _refuse(Refusal.REPEAT, "the same answer again", slot.reply)
+            other = "nothing to extend" if req.action == "heartbeat" else "with another answer"
             raise _refuse(
                 Refusal.CONFLICT,
-                f"step {slot.step_id!r}: the token was already {slot.state} with another answer",
+                f"step {slot.step_id!r}: the token was already {slot.state}, {other}",
             )
         if slot.state != "waiting":
             ended = "timed out" if slot.state == "timed_out" else "ended without an answer"

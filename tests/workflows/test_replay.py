@@ -138,6 +138,7 @@ OLDER_CODE |= {
         "items-per-task-chunk",
         "breaker",
         "lost-usage",
+        "wait",
     }
     if not shape.startswith(("limited-", "limiter-", "agent-limited"))
 }

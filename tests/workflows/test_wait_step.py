@@ -115,9 +115,7 @@ async def test_a_parallel_step_sends_the_token_and_the_sdk_completes_it(
     assert any(parse_token(token)[1] in json.dumps(str(m)) for m in markers)
 
 
-async def test_refusals_leave_no_trace_in_the_history(
-    client: Client, settings: Settings
-) -> None:
+async def test_refusals_leave_no_trace_in_the_history(client: Client, settings: Settings) -> None:
     """Unknown tokens, bodies off the schema, an answer after the first: each refused
     by the Update's validator with its status, nothing written to the history."""
     async with running_stack(client, settings) as stack:

@@ -127,7 +127,8 @@ async def _after_the_run(client: Client, request: CallbackRequest) -> dict[str, 
     if answer is not None and request.action != "heartbeat" and answer == request.answer():
         return {**(state.get("reply") or {}), "repeat": True}
     if answer is not None:
-        raise CallbackError(409, f"the token was already {state.get('state')} with another answer")
+        other = "nothing to extend" if request.action == "heartbeat" else "with another answer"
+        raise CallbackError(409, f"the token was already {state.get('state')}, {other}")
     raise CallbackError(410, "the run has ended; the wait ended without an answer")
 
 
