@@ -300,3 +300,23 @@ def test_check_takes_token_references_and_refuses_what_cannot_run() -> None:
     assert any("token has no fields" in p for p in _check(deeper))
     nothing = {"name": "n", "steps": [{"id": "a", "input": {}}]}
     assert any("'worker'" in p and "required" in p for p in _check(nothing))
+
+
+def test_a_redrive_sends_the_new_token_again() -> None:
+    """A wait step that runs again hands out a new token: the step that sent the old
+    one runs again with it, though it succeeded."""
+    from aiworker.schemas.pipeline import PipelineSpec
+    from aiworker.workflows.redrive import plan_redrive
+
+    pipeline = sign_pipeline()
+    pipeline["resume_from"] = {
+        "workflow_id": "first",
+        "steps": {
+            "sign": {"status": "failed", "error_code": "timeout"},
+            "send": {"status": "succeeded", "outputs": {"result": {}}},
+            "after": {"status": "skipped"},
+        },
+    }
+    plan = plan_redrive(PipelineSpec.model_validate(pipeline))
+    assert plan is not None
+    assert plan.reused == [] and plan.rerun == ["sign", "send", "after"]
