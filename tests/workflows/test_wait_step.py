@@ -12,6 +12,7 @@ from conftest import Stack, running_stack
 from support import history
 from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
@@ -95,6 +96,9 @@ async def test_a_parallel_step_sends_the_token_and_the_sdk_completes_it(
         sent = await sent_token(handle)
         token = sent["token"]
         assert sent["url"] == f"{PUBLIC}/v1/callbacks/{token}"
+        # the Temporal UI's step list shows the wait step waiting
+        meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        assert "- **sign** · wait · waiting" in meta.current_details
         assert parse_token(token)[0] == handle.id
         pipelines = PipelineClient(client, public_settings)
         reply = await pipelines.complete_callback(token, {"signed_by": "ann", "pages": 3})
