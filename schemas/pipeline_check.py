@@ -452,13 +452,22 @@ def check_pipeline(
 # What a wait step takes besides ``wait``: the fields that decide whether and
 # how often it waits. Everything about calling a worker is refused by name.
 _WAIT_FIELDS = frozenset(
-    {"id", "wait", "depends_on", "when", "for_each", "max_parallel", "on_failure"}
+    {
+        "id",
+        "wait",
+        "depends_on",
+        "when",
+        "for_each",
+        "max_parallel",
+        "on_failure",
+        "review_timeout_seconds",
+    }
 )
 
 
 def _wait_problems(step: Step, i: int, compiled: bool) -> list[Problem]:
-    """A wait step: no worker or anything about calling one; a usable schema;
-    no escalation (a failed callback is the other system's answer, not a worker's)."""
+    """A wait step: no worker or anything about calling one; a usable schema; at most
+    :data:`MAX_WAIT_ITEMS` literal items."""
     if step.wait is None:
         return []
     problems = [
@@ -470,16 +479,6 @@ def _wait_problems(step: Step, i: int, compiled: bool) -> list[Problem]:
         problems.append(
             Problem(
                 step.id, "validate", "a wait step's outputs are checked by wait.schema", index=i
-            )
-        )
-    if step.on_failure == "escalate":
-        problems.append(
-            Problem(
-                step.id,
-                "on_failure",
-                "a wait step cannot escalate: use fail or continue (the other system "
-                "answers, or its timeout ends the wait)",
-                index=i,
             )
         )
     if isinstance(step.for_each, list) and len(step.for_each) > MAX_WAIT_ITEMS:

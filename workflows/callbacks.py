@@ -218,6 +218,18 @@ class CallbackDesk:
             self.listed.add(step.id)
         return out
 
+    @staticmethod
+    def reopen(slot: Slot) -> None:
+        """A reviewer's ``retry``: the token waits again, for its timeout from now."""
+        slot.state, slot.answer, slot.outputs, slot.message, slot.reply = (
+            "waiting",
+            None,
+            None,
+            None,
+            None,
+        )
+        slot.deadline = now() + slot.timeout_seconds
+
     def scope_of(self, step_id: str) -> dict[str, Any]:
         """``token`` and ``callback_url`` of a wait step for references (lists for a
         for_each); nothing before its tokens exist."""

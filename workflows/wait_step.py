@@ -5,7 +5,9 @@ shaped as any step's (a for_each wait's as any for_each's). Deterministic code o
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -20,9 +22,18 @@ with workflow.unsafe.imports_passed_through():
 from aiworker.workflows.callbacks import Slot
 from aiworker.workflows.state import Ended, PipelineRun
 
+# A reviewer may send a wait step back this many times (as workflows.steps does a worker's).
+MAX_REVIEW_ROUNDS = 3
+# How a failed step is escalated (workflows.steps.review_step): the step, its failure and
+# the contracts approved outputs must meet -> its result, or None for a retry.
+Review = Callable[
+    [PipelineRun, Step, StepResult, list[tuple[str, Any]]], Awaitable[StepResult | None]
+]
 
-async def run_wait(run: PipelineRun, step: Step) -> StepResult:
-    """A wait step, after its preflight: its tokens, then its callbacks."""
+
+async def run_wait(run: PipelineRun, step: Step, review: Review) -> StepResult:
+    """A wait step, after its preflight: its tokens, then its callbacks (then, failed
+    with ``on_failure: escalate``, review)."""
     wait = step.wait
     if wait is None:  # the step runner sends only wait steps here
         return StepResult(status="failed", error_code=ErrorCode.INTERNAL.value)
@@ -60,7 +71,23 @@ async def run_wait(run: PipelineRun, step: Step) -> StepResult:
     await desk.wait_all(slots, step.id)
     if listed:
         return _listed_result(slots)
-    return _slot_result(step, slots[0])
+    result = _slot_result(step, slots[0])
+    if step.on_failure != "escalate":
+        return result
+    # Escalated as any failed step: approve (outputs checked against wait.schema),
+    # reject, or retry: the same token waits again, for timeout_seconds from now.
+    contracts = [("wait.schema", wait.schema_)]
+    for _ in range(MAX_REVIEW_ROUNDS):
+        if result.ok or run.terminal is not None:
+            return result
+        reviewed = await review(run, step, result, contracts)
+        if reviewed is not None:
+            return reviewed
+        desk.reopen(slots[0])
+        run.steps[step.id] = StepResult(status="waiting")
+        await desk.wait_all(slots, step.id)
+        result = _slot_result(step, slots[0])
+    return result
 
 
 def _slot_error(slot: Slot) -> tuple[str, str]:

@@ -743,7 +743,28 @@ async def rec_wait(client: Client, tmp: Path) -> Saved:
         await pipelines.complete_callback(item_tokens[0], {"ok": True})
         await pipelines.fail_callback(item_tokens[1], "declined")
         await handle.result()
-    return {"wait": "replay-wait"}
+        # escalated: failed, retried in review (the same token waits again), completed
+        sign = {**WAIT["steps"][0], "on_failure": "escalate"}
+        escalated = {"name": "replay-wait-review", "tenant": "acme", "steps": [sign]}
+        review = await stack.start(escalated, id="replay-wait-review")
+        grant: list[list[str]] = []
+
+        async def granted() -> bool:
+            grant[:] = _granted_secrets((await review.fetch_history()).to_json_dict())
+            return bool(grant)
+
+        await wait_until(granted, "the token")
+        token = make_token("replay-wait-review", grant[0][0])
+        await pipelines.fail_callback(token, "away")
+
+        async def awaiting() -> bool:
+            return bool((await review.query(names.PROGRESS_QUERY))["awaiting_review"])
+
+        await wait_until(awaiting, "review")
+        await pipelines.send_review("replay-wait-review", "retry", reviewer="r")
+        await pipelines.complete_callback(token, {"by": "ann"})
+        await review.result()
+    return {"wait": "replay-wait", "wait-review": "replay-wait-review"}
 
 
 def _granted_secrets(history: dict[str, Any]) -> list[list[str]]:

@@ -96,6 +96,7 @@ SHAPES = {
     "breaker",
     "lost-usage",
     "wait",
+    "wait-review",
 }
 OLDER_CODE = {
     "dag-20261122",
@@ -139,6 +140,7 @@ OLDER_CODE |= {
         "breaker",
         "lost-usage",
         "wait",
+        "wait-review",
     }
     if not shape.startswith(("limited-", "limiter-", "agent-limited"))
 }

@@ -13,7 +13,7 @@ from support import history
 from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.sdk.v1 import WorkflowMetadata
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
 from aiworker.config.settings import Settings
@@ -292,10 +292,13 @@ def test_check_takes_token_references_and_refuses_what_cannot_run() -> None:
         bad["steps"][0]["wait"] = {"schema": {}, "timeout_seconds": timeout}
         assert any("wait.timeout_seconds" in p for p in _check(bad)), timeout
     worker = sign_pipeline()
-    worker["steps"][0].update(worker="validator", on_failure="escalate")
+    worker["steps"][0].update(worker="validator", retry={"max_attempts": 1})
     found = _check(worker)
     assert any("'worker'" in p and "calls no worker" in p for p in found)
-    assert any("'on_failure'" in p and "cannot escalate" in p for p in found)
+    assert any("'retry'" in p and "calls no worker" in p for p in found)
+    each = sign_pipeline()
+    each["steps"][0].update(for_each=[1, 2], on_failure="escalate")
+    assert any("'escalate' needs a single step" in p for p in _check(each))
     not_wait = sign_pipeline()
     not_wait["steps"][2]["input"]["branches"] = {"x": "${{ steps.send.token }}"}
     assert any("'send' is not a wait step" in p for p in _check(not_wait))
@@ -324,3 +327,31 @@ def test_a_redrive_sends_the_new_token_again() -> None:
     plan = plan_redrive(PipelineSpec.model_validate(pipeline))
     assert plan is not None
     assert plan.reused == [] and plan.rerun == ["sign", "send", "after"]
+
+
+async def test_a_failed_wait_escalates_to_review(client: Client, settings: Settings) -> None:
+    """``on_failure: escalate`` as for any failed step: a retry waits again on the same
+    token; an approval gives the outputs, held to wait.schema."""
+    async with running_stack(client, settings) as stack:
+        handle = await stack.start(sign_pipeline(on_failure="escalate"))
+        token = (await sent_token(handle))["token"]
+        pipelines = PipelineClient(client, settings)
+
+        async def awaiting_review() -> bool:
+            p = await handle.query(names.PROGRESS_QUERY)
+            return bool(p["awaiting_review"] == ["sign"])
+
+        await pipelines.fail_callback(token, "the signer is away")
+        await wait_until(awaiting_review, "the failed wait to await review")
+        await pipelines.send_review(handle.id, "retry", reviewer="r")
+        await pipelines.fail_callback(token, "still away")  # the same token, waiting again
+        await wait_until(awaiting_review, "the second failure to await review")
+        with pytest.raises(WorkflowUpdateFailedError) as off:
+            await pipelines.send_review(handle.id, "approve", outputs={"signed_by": 1})
+        assert "wait.schema" in str(off.value.cause)
+        await pipelines.send_review(handle.id, "approve", outputs={"signed_by": "by hand"})
+        result = await handle.result()
+    assert result.status == "succeeded", result.error
+    assert result.steps["sign"].outputs == {"signed_by": "by hand"}
+    assert result.steps["sign"].review is not None
+    assert result.output["signed_by"] == "by hand"
