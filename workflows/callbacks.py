@@ -23,8 +23,9 @@ ended workflow takes no Update). Deterministic code only.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any, Literal
 
 from temporalio import workflow
@@ -75,7 +76,7 @@ class Slot:
 
 
 def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
+    return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="milliseconds")
 
 
 def now() -> float:
