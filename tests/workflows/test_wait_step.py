@@ -16,6 +16,7 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
+from aiworker.config.catalog import load_specs
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.callbacks import make_token, parse_token
@@ -263,11 +264,12 @@ async def test_for_each_waits_for_one_token_per_item(stack: Stack, settings: Set
 
 
 WORKERS = {"validator", "aggregator"}
+specs = load_specs()
 
 
 def _check(pipeline: dict[str, Any]) -> list[str]:
     try:
-        parse_pipeline(pipeline, WORKERS)
+        parse_pipeline(pipeline, {w: specs[w] for w in WORKERS})
     except PipelineSpecError as e:
         return e.problems
     return []
@@ -305,6 +307,10 @@ def test_check_takes_token_references_and_refuses_what_cannot_run() -> None:
     deeper = sign_pipeline()
     deeper["steps"][1]["input"]["branches"] = {"x": "${{ steps.sign.token.x }}"}
     assert any("token has no fields" in p for p in _check(deeper))
+    typo = sign_pipeline()
+    typo["steps"][2]["input"]["branches"] = {"by": "${{ steps.sign.outputs.signed_bye }}"}
+    found = _check(typo)
+    assert any("the wait.schema of step 'sign' has no outputs.signed_bye" in p for p in found)
     nothing = {"name": "n", "steps": [{"id": "a", "input": {}}]}
     assert any("'worker'" in p and "required" in p for p in _check(nothing))
 
