@@ -88,6 +88,12 @@ TRACE_HEADER: Final = "_tracer-data"
 # Queries and updates of the pipeline workflow.
 PROGRESS_QUERY: Final = "progress"
 REVIEW_UPDATE: Final = "review"
+# A wait step's tokens: completed, failed or extended by this Update; after the run
+# ended, the query of the same name says what became of a token.
+CALLBACK_UPDATE: Final = "callback"
+CALLBACK_QUERY: Final = "callback"
+# The local activity that draws a wait step's secrets (and reads the public URL).
+CALLBACK_TOKENS: Final = "callback-tokens"
 
 
 def queue_suffix_of(task_queue: str) -> str:
