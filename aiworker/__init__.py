@@ -72,6 +72,7 @@ if TYPE_CHECKING:
         WorkerResponse,
     )
     from aiworker.schemas.spec import WorkerSpec
+    from aiworker.workers.client.callbacks import CallbackError
     from aiworker.workers.client.client import (
         PipelineClient,
         PipelineHandle,
@@ -92,6 +93,7 @@ _LAZY: dict[str, str] = {
     "AiworkerPlugin": "aiworker.workers.process.plugin:AiworkerPlugin",
     "ArtifactRef": "aiworker.schemas.protocol:ArtifactRef",
     "BudgetExceededError": "aiworker.activities.errors:BudgetExceededError",
+    "CallbackError": "aiworker.workers.client.callbacks:CallbackError",
     "CircuitOpenError": "aiworker.activities.errors:CircuitOpenError",
     "Context": "aiworker.activities.runtime:WorkerContext",
     "EgressDeniedError": "aiworker.activities.errors:EgressDeniedError",
@@ -149,6 +151,7 @@ __all__ = [
     "AiworkerPlugin",
     "ArtifactRef",
     "BudgetExceededError",
+    "CallbackError",
     "CircuitOpenError",
     "Context",
     "EgressDeniedError",

@@ -42,6 +42,7 @@ PARTS = (
     ("bench.slowloris", "slowloris"),
     ("bench.check_caps", "check_caps"),
     ("bench.otlp_export", "otlp_export"),
+    ("bench.callback", "callback"),
 )
 ENGINE = "engine"
 

@@ -148,6 +148,10 @@ class Settings(BaseModel):
     serve_header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600, allow_inf_nan=False)
     serve_body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
     serve_max_connections: int = Field(default=512, ge=1, le=100_000)
+    # Where callers reach `aiworker serve` (https://api.example.com): a wait step's
+    # `callback_url` is built on it by the worker process that runs the pipeline; unset,
+    # the callback_url is the path alone (/v1/callbacks/<token>).
+    serve_public_url: str | None = None
     # The headless Chromium that web-scrape's `render: "browser"` drives (Debian's
     # `chromium` package); launched only when a step asks for it.
     browser_executable: Path = Path("/usr/bin/chromium")
@@ -168,6 +172,17 @@ class Settings(BaseModel):
         if v.startswith("s3://") and v[len("s3://") :].split("/", 1)[0]:
             return v.rstrip("/")
         raise ValueError("expected 'file' or 's3://bucket[/prefix]'")
+
+    @field_validator("serve_public_url")
+    @classmethod
+    def _public_url(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        v = v.strip().rstrip("/")
+        scheme, _, rest = v.partition("://")
+        if scheme not in ("http", "https") or not rest or any(c in rest for c in "?# "):
+            raise ValueError("expected an http(s) URL without query or fragment")
+        return v
 
     @field_validator("serve_rate_limit")
     @classmethod
@@ -201,6 +216,7 @@ class Settings(BaseModel):
             "EGRESS_ALLOW",
             "LLM_BASE_URL",
             "UI_URL",
+            "SERVE_PUBLIC_URL",
             "LLM_MODEL",
             "LLM_API_KEY",
             "LLM_PROVIDER",
@@ -304,6 +320,7 @@ class Settings(BaseModel):
             ("API_KEYS_FILE", "api_keys_file"),
             ("HOOKS_FILE", "hooks_file"),
             ("SERVE_RATE_LIMIT", "serve_rate_limit"),
+            ("SERVE_PUBLIC_URL", "serve_public_url"),
             ("BROWSER_EXECUTABLE", "browser_executable"),
         ):
             if (v := get(name)) is not None:

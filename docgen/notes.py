@@ -92,6 +92,11 @@ ERRORS: dict[str, tuple[str, str]] = {
         "read the reasons in the step's result; fix the data or the schema, or approve it in "
         "review",
     ),
+    "callback_failed": (
+        "the other system failed a wait step's token (`aiworker callback TOKEN --fail MESSAGE` "
+        "or POST /v1/callbacks/{token} with an error); the message is its reason",
+        "see the message; `on_failure: continue` lets the pipeline go on without the step",
+    ),
     "internal": (
         "an unexpected exception in a worker (a bug); logged with its traceback",
         "retried by itself; report it with the log line (trace_id) if it persists",
@@ -194,6 +199,9 @@ SETTINGS: dict[str, str] = {
     "counted from the connection's start (or its last answer); 408 and closed beyond",
     "serve_body_timeout_seconds": "seconds a request's whole body may take to arrive after "
     "its headers; 408 and closed beyond",
+    "serve_public_url": "the public base URL of `aiworker serve` (https://api.example.com): set "
+    "it on the worker processes that run pipelines; a wait step's `callback_url` is built on it "
+    "(unset: the path alone, /v1/callbacks/<token>; docs/callbacks.md)",
     "serve_max_connections": "connections the front door holds at once; one more is "
     "answered 503 and closed",
     "browser_executable": 'the Chromium that web-scrape\'s `render: "browser"` drives '

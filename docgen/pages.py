@@ -21,6 +21,7 @@ from aiworker.config.catalog import load_specs
 from aiworker.config.settings import ENV_PREFIX, Settings, SettingsError
 from aiworker.schemas import safe_schema, tenants
 from aiworker.schemas.caps import HARD_MAX_STEPS, SETTING_OF, Caps
+from aiworker.schemas.callbacks import Wait
 from aiworker.schemas.causes import ErrorCause, PipelineError
 from aiworker.schemas.errors import RETRYABLE, ErrorCode
 from aiworker.schemas.names import TENANT_PATTERN
@@ -92,6 +93,7 @@ def pipeline_page() -> str:
         Step,
         Budget,
         Validation,
+        Wait,
         StepRetry,
         Concurrency,
         CachePolicy,

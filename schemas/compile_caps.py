@@ -83,6 +83,8 @@ def _literals(step: Step) -> Iterator[tuple[str, Any, bool]]:
         yield "when.schema", step.when["schema"], True
     if step.validate_ is not None:
         yield "validate.schema", step.validate_.schema_, True
+    if step.wait is not None:
+        yield "wait.schema", step.wait.schema_, True
     for field, worker, value in (
         ("input", step.worker, step.input),
         ("fallback_input", step.fallback, step.fallback_input),

@@ -29,6 +29,7 @@ class ErrorCode(StrEnum):
     TOOL_NOT_ALLOWED = "tool_not_allowed"
     BUDGET_EXCEEDED = "budget_exceeded"
     VALIDATION_FAILED = "validation_failed"
+    CALLBACK_FAILED = "callback_failed"
     INTERNAL = "internal"
 
 
@@ -48,6 +49,7 @@ RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.TOOL_NOT_ALLOWED: False,
     ErrorCode.BUDGET_EXCEEDED: False,
     ErrorCode.VALIDATION_FAILED: False,
+    ErrorCode.CALLBACK_FAILED: False,
     ErrorCode.INTERNAL: True,
 }
 

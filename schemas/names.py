@@ -90,6 +90,12 @@ PROGRESS_QUERY: Final = "progress"
 # The run's numbered step events after a number (the live event stream reads it).
 EVENTS_QUERY: Final = "events"
 REVIEW_UPDATE: Final = "review"
+# A wait step's tokens: completed, failed or extended by this Update; after the run
+# ended, the query of the same name says what became of a token.
+CALLBACK_UPDATE: Final = "callback"
+CALLBACK_QUERY: Final = "callback"
+# The local activity that draws a wait step's secrets (and reads the public URL).
+CALLBACK_TOKENS: Final = "callback-tokens"
 
 
 def queue_suffix_of(task_queue: str) -> str:

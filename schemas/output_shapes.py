@@ -136,6 +136,13 @@ class Shapes:
         if step_id in self._done:
             return self._done[step_id]
         step = self._steps.get(step_id)
+        if step is not None and step.wait is not None:
+            # a wait step's outputs are what its callback brought, held to wait.schema
+            # (a for_each's are a list of them: another shape)
+            whose = f"the wait.schema of step {step_id!r}"
+            found = None if step.for_each is not None else (step.wait.schema_, whose)
+            self._done[step_id] = found
+            return found
         worker = self._workers.get(step.worker) if step is not None else None
         if step is None or worker is None or depth > MAX_FOLLOW:
             return None

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Final, Literal
 from pydantic import ConfigDict, Field
 
 from aiworker.schemas.base import Model
+from aiworker.schemas.callbacks import TOKEN_FIELDS, Wait
 from aiworker.schemas.caps import HARD_MAX_STEPS
 from aiworker.schemas.causes import ErrorCause, PipelineError, without_outputs
 from aiworker.schemas.names import (
@@ -130,7 +131,16 @@ class Step(Model):
         max_length=64,
         description="unique in the pipeline; references name it (steps.<id>.outputs)",
     )
-    worker: str = Field(description="the worker_id to call (aiworker workers lists them)")
+    worker: str = Field(
+        default="",
+        description="the worker_id to call (aiworker workers lists them); a wait step has none",
+    )
+    wait: Wait | None = Field(
+        default=None,
+        description='{"schema": <JSON Schema>, "timeout_seconds": N}: instead of a worker, '
+        "hand out a token (${{ steps.<id>.token }}, ${{ steps.<id>.callback_url }}) and wait "
+        "for its callback (docs/callbacks.md)",
+    )
     input: dict[str, Any] = Field(
         default_factory=dict,
         description="the worker's input: JSON with ${{ }} references, checked against the "
@@ -564,8 +574,14 @@ def step_values(step: Step) -> list[Any]:
     return values
 
 
+def _is_token_ref(path: tuple[str | int, ...]) -> bool:
+    return len(path) == 2 and path[1] in TOKEN_FIELDS
+
+
 def step_dependencies(spec: PipelineSpec) -> dict[str, set[str]]:
-    """Each step's dependencies: ``depends_on``, its gate and the steps it references."""
+    """Each step's dependencies: ``depends_on``, its gate and the steps it references
+    (but a wait step referenced only for its ``token``/``callback_url``: see
+    :func:`token_dependencies`)."""
     out: dict[str, set[str]] = {}
     for step in spec.steps:
         d = set(step.depends_on)
@@ -574,6 +590,29 @@ def step_dependencies(spec: PipelineSpec) -> dict[str, set[str]]:
         for v in step_values(step):
             for ref in find_refs(v):
                 if ref.step_id is not None and ref.step_id != step.id:
-                    d.add(ref.step_id)
+                    if not _is_token_ref(ref.path):
+                        d.add(ref.step_id)
         out[step.id] = d
     return out
+
+
+def token_dependencies(spec: PipelineSpec) -> dict[str, set[str]]:
+    """The wait steps each step references only for their ``token`` or
+    ``callback_url``: it may start once their tokens exist, while they wait."""
+    hard = step_dependencies(spec)
+    out: dict[str, set[str]] = {}
+    for step in spec.steps:
+        soft = {
+            ref.step_id
+            for v in step_values(step)
+            for ref in find_refs(v)
+            if ref.step_id is not None and ref.step_id != step.id and _is_token_ref(ref.path)
+        }
+        if soft - hard[step.id]:
+            out[step.id] = soft - hard[step.id]
+    return out
+
+
+def worker_steps(spec: PipelineSpec) -> list[Step]:
+    """The steps that call a worker (every step but the wait steps)."""
+    return [s for s in spec.steps if s.wait is None]

@@ -36,10 +36,11 @@ from pydantic import ValidationError
 
 from aiworker.schemas import names, safe_schema
 from aiworker.schemas.agent import allow_list
+from aiworker.schemas.callbacks import MAX_WAIT_ITEMS, TOKEN_FIELDS
 from aiworker.schemas.caps import SETTING_OF, Caps
 from aiworker.schemas.compile_caps import compile_cap_problems
 from aiworker.schemas.messages import suggest
-from aiworker.schemas.pipeline import Concurrency, PipelineSpec, Step
+from aiworker.schemas.pipeline import Concurrency, PipelineSpec, Step, worker_steps
 from aiworker.schemas.problems import Problem, field_problems
 from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, find_refs, json_depth
 from aiworker.schemas.spec import WorkerSpec
@@ -133,7 +134,7 @@ def parse_structure(raw: Any, *, compiled: bool = True, compile_caps: bool = Tru
         PipelineSpecError: naming every problem found.
     """
     spec = _validated(raw)
-    named = {s.worker for s in spec.steps} | {s.fallback for s in spec.steps if s.fallback}
+    named = {s.worker for s in worker_steps(spec)} | {s.fallback for s in spec.steps if s.fallback}
     problems = check_pipeline(spec, named, compiled=compiled, compile_caps=compile_caps)
     if problems:
         raise PipelineSpecError(problems)
@@ -327,7 +328,11 @@ def check_pipeline(
         def add(at: str, message: str, suggestion: str | None = None) -> None:
             problems.append(Problem(step.id, at, message, suggestion, i))  # noqa: B023
 
-        if step.worker not in known:
+        if step.wait is not None:
+            problems.extend(_wait_problems(step, i, compiled))
+        elif not step.worker:
+            add("worker", "required: the worker_id to call (or a 'wait' instead)")
+        elif step.worker not in known:
             add(
                 "worker",
                 f"unknown worker {step.worker!r} (known: {', '.join(sorted(known))})",
@@ -407,6 +412,13 @@ def check_pipeline(
                 target = ref.step_id
                 if target is None:
                     continue
+                if (
+                    len(ref.path) > 1
+                    and ref.path[1] in TOKEN_FIELDS
+                    and target in index
+                    and spec.steps[index[target]].wait is None
+                ):
+                    add(field, f"reference {ref.text}: step {target!r} is not a wait step")
                 if target not in index:
                     add(
                         field,
@@ -434,6 +446,52 @@ def check_pipeline(
         # checks stand on their own: an unknown worker or step is passed over there)
         found = step_problems(spec, specs, output_shapes=output_shapes)
         problems.extend(p for p in found if p not in problems)
+    return problems
+
+
+# What a wait step takes besides ``wait``: the fields that decide whether and
+# how often it waits. Everything about calling a worker is refused by name.
+_WAIT_FIELDS = frozenset(
+    {
+        "id",
+        "wait",
+        "depends_on",
+        "when",
+        "for_each",
+        "max_parallel",
+        "on_failure",
+        "review_timeout_seconds",
+    }
+)
+
+
+def _wait_problems(step: Step, i: int, compiled: bool) -> list[Problem]:
+    """A wait step: no worker or anything about calling one; a usable schema; at most
+    :data:`MAX_WAIT_ITEMS` literal items."""
+    if step.wait is None:
+        return []
+    problems = [
+        Problem(step.id, f, "a wait step calls no worker: drop it", index=i)
+        for f in sorted(step.model_fields_set - _WAIT_FIELDS)
+        if f not in ("validate_",)
+    ]
+    if step.validate_ is not None:
+        problems.append(
+            Problem(
+                step.id, "validate", "a wait step's outputs are checked by wait.schema", index=i
+            )
+        )
+    if isinstance(step.for_each, list) and len(step.for_each) > MAX_WAIT_ITEMS:
+        problems.append(
+            Problem(
+                step.id,
+                "for_each",
+                f"{len(step.for_each)} items; a wait step waits for at most {MAX_WAIT_ITEMS}",
+                index=i,
+            )
+        )
+    for p in _schema_problems(step.wait.schema_, compiled):
+        problems.append(Problem(step.id, "wait.schema", p, index=i))
     return problems
 
 

@@ -60,7 +60,8 @@ def named_workers(spec: PipelineSpec) -> list[str]:
     """Every worker whose spec a run of ``spec`` may call, sorted, each once."""
     found: set[str] = set()
     for step in spec.steps:
-        found.add(step.worker)
+        if step.wait is None:
+            found.add(step.worker)
         if step.fallback is not None:
             found.add(step.fallback)
         if step.validate_ is not None:

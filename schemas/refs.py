@@ -44,6 +44,8 @@ _CLOSE = "}}"
 PIPELINE_ROOTS = ("inputs", "steps", "item", "item_index")
 TEMPLATE_ROOTS = ("input",)
 _CEILINGS = Caps.ceilings()
+# What steps.<id>. may be followed by (token and callback_url: a wait step's, while it waits).
+_STEP_FIELDS = ("outputs", "status", "warnings", "artifacts", "token", "callback_url")
 
 
 class ReferenceError_(ValueError):
@@ -99,11 +101,13 @@ def parse_ref(expr: str, roots: tuple[str, ...] = PIPELINE_ROOTS) -> Ref:
         )
     path = tuple(segments[1:])
     if root == "steps":
-        if len(path) < 2 or path[1] not in ("outputs", "status", "warnings", "artifacts"):
+        if len(path) < 2 or path[1] not in _STEP_FIELDS:
             raise ReferenceError_(
                 f"bad reference {_short(text)!r}: use steps.<id>.outputs[.<path>] "
                 "or steps.<id>.status"
             )
+        if path[1] in ("token", "callback_url") and len(path) != 2:
+            raise ReferenceError_(f"bad reference {_short(text)!r}: {path[1]} has no fields")
     if root == "item_index" and path:
         raise ReferenceError_(f"bad reference {text!r}: item_index has no fields")
     return Ref(text=text, root=str(root), path=path)

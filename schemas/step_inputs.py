@@ -278,7 +278,7 @@ def _ref_problems(
 
 
 # Fields whose values are only sized, never resolved: no reference stands in them.
-DEPTH_ONLY = ("inputs", "validate.schema")
+DEPTH_ONLY = ("inputs", "validate.schema", "wait.schema")
 
 
 def step_fields(step: Step) -> list[tuple[str, Any]]:
@@ -294,6 +294,8 @@ def step_fields(step: Step) -> list[tuple[str, Any]]:
         fields.append(("validate.schema", step.validate_.schema_))
     if step.concurrency is not None:
         fields.append(("concurrency.key", step.concurrency.key))
+    if step.wait is not None:
+        fields.append(("wait.schema", step.wait.schema_))
     return fields
 
 

@@ -196,7 +196,8 @@ def refused_workers(
     for i, step in enumerate(spec.steps):
         uses: list[tuple[str, str | None]] = []
         if steps:
-            uses += [("worker", step.worker), ("fallback", step.fallback)]
+            uses += [("worker", step.worker if step.wait is None else None)]
+            uses += [("fallback", step.fallback)]
             if step.validate_ is not None:
                 uses.append(("validate", VALIDATOR))
         if agents and step.worker == LLM_AGENT:

@@ -18,6 +18,7 @@ that cannot be resolved is a warning, never the error. Deterministic code only.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         StepResult,
         TerminalStatus,
         step_dependencies,
+        token_dependencies,
     )
     from aiworker.schemas.refs import ReferenceError_, resolve
     from aiworker.workflows.redrive import plan_redrive
@@ -49,6 +51,9 @@ class Schedule:
     """Where the DAG stands: finished steps, running ones, whether new starts stop."""
 
     deps: dict[str, set[str]]
+    # wait steps a step needs only the tokens of (it may run while they wait)
+    tokens: dict[str, set[str]] = field(default_factory=dict)
+    issued: Collection[str] = ()
     done: set[str] = field(default_factory=set)
     running: dict[str, asyncio.Task[StepResult]] = field(default_factory=dict)
     failed_hard: bool = False
@@ -59,19 +64,36 @@ class Schedule:
             step.id not in self.done
             and step.id not in self.running
             and self.deps[step.id] <= self.done
+            and all(t in self.done or t in self.issued for t in self.tokens.get(step.id, ()))
         )
+
+    def held_by_tokens(self) -> bool:
+        """Some step not started waits only for a wait step's tokens."""
+        return any(
+            sid not in self.done and sid not in self.running and not self.ready_by_tokens(sid)
+            for sid in self.tokens
+        )
+
+    def ready_by_tokens(self, sid: str) -> bool:
+        return all(t in self.done or t in self.issued for t in self.tokens[sid])
 
 
 async def run_dag(run: PipelineRun) -> PipelineResult:
     """Run every step of the pipeline; the pipeline's result."""
     spec = run.spec
     by_id = {s.id: s for s in spec.steps}
-    sched = Schedule(deps=step_dependencies(spec))
+    # Only a pipeline with wait steps has token dependencies (older ones replay as before).
+    sched = Schedule(
+        deps=step_dependencies(spec),
+        tokens=token_dependencies(spec),
+        issued=run.board.callbacks.issued,
+    )
     if spec.resume_from is not None and workflow.patched(REDRIVE_PLAN_PATCH):
         run.redrive = plan_redrive(spec)
     try:
-        # Each round finishes at least one step, so this loop is bounded.
-        for _ in range(2 * len(spec.steps) + 2):
+        # Each round finishes at least one step (or a wait step handed out its
+        # tokens, once per wait step), so this loop is bounded.
+        for _ in range(3 * len(spec.steps) + 2):
             if not sched.failed_hard and run.terminal is None:
                 reused = _start_ready(run, sched)
                 if reused:
@@ -83,9 +105,18 @@ async def run_dag(run: PipelineRun) -> PipelineResult:
                 if all(s.id in sched.done for s in spec.steps) or sched.failed_hard or run.terminal:
                     break
                 continue
-            finished, _ = await workflow.wait(
-                list(sched.running.values()), return_when=asyncio.FIRST_COMPLETED
-            )
+            waits: list[asyncio.Task[Any]] = list(sched.running.values())
+            tokens = None
+            if sched.tokens and sched.held_by_tokens():
+                # wake when a wait step hands out its tokens (no command, no event)
+                n = len(run.board.callbacks.issued)
+                tokens = asyncio.create_task(
+                    workflow.wait_condition(lambda: len(run.board.callbacks.issued) != n)  # noqa: B023
+                )
+                waits.append(tokens)
+            finished, _ = await workflow.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if tokens is not None and not tokens.done():
+                tokens.cancel()
             for sid in [sid for sid, t in sched.running.items() if t in finished]:
                 result = sched.running.pop(sid).result()
                 run.steps[sid] = result

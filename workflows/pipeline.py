@@ -229,6 +229,8 @@ class PipelineWorkflow(PermitSignals):
             "usage": (ledger.used if ledger else Usage()).model_dump(mode="json"),
             "budget": ledger.view() if ledger else None,
             "awaiting_review": sorted(board.desk.awaiting),
+            # wait steps' tokens still waiting: step, item (for_each), timeout_at
+            "awaiting_callback": board.callbacks.waiting(),
         }
 
     @workflow.query(name=names.EVENTS_QUERY)
@@ -244,6 +246,21 @@ class PipelineWorkflow(PermitSignals):
     @review.validator
     def _check_review(self, decision: dict[str, Any]) -> None:
         self._board.desk.check(decision)
+
+    @workflow.update(name=names.CALLBACK_UPDATE)
+    async def callback(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Complete, fail or extend a wait step's token (``aiworker callback``)."""
+        return self._board.callbacks.accept(request)
+
+    @callback.validator
+    def _check_callback(self, request: dict[str, Any]) -> None:
+        self._board.callbacks.check(request)
+
+    @workflow.query(name=names.CALLBACK_QUERY)
+    def callback_state(self, token: str) -> dict[str, Any]:
+        """What became of a token (also after the run ended): ``known``, ``state``,
+        ``answer`` (a hash of the accepted answer) and the first ``reply``."""
+        return self._board.callbacks.lookup(token)
 
     # -- the run -------------------------------------------------------------
 
@@ -351,7 +368,9 @@ class PipelineWorkflow(PermitSignals):
         for step in spec.steps:
             run.steps[step.id] = StepResult(status="pending")
         # the Temporal UI's view of the DAG (no command, no history event)
-        self._board.table.start(spec.name, {s.id: s.worker for s in spec.steps}, self._board.status)
+        self._board.table.start(
+            spec.name, {s.id: s.worker or "wait" for s in spec.steps}, self._board.status
+        )
         return run
 
     @staticmethod

@@ -86,7 +86,8 @@ class PipelineLimits:
         ``invalid_input`` when the tenant is refused. With ``pipeline`` the activity
         checks it in full too (``RunConfig.problems``): what compiles stays out of
         the workflow task."""
-        workers = [s.worker for s in spec.steps] + [s.fallback for s in spec.steps if s.fallback]
+        workers = [s.worker for s in spec.steps if s.wait is None]
+        workers += [s.fallback for s in spec.steps if s.fallback]
         if record is not None:
             # an agent's model turns and tools too: they wait for the same permits
             workers += record

@@ -24,7 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiworker.schemas.pipeline import ItemsRef, PipelineSpec, StepResult, step_dependencies
+from aiworker.schemas.pipeline import (
+    ItemsRef,
+    PipelineSpec,
+    StepResult,
+    step_dependencies,
+    token_dependencies,
+)
 
 
 @dataclass
@@ -86,6 +92,10 @@ def plan_redrive(spec: PipelineSpec) -> Redrive | None:
     if resume is None:
         return None
     deps = step_dependencies(spec)
+    # A step that sent a wait step's token is reused only with that wait step: a
+    # wait step that runs again hands out a new token, to be sent again.
+    for sid, waits in token_dependencies(spec).items():
+        deps[sid] = deps[sid] | waits
     reused: set[str] = set()
     # A step joins once all its dependencies have: at most one pass per step.
     for _ in range(len(spec.steps)):

@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.workflows.redrive import Redrive
 
 from aiworker.workflows.budget import Admission, BudgetRefused, Ledger
+from aiworker.workflows.callbacks import CallbackDesk
 from aiworker.workflows.details import StepBoard, StepTable
 from aiworker.workflows.items import ItemsUnavailable, load_items, needs_items
 from aiworker.workflows.limits import PermitBook
@@ -89,6 +90,8 @@ class Board:
     status: str = "running"
     permits: PermitBook = field(default_factory=PermitBook)
     desk: ReviewDesk = field(default_factory=ReviewDesk)
+    # The wait steps' tokens and their callbacks.
+    callbacks: CallbackDesk = field(default_factory=CallbackDesk)
     # Steps calling an external worker now: step id -> its queue and wait bound.
     external: dict[str, dict[str, Any]] = field(default_factory=dict)
     table: StepTable = field(default_factory=StepTable)
@@ -151,8 +154,9 @@ class PipelineRun:
         return self.board.steps
 
     def scope(self) -> dict[str, Any]:
-        """What ``${{ }}`` references see: the inputs and every step's results so far."""
-        return {
+        """What ``${{ }}`` references see: the inputs and every step's results so far
+        (and a wait step's ``token`` and ``callback_url`` once it has them)."""
+        scope: dict[str, Any] = {
             "inputs": self.spec.inputs,
             "steps": {
                 sid: {
@@ -168,6 +172,10 @@ class PipelineRun:
                 for sid, r in self.steps.items()
             },
         }
+        desk = self.board.callbacks
+        for sid in desk.issued:
+            scope["steps"][sid].update(desk.scope_of(sid))
+        return scope
 
     async def materialize(self, values: list[Any], field_name: str) -> StepResult | None:
         """Load the lists of the for_each steps held by reference that the

@@ -8,7 +8,7 @@ process that restarts or another process behind the balancer has seen other
 polls), so the workflow numbers them: :class:`StepEvents` notes every step
 result the run writes (the :class:`~aiworker.workflows.details.StepBoard`'s
 ``on_set``, beside the UI's step table) and appends an event when a step's
-row changes: ``step_started`` (it began running), ``step_progress``
+row changes: ``step_started`` (it began running, or a wait step began waiting), ``step_progress``
 (attempts or for_each items moved while it runs), ``review_awaited``,
 ``step_ended`` (a status of ``ENDED_STEP_STATUSES``). Event ``n`` is the
 ``n``-th such change of the run, with the history length of the workflow
@@ -43,6 +43,8 @@ from aiworker.workflows.runs import in_run, this_run
 MAX_KEPT = 5000
 # Events one `events` query answer carries (the stream asks again for the rest).
 MAX_ANSWER = 500
+# A step that has begun: it runs, or (a wait step) waits for its callback.
+_ACTIVE = frozenset(("running", "waiting"))
 # The error message an event carries is cut here (the result has it whole).
 MAX_MESSAGE_CHARS = 500
 
@@ -57,8 +59,8 @@ def kind_of(old: Row | None, new: Row) -> str | None:
         return "step_ended" if before != status else None
     if status == "awaiting_review":
         return "review_awaited" if before != status else None
-    if status == "running":
-        return "step_started" if before != "running" else "step_progress"
+    if status in _ACTIVE:
+        return "step_started" if before not in _ACTIVE else "step_progress"
     return "step_progress"
 
 

@@ -47,6 +47,7 @@ from aiworker.workflows.governed import Governance, Refused, governed_call
 from aiworker.workflows.pipeline_limits import step_max_attempts
 from aiworker.workflows.state import Ended, PipelineRun, ms_since, now
 from aiworker.workflows.tally import Tally, after_primary, gate_verdict
+from aiworker.workflows.wait_step import run_wait
 
 # A reviewer may send a step back this many times; then the step fails.
 MAX_REVIEW_ROUNDS = 3
@@ -64,6 +65,8 @@ async def run_step(run: PipelineRun, step: Step) -> StepResult:
         ended = Ended(failed) if failed is not None else preflight(run, step)
     if ended is not None:
         result = ended.result
+    elif step.wait is not None:
+        result = await run_wait(run, step, review_step)
     elif step.for_each is not None:
         result = await run_for_each(run, step)
     else:
@@ -369,55 +372,63 @@ class StepRunner:
     async def review(self, result: StepResult) -> StepResult | None:
         """Escalate a failed step to a human: the step's result after the decision,
         or None to run it again (``retry``)."""
-        run, step, board = self.run, self.step, self.run.board
         # corrected outputs must meet the worker's own contract and the step's
         contracts: list[tuple[str, Any]] = [
             (f"{self.worker.worker_id} output_schema", self.worker.output_schema)
         ]
-        if step.validate_ is not None:
-            contracts.append(("validate.schema", step.validate_.schema_))
-        board.desk.open(step.id, contracts, has_outputs=result.outputs is not None)
-        run.steps[step.id] = result.model_copy(update={"status": "awaiting_review"})
-        board.set_status("awaiting_review")
-        try:
-            decided = await board.desk.wait(step.id, step.review_timeout_seconds)
-        finally:
-            # also on cancellation: the status upsert is part of the recorded history
-            if not board.desk.awaiting and board.status == "awaiting_review":
-                board.set_status("running")
-        if decided is None:
-            run.terminal = "escalation_timed_out"
-            return result.model_copy(
-                update={
-                    "status": "escalation_timed_out",
-                    "error_message": (
-                        f"no review within {step.review_timeout_seconds:g}s; "
-                        f"last error: {result.error_message}"
-                    ),
-                }
-            )
-        decision, review = decided.decision, decided.record()
-        if decision.decision == "approve":
-            outputs = decision.outputs if decision.outputs is not None else result.outputs
-            # Succeeded by approval: no error of its own any more; what was
-            # approved over stays the newest entry of its cause.
-            return result.model_copy(
-                update={
-                    "status": "succeeded",
-                    "outputs": outputs,
-                    "review": review,
-                    "error_code": None,
-                    "error_message": None,
-                    "reasons": [],
-                }
-            )
-        if decision.decision == "reject":
-            run.terminal = "rejected"
-            said = f"rejected in review by {review['reviewer']}"
-            if decision.note:
-                said += f": {decision.note}"
-            message = f"{said}; the step had failed with {result.error_code}"
-            return result.model_copy(
-                update={"status": "rejected", "review": review, "error_message": message}
-            )
-        return None
+        if self.step.validate_ is not None:
+            contracts.append(("validate.schema", self.step.validate_.schema_))
+        return await review_step(self.run, self.step, result, contracts)
+
+
+async def review_step(
+    run: PipelineRun, step: Step, result: StepResult, contracts: list[tuple[str, Any]]
+) -> StepResult | None:
+    """Escalate ``step``, failed with ``result``, to a human; approved outputs must meet
+    ``contracts``. The step's result after the decision, or None to run it again."""
+    board = run.board
+    board.desk.open(step.id, contracts, has_outputs=result.outputs is not None)
+    run.steps[step.id] = result.model_copy(update={"status": "awaiting_review"})
+    board.set_status("awaiting_review")
+    try:
+        decided = await board.desk.wait(step.id, step.review_timeout_seconds)
+    finally:
+        # also on cancellation: the status upsert is part of the recorded history
+        if not board.desk.awaiting and board.status == "awaiting_review":
+            board.set_status("running")
+    if decided is None:
+        run.terminal = "escalation_timed_out"
+        return result.model_copy(
+            update={
+                "status": "escalation_timed_out",
+                "error_message": (
+                    f"no review within {step.review_timeout_seconds:g}s; "
+                    f"last error: {result.error_message}"
+                ),
+            }
+        )
+    decision, review = decided.decision, decided.record()
+    if decision.decision == "approve":
+        outputs = decision.outputs if decision.outputs is not None else result.outputs
+        # Succeeded by approval: no error of its own any more; what was
+        # approved over stays the newest entry of its cause.
+        return result.model_copy(
+            update={
+                "status": "succeeded",
+                "outputs": outputs,
+                "review": review,
+                "error_code": None,
+                "error_message": None,
+                "reasons": [],
+            }
+        )
+    if decision.decision == "reject":
+        run.terminal = "rejected"
+        said = f"rejected in review by {review['reviewer']}"
+        if decision.note:
+            said += f": {decision.note}"
+        message = f"{said}; the step had failed with {result.error_code}"
+        return result.model_copy(
+            update={"status": "rejected", "review": review, "error_message": message}
+        )
+    return None

@@ -71,30 +71,31 @@ async def polls_everything(client: Client, settings: Settings, pid: int) -> bool
     return True
 
 
-def attempts_logged(log: Path, workflow_id: str) -> list[tuple[int, str | None, str]]:
-    """(attempt, error code, error message) of each web-scrape attempt in a process's log."""
+def log_events(log: Path, event: str) -> list[dict[str, Any]]:
+    """The JSON log lines of one ``event`` in a process's log, in order."""
     out = []
     for line in log.read_text("utf-8", errors="replace").splitlines():
         try:
             doc = json.loads(line)
         except ValueError:
             continue
-        if doc.get("event") == "worker_call" and doc.get("workflow_id") == workflow_id:
-            out.append((doc["attempt"], doc.get("error_code"), doc.get("error", "")))
-    return sorted(out)
+        if isinstance(doc, dict) and doc.get("event") == event:
+            out.append(doc)
+    return out
+
+
+def attempts_logged(log: Path, workflow_id: str) -> list[tuple[int, str | None, str]]:
+    """(attempt, error code, error message) of each web-scrape attempt in a process's log."""
+    return sorted(
+        (doc["attempt"], doc.get("error_code"), doc.get("error", ""))
+        for doc in log_events(log, "worker_call")
+        if doc.get("workflow_id") == workflow_id
+    )
 
 
 def breaker_transitions(log: Path) -> list[tuple[str, str]]:
     """(from, to) of each breaker transition in a process's log."""
-    out = []
-    for line in log.read_text("utf-8", errors="replace").splitlines():
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if doc.get("event") == "breaker_state":
-            out.append((doc["from"], doc["to"]))
-    return out
+    return [(doc["from"], doc["to"]) for doc in log_events(log, "breaker_state")]
 
 
 @pytest.mark.timeout(170)

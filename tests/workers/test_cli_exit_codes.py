@@ -124,6 +124,20 @@ CASES: dict[str, Case] = {
     "review-bad-outputs": case(
         "review", "{done}", "approve", "--outputs", "{{", code=EXIT_USAGE, says="not valid JSON"
     ),
+    "callback-unknown-token": case(
+        "callback",
+        "awt1.bm9uZQ." + "a" * 43,
+        "--outputs",
+        "{}",
+        code=EXIT_NOT_FOUND,
+        says="unknown callback token",
+    ),
+    "callback-not-a-token": case(
+        "callback", "{missing}", "--fail", "no", code=EXIT_NOT_FOUND, says="unknown callback token"
+    ),
+    "callback-bad-outputs": case(
+        "callback", "{missing}", "--outputs", "{{", code=EXIT_USAGE, says="not valid JSON"
+    ),
     "redrive-unknown-id": case("redrive", "{missing}", code=EXIT_NOT_FOUND, says="not found"),
     "redrive-succeeded": case("redrive", "{done}", code=EXIT_USAGE, says="nothing to redrive"),
     "redrive-fails-again": case("redrive", "{failed}", code=EXIT_FAILED, says="redriving"),

@@ -453,3 +453,22 @@ async def test_a_real_serve_process_streams_a_run_to_its_end(
             assert seen[-1].data["status"] == outcome["status"] == "rejected"
             ended = {e.data["step"]: e.data["status"] for e in seen if e.type == "step_ended"}
             assert ended == {sid: s["status"] for sid, s in outcome["steps"].items()}
+
+
+async def test_a_wait_step_streams_its_wait_and_its_timeout(live: Live) -> None:
+    spec = {
+        "name": "live-wait",
+        "tenant": "acme",
+        "steps": [{"id": "sign", "wait": {"schema": {"type": "object"}, "timeout_seconds": 1}}],
+        "output": {},
+    }
+    handle = await live.pipelines.start(spec, check=False)
+    events = [e async for e in live.pipelines.events(handle.id)]
+    result = await handle.result()
+    assert [(e.type, e.data.get("step"), e.data.get("status")) for e in events] == [
+        ("step_started", "sign", "running"),
+        ("step_progress", "sign", "waiting"),  # its token handed out: it waits
+        ("step_ended", "sign", result.steps["sign"].status),
+        ("run_ended", None, result.status),
+    ]
+    assert result.steps["sign"].status == "failed"

@@ -41,6 +41,10 @@ def test_which_row_change_is_which_event() -> None:
     assert kind_of(row("awaiting_review", 1), row("running", 1)) == "step_started"
     assert kind_of(row("running", 1), row("succeeded", 1)) == "step_ended"
     assert kind_of(None, row("skipped")) == "step_ended"  # never ran: ended at once
+    # a wait step waits for its callback (for_each: its tokens' items move)
+    assert kind_of(None, row("waiting")) == "step_started"
+    assert kind_of(row("waiting", 0, 1), row("waiting", 0, 2)) == "step_progress"
+    assert kind_of(row("waiting"), row("succeeded")) == "step_ended"
 
 
 def test_the_events_query_answers_after_a_number_within_what_is_kept() -> None:

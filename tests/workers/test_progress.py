@@ -154,3 +154,20 @@ def test_ui_link_from_the_setting_or_the_dev_default() -> None:
         "https://ui.example/namespaces/team%20a/workflows/p/1"
     )
     assert workflow_link(None, "default", "p") is None
+
+
+def test_live_line_shows_wait_steps_awaiting_their_callback() -> None:
+    progress = {
+        "status": "running",
+        "steps": {
+            "sign": {"status": "waiting", "attempts": 0},
+            "each": {"status": "waiting", "attempts": 0, "items": {"total": 3, "done": 1}},
+        },
+        "awaiting_callback": [
+            {"step": "sign", "state": "waiting", "timeout_at": "2026-11-28T16:00:00+00:00"},
+            {"step": "each", "item": 0, "state": "waiting"},
+            {"step": "each", "item": 2, "state": "waiting"},
+        ],
+    }
+    line = progress_line("sign-flow", Snapshot.of(progress), 1.0)
+    assert "awaiting callback: sign, each (2 tokens)" in line

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import sys
 import tempfile
@@ -62,6 +63,7 @@ from temporalio.testing import WorkflowEnvironment  # noqa: E402
 from aiworker.activities.llm import LlmMetrics  # noqa: E402
 from aiworker.config.settings import Settings, parse_rate_limits  # noqa: E402
 from aiworker.schemas import names  # noqa: E402
+from aiworker.schemas.callbacks import make_token  # noqa: E402
 from aiworker.schemas.tenants import TenantRegistry  # noqa: E402
 from aiworker.workers.client.client import PipelineClient  # noqa: E402
 from aiworker.workers.client.temporal_client import data_converter  # noqa: E402
@@ -673,6 +675,114 @@ async def rec_lost_usage(client: Client, tmp: Path) -> Saved:
     return {"lost-usage": "replay-lost-usage"}
 
 
+WAIT = {
+    "name": "replay-wait",
+    "tenant": "acme",
+    "steps": [
+        {
+            "id": "sign",
+            "wait": {"schema": {"type": "object", "required": ["by"]}, "timeout_seconds": 600},
+        },
+        {
+            "id": "send",
+            "worker": "aggregator",
+            "input": {
+                "policy": "all",
+                "branches": {
+                    "token": "${{ steps.sign.token }}",
+                    "url": "${{ steps.sign.callback_url }}",
+                },
+            },
+        },
+        {
+            "id": "each",
+            "for_each": [1, 2],
+            "on_failure": "continue",
+            "wait": {"schema": {"type": "object"}, "timeout_seconds": 600},
+        },
+        {
+            "id": "late",
+            "on_failure": "continue",
+            "wait": {"schema": {"type": "object"}, "timeout_seconds": 1},
+        },
+        {
+            "id": "after",
+            "worker": "aggregator",
+            "input": {"policy": "all", "branches": {"by": "${{ steps.sign.outputs.by }}"}},
+        },
+    ],
+}
+
+
+async def rec_wait(client: Client, tmp: Path) -> Saved:
+    """Wait steps: a token sent by a parallel step, heartbeat, completion, a repeat
+    (refused, not in the history), a for_each of two (completed, failed), a timeout."""
+    settings = _settings(tmp, serve_public_url="https://cb.example.com")
+    async with running_stack(client, settings) as stack:
+        handle = await stack.start(WAIT, id="replay-wait")
+
+        async def tokens() -> dict[str, Any] | None:
+            p = await handle.query(names.PROGRESS_QUERY, True)
+            waiting = {(w["step"], w.get("item")) for w in p["awaiting_callback"]}
+            if p["steps"]["send"]["status"] != "succeeded" or len(waiting) < 3:
+                return None
+            found: dict[str, Any] = p["steps"]["send"]["outputs"]["result"]
+            return found
+
+        sent = await wait_until(tokens, "the tokens to be handed out")
+        pipelines = PipelineClient(client, settings)
+        await pipelines.heartbeat_callback(sent["token"], 900)
+        await pipelines.complete_callback(sent["token"], {"by": "ann"})
+        await pipelines.complete_callback(sent["token"], {"by": "ann"})  # a repeat
+        each = await handle.query(names.CALLBACK_QUERY, sent["token"])
+        assert each["state"] == "completed", each
+        # the for_each's tokens are read from the workflow's own record of them
+        history = await handle.fetch_history()
+        secrets = _granted_secrets(history.to_json_dict())
+        item_tokens = [make_token("replay-wait", s) for s in secrets[1]]
+        await pipelines.complete_callback(item_tokens[0], {"ok": True})
+        await pipelines.fail_callback(item_tokens[1], "declined")
+        await handle.result()
+        # escalated: failed, retried in review (the same token waits again), completed
+        sign = {**WAIT["steps"][0], "on_failure": "escalate"}
+        escalated = {"name": "replay-wait-review", "tenant": "acme", "steps": [sign]}
+        review = await stack.start(escalated, id="replay-wait-review")
+        grant: list[list[str]] = []
+
+        async def granted() -> bool:
+            grant[:] = _granted_secrets((await review.fetch_history()).to_json_dict())
+            return bool(grant)
+
+        await wait_until(granted, "the token")
+        token = make_token("replay-wait-review", grant[0][0])
+        await pipelines.fail_callback(token, "away")
+
+        async def awaiting() -> bool:
+            return bool((await review.query(names.PROGRESS_QUERY))["awaiting_review"])
+
+        await wait_until(awaiting, "review")
+        await pipelines.send_review("replay-wait-review", "retry", reviewer="r")
+        await pipelines.complete_callback(token, {"by": "ann"})
+        await review.result()
+    return {"wait": "replay-wait", "wait-review": "replay-wait-review"}
+
+
+def _granted_secrets(history: dict[str, Any]) -> list[list[str]]:
+    """The secrets each ``callback-tokens`` local activity granted, in order."""
+    out = []
+    for event in history["events"]:
+        marker = event.get("markerRecordedEventAttributes") or {}
+        details = marker.get("details") or {}
+        if "data" not in details or "result" not in details:
+            continue
+        data = json.loads(base64.b64decode(details["data"]["payloads"][0]["data"]))
+        if data.get("activity_type") != names.CALLBACK_TOKENS:
+            continue
+        result = json.loads(base64.b64decode(details["result"]["payloads"][0]["data"]))
+        out.append(result["secrets"])
+    return out
+
+
 async def _equal(found: Awaitable[set[str]], want: set[str]) -> bool:
     return await found == want
 
@@ -692,6 +802,7 @@ RECORDINGS: dict[str, Recording] = {
     "items-per-task": rec_items_per_task,
     "breaker": rec_breaker,
     "lost-usage": rec_lost_usage,
+    "wait": rec_wait,
 }
 
 

@@ -95,6 +95,8 @@ SHAPES = {
     "items-per-task-chunk",
     "breaker",
     "lost-usage",
+    "wait",
+    "wait-review",
 }
 OLDER_CODE = {
     "dag-20261122",
@@ -137,6 +139,8 @@ OLDER_CODE |= {
         "items-per-task-chunk",
         "breaker",
         "lost-usage",
+        "wait",
+        "wait-review",
     }
     if not shape.startswith(("limited-", "limiter-", "agent-limited"))
 }

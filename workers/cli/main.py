@@ -6,6 +6,7 @@ aiworker worker [-q QUEUE]   a worker process polling task queues
 aiworker run FILE|-          start a pipeline, show its progress and a summary (--json: the result)
 aiworker check FILE|-        check a pipeline without running it (exit 0 valid, 2 invalid)
 aiworker review ID DECISION  approve|reject|retry an escalated step (Workflow Update)
+aiworker callback TOKEN      complete, fail or extend a wait step's token (Workflow Update)
 aiworker list [--status S]   pipelines by status, tenant, name (visibility query)
 aiworker redrive ID          run a failed pipeline again, reusing its succeeded steps
 aiworker workers             the live workers and the processes serving them (offline: the specs)
@@ -157,6 +158,49 @@ async def cmd_review(args: argparse.Namespace) -> int:
             note=args.note,
             step=args.step,
         )
+    print(json.dumps(answer))
+    return EXIT_OK
+
+
+async def cmd_callback(args: argparse.Namespace) -> int:
+    """``aiworker callback TOKEN``: the ``callback`` Workflow Update of the token's run.
+
+    Exit 0 with the run's reply; 3 for an unknown token; 2 for outputs that are
+    not JSON or fail the step's schema; 1 when the token was answered otherwise,
+    its wait ended, or the run's heartbeats are spent."""
+    from aiworker.workers.client.callbacks import CallbackError, run_of
+
+    outputs = None
+    if args.outputs is not None:
+        try:
+            outputs = json.loads(args.outputs)
+        except json.JSONDecodeError as e:
+            err(f"--outputs is not valid JSON: {e.msg}")
+            return EXIT_USAGE
+        if not isinstance(outputs, dict):
+            err("--outputs must be a JSON object")
+            return EXIT_USAGE
+    if args.extend is not None and (not args.heartbeat or not 0 < args.extend <= 365 * 86400):
+        err("--extend goes with --heartbeat, in seconds (0 to 365 days)")
+        return EXIT_USAGE
+    try:
+        run_of(args.token)
+    except CallbackError as e:
+        err(e.message)
+        return EXIT_NOT_FOUND
+    async with pipelines_session(args, "aiworker callback") as pipelines:
+        try:
+            if args.heartbeat:
+                answer = await pipelines.heartbeat_callback(args.token, args.extend)
+            elif args.fail is not None:
+                answer = await pipelines.fail_callback(args.token, args.fail)
+            else:
+                answer = await pipelines.complete_callback(args.token, outputs or {})
+        except CallbackError as e:
+            err(f"callback refused ({e.status} {e.code}): {e.message}")
+            if e.status == 404:
+                return EXIT_NOT_FOUND
+            return EXIT_USAGE if e.status == 422 else EXIT_FAILED
     print(json.dumps(answer))
     return EXIT_OK
 
@@ -479,6 +523,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "redrive": cmd_redrive,
     "replay": cmd_replay,
     "review": cmd_review,
+    "callback": cmd_callback,
     "run": cmd_run,
     "schedule": cmd_schedule,
     "schemas": cmd_schemas,

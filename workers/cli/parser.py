@@ -222,6 +222,27 @@ def build_parser() -> argparse.ArgumentParser:
     rv.add_argument("--step", help="the step, when several await review")
     conn(rv)
 
+    cb = sub.add_parser(
+        "callback", help="complete, fail or extend a wait step's token (Workflow Update)"
+    )
+    cb.add_argument("token", help="the token (${{ steps.<id>.token }})")
+    answer = cb.add_mutually_exclusive_group(required=True)
+    answer.add_argument(
+        "--outputs", help="complete: the step's outputs as JSON (checked against wait.schema)"
+    )
+    answer.add_argument("--fail", metavar="MESSAGE", help="fail the step with this reason")
+    answer.add_argument(
+        "--heartbeat", action="store_true", help="extend the wait (by --extend or its timeout)"
+    )
+    cb.add_argument(
+        "--extend",
+        type=float,
+        metavar="SECONDS",
+        help="with --heartbeat: the new deadline is now plus this (default: the step's "
+        "timeout_seconds)",
+    )
+    conn(cb)
+
     ls = sub.add_parser("list", help="list pipelines through visibility queries")
     ls.add_argument("--status", help="e.g. running, awaiting_review, failed")
     ls.add_argument("--tenant", type=tenant_name)

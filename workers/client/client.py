@@ -53,12 +53,14 @@ from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
 from aiworker.config import catalog
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
+from aiworker.schemas.callbacks import CallbackRequest
 from aiworker.schemas.causes import PipelineError
 from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
 from aiworker.schemas.priority import start_priority
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.client import visibility as visibility
+from aiworker.workers.client.callbacks import CallbackError, send_callback
 from aiworker.workers.client.step_items import StepItemsError, read_items, spec_step
 from aiworker.workers.client.temporal_client import TemporalUnreachableError, connect
 from aiworker.workers.client.visibility import PipelineSummary, list_query
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
     from aiworker.workers.client.events import Event as LiveEvent
 
 __all__ = [
+    "CallbackError",
     "PipelineClient",
     "PipelineHandle",
     "PipelineSummary",
@@ -395,6 +398,47 @@ class PipelineClient:
             names.REVIEW_UPDATE, arg, result_type=dict
         )
         return answer
+
+    async def complete_callback(self, token: str, outputs: dict[str, Any]) -> dict[str, Any]:
+        """Complete a wait step's token with ``outputs`` (checked against its
+        ``wait.schema``; they become the step's outputs).
+
+        Returns:
+            The run's reply, ``{"step", "item"?, "status": "completed"}``; the same
+            completion again returns the first reply with ``"repeat": true``.
+
+        Raises:
+            CallbackError: refused: ``status`` 404 (unknown token), 409 (answered
+                before with another answer), 410 (the wait ended), 422 (outputs off
+                the schema; the message names the field).
+        """
+        return await send_callback(
+            self.temporal, CallbackRequest(token=token, action="complete", outputs=outputs)
+        )
+
+    async def fail_callback(self, token: str, message: str) -> dict[str, Any]:
+        """Fail a wait step's token with ``message``: the step fails ``callback_failed``
+        (then ``on_failure`` as for any failed step). Replies and refusals as
+        :meth:`complete_callback`."""
+        return await send_callback(
+            self.temporal, CallbackRequest(token=token, action="fail", message=message)
+        )
+
+    async def heartbeat_callback(
+        self, token: str, extend_seconds: float | None = None
+    ) -> dict[str, Any]:
+        """Keep a wait step's token alive: its deadline becomes now plus ``extend_seconds``
+        (default: the step's ``timeout_seconds``), never earlier than it was.
+
+        Returns:
+            ``{"step", "item"?, "status": "waiting", "timeout_at"}``.
+
+        Raises:
+            CallbackError: as :meth:`complete_callback`; 429 once the run took its
+                heartbeats (2000 per run).
+        """
+        request = CallbackRequest(token=token, action="heartbeat", extend_seconds=extend_seconds)
+        return await send_callback(self.temporal, request)
 
     async def list_pipelines(
         self,

@@ -53,6 +53,8 @@ class Snapshot:
             ``duration_ms``, ``items`` for a for_each).
         waits: who waits at a limiter now, and how many (:data:`Wait` keys).
         awaiting_review: the steps waiting for a human decision.
+        awaiting_callback: the wait steps waiting for their callback, once each
+            (``sign (3 tokens)`` for a for_each with three open).
         streams: step id -> the heartbeat details of its streaming model call
             (``partial_text``, ``chars``, ``tokens``, ``usage``: :func:`stream_of`).
         limits: step id (or "" for the pipeline) -> the limit it waits for, with its
@@ -63,6 +65,8 @@ class Snapshot:
     steps: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     waits: Counter[Wait] = field(default_factory=Counter)
     awaiting_review: tuple[str, ...] = ()
+    # wait steps waiting for their callback (a for_each's: how many tokens)
+    awaiting_callback: tuple[str, ...] = ()
     streams: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     limits: Mapping[str, str] = field(default_factory=dict)
 
@@ -82,9 +86,26 @@ class Snapshot:
             steps=steps if isinstance(steps, Mapping) else {},
             waits=waits or Counter(),
             awaiting_review=tuple(progress.get("awaiting_review") or ()),
+            awaiting_callback=_callbacks(progress.get("awaiting_callback")),
             streams=streams or {},
             limits={**(progress.get("limits") or {}), **(limits or {})},
         )
+
+
+def _callbacks(waiting: Any) -> tuple[str, ...]:
+    """``awaiting_callback`` entries as one label per step: its id, and for a for_each
+    how many of its tokens are open."""
+    open_: Counter[str] = Counter()
+    listed: set[str] = set()
+    for w in waiting if isinstance(waiting, list) else []:
+        if isinstance(w, Mapping) and isinstance(w.get("step"), str):
+            open_[w["step"]] += 1
+            if w.get("item") is not None:
+                listed.add(w["step"])
+    return tuple(
+        f"{step} ({n} token{'s' if n > 1 else ''})" if step in listed else step
+        for step, n in open_.items()
+    )
 
 
 def stream_of(details: Sequence[Any]) -> Mapping[str, Any] | None:
@@ -148,6 +169,8 @@ def _waiting(snap: Snapshot) -> str:
         return "waiting: " + ", ".join(parts)
     if snap.awaiting_review:
         return "awaiting review: " + ", ".join(snap.awaiting_review)
+    if snap.awaiting_callback:
+        return "awaiting callback: " + ", ".join(snap.awaiting_callback)
     running = _running(snap)
     return "running: " + ", ".join(running) if running else ""
 

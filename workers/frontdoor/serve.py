@@ -9,6 +9,8 @@ An ASGI app on FastAPI, served by uvicorn::
     POST /v1/pipelines/{id}/review     the review Update (approve | reject | retry)
     GET  /v1/pipelines/{id}/events     live events (server-sent events; frontdoor/events.py)
     GET  /v1/pipelines/{id}/live       a page that shows them
+    POST /v1/callbacks/{token}         complete or fail a wait step's token (the callback Update)
+    POST /v1/callbacks/{token}/heartbeat  extend a wait step's timeout
     POST /v1/hooks/{name}              a configured pipeline from a signed webhook
     GET  /healthz, /readyz, /openapi.json
 
@@ -55,6 +57,7 @@ from temporalio.service import RPCError
 
 from aiworker.activities.llm import ModelsFileError
 from aiworker.config.settings import Settings
+from aiworker.schemas.callbacks import CallbackBody
 from aiworker.schemas.errors import ErrorCode
 from aiworker.workers.client.client import PipelineClient
 from aiworker.workers.frontdoor.auth import (
@@ -206,6 +209,39 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
     async def review(workflow_id: str, request: Request, key: Caller) -> dict[str, Any]:
         body = await read_body(request, door.settings.serve_max_body_bytes)
         return await service.review(workflow_id, key, body)
+
+    callback_errors = {
+        404: {"description": "unknown token (or another tenant's)"},
+        409: {"description": "answered before with another answer"},
+        410: {"description": "the wait timed out or ended"},
+        413: {"description": "payload_too_large"},
+        422: {"description": "the body fails the step's wait.schema (names the field)"},
+        **errors,
+    }
+
+    @app.post(
+        "/v1/callbacks/{token}",
+        responses=callback_errors,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": CallbackBody.model_json_schema()}},
+            }
+        },
+        summary="Complete or fail a wait step's token",
+    )
+    async def callback(token: str, request: Request, key: Caller) -> dict[str, Any]:
+        body = await read_body(request, door.settings.serve_max_body_bytes)
+        return await service.callback(token, key, body)
+
+    @app.post(
+        "/v1/callbacks/{token}/heartbeat",
+        responses=callback_errors,
+        summary="Extend a wait step's timeout (body empty or {extend_seconds})",
+    )
+    async def callback_heartbeat(token: str, request: Request, key: Caller) -> dict[str, Any]:
+        body = await read_body(request, door.settings.serve_max_body_bytes)
+        return await service.callback(token, key, body, heartbeat=True)
 
     @app.post(
         "/v1/hooks/{name}",

@@ -34,9 +34,12 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
+from aiworker.schemas.callbacks import MAX_WAIT_SECONDS, CallbackBody, CallbackRequest
 from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.messages import type_name
 from aiworker.schemas.pipeline_check import PipelineSpecError
+from aiworker.workers.client.callbacks import UNKNOWN as UNKNOWN_TOKEN
+from aiworker.workers.client.callbacks import CallbackError, run_of, send_callback
 from aiworker.workers.client.client import PipelineClient
 from aiworker.workers.client.step_items import ItemsPartError, StepItemsError
 from aiworker.workers.frontdoor.auth import (
@@ -66,6 +69,8 @@ MAX_IDEMPOTENCY_KEY_CHARS = 255
 # Temporal answers a describe or query in milliseconds; a hung one must not hold a request.
 RPC_TIMEOUT = timedelta(seconds=10)
 ENDED_QUERY_TIMEOUT = timedelta(seconds=3)
+# A callback body nests two levels ({"outputs": ...}) above what the caps allow a value.
+CALLBACK_LEVELS = 2
 # The review Update's reviewer field (schemas.pipeline.ReviewDecision) holds this much.
 MAX_REVIEWER_CHARS = 200
 
@@ -79,6 +84,19 @@ class FrontDoor:
     hooks: dict[str, ReadyHook]
     settings: Settings
     limiter: FrontDoorRateLimiter
+
+
+class HeartbeatRequest(BaseModel):
+    """The body of ``POST /v1/callbacks/{token}/heartbeat`` (may be empty)."""
+
+    model_config = ConfigDict(extra="forbid")
+    extend_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_WAIT_SECONDS,
+        allow_inf_nan=False,
+        description="the new deadline is now plus this (default: the step's timeout_seconds)",
+    )
 
 
 class ReviewRequest(BaseModel):
@@ -366,6 +384,58 @@ class Service:
             cause = e.cause
             message = getattr(cause, "message", None) or str(cause)
             raise ApiError(409, ErrorCode.INVALID_INPUT, f"review refused: {message}") from None
+
+    async def callback(
+        self, token: str, key: ApiKey, body: bytes, heartbeat: bool = False
+    ) -> dict[str, Any]:
+        """``POST /v1/callbacks/{token}[/heartbeat]``: the run's ``callback`` Update.
+
+        The token leads to its run; a run of another tenant answers exactly as an
+        unknown token (404). The body (capped like every body, nested at most the
+        caps' JSON depth plus its own two levels) is ``{"outputs": {...}}`` or
+        ``{"error": {"message": "..."}}``; a heartbeat's is empty or
+        ``{"extend_seconds": N}``. The run checks outputs against the step's
+        ``wait.schema`` (422 naming the field)."""
+        try:
+            workflow_id = run_of(token)
+        except CallbackError as e:
+            raise ApiError(e.status, e.code, e.message) from None
+        raw: Any = {}
+        if body.strip() or not heartbeat:
+            raw = parse_json(body, self.door.settings.caps.max_json_depth + CALLBACK_LEVELS)
+        try:
+            if heartbeat:
+                beat = HeartbeatRequest.model_validate(raw)
+                request = CallbackRequest(
+                    token=token, action="heartbeat", extend_seconds=beat.extend_seconds
+                )
+            else:
+                answer = CallbackBody.model_validate(raw)
+                if (answer.outputs is None) == (answer.error is None):
+                    raise ApiError(
+                        422, ErrorCode.INVALID_INPUT, "give either outputs or error, not both"
+                    )
+                if answer.error is not None:
+                    message = answer.error.message
+                    request = CallbackRequest(token=token, action="fail", message=message)
+                else:
+                    outputs = answer.outputs
+                    request = CallbackRequest(token=token, action="complete", outputs=outputs)
+        except ValidationError as e:
+            refused = validation_error(e.errors(), raw, "body")
+            raise ApiError(422, refused.code, refused.message) from None
+        try:
+            try:
+                await self.owned(workflow_id, key)
+            except ApiError as e:
+                if e.status == 404:  # another tenant's run reads as no run at all
+                    raise CallbackError(404, UNKNOWN_TOKEN) from None
+                raise
+            return await send_callback(self.door.pipelines.temporal, request)
+        except CallbackError as e:
+            if e.field:
+                raise ApiError(e.status, e.code, e.message, field=e.field) from None
+            raise ApiError(e.status, e.code, e.message) from None
 
     async def hook(self, name: str, request: Request) -> JSONResponse:
         """Verify a webhook's signature and start its pipeline with the body as input.

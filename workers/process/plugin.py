@@ -53,6 +53,7 @@ PLUGIN_NAME = "aiworker.AiworkerPlugin"
 SHARED_WORKFLOW_MODULES = (
     "aiworker.workflows.agent_step",
     "aiworker.workflows.budget",
+    "aiworker.workflows.callbacks",
     "aiworker.workflows.calls",
     "aiworker.workflows.chunks",
     "aiworker.workflows.dag",
@@ -68,6 +69,7 @@ SHARED_WORKFLOW_MODULES = (
     "aiworker.workflows.state",
     "aiworker.workflows.steps",
     "aiworker.workflows.tally",
+    "aiworker.workflows.wait_step",
 )
 
 

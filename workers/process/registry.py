@@ -14,6 +14,7 @@ from typing import Any
 
 from temporalio import activity
 
+from aiworker.activities.callbacks import CallbackActivities
 from aiworker.activities.items import ItemsActivities
 from aiworker.activities.limits import LimiterActivities
 from aiworker.activities.runtime import WorkerRuntime
@@ -126,6 +127,8 @@ def activities_for(
         store = runtime.tools.get("artifact_store") or artifact_store(runtime.settings)
         items = ItemsActivities(store)
         out += [items.store, items.load]
+        # the secrets of wait steps' tokens (and the serve's public URL)
+        out.append(CallbackActivities(runtime.settings).tokens)
     return out
 
 
