@@ -87,6 +87,8 @@ TRACE_HEADER: Final = "_tracer-data"
 
 # Queries and updates of the pipeline workflow.
 PROGRESS_QUERY: Final = "progress"
+# The run's numbered step events after a number (the live event stream reads it).
+EVENTS_QUERY: Final = "events"
 REVIEW_UPDATE: Final = "review"
 # A wait step's tokens: completed, failed or extended by this Update; after the run
 # ended, the query of the same name says what became of a token.

@@ -233,6 +233,11 @@ class PipelineWorkflow(PermitSignals):
             "awaiting_callback": board.callbacks.waiting(),
         }
 
+    @workflow.query(name=names.EVENTS_QUERY)
+    def events(self, after: int = 0) -> dict[str, Any]:
+        """The run's numbered step events after ``after`` (workflows.step_events)."""
+        return self._board.events.answer(after, self._board.status)
+
     @workflow.update(name=names.REVIEW_UPDATE)
     async def review(self, decision: dict[str, Any]) -> dict[str, Any]:
         """A human decision on an escalated step: approve, reject or retry."""

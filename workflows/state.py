@@ -44,6 +44,7 @@ from aiworker.workflows.limits import PermitBook
 from aiworker.workflows.pipeline_limits import PipelineLimits
 from aiworker.workflows.review import ReviewDesk
 from aiworker.workflows.runs import in_run, this_run
+from aiworker.workflows.step_events import StepEvents
 
 MEMO_SEARCH_ATTRIBUTES = "search_attributes"
 
@@ -94,11 +95,17 @@ class Board:
     # Steps calling an external worker now: step id -> its queue and wait bound.
     external: dict[str, dict[str, Any]] = field(default_factory=dict)
     table: StepTable = field(default_factory=StepTable)
+    # The numbered step events the live event stream reads (the `events` query).
+    events: StepEvents = field(default_factory=StepEvents)
     # Its status is set only inside this run (workflows.runs).
     run_id: str | None = field(default_factory=this_run)
 
     def __post_init__(self) -> None:
-        self.steps.on_set = self.table.note
+        self.steps.on_set = self._noted
+
+    def _noted(self, step_id: str, result: StepResult) -> None:
+        self.table.note(step_id, result)
+        self.events.note(step_id, result)
 
     def set_status(self, status: str) -> None:
         """The run's status, upserted as the ``AiworkerStatus`` search attribute."""

@@ -38,8 +38,8 @@ import getpass
 import logging
 import time
 import uuid
-from collections.abc import Collection, Mapping
-from typing import Any, TypeAlias
+from collections.abc import AsyncIterator, Collection, Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from temporalio.client import (
     Client,
@@ -67,6 +67,9 @@ from aiworker.workers.client.visibility import PipelineSummary, list_query
 from aiworker.workers.process.live_registry import WorkerView, resolve_view
 from aiworker.workers.process.pipeline_settings import check_spec
 from aiworker.workflows.pipeline import PipelineWorkflow
+
+if TYPE_CHECKING:
+    from aiworker.workers.client.events import Event as LiveEvent
 
 __all__ = [
     "CallbackError",
@@ -286,6 +289,34 @@ class PipelineClient:
                 (an invalid spec, a cancel, a terminate); see :meth:`outcome`.
         """
         return await self.get_handle(workflow_id, run_id).result()
+
+    async def events(
+        self,
+        workflow_id: str,
+        last_event_id: str | None = None,
+        *,
+        run_id: str | None = None,
+        poll_seconds: float | None = None,
+    ) -> AsyncIterator[LiveEvent]:
+        """The pipeline's live events as they happen, ending with ``run_ended``
+        (``async for event in client.events(id, last_event_id=...)``): the same
+        events, with the same ids, as ``GET /v1/pipelines/{id}/events``
+        (:mod:`aiworker.workers.client.events`). Resume after an event with its id.
+
+        Raises:
+            ValueError: ``last_event_id`` is not an id of this stream.
+            temporalio.service.RPCError: no such workflow (``NOT_FOUND``).
+        """
+        from aiworker.workers.client import events as live
+
+        live.Cursor.parse(last_event_id)  # a bad id fails before any call
+        if run_id is None:
+            run_id = (await self.temporal.get_workflow_handle(workflow_id).describe()).run_id
+        poll = live.POLL_SECONDS if poll_seconds is None else poll_seconds
+        async for event in live.follow(
+            self.temporal, workflow_id, run_id, last_event_id=last_event_id, poll_seconds=poll
+        ):
+            yield event
 
     async def outcome(self, workflow_id: str, run_id: str | None = None) -> dict[str, Any]:
         """Wait for a pipeline and describe how it ended as one JSON document.

@@ -7,6 +7,8 @@ An ASGI app on FastAPI, served by uvicorn::
     GET  /v1/pipelines/{id}/result     the outcome, waiting at most ?timeout= seconds
     GET  /v1/pipelines/{id}/steps/{step}/items  a for_each step's items (inline or by reference)
     POST /v1/pipelines/{id}/review     the review Update (approve | reject | retry)
+    GET  /v1/pipelines/{id}/events     live events (server-sent events; frontdoor/events.py)
+    GET  /v1/pipelines/{id}/live       a page that shows them
     POST /v1/callbacks/{token}         complete or fail a wait step's token (the callback Update)
     POST /v1/callbacks/{token}/heartbeat  extend a wait step's timeout
     POST /v1/hooks/{name}              a configured pipeline from a signed webhook
@@ -65,6 +67,7 @@ from aiworker.workers.frontdoor.auth import (
     ServeConfigError,
     load_hooks,
 )
+from aiworker.workers.frontdoor.events import StreamLimits, install_event_routes
 from aiworker.workers.frontdoor.http import ApiError, install_error_handlers, read_body, unavailable
 from aiworker.workers.frontdoor.service import (
     MAX_RESULT_WAIT_SECONDS,
@@ -121,8 +124,9 @@ def instrument_requests(app: FastAPI, telemetry: Telemetry) -> None:
     )
 
 
-def create_app(door: FrontDoor) -> FastAPI:
-    """The front door's ASGI app over ``door`` (served by :func:`serve`)."""
+def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> FastAPI:
+    """The front door's ASGI app over ``door`` (served by :func:`serve`); its event
+    streams bounded by ``stream_limits`` (:mod:`~aiworker.workers.frontdoor.events`)."""
     from importlib.metadata import version
 
     app = FastAPI(
@@ -266,6 +270,7 @@ def create_app(door: FrontDoor) -> FastAPI:
             raise unavailable()
         return {"status": "ready"}
 
+    install_event_routes(app, service, stream_limits or StreamLimits())
     return app
 
 
