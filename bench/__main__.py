@@ -43,6 +43,7 @@ PARTS = (
     ("bench.check_caps", "check_caps"),
     ("bench.otlp_export", "otlp_export"),
     ("bench.callback", "callback"),
+    ("bench.events", "events"),
 )
 ENGINE = "engine"
 
