@@ -20,8 +20,8 @@ from typing import Any, get_args
 from aiworker.config.catalog import load_specs
 from aiworker.config.settings import ENV_PREFIX, Settings, SettingsError
 from aiworker.schemas import safe_schema, tenants
-from aiworker.schemas.caps import HARD_MAX_STEPS, SETTING_OF, Caps
 from aiworker.schemas.callbacks import Wait
+from aiworker.schemas.caps import HARD_MAX_STEPS, SETTING_OF, Caps
 from aiworker.schemas.causes import ErrorCause, PipelineError
 from aiworker.schemas.errors import RETRYABLE, ErrorCode
 from aiworker.schemas.names import TENANT_PATTERN
