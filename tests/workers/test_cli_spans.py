@@ -61,6 +61,7 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "deployment set-current": ["deployment", "set-current", "no-such-build"],
         "deployment ramp": ["deployment", "ramp", "--stop", "-d", "no-such-deployment"],
         "deployment drain": ["deployment", "drain", "no-such-build"],
+        "callback": ["callback", "no-such-token", "--heartbeat"],
     }
 
 

@@ -67,6 +67,7 @@ SHARED_WORKFLOW_MODULES = (
     "aiworker.workflows.review",
     "aiworker.workflows.runs",
     "aiworker.workflows.state",
+    "aiworker.workflows.step_events",
     "aiworker.workflows.steps",
     "aiworker.workflows.tally",
     "aiworker.workflows.wait_step",
