@@ -228,16 +228,7 @@ async def _stream_caller(
     its rate (429), as every other route's."""
     service: Service = request.app.state.service
     token = credentials.credentials if credentials else access_token
-    key = service.door.keys.find(token) if token else None
-    if key is None:
-        raise ApiError(
-            401,
-            ErrorCode.ACCESS_DENIED,
-            "a valid API key is required (Authorization: Bearer <key>, or ?access_token=)",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    service.limit(f"key:{key.name}", key.rate_limit)
-    return key
+    return service.caller(token, "Authorization: Bearer <key>, or ?access_token=")
 
 
 StreamCaller = Annotated[ApiKey, Depends(_stream_caller)]

@@ -58,7 +58,6 @@ from temporalio.service import RPCError
 from aiworker.activities.llm import ModelsFileError
 from aiworker.config.settings import Settings
 from aiworker.schemas.callbacks import CallbackBody
-from aiworker.schemas.errors import ErrorCode
 from aiworker.workers.client.client import PipelineClient
 from aiworker.workers.frontdoor.auth import (
     ApiKey,
@@ -68,7 +67,7 @@ from aiworker.workers.frontdoor.auth import (
     load_hooks,
 )
 from aiworker.workers.frontdoor.events import StreamLimits, install_event_routes
-from aiworker.workers.frontdoor.http import ApiError, install_error_handlers, read_body, unavailable
+from aiworker.workers.frontdoor.http import install_error_handlers, read_body, unavailable
 from aiworker.workers.frontdoor.service import (
     MAX_RESULT_WAIT_SECONDS,
     FrontDoor,
@@ -89,16 +88,7 @@ async def _caller(
 ) -> ApiKey:
     """The API key of a request (401 without a valid one), after its rate (429)."""
     service: Service = request.app.state.service
-    key = service.door.keys.find(credentials.credentials) if credentials else None
-    if key is None:
-        raise ApiError(
-            401,
-            ErrorCode.ACCESS_DENIED,
-            "a valid API key is required (Authorization: Bearer <key>)",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    service.limit(f"key:{key.name}", key.rate_limit)
-    return key
+    return service.caller(credentials.credentials if credentials else None)
 
 
 Caller = Annotated[ApiKey, Depends(_caller)]

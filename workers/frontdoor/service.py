@@ -171,6 +171,20 @@ class Service:
         self.door = door
         self.max_depth = door.settings.caps.max_json_depth + SPEC_LEVELS
 
+    def caller(self, secret: str | None, how: str = "Authorization: Bearer <key>") -> ApiKey:
+        """The API key a request presents (401 without a valid one, saying ``how``
+        to present it), after its rate (429)."""
+        key = self.door.keys.find(secret) if secret else None
+        if key is None:
+            raise ApiError(
+                401,
+                ErrorCode.ACCESS_DENIED,
+                f"a valid API key is required ({how})",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        self.limit(f"key:{key.name}", key.rate_limit)
+        return key
+
     def limit(self, bucket: str, rate: str | None) -> None:
         """Take a token from ``bucket``'s rate; 429 with Retry-After when none is left."""
         wait = self.door.limiter.take(bucket, rate)
