@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 from conftest import Stack, running_stack
 
 from aiworker.workers.frontdoor.auth import hash_key
@@ -170,3 +171,16 @@ async def door_stack(client: Any, folder: Path) -> AsyncIterator[Stack]:
     acts = {"aggregator": standin("aggregator", _garbage)}
     async with running_stack(client, stack_settings(folder), replace_activities=acts) as s:
         yield s
+
+
+def api_error(r: httpx.Response, status: int, code: str) -> str:
+    """A refusal's message, after checking its status, its code and its shape
+    (``{"error": {...}}`` only, and no Python reprs or tracebacks in the message)."""
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"}, body
+    assert body["error"]["code"] == code, body
+    message: str = body["error"]["message"]
+    for python in ("None", "True", "False", "{'", "Traceback"):
+        assert python not in message, message
+    return message

@@ -29,6 +29,9 @@ from support.front_door import (
     stripe_headers,
     write_config,
 )
+from support.front_door import (
+    api_error as error,
+)
 from support.pipelines import one_step_pipeline
 from support.procs import worker_env
 from support.waiting import wait_until
@@ -74,18 +77,6 @@ async def door(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> AsyncI
 async def http(door: Door) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=door.url, timeout=30) as c:
         yield c
-
-
-def error(r: httpx.Response, status: int, code: str) -> str:
-    """The refusal's message, after checking its status, code and shape."""
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert set(body) == {"error"}, body
-    assert body["error"]["code"] == code, body
-    message: str = body["error"]["message"]
-    for python in ("None", "True", "False", "{'"):
-        assert python not in message, message
-    return message
 
 
 async def test_start_and_an_idempotent_retry(http: httpx.AsyncClient, stack: Stack) -> None:

@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
 from support.front_door import MAX_BODY, Door, bearer, running_door, write_config
+from support.front_door import api_error as error
 from support.payloads import stack_settings
 from support.procs import run_cli_module, worker_env
 from support.waiting import wait_until
@@ -75,15 +76,6 @@ async def door(
 async def http(door: Door) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=door.url, timeout=30) as c:
         yield c
-
-
-def error(r: httpx.Response, status: int, code: str) -> str:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert set(body) == {"error"} and body["error"]["code"] == code, body
-    message: str = body["error"]["message"]
-    assert "Traceback" not in message and "{'" not in message, message
-    return message
 
 
 async def started(http: httpx.AsyncClient, pipeline: dict[str, Any], stack: Stack) -> Any:
