@@ -26,7 +26,6 @@ import base64
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from temporalio.client import Client
 
 from aiworker.schemas import names
 from aiworker.workers.client.temporal_client import data_converter
+from aiworker.workers.devstack.devserver import stop_child
 from aiworker.workers.frontdoor.auth import hash_key
 from bench.common import embedded_server, percentiles, standalone, worker_env
 from bench.scale_out import _polling, _Proc
@@ -97,13 +97,7 @@ class _Serve:
         raise RuntimeError("aiworker serve did not listen in time")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_child(self.proc, timeout=30)
 
 
 async def _step_start(client: Client, workflow_id: str) -> float:

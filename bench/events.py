@@ -23,9 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +38,7 @@ import httpx
 from temporalio.client import Client
 
 from aiworker.workers.client.temporal_client import data_converter
+from aiworker.workers.devstack.devserver import stop_child
 from aiworker.workers.frontdoor.auth import hash_key
 from bench.common import embedded_server, percentiles, standalone, worker_env
 
@@ -99,12 +98,7 @@ def _proc(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess
     try:
         yield proc
     finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        stop_child(proc, timeout=20)
         out.close()
 
 

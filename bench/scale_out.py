@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from temporalio.client import Client
 
 from aiworker.schemas import names
 from aiworker.workers.client.temporal_client import data_converter
+from aiworker.workers.devstack.devserver import stop_child
 from bench.common import (
     embedded_server,
     percentiles,
@@ -70,13 +70,7 @@ class _Proc:
         return self.proc.pid
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_child(self.proc, timeout=30)
 
 
 async def _polling(client: Client, queue: str, pid: int, timeout: float = 90) -> None:
