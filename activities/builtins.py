@@ -56,6 +56,7 @@ BUILTINS: tuple[Builtin, ...] = (
     Builtin("web-scrape", "aiworker.activities.web_scrape", "WebScrape", extra="scrape"),
     Builtin("llm-call", "aiworker.activities.llm_call", "LlmCall"),
     Builtin("publish", "aiworker.activities.publish", "Publish"),
+    Builtin("mcp-call", "aiworker.activities.mcp_call", "McpCall", extra="llm"),
 )
 
 

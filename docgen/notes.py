@@ -181,6 +181,9 @@ SETTINGS: dict[str, str] = {
     "worker_modules": "comma list of importable modules with a `WORKERS` iterable",
     "worker_specs": "comma list of directories of prompt and external worker spec files",
     "tenants_file": "the tenant registry (JSON); with one, only its tenants exist",
+    "mcp_servers_file": "the MCP servers an `llm-agent` may name as tools "
+    "(`mcp:<server>/<tool>`): a JSON file, each server a stdio `command` or a streamable-HTTP "
+    "`url`, with the tenants allowed (docs/mcp.md)",
     "serve_host": "address `aiworker serve` (the HTTP front door) listens on",
     "serve_port": "port of `aiworker serve`",
     "api_keys_file": "the front door's API keys (JSON: name, tenant, sha256 of the key, "
@@ -201,7 +204,11 @@ SETTINGS: dict[str, str] = {
 }
 
 # Settings fields that are not variables of their own.
-DERIVED_SETTINGS = {"tenants": "read from AIWORKER_TENANTS_FILE", "caps": "AIWORKER_MAX_*"}
+DERIVED_SETTINGS = {
+    "tenants": "read from AIWORKER_TENANTS_FILE",
+    "mcp_servers": "read from AIWORKER_MCP_SERVERS_FILE",
+    "caps": "AIWORKER_MAX_*",
+}
 
 # Fields of models outside schemas/pipeline.py that the result pages show.
 FIELDS: dict[str, str] = {
