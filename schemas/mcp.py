@@ -120,9 +120,7 @@ def load_mcp_servers(path: Path) -> McpServersFile:
         for err in e.errors(include_url=False):
             where = ".".join(str(p) for p in err["loc"]) or "(the whole file)"
             problems.append(f"{where}: {err['msg']}")
-        raise McpServersFileError(
-            f"AIWORKER_MCP_SERVERS_FILE {str(path)!r}: {'; '.join(problems)}"
-        ) from None
+        raise McpServersFileError(f"{path}: {'; '.join(problems)}") from None
 
 
 def is_mcp_ref(name: Any) -> bool:

@@ -196,7 +196,10 @@ class McpClient:
                         read, write = await stack.enter_async_context(_stdio(server, wire))
                     else:
                         assert server.url is not None
-                        self.egress.check_url(server.url)
+                        try:
+                            self.egress.check_url(server.url)
+                        except EgressDeniedError as e:
+                            raise EgressDeniedError(f"MCP server {name!r}: {e.message}") from None
                         read, write = await stack.enter_async_context(
                             _http(server, self.egress, wire)
                         )

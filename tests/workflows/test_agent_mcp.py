@@ -60,7 +60,7 @@ def _free_port() -> int:
 def http_server() -> Iterator[str]:
     """The real MCP server over streamable HTTP on loopback; its URL."""
     port = _free_port()
-    proc = subprocess.Popen(  # noqa: S603 - our own test server
+    proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), "http", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
