@@ -1,8 +1,9 @@
 """MCP servers for the tests: a real one (the ``mcp`` package's ``MCPServer``,
 formerly FastMCP) and hand-written hostile ones.
 
-``python -m tests.support.mcp_server stdio`` serves the real tools over stdio;
-(a further argument is a tag, ignored); ``... http PORT`` over streamable HTTP on 127.0.0.1:PORT. The real tools:
+``python tests/support/mcp_server.py stdio [TAG]`` serves the real tools over
+stdio (TAG is ignored: tests find their server processes by it);
+``... http PORT`` over streamable HTTP on 127.0.0.1:PORT. The real tools:
 ``add`` (structured output), ``shout``, ``hang`` (never answers), ``crash``
 (the process exits mid-call), ``huge`` (an answer of ``mb`` megabytes).
 
