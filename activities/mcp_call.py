@@ -9,15 +9,22 @@ content and ``is_error``. Each is an activity with this spec's timeout and
 retries, its call counted as one external call, through the ``mcp`` tool
 (:class:`~aiworker.activities.tools.mcp.McpClient`), which holds the servers
 file, the tenant check, the egress guard and every bound.
+
+It needs the ``llm`` extra (the ``mcp`` package). It is not a built-in with an
+extra: it shares the ``aiworker-llm`` queue with ``llm-call``, which a core
+install serves, so a process without the extra serves it anyway and each call
+fails ``invalid_input`` with the ``pip install`` line to type.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from aiworker.activities.errors import InvalidInputError
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.config.catalog import builtin_spec
+from aiworker.config.extras import MissingExtraError, installed
 
 
 class McpCall(Worker):
@@ -26,6 +33,8 @@ class McpCall(Worker):
     spec = builtin_spec("mcp-call")
 
     async def execute(self, ctx: WorkerContext, input: dict[str, Any]) -> WorkerResult:  # noqa: A002 (Worker.execute's documented signature)
+        if not installed("llm"):
+            raise InvalidInputError(str(MissingExtraError(self.worker_id, "llm")))
         from aiworker.activities.tools.mcp import McpClient
 
         client: McpClient = ctx.tools.use("mcp")
