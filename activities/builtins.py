@@ -56,6 +56,9 @@ BUILTINS: tuple[Builtin, ...] = (
     Builtin("web-scrape", "aiworker.activities.web_scrape", "WebScrape", extra="scrape"),
     Builtin("llm-call", "aiworker.activities.llm_call", "LlmCall"),
     Builtin("publish", "aiworker.activities.publish", "Publish"),
+    # no extra here: it shares aiworker-llm with llm-call, which a core install serves;
+    # a call in a process without the 'llm' extra fails naming it (mcp_call.py)
+    Builtin("mcp-call", "aiworker.activities.mcp_call", "McpCall"),
 )
 
 

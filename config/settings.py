@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from aiworker.schemas.caps import DEFAULT_FOREACH_INLINE_ITEMS, SETTING_OF, Caps
+from aiworker.schemas.mcp import McpServersFile, McpServersFileError, load_mcp_servers
 from aiworker.schemas.messages import with_suggestion
 from aiworker.schemas.spec import parse_rate
 from aiworker.schemas.tenants import TenantRegistry, TenantsFileError, domain_list, load_tenants
@@ -132,6 +133,9 @@ class Settings(BaseModel):
     # The tenant registry (schemas/tenants.py): None, any tenant name is taken as given.
     tenants_file: Path | None = None
     tenants: TenantRegistry | None = None
+    # MCP servers an llm-agent may name as tools (schemas/mcp.py): None, no server.
+    mcp_servers_file: Path | None = None
+    mcp_servers: McpServersFile | None = None
     # Caps on fan-out, nesting and references (schemas/caps.py), AIWORKER_MAX_*.
     caps: Caps = Caps()
     # The HTTP front door (`aiworker serve`, workers/frontdoor/serve.py): its address, the
@@ -244,6 +248,7 @@ class Settings(BaseModel):
             "WORKER_MODULES",
             "WORKER_SPECS",
             "TENANTS_FILE",
+            "MCP_SERVERS_FILE",
             "SERVE_HOST",
             "SERVE_PORT",
             "API_KEYS_FILE",
@@ -347,6 +352,12 @@ class Settings(BaseModel):
                 raw["tenants"] = load_tenants(Path(v))
             except TenantsFileError as e:
                 raise SettingsError(f"{ENV_PREFIX}TENANTS_FILE: {e}") from None
+        if (v := get("MCP_SERVERS_FILE")) is not None:
+            raw["mcp_servers_file"] = Path(v)
+            try:
+                raw["mcp_servers"] = load_mcp_servers(Path(v))
+            except McpServersFileError as e:
+                raise SettingsError(f"{ENV_PREFIX}MCP_SERVERS_FILE: {e}") from None
         raw["caps"] = parse_caps(get)
         try:
             return cls.model_validate(raw)

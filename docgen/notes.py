@@ -186,6 +186,9 @@ SETTINGS: dict[str, str] = {
     "worker_modules": "comma list of importable modules with a `WORKERS` iterable",
     "worker_specs": "comma list of directories of prompt and external worker spec files",
     "tenants_file": "the tenant registry (JSON); with one, only its tenants exist",
+    "mcp_servers_file": "the MCP servers an `llm-agent` may name as tools "
+    "(`mcp:<server>/<tool>`): a JSON file, each server a stdio `command` or a streamable-HTTP "
+    "`url`, with the tenants allowed (docs/mcp.md)",
     "serve_host": "address `aiworker serve` (the HTTP front door) listens on",
     "serve_port": "port of `aiworker serve`",
     "api_keys_file": "the front door's API keys (JSON: name, tenant, sha256 of the key, "
@@ -209,7 +212,11 @@ SETTINGS: dict[str, str] = {
 }
 
 # Settings fields that are not variables of their own.
-DERIVED_SETTINGS = {"tenants": "read from AIWORKER_TENANTS_FILE", "caps": "AIWORKER_MAX_*"}
+DERIVED_SETTINGS = {
+    "tenants": "read from AIWORKER_TENANTS_FILE",
+    "mcp_servers": "read from AIWORKER_MCP_SERVERS_FILE",
+    "caps": "AIWORKER_MAX_*",
+}
 
 # Fields of models outside schemas/pipeline.py that the result pages show.
 FIELDS: dict[str, str] = {
@@ -527,5 +534,34 @@ WORKERS: dict[str, WorkerNotes] = {
         "published once: a retry, a replay or a redrive reports `duplicate: true` and "
         "writes nothing. Within a pipeline the key is `<workflow id>/<step id>`, so "
         "starting a pipeline again under the same fixed workflow id publishes nothing new.",
+    ),
+    "mcp-call": WorkerNotes(
+        errors={
+            "invalid_input": "an MCP server that AIWORKER_MCP_SERVERS_FILE does not declare",
+            "access_denied": "the tenant is not among the server's `tenants`",
+            "timeout": "connecting, listing or the tool call took longer than the server's "
+            "`timeout_seconds` (a stdio server is killed; retried)",
+            "upstream_error": "the server exited or dropped the connection (retried)",
+            "payload_too_large": "a message of the server over its `max_response_bytes` "
+            "(the read stops there; a stdio server is killed)",
+            "invalid_output": "a tool's input or output schema is not a valid, safe JSON "
+            "Schema, more than 128 tools, or structured content that misses the tool's "
+            "own output schema",
+            "egress_denied": "an HTTP server's address is not allowed by the egress policy",
+        },
+        output={
+            "server": "calc",
+            "text": '{"sum": 42}',
+            "structured": {"sum": 42},
+            "is_error": False,
+        },
+        fields={
+            "input.op": "`list_tools` or `call_tool`",
+            "output.tools": "`list_tools`: each tool's name, description and schemas",
+        },
+        note="What `llm-agent` runs for its tools named `mcp:<server>/<tool>` (docs/mcp.md): "
+        "one activity per listing and per tool call. A stdio server is started for each "
+        "call and stopped by its PID before the call ends; an HTTP server is reached "
+        "through the egress guard.",
     ),
 }

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from aiworker.schemas.base import Model
 from aiworker.schemas.errors import ErrorCode
+from aiworker.schemas.mcp import is_mcp_ref, model_name, parse_ref, ref_problem, tool_worker
 from aiworker.schemas.names import LLM_CALL, TENANT_PATTERN
 from aiworker.schemas.pipeline import ChunkAllowance, StepResult
 from aiworker.schemas.refs import ReferenceError_, resolve
@@ -78,11 +79,72 @@ class AgentInput(Model):
 
 
 @dataclass(frozen=True)
+class McpTool:
+    """An MCP server's tool as its recorded listing (``mcp-call``'s ``list_tools``)
+    describes it."""
+
+    server: str
+    tool: str
+    description: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        """The function name the model sees (:func:`~aiworker.schemas.mcp.model_name`)."""
+        return model_name(self.server, self.tool)
+
+
+@dataclass(frozen=True)
 class Tool:
-    """One allowed tool: its worker's spec and how often the model may call it."""
+    """One allowed tool: its worker's spec and how often the model may call it;
+    for an MCP tool, ``spec`` is ``mcp-call``'s and ``mcp`` the tool as listed."""
 
     spec: WorkerSpec
     max_calls: int | None
+    mcp: McpTool | None = None
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        """What the model's arguments must match."""
+        return self.mcp.input_schema if self.mcp is not None else self.spec.input_schema
+
+    def definition(self) -> dict[str, Any]:
+        """What the model sees of this tool (llm-call's ``tools`` item)."""
+        if self.mcp is None:
+            return tool_definition(self.spec)
+        m = self.mcp
+        params = {k: v for k, v in m.input_schema.items() if k not in ("$schema", "$id")}
+        about = f"{m.description} (tool {m.tool!r} of MCP server {m.server!r})".strip()
+        return {"name": m.name, "description": about, "parameters": params}
+
+
+@dataclass(frozen=True)
+class McpRef:
+    """An MCP entry of an agent's ``tools``: ``mcp:<server>/<tool>`` (tool ``*``: all)."""
+
+    field: str
+    server: str
+    tool: str
+    max_calls: int | None
+
+
+def mcp_refs(tools: list[Any]) -> tuple[list[McpRef], list[tuple[str, str]]]:
+    """The step's MCP tools (``mcp:...`` entries), and the problems of malformed ones."""
+    out: list[McpRef] = []
+    problems: list[tuple[str, str]] = []
+    for i, item in enumerate(tools):
+        wid = item if isinstance(item, str) else item.get("worker")
+        if not is_mcp_ref(wid):
+            continue
+        field = f"input.tools[{i}]"
+        parsed = parse_ref(wid)
+        if parsed is None:
+            problems.append((field, ref_problem(wid) or ""))
+            continue
+        max_calls = None if isinstance(item, str) else item.get("max_calls")
+        out.append(McpRef(field, parsed[0], parsed[1], max_calls))
+    return out, problems
 
 
 def tool_definition(spec: WorkerSpec) -> dict[str, Any]:
@@ -102,6 +164,10 @@ def allow_list(
         field = f"input.tools[{i}]"
         wid = item if isinstance(item, str) else item.get("worker")
         max_calls = None if isinstance(item, str) else item.get("max_calls")
+        if is_mcp_ref(wid):  # an MCP tool: mcp_refs reads it, the agent lists it
+            if (problem := ref_problem(wid)) is not None:
+                problems.append((field, problem))
+            continue
         spec = specs.get(wid) if isinstance(wid, str) else None
         if spec is None:
             known = ", ".join(sorted(k for k, s in specs.items() if s.kind != "workflow"))
@@ -134,7 +200,7 @@ def agent_calls(tools: Any, inputs: Mapping[str, Any] | None = None) -> list[tup
             continue
         wid = item.get("worker") if isinstance(item, dict) else item
         if isinstance(wid, str) and "${{" not in wid:
-            out.append((f"input.tools[{i}]", wid))
+            out.append((f"input.tools[{i}]", tool_worker(wid)))
     return out
 
 
@@ -149,7 +215,7 @@ def agent_specs(
     for item in tools if isinstance(tools, list) else []:
         wid = item.get("worker") if isinstance(item, dict) else item
         if isinstance(wid, str):
-            wanted.add(wid)
+            wanted.add(tool_worker(wid))
     out = {agent.worker_id: agent}
     out.update({w: specs[w] for w in sorted(wanted) if w in specs})
     return out

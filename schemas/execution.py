@@ -60,7 +60,7 @@ class _Spec(Protocol):
 
 # Tools that reach outside the process (activities/toolbox.py counts each use as
 # an external call): a worker that may wait on the network is no local activity.
-EXTERNAL_TOOLS = frozenset({"fetch_url", "language_model", "http_post", "render"})
+EXTERNAL_TOOLS = frozenset({"fetch_url", "language_model", "http_post", "render", "mcp"})
 
 # A local activity holds its pipeline's workflow task (signals, queries and
 # review updates wait behind it): a worker that may run longer is an activity.

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiworker.schemas import names
+from aiworker.schemas.mcp import tool_worker
 from aiworker.schemas.pipeline import PipelineSpec
 from aiworker.schemas.refs import ReferenceError_, resolve
 
@@ -52,7 +53,7 @@ def _names(tools: Any) -> list[str]:
     for item in tools if isinstance(tools, list) else []:
         wid = item.get("worker") if isinstance(item, dict) else item
         if isinstance(wid, str):
-            out.append(wid)
+            out.append(tool_worker(wid))
     return out
 
 

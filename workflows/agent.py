@@ -59,13 +59,15 @@ with workflow.unsafe.imports_passed_through():
         MAX_TEXT_CHARS,
         MAX_TOOL_RESULT_CHARS,
         AgentInput,
+        McpTool,
         Tool,
         agent_calls,
         allow_list,
-        tool_definition,
+        mcp_refs,
     )
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.limits import AcquireCall
+    from aiworker.schemas.mcp import MCP_CALL
     from aiworker.schemas.pipeline import Budget, StepResult
     from aiworker.schemas.priority import task_priority
     from aiworker.schemas.spec import WorkerSpec
@@ -77,6 +79,9 @@ from aiworker.workflows.governed import AGENT_PERMITS_PATCH, Governance, Refused
 from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals
 
 _BUDGET = ErrorCode.BUDGET_EXCEEDED.value
+# Recorded by an agent whose tools name MCP servers, before it lists them: the
+# listing activities are commands no agent issued before.
+AGENT_MCP_PATCH = "agent-mcp-tools"
 
 
 class _Stop(Exception):
@@ -215,10 +220,79 @@ class Agent:
             self.state.transcript.append({"role": "system", "content": inp["system"]})
         self.state.transcript.append({"role": "user", "content": inp["prompt"]})
         try:
+            failed = await self._list_mcp_tools(inp["tools"])
+            if failed is not None:
+                return failed.model_copy(update={"usage": self.ledger.used})
             result = await self.loop(int(inp.get("max_turns", 8)))
         except _Stop as stop:
             result = self._stopped(stop)
         return result.model_copy(update={"usage": self.ledger.used})
+
+    async def _list_mcp_tools(self, tools: list[Any]) -> StepResult | None:
+        """Add the MCP tools the step names (``mcp:<server>/<tool>``, ``/*``: all a server
+        lists) to ``self.tools``, from one ``mcp-call`` listing per server: an activity,
+        so the listing is recorded and replay decides from it. The step's failure
+        when a listing fails (its code: ``invalid_input`` for an unknown server,
+        ``access_denied`` for a tenant the server does not allow, ``timeout``...) or
+        names a tool the server does not list; None when all is well."""
+        refs, bad = mcp_refs(tools)
+        if bad:
+            return self._fail(ErrorCode.INVALID_INPUT.value, f"field {bad[0][0]!r}: {bad[0][1]}")
+        if not refs or not workflow.patched(AGENT_MCP_PATCH):
+            return None
+        spec = self.specs.get(MCP_CALL)
+        if spec is None:  # agent_specs adds it whenever a tool is an MCP one
+            return self._fail(
+                ErrorCode.INVALID_INPUT.value, f"this run has no {MCP_CALL!r} worker for MCP tools"
+            )
+        listed: dict[str, dict[str, McpTool]] = {}
+        for ref in refs:
+            if ref.server in listed:
+                continue
+            result = await self._call(
+                spec,
+                f"{self.req.key}/mcp-{ref.server}",
+                {"op": "list_tools", "server": ref.server},
+                f"list mcp:{ref.server}",
+                None,
+                lambda: None,
+            )
+            if not result.ok:
+                return self._fail(
+                    result.error_code or ErrorCode.INTERNAL.value,
+                    f"field {ref.field!r}: listing the tools of MCP server {ref.server!r}: "
+                    f"{result.error_message}",
+                    result.reasons,
+                )
+            listed[ref.server] = {
+                t["name"]: McpTool(
+                    server=ref.server,
+                    tool=t["name"],
+                    description=t.get("description") or "",
+                    input_schema=t["input_schema"],
+                    output_schema=t.get("output_schema"),
+                )
+                for t in result.outputs.get("tools") or []
+            }
+        for ref in refs:
+            offered = listed[ref.server]
+            if ref.tool != "*" and ref.tool not in offered:
+                names_ = ", ".join(sorted(offered)) or "none"
+                return self._fail(
+                    ErrorCode.INVALID_INPUT.value,
+                    f"field {ref.field!r}: MCP server {ref.server!r} lists no tool "
+                    f"{ref.tool!r} (it lists: {names_})",
+                )
+            for m in offered.values() if ref.tool == "*" else [offered[ref.tool]]:
+                if m.name in self.tools:
+                    if ref.tool == "*":
+                        continue  # named on its own too, or by another wildcard
+                    return self._fail(
+                        ErrorCode.INVALID_INPUT.value,
+                        f"field {ref.field!r}: tool {m.name!r} is listed twice",
+                    )
+                self.tools[m.name] = Tool(spec, ref.max_calls, m)
+        return None
 
     def _hold_to_tenant(self, tools: list[Any]) -> StepResult | None:
         """Apply ``AgentInput.limits``: the step's failure when the tenant may not call
@@ -269,7 +343,7 @@ class Agent:
 
     async def loop(self, max_turns: int) -> StepResult:
         inp, state = self.req.input, self.state
-        definitions = [tool_definition(t.spec) for t in self.tools.values()]
+        definitions = [t.definition() for t in self.tools.values()]
         for turn in range(1, max_turns + 1):
             call: dict[str, Any] = {
                 "messages": state.transcript,
@@ -347,7 +421,7 @@ class Agent:
                 f"the arguments of {name!r} must be a JSON object, got {_got(args)}",
             )
         problems = messages.reasons(
-            safe_schema.errors(safe_schema.validator(tool.spec.input_schema), args)
+            safe_schema.errors(safe_schema.validator(tool.input_schema), args)
         )
         if problems:
             detail = "; ".join(f"{p['path']}: {p['message']}" for p in problems[:5])
@@ -370,7 +444,13 @@ class Agent:
         def started() -> None:
             state.calls[name] = made + 1
 
-        result = await self._call(tool.spec, key, args, f"turn {turn} {name}", None, started)
+        call_input: dict[str, Any] = args
+        if tool.mcp is not None:
+            m = tool.mcp
+            call_input = {"op": "call_tool", "server": m.server, "tool": m.tool, "arguments": args}
+            if m.output_schema is not None:
+                call_input["output_schema"] = m.output_schema
+        result = await self._call(tool.spec, key, call_input, f"turn {turn} {name}", None, started)
         if not result.ok:
             return self._tool_error(
                 reply, result.error_code or ErrorCode.INTERNAL.value, result.error_message or ""
@@ -379,7 +459,7 @@ class Agent:
         return {
             **reply,
             "content": _bounded(json.dumps(body, ensure_ascii=False)),
-            "is_error": False,
+            "is_error": tool.mcp is not None and bool(result.outputs.get("is_error")),
         }
 
     def _tool_error(self, reply: dict[str, Any], code: str, message: str) -> dict[str, Any]:

@@ -23,7 +23,8 @@ aggregator run as local activities), for_each (chunk children; a tree of
 chunks of chunks; items by reference), the validation loop with fallback and
 budget refusal, review (retry, approve, reject, timeout), redrive, llm-agent
 with a scripted loopback model (parent and child; and under a tenant's rate
-limits, its turns and tool calls waiting for permits: ``agent-limited``), cancel, and a run started
+limits, its turns and tool calls waiting for permits: ``agent-limited``; with an
+MCP server's tool, listed and called through ``mcp-call``: ``agent-mcp``), cancel, and a run started
 by a Temporal Schedule, the live worker registry (publish, expiry, withdraw),
 and rate-limited for_each items with their limiters (leased blocks, queued), and
 for_each items several to an activity task (``items_per_task``, with a retry round).
@@ -449,6 +450,49 @@ async def rec_agent(client: Client, tmp: Path) -> Saved:
     return {"agent": "replay-agent", "agent-child": "replay-agent/agent"}
 
 
+async def rec_agent_mcp(client: Client, tmp: Path) -> Saved:
+    """An llm-agent step whose tool is an MCP server's (a stdio ``MCPServer`` of
+    ``support/mcp_server.py``): the listing and the tool call are ``mcp-call``
+    activities, behind the ``agent-mcp-tools`` patch."""
+    from aiworker.schemas.mcp import McpServersFile
+
+    model = start_scripted_model()
+    try:
+        path = models_file(model, tmp / "models.json", "replay-agent-mcp")
+        model.script(
+            "replay-agent-mcp",
+            call(("mcp__calc__add", {"a": 2, "b": 40})),
+            say("The sum is 42."),
+        )
+        script = HERE.parent / "support" / "mcp_server.py"
+        servers = McpServersFile.model_validate(
+            {"servers": {"calc": {"command": [sys.executable, str(script), "stdio"]}}}
+        )
+        settings = _settings(tmp, models_file=path, mcp_servers=servers)
+        pipeline = {
+            "name": "replay-agent-mcp",
+            "tenant": "acme",
+            "budget": {"max_tokens": 5000, "max_external_calls": 20, "deadline_seconds": 120},
+            "steps": [
+                {
+                    "id": "agent",
+                    "worker": "llm-agent",
+                    "input": {
+                        "prompt": "What is 2 + 40?",
+                        "model": "openai-agent",
+                        "tools": ["mcp:calc/*"],
+                        "max_turns": 3,
+                    },
+                }
+            ],
+            "output": {"answer": "${{ steps.agent.outputs.answer }}"},
+        }
+        await _record_agent(client, settings, pipeline, "replay-agent-mcp")
+    finally:
+        model.stop()
+    return {"agent-mcp": "replay-agent-mcp", "agent-mcp-child": "replay-agent-mcp/agent"}
+
+
 async def rec_agent_limited(client: Client, tmp: Path) -> Saved:
     """An llm-agent step under a tenant's rate limits and worker list: each model turn
     and tool call waits for its permit at the limiter (``agent-turn-permits``)."""
@@ -795,6 +839,7 @@ RECORDINGS: dict[str, Recording] = {
     "items": rec_items,
     "agent": rec_agent,
     "agent-limited": rec_agent_limited,
+    "agent-mcp": rec_agent_mcp,
     "cancel": rec_cancel,
     "schedule": rec_schedule,
     "registry": rec_registry,

@@ -13,6 +13,8 @@ permits, recorded before the ``foreach-item-permits-before-budget`` patch).
 A history's workflow id (permit tickets carry it) is read from its first event.
 ``agent-limited`` (and its ``-child``) is an agent under a tenant's rate limits,
 its turns and tool calls waiting for permits (the ``agent-turn-permits`` patch).
+``agent-mcp`` (and its ``-child``) is an agent whose tool is an MCP server's, listed
+and called through ``mcp-call`` activities (the ``agent-mcp-tools`` patch).
 ``recorded-specs`` is a run that recorded its workers' specs (``RunConfig.specs``,
 the ``pipeline-recorded-specs`` patch) on a catalog of spec files and a plugin
 this replay never installs; ``test_recorded_specs.py`` records it
@@ -83,6 +85,8 @@ SHAPES = {
     "agent-child",
     "agent-limited",
     "agent-limited-child",
+    "agent-mcp",
+    "agent-mcp-child",
     "cancel",
     "schedule",
     "registry",
@@ -142,7 +146,7 @@ OLDER_CODE |= {
         "wait",
         "wait-review",
     }
-    if not shape.startswith(("limited-", "limiter-", "agent-limited"))
+    if not shape.startswith(("limited-", "limiter-", "agent-limited", "agent-mcp"))
 }
 
 

@@ -14,6 +14,10 @@ what only a process's settings know:
   live, and checks no alias.
 - **tenants**: with a registry (``AIWORKER_TENANTS_FILE``), the pipeline's
   tenant must be listed and may call only its allowed workers.
+- **MCP servers**: with a servers file (``AIWORKER_MCP_SERVERS_FILE``), each
+  ``mcp:<server>/...`` an llm-agent step names must be a server there that
+  allows the pipeline's tenant. Whether the server lists the tool is known only
+  when the agent lists it. A process without the file checks no server.
 
 Workers run with their own settings; where those differ from the checking
 process's, the worker's call still refuses what it does not know.
@@ -28,6 +32,7 @@ from pydantic import ValidationError
 
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
+from aiworker.schemas.agent import mcp_refs
 from aiworker.schemas.caps import Caps
 from aiworker.schemas.messages import suggest
 from aiworker.schemas.pipeline import PipelineSpec, Step
@@ -121,6 +126,43 @@ def tenant_problems(spec: PipelineSpec, settings: Settings) -> list[Problem]:
     return refused_workers(spec, policy)
 
 
+def mcp_problems(spec: PipelineSpec, settings: Settings) -> list[Problem]:
+    """The MCP servers the llm-agent steps of ``spec`` name literally, against the
+    servers file (none without one): an unknown server, a tenant it does not allow."""
+    servers = settings.mcp_servers
+    if servers is None:
+        return []
+    problems = []
+    for i, step in enumerate(spec.steps):
+        tools = step.input.get("tools") if isinstance(step.input, dict) else None
+        if step.worker != names.LLM_AGENT or not isinstance(tools, list):
+            continue
+        for ref in mcp_refs(tools)[0]:
+            server = servers.servers.get(ref.server)
+            if server is None:
+                known = sorted(servers.servers)
+                problems.append(
+                    Problem(
+                        step.id,
+                        ref.field,
+                        f"unknown MCP server {ref.server!r} (known: {', '.join(known) or 'none'})",
+                        suggest(ref.server, known),
+                        index=i,
+                    )
+                )
+            elif not server.allows(spec.tenant):
+                problems.append(
+                    Problem(
+                        step.id,
+                        ref.field,
+                        f"tenant {spec.tenant!r} may not use MCP server {ref.server!r} "
+                        "(its 'tenants' in AIWORKER_MCP_SERVERS_FILE)",
+                        index=i,
+                    )
+                )
+    return problems
+
+
 def settings_problems(
     spec: PipelineSpec,
     settings: Settings,
@@ -129,7 +171,7 @@ def settings_problems(
 ) -> list[Problem]:
     """What of ``spec`` this process's settings refuse: tenants, then model aliases
     (``aliases`` when given: the live workers' aliases, else the settings')."""
-    problems = tenant_problems(spec, settings)
+    problems = tenant_problems(spec, settings) + mcp_problems(spec, settings)
     if aliases is None:
         aliases = model_aliases(settings)
     if aliases is not None:
@@ -171,4 +213,11 @@ def check_spec(
     return spec
 
 
-__all__ = ["alias_problems", "check_spec", "model_aliases", "settings_problems", "tenant_problems"]
+__all__ = [
+    "alias_problems",
+    "check_spec",
+    "mcp_problems",
+    "model_aliases",
+    "settings_problems",
+    "tenant_problems",
+]

@@ -144,6 +144,12 @@ def build_tools(settings: Settings, metrics: WorkerMetrics | None = None) -> dic
     tools["artifact_store"] = artifact_store(settings)
     # POSTs for the publish worker, under the same egress policy as fetches.
     tools["http_post"] = WebhookPoster(settings)
+    # MCP servers for the mcp-call worker (llm-agent's mcp:<server>/<tool>), under the
+    # same egress policy; only where the 'llm' extra (the mcp package) is installed
+    if installed("llm"):
+        from aiworker.activities.tools.mcp import McpClient
+
+        tools["mcp"] = McpClient.from_settings(settings)
     return tools
 
 
