@@ -44,6 +44,7 @@ PARTS = (
     ("bench.otlp_export", "otlp_export"),
     ("bench.callback", "callback"),
     ("bench.events", "events"),
+    ("bench.mcp_tools", "mcp_tools"),
 )
 ENGINE = "engine"
 
