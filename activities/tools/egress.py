@@ -32,12 +32,14 @@ import ipaddress
 import re
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpcore
 
 from aiworker.activities.errors import EgressDeniedError
+
+_Stream = TypeVar("_Stream")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -231,6 +233,23 @@ class EgressPolicy:
         return addrs
 
 
+async def connect_first(
+    addrs: list[str],
+    connect: Callable[[str], Awaitable[_Stream]],
+    refused: type[Exception],
+) -> _Stream:
+    """The first of the vetted ``addrs`` that takes a connection; the last ``refused``
+    error when none does. One loop for each HTTP stack's guarded backend (httpcore's
+    here, httpcore2's for MCP servers)."""
+    last: Exception | None = None
+    for addr in addrs:
+        try:
+            return await connect(addr)
+        except refused as e:
+            last = e
+    raise last or refused("no address to connect to")
+
+
 class GuardedBackend(httpcore.AsyncNetworkBackend):
     """An httpcore network backend that connects only to vetted addresses."""
 
@@ -247,20 +266,17 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         addrs = await self.policy.resolve(host, port)
-        last: Exception | None = None
-        for addr in addrs:
-            try:
-                return await self.inner.connect_tcp(
-                    addr,
-                    port,
-                    timeout=timeout,
-                    local_address=local_address,
-                    socket_options=socket_options,
-                )
-            except httpcore.ConnectError as e:
-                last = e
-        assert last is not None
-        raise last
+        return await connect_first(
+            addrs,
+            lambda addr: self.inner.connect_tcp(
+                addr,
+                port,
+                timeout=timeout,
+                local_address=local_address,
+                socket_options=socket_options,
+            ),
+            httpcore.ConnectError,
+        )
 
     async def connect_unix_socket(
         self,

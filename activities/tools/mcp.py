@@ -67,7 +67,7 @@ from aiworker.activities.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
-from aiworker.activities.tools.egress import EgressPolicy
+from aiworker.activities.tools.egress import EgressPolicy, connect_first
 from aiworker.schemas import messages, safe_schema
 from aiworker.schemas.mcp import MAX_TOOLS, McpServer
 
@@ -432,19 +432,17 @@ class _GuardedBackend(httpcore2.AsyncNetworkBackend):
             raise
         except httpcore.ConnectError as e:
             raise httpcore2.ConnectError(str(e)) from e
-        last: Exception | None = None
-        for addr in addrs:
-            try:
-                return await self.inner.connect_tcp(
-                    addr,
-                    port,
-                    timeout=timeout,
-                    local_address=local_address,
-                    socket_options=socket_options,
-                )
-            except httpcore2.ConnectError as e:
-                last = e
-        raise last or httpcore2.ConnectError(f"{host} has no addresses")
+        return await connect_first(
+            addrs,
+            lambda addr: self.inner.connect_tcp(
+                addr,
+                port,
+                timeout=timeout,
+                local_address=local_address,
+                socket_options=socket_options,
+            ),
+            httpcore2.ConnectError,
+        )
 
     async def connect_unix_socket(
         self,

@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import support
+from support.mcp_http import running_mcp_http
 from support.waiting import wait_until
 
 from aiworker.activities.errors import WorkerError
@@ -35,29 +31,9 @@ SCRIPT = Path(support.__file__).parent / "mcp_server.py"
 
 @pytest.fixture(scope="module")
 def http_url() -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "http", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}/mcp"
-
-    def up() -> bool:
-        try:
-            httpx.get(url, timeout=1)
-        except httpx.HTTPError:
-            return False
-        return True
-
-    try:
-        asyncio.run(wait_until(up, "the MCP HTTP server to listen", timeout=30))
+    """The real MCP server over streamable HTTP on loopback; its URL."""
+    with running_mcp_http() as url:
         yield url
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
 
 
 def _client(allow_private: bool = True, **servers: McpServer) -> McpClient:

@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -23,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import pytest_asyncio
 import support
@@ -36,7 +31,7 @@ from fixtures.agent_model import (  # noqa: F401  (module fixture)
     scripted_model,
 )
 from prometheus_client import CollectorRegistry
-from support.waiting import wait_until
+from support.mcp_http import running_mcp_http
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
@@ -50,36 +45,11 @@ from aiworker.workers.process.resources import build_language_model, build_tools
 SCRIPT = Path(support.__file__).parent / "mcp_server.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def http_server() -> Iterator[str]:
     """The real MCP server over streamable HTTP on loopback; its URL."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "http", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}/mcp"
-
-    def up() -> bool:
-        try:
-            httpx.get(url, timeout=1)
-        except httpx.HTTPError:
-            return False
-        return True
-
-    try:
-        asyncio.run(wait_until(up, "the MCP HTTP server to listen", timeout=30))
+    with running_mcp_http() as url:
         yield url
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
 
 
 def _pids_with(tag: str) -> list[int]:
