@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from aiworker.activities.sdk import Worker
 from aiworker.config.catalog import builtin_spec
 from aiworker.config.extras import MissingExtraError, require
+from aiworker.schemas import names
 from aiworker.schemas.spec import WorkerSpec
 
 
@@ -58,7 +59,7 @@ BUILTINS: tuple[Builtin, ...] = (
     Builtin("publish", "aiworker.activities.publish", "Publish"),
     # no extra here: it shares aiworker-llm with llm-call, which a core install serves;
     # a call in a process without the 'llm' extra fails naming it (mcp_call.py)
-    Builtin("mcp-call", "aiworker.activities.mcp_call", "McpCall"),
+    Builtin(names.MCP_CALL, "aiworker.activities.mcp_call", "McpCall"),
 )
 
 

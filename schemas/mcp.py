@@ -78,8 +78,12 @@ class McpServer(Model):
     timeout_seconds: float = Field(
         default=30,
         gt=0,
-        le=600,
-        description="the bound of connecting, listing and one tool call (each)",
+        le=55,
+        description=(
+            "the bound of connecting, listing and one tool call together (at most 55 s: "
+            "the mcp-call worker's own 60 s timeout, which worker pods' drain outlasts, "
+            "must end after it)"
+        ),
     )
     max_response_bytes: int = Field(
         default=DEFAULT_MAX_RESPONSE_BYTES,

@@ -33,6 +33,8 @@ LLM_CALL: Final = "llm-call"
 PUBLISH: Final = "publish"
 # Not an activity: a step of this worker runs as AgentWorkflow (a child workflow).
 LLM_AGENT: Final = "llm-agent"
+# MCP servers' tool listings and calls for llm-agent (schemas/mcp.py)
+MCP_CALL: Final = "mcp-call"
 
 # Custom search attributes (Keyword) registered by `aiworker dev` and tests.
 SA_STATUS: Final = "AiworkerStatus"

@@ -121,6 +121,7 @@ async def test_a_plugin_worker_published_by_its_process_is_known_to_every_client
             names.PUBLISH,
             names.LLM_CALL,
             names.LLM_AGENT,
+            names.MCP_CALL,
         }
         # names and provider kinds only: no URL, no key
         assert [m.model_dump() for m in entry_a.models or []] == [
