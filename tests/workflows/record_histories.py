@@ -415,6 +415,28 @@ async def _record_agent(
         await tools["fetch_url"].aclose()
 
 
+def _agent_pipeline(name: str, prompt: str, tools: list[str]) -> dict[str, Any]:
+    """One llm-agent step on the scripted model (``openai-agent``) with ``tools``."""
+    return {
+        "name": name,
+        "tenant": "acme",
+        "budget": {"max_tokens": 5000, "max_external_calls": 20, "deadline_seconds": 120},
+        "steps": [
+            {
+                "id": "agent",
+                "worker": "llm-agent",
+                "input": {
+                    "prompt": prompt,
+                    "model": "openai-agent",
+                    "tools": tools,
+                    "max_turns": 3,
+                },
+            }
+        ],
+        "output": {"answer": "${{ steps.agent.outputs.answer }}"},
+    }
+
+
 async def rec_agent(client: Client, tmp: Path) -> Saved:
     """An llm-agent step (a child workflow) with one tool call, on a scripted model."""
     model = start_scripted_model()
@@ -426,24 +448,7 @@ async def rec_agent(client: Client, tmp: Path) -> Saved:
             say("It is valid."),
         )
         settings = _settings(tmp, models_file=path)
-        pipeline = {
-            "name": "replay-agent",
-            "tenant": "acme",
-            "budget": {"max_tokens": 5000, "max_external_calls": 20, "deadline_seconds": 120},
-            "steps": [
-                {
-                    "id": "agent",
-                    "worker": "llm-agent",
-                    "input": {
-                        "prompt": "Is it valid?",
-                        "model": "openai-agent",
-                        "tools": ["validator"],
-                        "max_turns": 3,
-                    },
-                }
-            ],
-            "output": {"answer": "${{ steps.agent.outputs.answer }}"},
-        }
+        pipeline = _agent_pipeline("replay-agent", "Is it valid?", ["validator"])
         await _record_agent(client, settings, pipeline, "replay-agent")
     finally:
         model.stop()
@@ -469,24 +474,7 @@ async def rec_agent_mcp(client: Client, tmp: Path) -> Saved:
             {"servers": {"calc": {"command": [sys.executable, str(script), "stdio"]}}}
         )
         settings = _settings(tmp, models_file=path, mcp_servers=servers)
-        pipeline = {
-            "name": "replay-agent-mcp",
-            "tenant": "acme",
-            "budget": {"max_tokens": 5000, "max_external_calls": 20, "deadline_seconds": 120},
-            "steps": [
-                {
-                    "id": "agent",
-                    "worker": "llm-agent",
-                    "input": {
-                        "prompt": "What is 2 + 40?",
-                        "model": "openai-agent",
-                        "tools": ["mcp:calc/*"],
-                        "max_turns": 3,
-                    },
-                }
-            ],
-            "output": {"answer": "${{ steps.agent.outputs.answer }}"},
-        }
+        pipeline = _agent_pipeline("replay-agent-mcp", "What is 2 + 40?", ["mcp:calc/*"])
         await _record_agent(client, settings, pipeline, "replay-agent-mcp")
     finally:
         model.stop()
