@@ -77,23 +77,36 @@ def _address(door: Door) -> tuple[str, int]:
 
 
 async def _slow_client(door: Door, first: bytes, drip: bytes) -> bytes:
-    """Send ``first``, then ``drip`` every 0.2 s until the server closes; what it answered."""
+    """Send ``first``, then ``drip`` every 0.2 s until the server answers; what it
+    answered, or ``b"(reset)"`` when the connection was reset before any answer.
+
+    The drip stops at the answer's first byte, and what was read before a reset is
+    kept: a drip written after the server closed makes its kernel answer with a
+    reset, which would otherwise discard an answer this (loaded) client had not yet
+    read whole."""
     reader, writer = await asyncio.open_connection(*_address(door))
     writer.write(first)
+    answered = asyncio.Event()
 
     async def trickle() -> None:
         with contextlib.suppress(OSError):
-            while not writer.is_closing():
+            while not writer.is_closing() and not answered.is_set():
                 await asyncio.sleep(0.2)  # pacing of the attack, not a timing assertion
+                if answered.is_set():
+                    break
                 writer.write(drip)
                 await writer.drain()
 
     dripping = asyncio.create_task(trickle())
+    got = b""
     try:
         try:
-            return await reader.read()  # until the server closes
+            while chunk := await reader.read(65536):  # until the server closes
+                answered.set()
+                got += chunk
         except ConnectionResetError:
-            return b"(reset)"
+            return got or b"(reset)"
+        return got
     finally:
         dripping.cancel()
         writer.close()
