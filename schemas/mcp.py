@@ -24,10 +24,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from aiworker.schemas.base import Model
-from aiworker.schemas.files import read_capped
+from aiworker.schemas.files import load_json_model
 from aiworker.schemas.names import TENANT_PATTERN
 
 MCP_PREFIX = "mcp:"
@@ -116,15 +116,7 @@ class McpServersFile(Model):
 
 def load_mcp_servers(path: Path) -> McpServersFile:
     """Read and check a servers file; ``McpServersFileError`` names the file and field."""
-    raw = read_capped(path, MAX_FILE_BYTES, str(path), McpServersFileError)
-    try:
-        return McpServersFile.model_validate_json(raw, strict=True)
-    except ValidationError as e:
-        problems = []
-        for err in e.errors(include_url=False):
-            where = ".".join(str(p) for p in err["loc"]) or "(the whole file)"
-            problems.append(f"{where}: {err['msg']}")
-        raise McpServersFileError(f"{path}: {'; '.join(problems)}") from None
+    return load_json_model(path, MAX_FILE_BYTES, McpServersFile, McpServersFileError)
 
 
 def is_mcp_ref(name: Any) -> bool:

@@ -43,11 +43,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, TypeVar
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
 from aiworker.schemas.agent import agent_calls
 from aiworker.schemas.base import Model
-from aiworker.schemas.files import read_capped
+from aiworker.schemas.files import load_json_model
 from aiworker.schemas.names import (
     LLM_AGENT,
     PRIORITY_HIGHEST,
@@ -224,13 +224,4 @@ class TenantRegistry(Model):
 
 def load_tenants(path: Path) -> TenantRegistry:
     """Read and check a tenants file; ``TenantsFileError`` names the file and field."""
-    raw = read_capped(path, MAX_FILE_BYTES, str(path), TenantsFileError)
-    try:
-        # Strict: a quoted number or a string for a list is a typo, not a value.
-        return TenantRegistry.model_validate_json(raw, strict=True)
-    except ValidationError as e:
-        problems = []
-        for err in e.errors(include_url=False):
-            where = ".".join(str(p) for p in err["loc"]) or "(the whole file)"
-            problems.append(f"{where}: {err['msg']}")
-        raise TenantsFileError(f"{path}: {'; '.join(problems)}") from None
+    return load_json_model(path, MAX_FILE_BYTES, TenantRegistry, TenantsFileError)
