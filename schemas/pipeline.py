@@ -163,6 +163,12 @@ class Step(Model):
     max_parallel: int = Field(
         default=10, ge=1, le=1000, description="for_each items running at once"
     )
+    tolerated_failures: int | str | None = Field(
+        default=None,
+        description='for_each: items that may fail, a count (N >= 0) or a share of the items '
+        '("N%", 0-100, decimals allowed); checked by `aiworker check`, not yet enforced at run '
+        "time (docs/foreach.md)",
+    )
     gate: str | None = Field(
         default=None,
         description="a validator step that must have passed (valid: true) before this one "

@@ -28,6 +28,7 @@ is ``aiworker.workers.process.pipeline_settings``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -202,6 +203,36 @@ def _input_schema_problems(step: Step, i: int) -> list[Problem]:
         except SchemaError as e:
             problems.append(Problem(step.id, f"{field}.{key}", safe_schema.problem(e), index=i))
     return problems
+
+
+TOLERATED_PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%$")
+"""A ``tolerated_failures`` share: digits, optional decimals, then ``%``."""
+
+
+def tolerated_failures_problems(value: object, for_each: object) -> list[str]:
+    """What is wrong with a step's ``tolerated_failures`` (issue #34, deliverable 2).
+
+    A count (an int >= 0, not a bool) or a share ``"N%"`` with 0 <= N <= 100
+    (decimals allowed), only on a for_each step. The run-time threshold is not
+    built yet, so a valid value is refused too rather than silently ignored.
+    """
+    if for_each is None:
+        return ["only a for_each step takes tolerated_failures"]
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return [f'must be an integer >= 0 or a string "N%", got {value!r}']
+    if isinstance(value, int):
+        if value < 0:
+            return [f"must be >= 0, got {value}"]
+    else:
+        m = TOLERATED_PERCENT.match(value)
+        if m is None:
+            return [f'must be an integer >= 0 or a string "N%" (0-100), got {value!r}']
+        if float(m.group(1)) > 100:
+            return [f"a share cannot exceed 100%, got {value!r}"]
+    return [
+        "tolerated_failures is not enforced at run time yet in this version: "
+        "remove it (a for_each with failed items ends partial)"
+    ]
 
 
 def _items_per_task_problems(
@@ -388,6 +419,9 @@ def check_pipeline(
             )
         if step.items_per_task > 1:
             problems.extend(_items_per_task_problems(step, i, specs))
+        if step.tolerated_failures is not None:
+            for message in tolerated_failures_problems(step.tolerated_failures, step.for_each):
+                add("tolerated_failures", message)
         if step.worker == names.LLM_AGENT and specs is not None:
             tools = step.input.get("tools") if isinstance(step.input, dict) else None
             known_specs = {k: v for k, v in specs.items() if v is not None}
