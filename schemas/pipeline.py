@@ -165,7 +165,7 @@ class Step(Model):
     )
     tolerated_failures: int | str | None = Field(
         default=None,
-        description='for_each: items that may fail, a count (N >= 0) or a share of the items '
+        description="for_each: items that may fail, a count (N >= 0) or a share of the items "
         '("N%", 0-100, decimals allowed); checked by `aiworker check`, not yet enforced at run '
         "time (docs/foreach.md)",
     )

@@ -34,14 +34,10 @@ def _pipeline(tolerated: Any, for_each: Any = ("a", "b")) -> dict[str, Any]:
         ("5", "must be an integer >= 0 or a string \"N%\" (0-100), got '5'"),
     ],
 )
-def test_a_bad_threshold_names_the_step_and_field(
-    tmp_path: Path, value: Any, message: str
-) -> None:
+def test_a_bad_threshold_names_the_step_and_field(tmp_path: Path, value: Any, message: str) -> None:
     proc = cli(["check", str(f := write(tmp_path, _pipeline(value)))])
     assert proc.returncode == 2, proc.stderr
-    assert proc.stdout.splitlines() == [
-        f"{f}: step 'each': field 'tolerated_failures': {message}"
-    ]
+    assert proc.stdout.splitlines() == [f"{f}: step 'each': field 'tolerated_failures': {message}"]
 
 
 def test_a_threshold_on_a_step_without_for_each_is_refused(tmp_path: Path) -> None:
@@ -54,7 +50,7 @@ def test_a_threshold_on_a_step_without_for_each_is_refused(tmp_path: Path) -> No
 
 
 def test_a_value_of_the_wrong_type_exits_2(tmp_path: Path) -> None:
-    proc = cli(["check", str(f := write(tmp_path, _pipeline([3])))])
+    proc = cli(["check", str(write(tmp_path, _pipeline([3])))])
     assert proc.returncode == 2, proc.stderr
     assert "tolerated_failures" in proc.stdout + proc.stderr
 
