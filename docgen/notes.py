@@ -97,6 +97,13 @@ ERRORS: dict[str, tuple[str, str]] = {
         "or POST /v1/callbacks/{token} with an error); the message is its reason",
         "see the message; `on_failure: continue` lets the pipeline go on without the step",
     ),
+    "too_many_failures": (
+        "more items of a for_each step failed than its `tolerated_failures`: no item started "
+        "after that, those in flight were cancelled; the message counts failed, succeeded, "
+        "cancelled, not started and tolerated items",
+        "read the items' errors in the step's outputs; fix them and redrive (the succeeded "
+        "items are kept), or raise `tolerated_failures`",
+    ),
     "internal": (
         "an unexpected exception in a worker (a bug); logged with its traceback",
         "retried by itself; report it with the log line (trace_id) if it persists",

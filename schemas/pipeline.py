@@ -166,8 +166,9 @@ class Step(Model):
     tolerated_failures: int | str | None = Field(
         default=None,
         description="for_each: items that may fail, a count (N >= 0) or a share of the items "
-        '("N%", 0-100, decimals allowed); checked by `aiworker check`, not yet enforced at run '
-        "time (docs/foreach.md)",
+        '("N%" of the item count, 0-100, decimals allowed, rounded down); one failure more '
+        "and no item starts, those in flight are cancelled and the step fails with "
+        "too_many_failures (docs/foreach.md)",
     )
     gate: str | None = Field(
         default=None,
@@ -425,13 +426,22 @@ class ChunkInput(Model):
         description="the worker's spec as the pipeline recorded it at its start (None: a "
         "chunk started by a pipeline from before specs were recorded reads its catalog)",
     )
+    tolerated: int | None = Field(
+        default=None,
+        ge=0,
+        description="failed items this chunk may still tolerate (the step's "
+        "tolerated_failures less the failures counted when it started); one more and it "
+        "starts no item and cancels those in flight (None: no threshold)",
+    )
 
 
 class ItemResult(Model):
     """How one for_each item ended (``outputs`` only when it succeeded)."""
 
     index: int
-    status: Literal["succeeded", "partial", "failed"]
+    status: Literal["succeeded", "partial", "failed", "cancelled", "not_started"] = Field(
+        description="cancelled / not_started: stopped by the step's tolerated_failures"
+    )
     outputs: Any = None
     attempts: int = 0
     cached: bool = False

@@ -28,8 +28,10 @@ is ``aiworker.workers.process.pipeline_settings``.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Collection, Mapping
+from fractions import Fraction
 from typing import Any
 
 from jsonschema.exceptions import SchemaError
@@ -209,12 +211,14 @@ TOLERATED_PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%$")
 """A ``tolerated_failures`` share: digits, optional decimals, then ``%``."""
 
 
-def tolerated_failures_problems(value: object, for_each: object) -> list[str]:
+def tolerated_failures_problems(
+    value: object, for_each: object, items_per_task: int = 1
+) -> list[str]:
     """What is wrong with a step's ``tolerated_failures`` (issue #34, deliverable 2).
 
     A count (an int >= 0, not a bool) or a share ``"N%"`` with 0 <= N <= 100
-    (decimals allowed), only on a for_each step. The run-time threshold is not
-    built yet, so a valid value is refused too rather than silently ignored.
+    (decimals allowed), only on a for_each step whose items go one to an activity
+    task (the threshold cannot stop part of a task's items: ``items_per_task`` 1).
     """
     if for_each is None:
         return ["only a for_each step takes tolerated_failures"]
@@ -229,10 +233,24 @@ def tolerated_failures_problems(value: object, for_each: object) -> list[str]:
             return [f'must be an integer >= 0 or a string "N%" (0-100), got {value!r}']
         if float(m.group(1)) > 100:
             return [f"a share cannot exceed 100%, got {value!r}"]
-    return [
-        "tolerated_failures is not enforced at run time yet in this version: "
-        "remove it (a for_each with failed items ends partial)"
-    ]
+    if items_per_task > 1:
+        return [
+            "is not supported with items_per_task > 1 (a task's items cannot be stopped "
+            "one by one): drop one of them"
+        ]
+    return []
+
+
+def tolerated_count(value: int | str, total: int) -> int:
+    """The failed items a step with ``tolerated_failures`` = ``value`` and
+    ``total`` items tolerates: the count, or the share of ``total`` rounded down
+    (``floor(total * N / 100)``, exact: ``"12.5%"`` of 20 items is 2). ``value``
+    passed :func:`tolerated_failures_problems`."""
+    if isinstance(value, int):
+        return value
+    m = TOLERATED_PERCENT.match(value)
+    share = Fraction(m.group(1)) if m is not None else Fraction(0)
+    return math.floor(share * total / 100)
 
 
 def _items_per_task_problems(
@@ -420,7 +438,9 @@ def check_pipeline(
         if step.items_per_task > 1:
             problems.extend(_items_per_task_problems(step, i, specs))
         if step.tolerated_failures is not None:
-            for message in tolerated_failures_problems(step.tolerated_failures, step.for_each):
+            for message in tolerated_failures_problems(
+                step.tolerated_failures, step.for_each, step.items_per_task
+            ):
                 add("tolerated_failures", message)
         if step.worker == names.LLM_AGENT and specs is not None:
             tools = step.input.get("tools") if isinstance(step.input, dict) else None

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio import workflow
+from temporalio.workflow import ChildWorkflowHandle
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
@@ -39,10 +40,12 @@ with workflow.unsafe.imports_passed_through():
         ChunkInput,
         ChunkItem,
         ChunkResult,
+        ItemResult,
         ItemsRef,
         Step,
         StepResult,
     )
+    from aiworker.schemas.pipeline_check import tolerated_count
     from aiworker.schemas.protocol import ArtifactRef, Usage
     from aiworker.schemas.refs import (
         ReferenceError_,
@@ -53,7 +56,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
 from aiworker.workflows.chunks import FANOUT, TREE_PATCH, leaves, share, split
-from aiworker.workflows.foreach import PipelineForEachWorkflow
+from aiworker.workflows.foreach import PipelineForEachWorkflow, cancel_chunk
 from aiworker.workflows.items import ITEMS_REF_PATCH, ItemsUnavailable, load_items
 from aiworker.workflows.pipeline_limits import step_max_attempts
 from aiworker.workflows.state import Ended, PipelineRun
@@ -78,6 +81,16 @@ class FanOut:
     budget_hit: bool = False
     kept: int = 0  # items whose outputs a redrive kept from the earlier run
     cached: int = 0  # items the step cache answered
+    # tolerated_failures: the failed items the step tolerates (None: no threshold),
+    # and the items it stopped once more failed (cancelled in flight, never started)
+    tolerated: int | None = None
+    cancelled: int = 0
+    not_started: int = 0
+
+    @property
+    def over(self) -> bool:
+        """More items failed than the step tolerates."""
+        return self.tolerated is not None and self.failed > self.tolerated
 
     def keep(self, index: int, outputs: Any) -> None:
         """Book an item a redrive does not run again: its earlier outputs (by
@@ -106,19 +119,29 @@ class FanOut:
         for it in chunk.items:
             self.done += 1
             self.cached += it.cached
+            if it.status == "cancelled":
+                self.cancelled += 1
+                continue
+            if it.status == "not_started":
+                self.not_started += 1
+                continue
             if it.status in names.OK_STATUSES:
                 self.results[it.index] = it.outputs
                 continue
             self.budget_hit = self.budget_hit or it.error_code == ErrorCode.BUDGET_EXCEEDED.value
             self.item_failed(it.index, it.error_code, it.error_message)
 
-    def result(self, chunks: int) -> StepResult:
-        """The step's result: ``partial`` when some items failed, ``failed`` when all did."""
-        ok = self.total - self.failed
+    def result(self, chunks: int, tolerated_failures: int | str | None = None) -> StepResult:
+        """The step's result: ``partial`` when some items failed, ``failed`` when all did
+        or (``tolerated_failures``) more than the step tolerates (``too_many_failures``)."""
+        stopped = self.cancelled + self.not_started
+        ok = self.total - self.failed - stopped
         errors = sorted(self.errors, key=lambda e: int(e["index"]))
         code: str | None
         if self.budget_hit:
             code = ErrorCode.BUDGET_EXCEEDED.value
+        elif self.over:
+            code = ErrorCode.TOO_MANY_FAILURES.value
         else:
             code = errors[0]["error_code"] if errors else None
         # the first failed items, as the step's cause (their outputs' `errors` has more)
@@ -127,11 +150,26 @@ class FanOut:
             for e in errors
         ]
         message = f"{self.failed} of {self.total} items failed"
+        if self.over:
+            message = (
+                f"{self.failed} of {self.total} items failed, more than the {self.tolerated} "
+                f"tolerated (tolerated_failures {tolerated_failures!r}): {ok} succeeded, "
+                f"{self.cancelled} cancelled, {self.not_started} not started"
+            )
         if errors:
             first = errors[0]
             message += f"; item {first['index']}: {coded(first['error_code'], first['message'])}"
+        counts: dict[str, int] = {}
+        if self.tolerated is not None:
+            counts = {
+                "cancelled": self.cancelled,
+                "not_started": self.not_started,
+                "tolerated": self.tolerated,
+            }
         return StepResult(
-            status="succeeded" if not self.failed else ("failed" if not ok else "partial"),
+            status="succeeded"
+            if not self.failed
+            else ("failed" if not ok or self.over else "partial"),
             attempts=chunks,
             error_code=code,
             error_message=message if self.failed else None,
@@ -146,6 +184,7 @@ class FanOut:
                 "succeeded": ok,
                 "failed": self.failed,
                 "errors": errors,
+                **counts,
             },
             usage=self.usage,
             items={
@@ -154,6 +193,7 @@ class FanOut:
                 "failed": self.failed,
                 **({"reused": self.kept} if self.kept else {}),
                 **({"cached": self.cached} if self.cached else {}),
+                **counts,
             },
             cached=bool(self.total) and self.cached == self.total,
         )
@@ -211,6 +251,8 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
         old_parts is not None or (not kept and len(items) > run.inline_items)
     ) and workflow.patched(ITEMS_REF_PATCH)
     fan = FanOut(total=len(items), by_ref=by_ref)
+    if step.tolerated_failures is not None:  # a share is of the step's whole item count
+        fan.tolerated = tolerated_count(step.tolerated_failures, len(items))
     if by_ref and old_parts is not None:
         fan.parts = list(old_parts)  # applied first: this run's parts cover the rest
     for index, outputs in kept.items():
@@ -276,8 +318,31 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
         max_cost_usd=admission.cost_usd,
     )
 
-    async def run_chunk(k: int, chunk: list[int]) -> ChunkResult:
+    # tolerated_failures: the running chunks' handles, to cancel once too many failed
+    running: dict[int, ChildWorkflowHandle[Any, ChunkResult]] = {}
+    cancels: list[asyncio.Task[None]] = []
+
+    def book(result: ChunkResult) -> None:
+        """Count a chunk's items as it ends, before its slot frees (a chunk waiting
+        for the slot must see these failures); once over the threshold, cancel the
+        running chunks."""
+        was_over = fan.over
+        fan.add(result)
+        if fan.over and not was_over:
+            cancels.extend(asyncio.create_task(cancel_chunk(h.id)) for h in running.values())
+
+    async def run_chunk(k: int, chunk: list[int]) -> ChunkResult | None:
         async with slots:
+            extra: dict[str, Any] = {}
+            if fan.tolerated is not None:
+                if fan.over:  # the threshold was passed: the chunk never starts
+                    book(
+                        ChunkResult(
+                            items=[ItemResult(index=i, status="not_started") for i in chunk]
+                        )
+                    )
+                    return None
+                extra["tolerated"] = fan.tolerated - fan.failed
             handle = await workflow.start_child_workflow(
                 PipelineForEachWorkflow.run,
                 template.model_copy(
@@ -285,6 +350,7 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
                         # resolved as the chunk starts, within the caps they passed above
                         "items": _chunk_items(step, scope, items, chunk, run),
                         "allowance": share(whole, len(chunk), len(resolved)),
+                        **extra,
                     }
                 ),
                 id=f"{info.workflow_id}/{step.id}/{k}",
@@ -292,14 +358,25 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
                 static_summary=f"{step.id} items {chunk[0]}..{chunk[-1]} ({step.worker})",
                 priority=run.priority,
             )
-            return await handle
+            if fan.tolerated is None:
+                return await handle
+            running[k] = handle
+            if fan.over:  # passed while this chunk was starting
+                cancels.append(asyncio.create_task(cancel_chunk(handle.id)))
+            try:
+                result = await handle
+            finally:
+                del running[k]
+            book(result)
+            return None
 
     tasks = [asyncio.create_task(run_chunk(k, c)) for k, c in enumerate(chunks)]
     try:
         while tasks:
             finished, _pending = await workflow.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in finished:
-                fan.add(t.result())
+                if (booked := t.result()) is not None:  # tolerated_failures: booked already
+                    fan.add(booked)
             # A finished task holds its chunk's whole decoded result (a model per item):
             # dropped once booked, so the parent keeps only the items' outputs, not
             # every chunk's result until the step ends (worker memory flat in the items).
@@ -307,6 +384,8 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
             run.steps[step.id] = run.steps[step.id].model_copy(
                 update={"items": {"total": fan.total, "done": fan.done, "failed": fan.failed}}
             )
+        if cancels:
+            await workflow.wait(cancels)
     finally:
         for t in tasks:
             if not t.done():
@@ -314,7 +393,7 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
         run.ledger.settle(admission, fan.usage)
     if fan.budget_hit:
         run.terminal = "budget_exhausted"
-    return fan.result(chunks=len(chunks))
+    return fan.result(chunks=len(chunks), tolerated_failures=step.tolerated_failures)
 
 
 def _check_items(

@@ -29,10 +29,11 @@ pipeline started on older code (no spec) reads the process's catalog.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from temporalio import workflow
+from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.config import catalog
@@ -54,7 +55,7 @@ with workflow.unsafe.imports_passed_through():
 
 from aiworker.workflows.budget import Admission, Deadline, Ledger
 from aiworker.workflows.calls import CallContext, WorkerCall, call_items
-from aiworker.workflows.chunks import share, split
+from aiworker.workflows.chunks import Split, share, split
 from aiworker.workflows.governed import (
     ITEM_PERMITS_FIRST_PATCH,
     Governance,
@@ -70,6 +71,8 @@ from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals
 ITEMS_PER_TASK_PATCH = "foreach-items-per-task"
 # The kinds of worker whose items a task may group: aiworker's runtime runs them.
 BATCHED_KINDS = ("python", "prompt")
+# The error code of a call whose activity was cancelled (``calls.error_code_of``).
+CANCELLED = "cancelled"
 
 
 def _items(n: int) -> str:
@@ -208,7 +211,15 @@ class PipelineForEachWorkflow(PermitSignals):
                 call, gov = governed(item, ordered=True)
                 return ended(item, await governed_call(call, gov))
 
-        if (
+        if chunk.tolerated is not None:
+            # only a step with tolerated_failures (never with items_per_task > 1)
+
+            async def run_one(item: ChunkItem) -> ItemResult:
+                call, gov = governed(item, ordered=True)
+                return ended(item, await governed_call(call, gov))
+
+            results = await self._tolerating(chunk.items, chunk.tolerated, slots, run_one)
+        elif (
             chunk.items_per_task > 1
             and not chunk.local
             and worker.kind in BATCHED_KINDS
@@ -220,6 +231,76 @@ class PipelineForEachWorkflow(PermitSignals):
         if not chunk.store_outputs:
             return ChunkResult(items=list(results), usage=ledger.used)
         return await self._store(chunk, list(results), ledger.used)
+
+    async def _tolerating(
+        self,
+        items: list[ChunkItem],
+        tolerated: int,
+        slots: asyncio.Semaphore,
+        run_one: Callable[[ChunkItem], Awaitable[ItemResult]],
+    ) -> list[ItemResult]:
+        """The chunk's items under a failure threshold (``tolerated_failures``,
+        docs/foreach.md): once more than ``tolerated`` of them failed, no item
+        starts (``not_started``) and those in flight are cancelled (their
+        activities are cancelled; ``cancelled``). A cancellation of the chunk itself
+        (its pipeline stopped the step) does the same, and the chunk still returns
+        what its items did, so its pipeline counts every item.
+
+        Written here rather than left to Temporal because an activity's cancellation
+        ends one call, while the threshold is over the step's items: the chunk
+        decides from the results in its history which items stop. An item whose
+        call ended as the cancellation came keeps that result, unless it ended
+        ``cancelled``.
+        """
+        failed = 0
+        started: set[int] = set()
+        stopped = False
+        tasks: list[asyncio.Task[ItemResult]] = []
+
+        def stop() -> None:
+            nonlocal stopped
+            if stopped:
+                return
+            stopped = True
+            me = asyncio.current_task()
+            for t in tasks:
+                if t is not me and not t.done():
+                    t.cancel()
+
+        def halted(item: ChunkItem, status: str) -> ItemResult:
+            self._done += 1
+            return ItemResult(index=item.index, status=status)  # type: ignore[arg-type]
+
+        async def one(item: ChunkItem) -> ItemResult:
+            nonlocal failed
+            try:
+                async with slots:
+                    if stopped:
+                        return halted(item, "not_started")
+                    started.add(item.index)
+                    result = await run_one(item)
+            except asyncio.CancelledError:
+                return halted(item, "cancelled" if item.index in started else "not_started")
+            if result.status == "failed":
+                if stopped and result.error_code == CANCELLED:
+                    return result.model_copy(update={"status": "cancelled"})
+                failed += 1
+                if failed > tolerated:
+                    stop()
+            return result
+
+        tasks.extend(asyncio.create_task(one(item)) for item in items)
+        try:
+            await workflow.wait(tasks)
+        except asyncio.CancelledError:
+            # the pipeline cancelled this chunk (the step's threshold was passed)
+            stop()
+            await workflow.wait(tasks)
+        # a task cancelled before it first ran never started its item
+        return [
+            halted(item, "not_started") if t.cancelled() else t.result()
+            for t, item in zip(tasks, items, strict=True)
+        ]
 
     async def _in_tasks(
         self,
@@ -341,6 +422,29 @@ class PipelineForEachWorkflow(PermitSignals):
     async def _split(self, chunk: ChunkInput, chunk_size: int) -> ChunkResult:
         """Run the chunk's items in child chunks; their results in item order."""
         plan = split(len(chunk.items), chunk_size, chunk.chunk_slots)
+        if chunk.tolerated is not None:
+            parts = await self._split_tolerating(chunk, plan, chunk.tolerated)
+        else:
+            parts = await self._split_all(chunk, plan)
+        usage = Usage()
+        for p in parts:
+            usage = usage + p.usage
+        stored = [ref for p in parts for ref in p.parts]
+        if chunk.store_outputs and len(stored) > 1:
+            # one reference up instead of one per leaf: the pipeline holds at most
+            # FANOUT of them, however many items (kept as they are if the store fails)
+            index = await store_index(chunk.tenant, stored)
+            stored = [index] if index is not None else stored
+        return ChunkResult(
+            items=[it for p in parts for it in p.items],
+            usage=usage,
+            succeeded=sum(p.succeeded for p in parts),
+            cached=sum(p.cached for p in parts),
+            parts=stored,
+        )
+
+    async def _split_all(self, chunk: ChunkInput, plan: Split) -> list[ChunkResult]:
+        """Every child chunk of ``plan``, ``plan.at_once`` at a time; their results."""
         slots = asyncio.Semaphore(plan.at_once)
         info = workflow.info()
 
@@ -368,25 +472,111 @@ class PipelineForEachWorkflow(PermitSignals):
             self._done += len(result.items) + result.succeeded
             return result
 
-        parts = await asyncio.gather(
-            *(child(k, r) for k, r in enumerate(plan.ranges(len(chunk.items))))
-        )
-        usage = Usage()
-        for p in parts:
-            usage = usage + p.usage
-        stored = [ref for p in parts for ref in p.parts]
-        if chunk.store_outputs and len(stored) > 1:
-            # one reference up instead of one per leaf: the pipeline holds at most
-            # FANOUT of them, however many items (kept as they are if the store fails)
-            index = await store_index(chunk.tenant, stored)
-            stored = [index] if index is not None else stored
-        return ChunkResult(
-            items=[it for p in parts for it in p.items],
-            usage=usage,
-            succeeded=sum(p.succeeded for p in parts),
-            cached=sum(p.cached for p in parts),
-            parts=stored,
+        return list(
+            await asyncio.gather(
+                *(child(k, r) for k, r in enumerate(plan.ranges(len(chunk.items))))
+            )
         )
 
+    async def _split_tolerating(
+        self, chunk: ChunkInput, plan: Split, tolerated: int
+    ) -> list[ChunkResult]:
+        """The child chunks of ``plan`` under a failure threshold (docs/foreach.md):
+        each child may tolerate what is left of ``tolerated`` as it starts; once
+        more items failed, no child starts (its items ``not_started``) and the
+        running ones are asked to stop (a cancellation request: they cancel their
+        items in flight and return what they did). A cancellation of this chunk
+        does the same. Counted as each child ends, before its slot frees, from the
+        results in this history. Written here because Temporal cancels a workflow,
+        not a share of a step's items."""
+        slots = asyncio.Semaphore(plan.at_once)
+        info = workflow.info()
+        failed = 0
+        stopped = False
+        running: set[str] = set()
+        cancels: list[asyncio.Task[None]] = []
 
-__all__ = ["PipelineForEachWorkflow"]
+        def stop() -> None:
+            nonlocal stopped
+            if not stopped:
+                stopped = True
+                cancels.extend(asyncio.create_task(cancel_chunk(w)) for w in sorted(running))
+
+        async def child(k: int, part: range) -> ChunkResult:
+            nonlocal failed
+            items = chunk.items[part.start : part.stop]
+            async with slots:
+                if stopped:
+                    self._done += len(items)
+                    return ChunkResult(
+                        items=[ItemResult(index=i.index, status="not_started") for i in items]
+                    )
+                wid = f"{info.workflow_id}/{k}"
+                handle = await workflow.start_child_workflow(
+                    PipelineForEachWorkflow.run,
+                    chunk.model_copy(
+                        update={
+                            "items": items,
+                            "allowance": share(chunk.allowance, len(items), len(chunk.items)),
+                            "chunk_slots": plan.child_slots,
+                            "tolerated": tolerated - failed,
+                        }
+                    ),
+                    id=wid,
+                    task_queue=info.task_queue,
+                    static_summary=(
+                        f"{chunk.step_id} items {items[0].index}..{items[-1].index} "
+                        f"({chunk.worker})"
+                    ),
+                    priority=info.priority,
+                )
+                running.add(wid)
+                if stopped:  # passed while this child was starting
+                    cancels.append(asyncio.create_task(cancel_chunk(wid)))
+                try:
+                    result = await handle
+                finally:
+                    running.discard(wid)
+                self._done += len(result.items) + result.succeeded
+                failed += sum(it.status == "failed" for it in result.items)
+                if failed > tolerated:
+                    stop()
+                return result
+
+        tasks = [
+            asyncio.create_task(child(k, r)) for k, r in enumerate(plan.ranges(len(chunk.items)))
+        ]
+        try:
+            await workflow.wait(tasks)
+        except asyncio.CancelledError:
+            # the pipeline (or the chunk above) stopped the step
+            stop()
+            await workflow.wait(tasks)
+        if cancels:
+            await workflow.wait(cancels)
+        ranges = plan.ranges(len(chunk.items))
+        return [
+            ChunkResult(
+                items=[
+                    ItemResult(index=i.index, status="not_started")
+                    for i in chunk.items[r.start : r.stop]
+                ]
+            )
+            if t.cancelled()
+            else t.result()
+            for t, r in zip(tasks, ranges, strict=True)
+        ]
+
+
+async def cancel_chunk(workflow_id: str) -> None:
+    """Ask a running chunk to stop (a Temporal cancellation request, for
+    ``tolerated_failures``): it cancels its items in flight, starts no more and
+    returns what they did. A chunk that ended meanwhile refuses the request: its
+    result counts as it is."""
+    try:
+        await workflow.get_external_workflow_handle(workflow_id).cancel()
+    except FailureError:
+        pass
+
+
+__all__ = ["PipelineForEachWorkflow", "cancel_chunk"]

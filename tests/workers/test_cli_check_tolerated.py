@@ -1,6 +1,6 @@
 """``aiworker check`` on a for_each step's ``tolerated_failures`` (issue #34), in a
 real process: each bad value is named with its step and field and exits 2; a valid
-value is refused too while the run-time threshold is not built (never ignored)."""
+value passes, and a share of the items is rounded down."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 from test_cli_check import cli, write
+
+from aiworker.schemas.pipeline_check import tolerated_count
 
 
 def _pipeline(tolerated: Any, for_each: Any = ("a", "b")) -> dict[str, Any]:
@@ -56,10 +58,34 @@ def test_a_value_of_the_wrong_type_exits_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("value", [0, 3, "0%", "25%", "12.5%", "100%"])
-def test_a_valid_threshold_is_refused_until_it_is_enforced(tmp_path: Path, value: Any) -> None:
-    proc = cli(["check", str(f := write(tmp_path, _pipeline(value)))])
+def test_a_valid_threshold_passes(tmp_path: Path, value: Any) -> None:
+    proc = cli(["check", str(write(tmp_path, _pipeline(value)))])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_threshold_with_items_per_task_is_refused(tmp_path: Path) -> None:
+    pipeline = _pipeline(2)
+    pipeline["steps"][0]["items_per_task"] = 5
+    proc = cli(["check", str(f := write(tmp_path, pipeline))])
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout.splitlines() == [
-        f"{f}: step 'each': field 'tolerated_failures': tolerated_failures is not enforced "
-        "at run time yet in this version: remove it (a for_each with failed items ends partial)"
+        f"{f}: step 'each': field 'tolerated_failures': is not supported with "
+        "items_per_task > 1 (a task's items cannot be stopped one by one): drop one of them"
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "total", "tolerated"),
+    [
+        (3, 20, 3),
+        ("0%", 20, 0),
+        ("10%", 20, 2),
+        ("12.5%", 20, 2),
+        ("12.5%", 7, 0),
+        ("33.3%", 10, 3),
+        ("100%", 20, 20),
+        ("9.99%", 100, 9),
+    ],
+)
+def test_a_share_is_rounded_down(value: Any, total: int, tolerated: int) -> None:
+    assert tolerated_count(value, total) == tolerated

@@ -1,0 +1,183 @@
+"""A for_each step's ``tolerated_failures`` on a real Temporal server (issue #34).
+
+Once more items failed than tolerated, no item starts, the items in flight are
+cancelled (their activities: ``ActivityTaskCancelRequested`` in the chunk's
+history; a running chunk: a cancellation request) and the step fails
+``too_many_failures`` with the counts; at or under the threshold it is ``partial``.
+The stand-in ``publish`` fails the chosen items at once, answers the others
+at once or holds them until Temporal cancels them (or the test ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from conftest import running_stack
+from support.standins import fail, standin
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from aiworker.config.settings import Settings
+from aiworker.workflows.chunks import FANOUT, leaves
+
+SINK = {"file": "tolerated.jsonl"}
+
+
+def _pipeline(n: int, tolerated: Any, chunk_size: int, max_parallel: int) -> dict[str, Any]:
+    return {
+        "name": "tolerated",
+        "inputs": {"items": list(range(n))},
+        "steps": [
+            {
+                "id": "each",
+                "worker": "publish",
+                "for_each": "${{ inputs.items }}",
+                "chunk_size": chunk_size,
+                "max_parallel": max_parallel,
+                "tolerated_failures": tolerated,
+                "input": {"sink": SINK, "record": {"n": "${{ item }}"}},
+            }
+        ],
+    }
+
+
+class World:
+    """The stand-in's behaviour per item: fail, hold until cancelled, or answer."""
+
+    def __init__(self, failing: set[int], holding: set[int]) -> None:
+        self.failing, self.holding = failing, holding
+        self.called: list[int] = []
+        self.released = asyncio.Event()
+
+    async def publish(self, req: dict[str, Any]) -> dict[str, Any]:
+        n = int(req["input"]["record"]["n"])
+        self.called.append(n)
+        if n in self.failing:
+            raise fail("not_found", f"item {n} is gone")
+        if n in self.holding:
+            # held until Temporal cancels the activity (seen at a heartbeat) or the test
+            # ends; bounded, so a missed cancellation fails the test, never hangs it
+            for _ in range(600):
+                activity.heartbeat()
+                try:
+                    await asyncio.wait_for(self.released.wait(), 0.1)
+                    break
+                except TimeoutError:
+                    continue
+        return {"written": True, "duplicate": False}
+
+
+async def _events(client: Client, wid: str, kind: int) -> int:
+    history = await client.get_workflow_handle(wid).fetch_history()
+    return sum(e.event_type == kind for e in history.events)
+
+
+async def _run(
+    client: Client, settings: Settings, world: World, pipeline: dict[str, Any]
+) -> tuple[Any, str]:
+    acts = {"publish": standin("publish", world.publish)}
+    async with running_stack(client, settings, replace_activities=acts) as stack:
+        handle = await stack.start(pipeline)
+        try:
+            result = await asyncio.wait_for(handle.result(), 120)
+        finally:
+            world.released.set()
+    return result, handle.id
+
+
+async def test_over_the_count_the_step_stops_and_fails_with_the_counts(
+    client: Client, settings: Settings
+) -> None:
+    # one chunk, 4 items at once: items 0 and 1 fail, every other item is held
+    world = World(failing={0, 1}, holding=set(range(2, 20)))
+    result, wid = await _run(client, settings, world, _pipeline(20, 1, 20, 4))
+    step = result.steps["each"]
+    assert step.status == "failed" and step.error_code == "too_many_failures", step
+    items = step.items
+    assert items["failed"] == 2 and items["succeeded"] == 0 and items["tolerated"] == 1
+    # the held items that had started were cancelled; the rest never started
+    assert items["cancelled"] >= 2 and items["cancelled"] + items["not_started"] == 18
+    assert items["cancelled"] <= 4
+    assert step.outputs["cancelled"] == items["cancelled"]
+    assert step.outputs["not_started"] == items["not_started"]
+    assert (
+        f"2 of 20 items failed, more than the 1 tolerated (tolerated_failures 1): 0 succeeded, "
+        f"{items['cancelled']} cancelled, {items['not_started']} not started; item 0: "
+    ) in (step.error_message or "")
+    assert [e["index"] for e in step.outputs["errors"]] == [0, 1]
+    chunk = f"{wid}/each/0"
+    scheduled = await _events(client, chunk, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
+    # started items: the two failed and the cancelled (a worker may not have taken those)
+    assert scheduled == 2 + items["cancelled"] >= len(world.called)
+    cancels = await _events(client, chunk, EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED)
+    assert cancels == items["cancelled"]
+    assert result.status == "failed"
+
+
+async def test_at_the_threshold_the_step_is_partial(client: Client, settings: Settings) -> None:
+    world = World(failing={3, 11}, holding=set())
+    result, _ = await _run(client, settings, world, _pipeline(20, 2, 5, 10))
+    step = result.steps["each"]
+    assert step.status == "partial" and step.error_code == "not_found", step
+    assert step.items == {
+        "total": 20,
+        "succeeded": 18,
+        "failed": 2,
+        "cancelled": 0,
+        "not_started": 0,
+        "tolerated": 2,
+    }
+    assert sorted(world.called) == list(range(20))
+
+
+async def test_a_share_counts_failures_across_chunks(client: Client, settings: Settings) -> None:
+    # "10%" of 20 items tolerates 2. Chunks of 5, two at once: chunk 0 fails item 0,
+    # chunk 1 items 5 and 6 (neither chunk alone passes 2); chunks 2 and 3 hold their
+    # items: the third failure stops the step as the second of chunks 0, 1 ends.
+    world = World(failing={0, 5, 6}, holding=set(range(10, 20)))
+    result, wid = await _run(client, settings, world, _pipeline(20, "10%", 5, 10))
+    step = result.steps["each"]
+    assert step.status == "failed" and step.error_code == "too_many_failures", step
+    items = step.items
+    assert items["failed"] == 3 and items["succeeded"] == 7 and items["tolerated"] == 2
+    assert items["cancelled"] + items["not_started"] == 10
+    assert "(tolerated_failures '10%')" in (step.error_message or "")
+    # at most one chunk of held items started (the one chunk 0 or 1 made room for)
+    # (a cancelled item's activity may have been cancelled before a worker took it)
+    assert len([n for n in world.called if n >= 10]) <= items["cancelled"] <= 5
+    started = await _events(
+        client, wid, EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+    )
+    assert started in (2, 3)
+    assert (
+        await _events(
+            client, wid, EventType.EVENT_TYPE_REQUEST_CANCEL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+        )
+        == started - 2
+    )
+
+
+async def test_a_tree_of_chunks_passes_the_threshold_down(
+    client: Client, settings: Settings
+) -> None:
+    # 70 items in chunks of 2: 35 leaf chunks, more than one workflow's FANOUT (32),
+    # so group chunks run them; one leaf at a time. Items 0-5 fail: the first leaf
+    # ends with 2 failures (tolerated), the next one's first failure passes the
+    # threshold inside its group, which stops; the pipeline starts no group more.
+    assert leaves(70, 2) > FANOUT
+    world = World(failing=set(range(6)), holding=set())
+    result, wid = await _run(client, settings, world, _pipeline(70, 2, 2, 2))
+    step = result.steps["each"]
+    assert step.status == "failed" and step.error_code == "too_many_failures", step
+    items = step.items
+    assert items["failed"] in (3, 4) and items["succeeded"] == 0
+    assert items["failed"] + items["cancelled"] + items["not_started"] == 70
+    assert items["not_started"] >= 66
+    assert items["failed"] <= len(world.called) <= items["failed"] + items["cancelled"]
+    # the pipeline started one group chunk: the others never started
+    started = await _events(
+        client, wid, EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+    )
+    assert started == 1
