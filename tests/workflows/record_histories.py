@@ -27,7 +27,8 @@ limits, its turns and tool calls waiting for permits: ``agent-limited``; with an
 MCP server's tool, listed and called through ``mcp-call``: ``agent-mcp``), cancel, and a run started
 by a Temporal Schedule, the live worker registry (publish, expiry, withdraw),
 and rate-limited for_each items with their limiters (leased blocks, queued), and
-for_each items several to an activity task (``items_per_task``, with a retry round).
+for_each items several to an activity task (``items_per_task``, with a retry round),
+and a for_each whose ``tolerated_failures`` was passed (a chunk and its items cancelled).
 ``limited*``, ``review-cancelled`` and
 ``slot-expired`` came from code before the pipeline split (commit 8a3581a);
 ``*-budget-first`` from code before for_each items took their permits before
@@ -58,6 +59,7 @@ from support.pipelines import lost_call_pipeline  # noqa: E402
 from support.registry import entry, publish_raw  # noqa: E402
 from support.standins import fail, standin  # noqa: E402
 from support.waiting import wait_until  # noqa: E402
+from temporalio import activity  # noqa: E402
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
@@ -588,6 +590,56 @@ async def rec_registry(client: Client, tmp: Path) -> Saved:
     return {"registry": wid}
 
 
+async def rec_tolerated(client: Client, tmp: Path) -> Saved:
+    """A for_each with ``tolerated_failures`` passed: chunk 0 fails two items (one
+    tolerated) and stops; the pipeline cancels chunk 1, whose held items are
+    cancelled in flight; chunk 2 never starts."""
+    released = asyncio.Event()
+
+    async def publish(req: dict[str, Any]) -> dict[str, Any]:
+        n = int(req["input"]["record"]["n"])
+        if n < 2:
+            raise fail("not_found", f"item {n} is gone")
+        for _ in range(600):  # held until cancelled (seen at a heartbeat) or released
+            activity.heartbeat()
+            try:
+                await asyncio.wait_for(released.wait(), 0.1)
+                break
+            except TimeoutError:
+                continue
+        return {"written": True, "duplicate": False}
+
+    pipeline = {
+        "name": "replay-tolerated",
+        "steps": [
+            {
+                "id": "each",
+                "worker": "publish",
+                "for_each": [0, 1, 2, 3, 4, 5],
+                "chunk_size": 2,
+                "max_parallel": 4,
+                "tolerated_failures": 1,
+                "input": {"sink": {"file": "replay.jsonl"}, "record": {"n": "${{ item }}"}},
+            }
+        ],
+    }
+    acts = {"publish": standin("publish", publish)}
+    async with running_stack(client, _settings(tmp), replace_activities=acts) as stack:
+        handle = await stack.start(pipeline, id="replay-tolerated")
+        try:
+            result = await handle.result()
+        finally:
+            released.set()
+    step = result.steps["each"]
+    if step.error_code != "too_many_failures" or not step.items.get("cancelled"):
+        raise RuntimeError(f"not the recorded shape (a chunk cancelled in flight): {step}")
+    return {
+        "tolerated": "replay-tolerated",
+        "tolerated-chunk": "replay-tolerated/each/0",
+        "tolerated-chunk-cancelled": "replay-tolerated/each/1",
+    }
+
+
 async def rec_items_per_task(client: Client, tmp: Path) -> Saved:
     """A for_each with ``items_per_task`` (``foreach-items-per-task``): web-scrape items
     three to a task against a loopback site whose page 1 fails its first request
@@ -833,6 +885,7 @@ RECORDINGS: dict[str, Recording] = {
     "registry": rec_registry,
     "limiter": rec_limiter,
     "items-per-task": rec_items_per_task,
+    "tolerated": rec_tolerated,
     "breaker": rec_breaker,
     "lost-usage": rec_lost_usage,
     "wait": rec_wait,

@@ -29,7 +29,10 @@ probe lease (the ``breaker-probe-lease`` patch); ``breaker-20261127`` the same
 recording on the code before the lease (openings only). ``lost-usage`` is a call
 whose two attempts the server timed out, booked at their maximum (the
 ``lost-attempt-usage`` patch); the committed histories with timed-out calls from
-before it carry no marker.
+before it carry no marker. ``tolerated`` (and ``-chunk``, ``-chunk-cancelled``) is
+a for_each whose ``tolerated_failures`` was passed: a chunk that stopped on its own
+failures, and one the pipeline cancelled, its activities cancelled in flight (no
+marker: only a step with the field reaches that code).
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ SHAPES = {
     "lost-usage",
     "wait",
     "wait-review",
+    "tolerated",
+    "tolerated-chunk",
+    "tolerated-chunk-cancelled",
 }
 OLDER_CODE = {
     "dag-20261122",
@@ -145,6 +151,9 @@ OLDER_CODE |= {
         "lost-usage",
         "wait",
         "wait-review",
+        "tolerated",
+        "tolerated-chunk",
+        "tolerated-chunk-cancelled",
     }
     if not shape.startswith(("limited-", "limiter-", "agent-limited", "agent-mcp"))
 }
