@@ -20,6 +20,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from aiworker.config.settings import Settings
+from aiworker.workers.client.client import redrive
 from aiworker.workflows.chunks import FANOUT, leaves
 
 SINK = {"file": "tolerated.jsonl"}
@@ -181,3 +182,34 @@ async def test_a_tree_of_chunks_passes_the_threshold_down(
         client, wid, EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
     )
     assert started == 1
+
+
+async def test_a_redrive_runs_the_failed_cancelled_and_unstarted_items_again(
+    client: Client, settings: Settings
+) -> None:
+    # nothing tolerated: item 3 fails once and stops the step; the redrive runs
+    # every item that did not succeed (failed, cancelled, never started) and keeps
+    # the others
+    world = World(failing={3}, holding={2})
+    acts = {"publish": standin("publish", world.publish)}
+    async with running_stack(client, settings, replace_activities=acts) as stack:
+        first = await stack.start(_pipeline(10, 0, 10, 2))
+        try:
+            failed = await asyncio.wait_for(first.result(), 120)
+        finally:
+            world.released.set()
+        before = failed.steps["each"].items
+        assert failed.steps["each"].error_code == "too_many_failures"
+        assert before["failed"] == 1 and before["not_started"] >= 6
+        world.failing, world.holding, world.called = set(), set(), []
+        again = await redrive(client, settings, first.id)
+        result = await asyncio.wait_for(again.result(), 120)
+    step = result.steps["each"]
+    assert result.status == "succeeded" and step.status == "succeeded", step
+    assert step.items.get("reused") == before["succeeded"], (before, step.items, world.called)
+    assert sorted(world.called) == sorted(set(range(10)) - set(_succeeded(failed)))
+    assert step.outputs["succeeded"] == 10
+
+
+def _succeeded(result: Any) -> list[int]:
+    return [i for i, out in enumerate(result.steps["each"].outputs["items"]) if out is not None]

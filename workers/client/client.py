@@ -582,10 +582,15 @@ class PipelineClient:
         status, steps = await self.step_results(workflow_id, desc.run_id)
         if status == "succeeded":
             raise RedriveError(f"{workflow_id} succeeded; nothing to redrive")
+        # a for_each stopped by its tolerated_failures keeps its succeeded items too
         reuse = {
             sid: r
             for sid, r in steps.items()
-            if isinstance(r, dict) and r.get("status") in names.OK_STATUSES
+            if isinstance(r, dict)
+            and (
+                r.get("status") in names.OK_STATUSES
+                or r.get("error_code") == ErrorCode.TOO_MANY_FAILURES.value
+            )
         }
         previous = pipeline.get("resume_from") or {}
         root = previous.get("workflow_id") or workflow_id
