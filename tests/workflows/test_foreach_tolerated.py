@@ -17,7 +17,7 @@ from conftest import running_stack
 from support.standins import fail, standin
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 
 from aiworker.config.settings import Settings
 from aiworker.workers.client.client import redrive
@@ -213,3 +213,63 @@ async def test_a_redrive_runs_the_failed_cancelled_and_unstarted_items_again(
 
 def _succeeded(result: Any) -> list[int]:
     return [i for i, out in enumerate(result.steps["each"].outputs["items"]) if out is not None]
+
+
+async def test_the_pipeline_cancels_a_running_chunk_which_returns_its_items(
+    client: Client, settings: Settings
+) -> None:
+    # chunks of 2, two at once: chunk 0 fails both items (one tolerated) and stops;
+    # chunk 1 holds its items, so the pipeline cancels it: it completes with them
+    # (cancelled in flight, or never started if the request came first); chunk 2
+    # never starts
+    world = World(failing={0, 1}, holding={2, 3, 4, 5})
+    result, wid = await _run(client, settings, world, _pipeline(6, 1, 2, 4))
+    step = result.steps["each"]
+    assert step.status == "failed" and step.error_code == "too_many_failures", step
+    items = step.items
+    assert items["failed"] == 2 and items["succeeded"] == 0
+    assert items["cancelled"] + items["not_started"] == 4 and items["not_started"] >= 2
+    request = EventType.EVENT_TYPE_REQUEST_CANCEL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+    assert await _events(client, wid, request) == 1
+    chunk = client.get_workflow_handle(f"{wid}/each/1")
+    assert (await chunk.describe()).status == WorkflowExecutionStatus.COMPLETED
+    asked = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED
+    assert await _events(client, chunk.id, asked) == 1
+    cancelled = EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED
+    assert await _events(client, chunk.id, cancelled) == items["cancelled"]
+
+
+async def test_local_activity_items_stop_too(client: Client, settings: Settings) -> None:
+    # the validator runs as a local activity; every item fails its gate
+    pipeline = {
+        "name": "tolerated-local",
+        "inputs": {"items": list(range(20))},
+        "steps": [
+            {
+                "id": "each",
+                "worker": "validator",
+                "for_each": "${{ inputs.items }}",
+                "chunk_size": 20,
+                "max_parallel": 2,
+                "tolerated_failures": "5%",
+                "input": {
+                    "data": "${{ item }}",
+                    "schema": {"type": "string"},
+                    "gate": True,
+                },
+            }
+        ],
+    }
+    async with running_stack(client, settings) as stack:
+        handle = await stack.start(pipeline)
+        result = await asyncio.wait_for(handle.result(), 120)
+    step = result.steps["each"]
+    assert step.status == "failed" and step.error_code == "too_many_failures", step
+    items = step.items
+    assert items["tolerated"] == 1 and items["failed"] in (2, 3)
+    assert items["failed"] + items["cancelled"] + items["not_started"] == 20
+    assert items["not_started"] >= 16
+    chunk = f"{handle.id}/each/0"
+    assert await _events(client, chunk, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED) == 0
+    ran = await _events(client, chunk, EventType.EVENT_TYPE_MARKER_RECORDED)
+    assert items["failed"] <= ran <= items["failed"] + items["cancelled"]
