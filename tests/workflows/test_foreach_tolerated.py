@@ -11,15 +11,18 @@ at once or holds them until Temporal cancels them (or the test ends).
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from conftest import running_stack
+from support.payloads import stack_settings
 from support.standins import fail, standin
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from aiworker.config.settings import Settings
+from aiworker.schemas.pipeline import ItemsRef
 from aiworker.workers.client.client import redrive
 from aiworker.workflows.chunks import FANOUT, leaves
 
@@ -273,3 +276,31 @@ async def test_local_activity_items_stop_too(client: Client, settings: Settings)
     assert await _events(client, chunk, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED) == 0
     ran = await _events(client, chunk, EventType.EVENT_TYPE_MARKER_RECORDED)
     assert items["failed"] <= ran <= items["failed"] + items["cancelled"]
+
+
+async def test_items_by_reference_keep_their_counts_and_redrive(
+    client: Client, tmp_path: Path
+) -> None:
+    # over foreach_inline_items the chunks store their succeeded items and list the
+    # others (failed, cancelled, not started); a redrive loads the kept ones
+    settings = stack_settings(tmp_path, foreach_inline_items=2)
+    world = World(failing={5}, holding={6, 7, 8, 9})
+    acts = {"publish": standin("publish", world.publish)}
+    async with running_stack(client, settings, replace_activities=acts) as stack:
+        # chunks of 5, one at a time: chunk 0 succeeds, chunk 1 stops at item 5
+        first = await stack.start(_pipeline(10, 0, 5, 5))
+        try:
+            failed = await asyncio.wait_for(first.result(), 120)
+        finally:
+            world.released.set()
+        step = failed.steps["each"]
+        assert step.error_code == "too_many_failures", step
+        assert ItemsRef.of(step.outputs["items"]) is not None
+        assert step.items["failed"] == 1 and step.items["succeeded"] == 5
+        assert step.items["cancelled"] == 4 and step.items["not_started"] == 0
+        world.failing, world.holding, world.called = set(), set(), []
+        again = await redrive(client, settings, first.id)
+        result = await asyncio.wait_for(again.result(), 120)
+    assert result.steps["each"].status == "succeeded"
+    assert result.steps["each"].items["reused"] == 5
+    assert sorted(world.called) == [5, 6, 7, 8, 9]
