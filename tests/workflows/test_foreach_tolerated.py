@@ -14,12 +14,14 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import running_stack
 from support.payloads import stack_settings
 from support.standins import fail, standin
+from support.waiting import wait_until
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 
 from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import ItemsRef
@@ -304,3 +306,28 @@ async def test_items_by_reference_keep_their_counts_and_redrive(
     assert result.steps["each"].status == "succeeded"
     assert result.steps["each"].items["reused"] == 5
     assert sorted(world.called) == [5, 6, 7, 8, 9]
+
+
+async def test_a_cancelled_pipeline_ends_and_its_chunk_returns(
+    client: Client, settings: Settings
+) -> None:
+    # the user cancels the run while its items are held: the run ends cancelled,
+    # never stuck, and its chunk closes with it (as without tolerated_failures)
+    world = World(failing=set(), holding=set(range(6)))
+    acts = {"publish": standin("publish", world.publish)}
+    async with running_stack(client, settings, replace_activities=acts) as stack:
+        handle = await stack.start(_pipeline(6, 2, 6, 3))
+        try:
+            await wait_until(lambda: len(world.called) == 3, "three items held", timeout=60)
+            await handle.cancel()
+            with pytest.raises(WorkflowFailureError):
+                await asyncio.wait_for(handle.result(), 120)
+        finally:
+            world.released.set()
+        chunk = client.get_workflow_handle(f"{handle.id}/each/0")
+        await wait_until(lambda: _closed(chunk), "the chunk to close", timeout=60)
+    assert (await handle.describe()).status == WorkflowExecutionStatus.CANCELED
+
+
+async def _closed(handle: Any) -> bool:
+    return (await handle.describe()).status != WorkflowExecutionStatus.RUNNING
