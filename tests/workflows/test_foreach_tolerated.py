@@ -52,15 +52,21 @@ def _pipeline(n: int, tolerated: Any, chunk_size: int, max_parallel: int) -> dic
 class World:
     """The stand-in's behaviour per item: fail, hold until cancelled, or answer."""
 
-    def __init__(self, failing: set[int], holding: set[int]) -> None:
+    def __init__(self, failing: set[int], holding: set[int], fail_after: int = 0) -> None:
         self.failing, self.holding = failing, holding
         self.called: list[int] = []
         self.released = asyncio.Event()
+        # the failing items fail once this many items were called
+        self.fail_after = fail_after
+        self.enough = asyncio.Event()
 
     async def publish(self, req: dict[str, Any]) -> dict[str, Any]:
         n = int(req["input"]["record"]["n"])
         self.called.append(n)
+        if len(self.called) >= self.fail_after:
+            self.enough.set()
         if n in self.failing:
+            await asyncio.wait_for(self.enough.wait(), 60)
             raise fail("not_found", f"item {n} is gone")
         if n in self.holding:
             # held until Temporal cancels the activity (seen at a heartbeat) or the test
@@ -331,3 +337,34 @@ async def test_a_cancelled_pipeline_ends_and_its_chunk_returns(
 
 async def _closed(handle: Any) -> bool:
     return (await handle.describe()).status != WorkflowExecutionStatus.RUNNING
+
+
+async def test_a_group_chunk_cancelled_by_the_pipeline_cancels_its_leaves(
+    client: Client, settings: Settings
+) -> None:
+    # 35 leaf chunks of 2 in groups of 2 leaves, two groups at once (one leaf each).
+    # Group 0's first leaf fails items 0 and 1 (one tolerated) once group 1's first
+    # leaf holds items 4 and 5: the pipeline cancels group 1, which cancels that
+    # leaf (its activities cancelled) and starts no leaf more; no other group starts.
+    world = World(failing={0, 1}, holding=set(range(4, 70)), fail_after=4)
+    result, wid = await _run(client, settings, world, _pipeline(70, 1, 2, 4))
+    step = result.steps["each"]
+    assert step.status == "failed" and step.error_code == "too_many_failures", step
+    items = step.items
+    assert items["failed"] == 2 and items["succeeded"] == 0
+    assert items["cancelled"] == 2 and items["not_started"] == 66
+    assert sorted(world.called) == [0, 1, 4, 5]
+    group = client.get_workflow_handle(f"{wid}/each/1")
+    assert (await group.describe()).status == WorkflowExecutionStatus.COMPLETED
+    asked = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED
+    assert await _events(client, group.id, asked) == 1
+    request = EventType.EVENT_TYPE_REQUEST_CANCEL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+    assert await _events(client, wid, request) == 1
+    assert await _events(client, group.id, request) == 1
+    leaf = f"{group.id}/0"
+    assert await _events(client, leaf, asked) == 1
+    cancelled = EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED
+    assert await _events(client, leaf, cancelled) == 2
+    started = EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+    assert await _events(client, wid, started) == 2
+    assert await _events(client, group.id, started) == 1
