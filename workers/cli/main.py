@@ -235,7 +235,7 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
         args, f"aiworker redrive {args.workflow_id}", workflow_id=args.workflow_id
     ) as pipelines:
         # RedriveError (running, succeeded, not a pipeline): one line and exit 2 in `main`
-        pipeline = await pipelines.redrive_input(args.workflow_id)
+        pipeline = await pipelines.redrive_input(args.workflow_id, from_step=args.from_step)
         if why := unknown_fields(args, pipeline):
             err(why)
             return EXIT_USAGE

@@ -253,6 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     rd = sub.add_parser("redrive", help="run a failed pipeline again, reusing succeeded steps")
     rd.add_argument("workflow_id")
+    rd.add_argument(
+        "--from",
+        dest="from_step",
+        metavar="STEP",
+        help="rerun STEP and everything downstream of it (also after a success), "
+        "reusing the rest",
+    )
     rd.add_argument("--no-wait", action="store_true", help="print the new workflow id and return")
     rd.add_argument("--json", action="store_true", help=JSON_RESULT_HELP)
     rd.add_argument("--field", action="append", metavar="FIELD", help=FIELD_HELP)

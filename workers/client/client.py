@@ -552,7 +552,9 @@ class PipelineClient:
         _, steps = await self.step_results(workflow_id, desc.run_id)
         return await read_items(self.settings, owner, step_id, steps.get(step_id))
 
-    async def redrive_input(self, workflow_id: str, tenant: str | None = None) -> dict[str, Any]:
+    async def redrive_input(
+        self, workflow_id: str, tenant: str | None = None, from_step: str | None = None
+    ) -> dict[str, Any]:
         """The input of a new run that reuses the steps a failed run finished.
 
         The original pipeline comes from the first event of the failed run's
@@ -563,9 +565,16 @@ class PipelineClient:
         tenant), must be the failed run's: its outputs are read here. The new
         run checks the same again at its start, however it was started.
 
+        ``from_step`` (``aiworker redrive ID --from STEP``): rerun that top-level
+        step and everything downstream of it even after a success; its recorded
+        result is left out of ``resume_from``, so
+        :func:`~aiworker.workflows.redrive.plan_redrive` reruns it and its
+        dependents and reuses the rest (same mechanism, no second one).
+
         Raises:
-            RedriveError: the pipeline is still running, it succeeded, or it
-                is not ``tenant``'s.
+            RedriveError: the pipeline is still running, it succeeded (without
+                ``from_step``), it is not ``tenant``'s, or ``from_step`` is not
+                one of its top-level steps.
         """
         handle = self.get_handle(workflow_id)
         desc = await handle.describe()
@@ -579,20 +588,30 @@ class PipelineClient:
         pipeline = started
         if tenant is not None and pipeline.get("tenant", names.DEFAULT_TENANT) != tenant:
             raise RedriveError(f"{workflow_id} is not a pipeline of tenant {tenant!r}")
+        if from_step is not None:
+            top = [s.get("id") for s in pipeline.get("steps", []) if isinstance(s, dict)]
+            if from_step not in top:
+                raise RedriveError(
+                    f"--from {from_step!r}: {workflow_id} has no top-level step of that id "
+                    f"(steps: {', '.join(str(t) for t in top)}; a for_each child or item "
+                    "cannot be rerun on its own)"
+                )
         status, steps = await self.step_results(workflow_id, desc.run_id)
-        if status == "succeeded":
+        if status == "succeeded" and from_step is None:
             raise RedriveError(f"{workflow_id} succeeded; nothing to redrive")
         reuse = {
             sid: r
             for sid, r in steps.items()
-            if isinstance(r, dict) and r.get("status") in names.OK_STATUSES
+            if isinstance(r, dict) and r.get("status") in names.OK_STATUSES and sid != from_step
         }
         previous = pipeline.get("resume_from") or {}
         root = previous.get("workflow_id") or workflow_id
         pipeline["resume_from"] = {"workflow_id": root, "run_id": desc.run_id, "steps": reuse}
         return pipeline
 
-    async def redrive(self, workflow_id: str, tenant: str | None = None) -> PipelineHandle:
+    async def redrive(
+        self, workflow_id: str, tenant: str | None = None, from_step: str | None = None
+    ) -> PipelineHandle:
         """Start the failed pipeline ``workflow_id`` again: its succeeded steps are
         reused, the rest runs again, a for_each only its failed items
         (:func:`~aiworker.workflows.redrive.plan_redrive`; ``tenant``: see
@@ -605,7 +624,9 @@ class PipelineClient:
             RedriveError: the pipeline is still running, it succeeded, or it
                 is not ``tenant``'s.
         """
-        return await self.start_redrive(await self.redrive_input(workflow_id, tenant))
+        return await self.start_redrive(
+            await self.redrive_input(workflow_id, tenant, from_step=from_step)
+        )
 
     async def start_redrive(self, pipeline: Mapping[str, Any]) -> PipelineHandle:
         """Start a redrive input (:meth:`redrive_input`) as ``<first id>-redrive-<n>``.
@@ -664,6 +685,8 @@ async def list_pipelines(client: Client, **filters: Any) -> list[dict[str, Any]]
     return [row.to_json() for row in rows]
 
 
-async def redrive(client: Client, settings: Settings, workflow_id: str) -> PipelineHandle:
+async def redrive(
+    client: Client, settings: Settings, workflow_id: str, from_step: str | None = None
+) -> PipelineHandle:
     """:meth:`PipelineClient.redrive` on ``client``."""
-    return await PipelineClient(client, settings).redrive(workflow_id)
+    return await PipelineClient(client, settings).redrive(workflow_id, from_step=from_step)
