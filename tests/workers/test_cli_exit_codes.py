@@ -140,6 +140,9 @@ CASES: dict[str, Case] = {
     ),
     "redrive-unknown-id": case("redrive", "{missing}", code=EXIT_NOT_FOUND, says="not found"),
     "redrive-succeeded": case("redrive", "{done}", code=EXIT_USAGE, says="nothing to redrive"),
+    "redrive-from-unknown-step": case(
+        "redrive", "{done}", "--from", "nope", code=EXIT_USAGE, says="no top-level step"
+    ),
     "redrive-fails-again": case("redrive", "{failed}", code=EXIT_FAILED, says="redriving"),
     "artifacts-none": case("artifacts", "{missing}", code=EXIT_NOT_FOUND, says="no artifacts"),
     "artifacts-json": case("artifacts", "{missing}", "--json", code=EXIT_OK, says="[]"),

@@ -257,8 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--from",
         dest="from_step",
         metavar="STEP",
-        help="rerun STEP and everything downstream of it (also after a success), "
-        "reusing the rest",
+        help="rerun STEP and everything downstream of it (also after a success), reusing the rest",
     )
     rd.add_argument("--no-wait", action="store_true", help="print the new workflow id and return")
     rd.add_argument("--json", action="store_true", help=JSON_RESULT_HELP)
