@@ -143,6 +143,38 @@ CASES: dict[str, Case] = {
     "redrive-from-unknown-step": case(
         "redrive", "{done}", "--from", "nope", code=EXIT_USAGE, says="no top-level step"
     ),
+    "redrive-input-not-json": case(
+        "redrive", "{done}", "--from", "v", "--input", "v={", code=EXIT_USAGE, says="not JSON"
+    ),
+    "redrive-input-other-step": case(
+        "redrive",
+        "{done}",
+        "--from",
+        "v",
+        "--input",
+        "w={}",
+        code=EXIT_USAGE,
+        says="only the --from step",
+    ),
+    "redrive-input-off-schema": case(
+        "redrive",
+        "{done}",
+        "--from",
+        "v",
+        "--input",
+        'v={"schema": {}}',
+        code=EXIT_USAGE,
+        says="--input v:",
+    ),
+    "redrive-new-keys-unknown-id": case(
+        "redrive",
+        "{missing}",
+        "--from",
+        "v",
+        "--new-idempotency-keys",
+        code=EXIT_NOT_FOUND,
+        says="not found",
+    ),
     "redrive-fails-again": case("redrive", "{failed}", code=EXIT_FAILED, says="redriving"),
     "artifacts-none": case("artifacts", "{missing}", code=EXIT_NOT_FOUND, says="no artifacts"),
     "artifacts-json": case("artifacts", "{missing}", "--json", code=EXIT_OK, says="[]"),

@@ -259,6 +259,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STEP",
         help="rerun STEP and everything downstream of it (also after a success), reusing the rest",
     )
+    rd.add_argument(
+        "--input",
+        dest="step_input",
+        action="append",
+        metavar="STEP=JSON",
+        help="a corrected input (a JSON object) for the --from step, checked against its "
+        "worker's input schema as the run recorded it",
+    )
+    rd.add_argument(
+        "--new-idempotency-keys",
+        action="store_true",
+        help="steps that run again take new idempotency keys (side effects happen again); "
+        "default: the first run's keys",
+    )
     rd.add_argument("--no-wait", action="store_true", help="print the new workflow id and return")
     rd.add_argument("--json", action="store_true", help=JSON_RESULT_HELP)
     rd.add_argument("--field", action="append", metavar="FIELD", help=FIELD_HELP)
