@@ -109,7 +109,13 @@ PipelineHandle: TypeAlias = WorkflowHandle[PipelineWorkflow, PipelineResult]
 
 class RedriveError(RuntimeError):
     """The pipeline cannot be redriven (still running, it succeeded, or it is another
-    tenant's); the message says why."""
+    tenant's), or the redrive asked is invalid (``--from``, ``--input``); the message
+    says why. ``conflict``: the run's state refuses it (running, nothing to redrive,
+    no free id), not the request (the front door's 409 rather than 400)."""
+
+    def __init__(self, message: str, *, conflict: bool = False) -> None:
+        super().__init__(message)
+        self.conflict = conflict
 
 
 class PipelineClient:
@@ -606,7 +612,7 @@ class PipelineClient:
         if desc.workflow_type != names.PIPELINE_WORKFLOW:
             raise RedriveError(f"{workflow_id} is a {desc.workflow_type} workflow, not a pipeline")
         if desc.status == WorkflowExecutionStatus.RUNNING:
-            raise RedriveError(f"{workflow_id} is still running; cancel it or wait")
+            raise RedriveError(f"{workflow_id} is still running; cancel it or wait", conflict=True)
         started = await self.started_input(workflow_id, desc.run_id)
         if started is None:
             raise RedriveError(f"{workflow_id} has no history to redrive from")
@@ -625,7 +631,7 @@ class PipelineClient:
             await self._corrected_input(pipeline, workflow_id, desc.run_id, from_step, inputs)
         status, steps = await self.step_results(workflow_id, desc.run_id)
         if status == "succeeded" and from_step is None:
-            raise RedriveError(f"{workflow_id} succeeded; nothing to redrive")
+            raise RedriveError(f"{workflow_id} succeeded; nothing to redrive", conflict=True)
         reuse = {
             sid: r
             for sid, r in steps.items()
@@ -760,7 +766,8 @@ class PipelineClient:
             except WorkflowAlreadyStartedError:
                 continue
         raise RedriveError(
-            f"{root}-redrive-{first}..{first + MAX_REDRIVE_ID_TRIES - 1} are all taken"
+            f"{root}-redrive-{first}..{first + MAX_REDRIVE_ID_TRIES - 1} are all taken",
+            conflict=True,
         )
 
 
