@@ -175,6 +175,35 @@ CASES: dict[str, Case] = {
         code=EXIT_NOT_FOUND,
         says="not found",
     ),
+    "redrive-id-and-query": case(
+        "redrive", "{done}", "--query", "x = 'y'", code=EXIT_USAGE, says="not both"
+    ),
+    "redrive-query-dry-run": case(
+        "redrive",
+        "--query",
+        "AiworkerPipeline = 'none-such'",
+        "--dry-run",
+        code=EXIT_OK,
+        says="0 pipelines match",
+    ),
+    "cancel-unknown-id": case("cancel", "{missing}", code=EXIT_NOT_FOUND, says="not found"),
+    "cancel-ended": case("cancel", "{done}", code=EXIT_FAILED, says="already ended"),
+    "cancel-query-refused": case(
+        "cancel", "--query", "NoSuchAttribute = 'x'", code=EXIT_USAGE, says="refused the query"
+    ),
+    "cancel-query-unbalanced": case(
+        "cancel", "--query", "a = 'b') OR (1 = 1", code=EXIT_USAGE, says="unbalanced"
+    ),
+    "terminate-unknown-id": case("terminate", "{missing}", code=EXIT_NOT_FOUND, says="not found"),
+    "terminate-query-dry-run": case(
+        "terminate",
+        "--query",
+        "AiworkerPipeline = 'none-such'",
+        "--all-tenants",
+        "--dry-run",
+        code=EXIT_OK,
+        says="0 pipelines match",
+    ),
     "redrive-fails-again": case("redrive", "{failed}", code=EXIT_FAILED, says="redriving"),
     "artifacts-none": case("artifacts", "{missing}", code=EXIT_NOT_FOUND, says="no artifacts"),
     "artifacts-json": case("artifacts", "{missing}", "--json", code=EXIT_OK, says="[]"),

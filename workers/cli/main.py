@@ -36,6 +36,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiworker.workers.cli.bulk import cmd_cancel, cmd_terminate
 from aiworker.workers.cli.command_span import command_span
 from aiworker.workers.cli.common import (
     EXIT_FAILED,
@@ -254,6 +255,16 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
     from aiworker.workflows.redrive import describe_redrive
 
     inputs = redrive_inputs(args.step_input or [])  # bad --input: exit 2 before connecting
+    if (args.workflow_id is None) == (args.query is None):
+        err("aiworker redrive: give a workflow id or --query, not both or neither")
+        return EXIT_USAGE
+    if args.query is not None:
+        from aiworker.workers.cli.bulk import redrive_query
+
+        return await redrive_query(args, inputs)
+    if args.dry_run or args.all_tenants or args.tenant or args.yes:
+        err("--dry-run, --yes, --tenant and --all-tenants go with --query")
+        return EXIT_USAGE
     # The old run's input and result may sit in external storage.
     async with pipelines_session(
         args, f"aiworker redrive {args.workflow_id}", workflow_id=args.workflow_id
@@ -550,6 +561,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "items": cmd_items,
     "list": cmd_list,
     "redrive": cmd_redrive,
+    "cancel": cmd_cancel,
+    "terminate": cmd_terminate,
     "replay": cmd_replay,
     "review": cmd_review,
     "callback": cmd_callback,

@@ -251,8 +251,40 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     conn(ls)
 
+    def bulk(sp: argparse.ArgumentParser, action: str) -> None:
+        sp.add_argument(
+            "--query",
+            metavar="Q",
+            help=f"{action} every pipeline this visibility query matches (e.g. "
+            "\"AiworkerStatus = 'failed' AND StartTime > '2026-11-01T00:00:00Z'\"), "
+            "within --tenant (default: the default tenant) unless --all-tenants",
+        )
+        sp.add_argument("--tenant", type=tenant_name, help="with --query: the tenant's pipelines")
+        sp.add_argument(
+            "--all-tenants", action="store_true", help="with --query: every tenant's pipelines"
+        )
+        sp.add_argument(
+            "--dry-run", action="store_true", help="with --query: print the count and first ids"
+        )
+        sp.add_argument(
+            "--yes",
+            action="store_true",
+            help="with --query: do not ask for confirmation above the threshold",
+        )
+
+    for name, helptext in (
+        ("cancel", "cancel a running pipeline (or every one --query matches)"),
+        ("terminate", "terminate a running pipeline (or every one --query matches)"),
+    ):
+        st = sub.add_parser(name, help=helptext)
+        st.add_argument("workflow_id", nargs="?")
+        bulk(st, name)
+        st.add_argument("--reason", help="recorded with the termination (or batch job)")
+        conn(st)
+
     rd = sub.add_parser("redrive", help="run a failed pipeline again, reusing succeeded steps")
-    rd.add_argument("workflow_id")
+    rd.add_argument("workflow_id", nargs="?")
+    bulk(rd, "redrive")
     rd.add_argument(
         "--from",
         dest="from_step",
