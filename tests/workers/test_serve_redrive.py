@@ -110,3 +110,33 @@ async def test_a_refused_redrive_starts_nothing(http: httpx.AsyncClient, stack: 
     assert runs == []
     missing = await http.post("/v1/pipelines/no-such-run/redrive", json={}, headers=ci)
     error(missing, 404, "not_found")
+
+
+async def test_redrive_a_failed_run_and_not_a_running_one(
+    http: httpx.AsyncClient, stack: Stack
+) -> None:
+    ci = bearer("ci")
+    # the door's stack has an aggregator that always fails: the run ends failed
+    failing = {
+        "name": "api-redrive-failed",
+        "steps": [{"id": "a", "worker": "aggregator", "input": {"policy": "all", "branches": {}}}],
+    }
+    started = await http.post("/v1/pipelines", json=failing, headers=ci)
+    assert started.status_code == 201, started.text
+    wid = started.json()["workflow_id"]
+    done = await http.get(f"/v1/pipelines/{wid}/result", params={"timeout": 30}, headers=ci)
+    assert done.status_code == 200 and done.json()["status"] == "failed", done.text
+    again = await http.post(f"/v1/pipelines/{wid}/redrive", headers=ci)
+    assert again.status_code == 201, again.text
+    assert again.json()["workflow_id"] == f"{wid}-redrive-1"
+
+    waiting = {
+        "name": "api-redrive-running",
+        "steps": [{"id": "w", "wait": {"schema": {"type": "object"}, "timeout_seconds": 600}}],
+    }
+    running = await http.post("/v1/pipelines", json=waiting, headers=ci)
+    assert running.status_code == 201, running.text
+    rid = running.json()["workflow_id"]
+    refused = await http.post(f"/v1/pipelines/{rid}/redrive", json={"from": "w"}, headers=ci)
+    assert "still running" in error(refused, 409, "invalid_input")
+    await stack.client.get_workflow_handle(rid).terminate(reason="test done")
