@@ -671,7 +671,9 @@ class PipelineClient:
         live = (await self.worker_view()).specs
         workers = {**live, **await self.recorded_specs(workflow_id, run_id)}
         try:
-            parse_pipeline(pipeline, workers)
+            # off the event loop (a front door serves other requests meanwhile): the
+            # check compiles schemas and patterns, bounded by the caps but CPU work
+            await asyncio.to_thread(parse_pipeline, pipeline, workers)
         except PipelineSpecError as e:
             raise RedriveError(f"--input {from_step}: " + "; ".join(e.problems)) from None
 
