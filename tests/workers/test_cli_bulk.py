@@ -5,7 +5,10 @@ and visibility included) and an in-process worker stack."""
 from __future__ import annotations
 
 import asyncio
+import os
+import pty
 import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -17,7 +20,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.workers.cli.common import EXIT_OK, EXIT_USAGE
+from aiworker.workers.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from aiworker.workers.client.bulk import BULK_CONFIRM_THRESHOLD, scoped_query
 
 
@@ -35,6 +38,27 @@ async def cli(
 ) -> subprocess.CompletedProcess[str]:
     env = worker_env(client, settings, settings.data_dir)
     return await asyncio.to_thread(run_cli_module, args, env)
+
+
+def on_a_terminal(
+    args: list[str], client: Client, settings: Settings, answer: str
+) -> subprocess.CompletedProcess[str]:
+    """The CLI with a pseudo-terminal as stdin (so it asks), ``answer`` typed in."""
+    env = worker_env(client, settings, settings.data_dir)
+    leader, follower = pty.openpty()
+    try:
+        os.write(leader, answer.encode())
+        return subprocess.run(
+            [sys.executable, "-m", "aiworker.workers.cli.main", *args],
+            env=env,
+            stdin=follower,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    finally:
+        os.close(follower)
+        os.close(leader)
 
 
 async def listed(client: Client, query: str, n: int) -> None:
@@ -118,6 +142,12 @@ async def test_terminate_above_the_threshold_needs_yes(client: Client, settings:
         asked = await cli(args, client, settings)
         assert asked.returncode == EXIT_USAGE, asked.stderr
         assert f"{n} pipelines match" in asked.stdout and "--yes" in asked.stderr
+        assert set(await statuses(client, ids)) == {WorkflowExecutionStatus.RUNNING}
+        # on a terminal it asks; "n" does nothing (exit 1)
+        declined = await asyncio.to_thread(on_a_terminal, args, client, settings, "n\n")
+        assert declined.returncode == EXIT_FAILED, declined.stderr
+        assert f"terminate {n} pipelines of ALL tenants? [y/N]" in declined.stderr
+        assert "nothing done" in declined.stderr
         assert set(await statuses(client, ids)) == {WorkflowExecutionStatus.RUNNING}
         done = await cli([*args, "--yes"], client, settings)
         assert done.returncode == EXIT_OK, done.stderr
