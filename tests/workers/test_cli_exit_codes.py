@@ -194,6 +194,9 @@ CASES: dict[str, Case] = {
     "cancel-query-unbalanced": case(
         "cancel", "--query", "a = 'b') OR (1 = 1", code=EXIT_USAGE, says="unbalanced"
     ),
+    "terminate-not-a-pipeline": case(
+        "terminate", "{other}", code=EXIT_USAGE, says="not a pipeline"
+    ),
     "terminate-unknown-id": case("terminate", "{missing}", code=EXIT_NOT_FOUND, says="not found"),
     "terminate-query-dry-run": case(
         "terminate",

@@ -86,7 +86,13 @@ async def _stop(args: argparse.Namespace, action: str) -> int:
         ) as pipelines:
             handle = pipelines.get_handle(args.workflow_id)
             # the server takes a cancel request for an ended run without a word
-            status = (await handle.describe()).status
+            desc = await handle.describe()
+            if desc.workflow_type != names.PIPELINE_WORKFLOW:
+                # aiworker's own workflows (limiters, breakers, the registry) are not
+                # the user's to stop from here: `temporal workflow ...` can
+                err(f"{args.workflow_id} is a {desc.workflow_type} workflow, not a pipeline")
+                return EXIT_USAGE
+            status = desc.status
             if status != WorkflowExecutionStatus.RUNNING:
                 ended = status.name.lower() if status else "ended"
                 err(
