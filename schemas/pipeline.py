@@ -238,13 +238,19 @@ class ResumeFrom(Model):
     """Redrive: reuse the outputs of steps that succeeded in an earlier run.
 
     ``workflow_id`` is the first run's id: idempotency keys keep using it so
-    that a redriven publish is recognised as already done.
+    that a redriven publish is recognised as already done, unless ``new_keys``.
     """
 
     workflow_id: str = Field(min_length=1, description="the first run's workflow id")
     run_id: str | None = Field(default=None, description="the first run's run id")
     steps: dict[str, StepResult] = Field(
         default_factory=dict, description="results reused as they are, by step id"
+    )
+    new_keys: bool = Field(
+        default=False,
+        description="the steps that run again take idempotency keys under the new run's id "
+        "(`aiworker redrive --new-idempotency-keys`); false: the first run's, so an effect "
+        "already done is recognised as done",
     )
 
 

@@ -345,7 +345,12 @@ class PipelineWorkflow(PermitSignals):
             workers=specs,
             board=self._board,
             ledger=ledger,
-            key_base=spec.resume_from.workflow_id if spec.resume_from else info.workflow_id,
+            # only a redrive that set new_keys (a new field) takes this run's id
+            key_base=(
+                spec.resume_from.workflow_id
+                if spec.resume_from and not spec.resume_from.new_keys
+                else info.workflow_id
+            ),
             queue_suffix=names.queue_suffix_of(info.task_queue),
             trace_id=started_in.trace_id if started_in else generated,
             limits=PipelineLimits(

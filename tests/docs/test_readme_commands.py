@@ -192,6 +192,18 @@ EXPECT: dict[str, tuple[Before | None, Check]] = {
             rc=1,
         ),
     ),
+    # rerun from the failed step with a corrected input: `first` reused, `prices` passes
+    # (the key as shlex splits the line: the shell's quotes are gone)
+    ".venv/bin/aiworker redrive broken-run --from prices --input "
+    'prices={"data": [{"title": "Toaster", "price": 24}], "gate": true, "schema": '
+    '{"type": "array", "items": {"properties": {"price": {"type": "number"}}}}}': (
+        None,
+        matches(
+            r"^  first +\S+ +succeeded \(reused\) +",
+            r"^  prices +\S+ +succeeded +",
+            r"^workflow: broken-run-redrive-2$",
+        ),
+    ),
 }
 
 # `aiworker check` needs no server: its own test, so that it can be run alone.

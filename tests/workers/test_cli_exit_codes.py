@@ -140,6 +140,73 @@ CASES: dict[str, Case] = {
     ),
     "redrive-unknown-id": case("redrive", "{missing}", code=EXIT_NOT_FOUND, says="not found"),
     "redrive-succeeded": case("redrive", "{done}", code=EXIT_USAGE, says="nothing to redrive"),
+    "redrive-from-unknown-step": case(
+        "redrive", "{done}", "--from", "nope", code=EXIT_USAGE, says="no top-level step"
+    ),
+    "redrive-input-not-json": case(
+        "redrive", "{done}", "--from", "v", "--input", "v={", code=EXIT_USAGE, says="not JSON"
+    ),
+    "redrive-input-other-step": case(
+        "redrive",
+        "{done}",
+        "--from",
+        "v",
+        "--input",
+        "w={}",
+        code=EXIT_USAGE,
+        says="only the --from step",
+    ),
+    "redrive-input-off-schema": case(
+        "redrive",
+        "{done}",
+        "--from",
+        "v",
+        "--input",
+        'v={"schema": {}}',
+        code=EXIT_USAGE,
+        says="--input v:",
+    ),
+    "redrive-new-keys-unknown-id": case(
+        "redrive",
+        "{missing}",
+        "--from",
+        "v",
+        "--new-idempotency-keys",
+        code=EXIT_NOT_FOUND,
+        says="not found",
+    ),
+    "redrive-id-and-query": case(
+        "redrive", "{done}", "--query", "x = 'y'", code=EXIT_USAGE, says="not both"
+    ),
+    "redrive-query-dry-run": case(
+        "redrive",
+        "--query",
+        "AiworkerPipeline = 'none-such'",
+        "--dry-run",
+        code=EXIT_OK,
+        says="0 pipelines match",
+    ),
+    "cancel-unknown-id": case("cancel", "{missing}", code=EXIT_NOT_FOUND, says="not found"),
+    "cancel-ended": case("cancel", "{done}", code=EXIT_FAILED, says="already ended"),
+    "cancel-query-refused": case(
+        "cancel", "--query", "NoSuchAttribute = 'x'", code=EXIT_USAGE, says="refused the query"
+    ),
+    "cancel-query-unbalanced": case(
+        "cancel", "--query", "a = 'b') OR (1 = 1", code=EXIT_USAGE, says="unbalanced"
+    ),
+    "terminate-not-a-pipeline": case(
+        "terminate", "{other}", code=EXIT_USAGE, says="not a pipeline"
+    ),
+    "terminate-unknown-id": case("terminate", "{missing}", code=EXIT_NOT_FOUND, says="not found"),
+    "terminate-query-dry-run": case(
+        "terminate",
+        "--query",
+        "AiworkerPipeline = 'none-such'",
+        "--all-tenants",
+        "--dry-run",
+        code=EXIT_OK,
+        says="0 pipelines match",
+    ),
     "redrive-fails-again": case("redrive", "{failed}", code=EXIT_FAILED, says="redriving"),
     "artifacts-none": case("artifacts", "{missing}", code=EXIT_NOT_FOUND, says="no artifacts"),
     "artifacts-json": case("artifacts", "{missing}", "--json", code=EXIT_OK, says="[]"),

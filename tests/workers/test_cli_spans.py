@@ -42,6 +42,8 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "review": ["review", "no-such-run", "approve"],
         "list": ["list", "--limit", "1"],
         "redrive": ["redrive", "no-such-run"],
+        "cancel": ["cancel", "no-such-run"],
+        "terminate": ["terminate", "no-such-run"],
         "workers": ["workers"],
         "artifacts": ["artifacts", "no-such-run"],
         "items": ["items", "no-such-run", "step"],

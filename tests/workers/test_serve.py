@@ -286,6 +286,7 @@ async def test_probes_and_the_openapi_document(http: httpx.AsyncClient) -> None:
         ("/v1/pipelines/{workflow_id}/result", "get"),
         ("/v1/pipelines/{workflow_id}/steps/{step}/items", "get"),
         ("/v1/pipelines/{workflow_id}/review", "post"),
+        ("/v1/pipelines/{workflow_id}/redrive", "post"),
         ("/v1/pipelines/{workflow_id}/events", "get"),
         ("/v1/pipelines/{workflow_id}/live", "get"),
         ("/v1/callbacks/{token}", "post"),

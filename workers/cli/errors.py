@@ -117,6 +117,7 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
     Returns:
         The message (without the ``aiworker:`` prefix) and the exit code.
     """
+    from aiworker.workers.client.bulk import BulkQueryError
     from aiworker.workers.client.client import RedriveError
     from aiworker.workers.client.step_items import StepItemsError
     from aiworker.workers.schedules.schedules import ScheduleExistsError
@@ -130,6 +131,8 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
         return Failure(str(e), EXIT_USAGE)
     if isinstance(e, RedriveError):
         return Failure(f"cannot redrive: {e}", EXIT_USAGE)
+    if isinstance(e, BulkQueryError):
+        return Failure(str(e), EXIT_USAGE)
     if isinstance(e, StepItemsError):
         return Failure(f"{_subject(args)}: {e} ({e.code.value})", _items_exit(e))
     if isinstance(e, TemporalUnreachableError):

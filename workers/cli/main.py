@@ -36,6 +36,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiworker.workers.cli.bulk import cmd_cancel, cmd_terminate
 from aiworker.workers.cli.command_span import command_span
 from aiworker.workers.cli.common import (
     EXIT_FAILED,
@@ -226,16 +227,55 @@ async def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def redrive_inputs(given: list[str]) -> dict[str, Any]:
+    """``--input STEP=JSON`` values by step.
+
+    Raises:
+        RedriveError: one is not ``STEP=JSON``, its JSON does not parse, or a
+            step is given twice (exit 2, nothing started).
+    """
+    from aiworker.workers.client.client import RedriveError
+
+    out: dict[str, Any] = {}
+    for item in given:
+        step, sep, text = item.partition("=")
+        if not sep or not step:
+            raise RedriveError(f"--input {item!r}: expected STEP=JSON")
+        if step in out:
+            raise RedriveError(f"--input {step}: given twice")
+        try:
+            out[step] = json.loads(text)
+        except ValueError as e:
+            raise RedriveError(f"--input {step}: not JSON ({e})") from None
+    return out
+
+
 async def cmd_redrive(args: argparse.Namespace) -> int:
     """``aiworker redrive ID``: run a failed pipeline again, reusing what succeeded."""
     from aiworker.workflows.redrive import describe_redrive
 
+    inputs = redrive_inputs(args.step_input or [])  # bad --input: exit 2 before connecting
+    if (args.workflow_id is None) == (args.query is None):
+        err("aiworker redrive: give a workflow id or --query, not both or neither")
+        return EXIT_USAGE
+    if args.query is not None:
+        from aiworker.workers.cli.bulk import redrive_query
+
+        return await redrive_query(args, inputs)
+    if args.dry_run or args.all_tenants or args.tenant or args.yes:
+        err("--dry-run, --yes, --tenant and --all-tenants go with --query")
+        return EXIT_USAGE
     # The old run's input and result may sit in external storage.
     async with pipelines_session(
         args, f"aiworker redrive {args.workflow_id}", workflow_id=args.workflow_id
     ) as pipelines:
         # RedriveError (running, succeeded, not a pipeline): one line and exit 2 in `main`
-        pipeline = await pipelines.redrive_input(args.workflow_id)
+        pipeline = await pipelines.redrive_input(
+            args.workflow_id,
+            from_step=args.from_step,
+            inputs=inputs,
+            new_idempotency_keys=args.new_idempotency_keys,
+        )
         if why := unknown_fields(args, pipeline):
             err(why)
             return EXIT_USAGE
@@ -521,6 +561,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "items": cmd_items,
     "list": cmd_list,
     "redrive": cmd_redrive,
+    "cancel": cmd_cancel,
+    "terminate": cmd_terminate,
     "replay": cmd_replay,
     "review": cmd_review,
     "callback": cmd_callback,

@@ -251,8 +251,60 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     conn(ls)
 
+    def bulk(sp: argparse.ArgumentParser, action: str) -> None:
+        sp.add_argument(
+            "--query",
+            metavar="Q",
+            help=f"{action} every pipeline this visibility query matches (e.g. "
+            "\"AiworkerStatus = 'failed' AND StartTime > '2026-11-01T00:00:00Z'\"), "
+            "within --tenant (default: the default tenant) unless --all-tenants",
+        )
+        sp.add_argument("--tenant", type=tenant_name, help="with --query: the tenant's pipelines")
+        sp.add_argument(
+            "--all-tenants", action="store_true", help="with --query: every tenant's pipelines"
+        )
+        sp.add_argument(
+            "--dry-run", action="store_true", help="with --query: print the count and first ids"
+        )
+        sp.add_argument(
+            "--yes",
+            action="store_true",
+            help="with --query: do not ask for confirmation above the threshold",
+        )
+
+    for name, helptext in (
+        ("cancel", "cancel a running pipeline (or every one --query matches)"),
+        ("terminate", "terminate a running pipeline (or every one --query matches)"),
+    ):
+        st = sub.add_parser(name, help=helptext)
+        st.add_argument("workflow_id", nargs="?")
+        bulk(st, name)
+        st.add_argument("--reason", help="recorded with the termination (or batch job)")
+        conn(st)
+
     rd = sub.add_parser("redrive", help="run a failed pipeline again, reusing succeeded steps")
-    rd.add_argument("workflow_id")
+    rd.add_argument("workflow_id", nargs="?")
+    bulk(rd, "redrive")
+    rd.add_argument(
+        "--from",
+        dest="from_step",
+        metavar="STEP",
+        help="rerun STEP and everything downstream of it (also after a success), reusing the rest",
+    )
+    rd.add_argument(
+        "--input",
+        dest="step_input",
+        action="append",
+        metavar="STEP=JSON",
+        help="a corrected input (a JSON object) for the --from step, checked against its "
+        "worker's input schema as the run recorded it",
+    )
+    rd.add_argument(
+        "--new-idempotency-keys",
+        action="store_true",
+        help="steps that run again take new idempotency keys (side effects happen again); "
+        "default: the first run's keys",
+    )
     rd.add_argument("--no-wait", action="store_true", help="print the new workflow id and return")
     rd.add_argument("--json", action="store_true", help=JSON_RESULT_HELP)
     rd.add_argument("--field", action="append", metavar="FIELD", help=FIELD_HELP)

@@ -35,12 +35,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
+import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -56,7 +58,9 @@ from aiworker.schemas import names
 from aiworker.schemas.callbacks import CallbackRequest
 from aiworker.schemas.causes import PipelineError
 from aiworker.schemas.errors import ErrorCode
+from aiworker.schemas.limits import RunConfig
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
+from aiworker.schemas.pipeline_check import PipelineSpecError, parse_pipeline
 from aiworker.schemas.priority import start_priority
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.client import visibility as visibility
@@ -95,13 +99,23 @@ VIEW_MAX_AGE_SECONDS = 5.0
 # Ids a redrive tries past the highest one visibility lists before it gives up.
 MAX_REDRIVE_ID_TRIES = 100
 
+# How many of a run's first history events are read for its run config (it is
+# recorded in the first workflow task: started, task events, then the marker).
+RUN_CONFIG_EVENTS = 50
+
 PipelineHandle: TypeAlias = WorkflowHandle[PipelineWorkflow, PipelineResult]
 """The handle of one pipeline run; ``await handle.result()`` is a ``PipelineResult``."""
 
 
 class RedriveError(RuntimeError):
     """The pipeline cannot be redriven (still running, it succeeded, or it is another
-    tenant's); the message says why."""
+    tenant's), or the redrive asked is invalid (``--from``, ``--input``); the message
+    says why. ``conflict``: the run's state refuses it (running, nothing to redrive,
+    no free id), not the request (the front door's 409 rather than 400)."""
+
+    def __init__(self, message: str, *, conflict: bool = False) -> None:
+        super().__init__(message)
+        self.conflict = conflict
 
 
 class PipelineClient:
@@ -552,7 +566,15 @@ class PipelineClient:
         _, steps = await self.step_results(workflow_id, desc.run_id)
         return await read_items(self.settings, owner, step_id, steps.get(step_id))
 
-    async def redrive_input(self, workflow_id: str, tenant: str | None = None) -> dict[str, Any]:
+    async def redrive_input(
+        self,
+        workflow_id: str,
+        tenant: str | None = None,
+        from_step: str | None = None,
+        *,
+        inputs: Mapping[str, Any] | None = None,
+        new_idempotency_keys: bool = False,
+    ) -> dict[str, Any]:
         """The input of a new run that reuses the steps a failed run finished.
 
         The original pipeline comes from the first event of the failed run's
@@ -563,30 +585,59 @@ class PipelineClient:
         tenant), must be the failed run's: its outputs are read here. The new
         run checks the same again at its start, however it was started.
 
+        ``from_step`` (``aiworker redrive ID --from STEP``): rerun that top-level
+        step and everything downstream of it even after a success; its recorded
+        result is left out of ``resume_from``, so
+        :func:`~aiworker.workflows.redrive.plan_redrive` reruns it and its
+        dependents and reuses the rest (same mechanism, no second one).
+
+        ``inputs`` (``--input STEP=JSON``): a corrected input for ``from_step``
+        (the only step it may name), checked before anything starts against the
+        worker specs the run recorded at its start (its run config), and for a
+        worker it did not record, the live registry's (:meth:`recorded_specs`).
+
+        ``new_idempotency_keys``: the steps that run again use keys under the
+        new run's id instead of the first run's, so a side-effect step (publish)
+        does its effect again; by default they keep the first run's keys and an
+        effect already done is recognised as done.
+
         Raises:
-            RedriveError: the pipeline is still running, it succeeded, or it
-                is not ``tenant``'s.
+            RedriveError: the pipeline is still running, it succeeded (without
+                ``from_step``), it is not ``tenant``'s, ``from_step`` is not
+                one of its top-level steps, or ``inputs`` names another step or
+                fails its worker's input schema.
         """
         handle = self.get_handle(workflow_id)
         desc = await handle.describe()
         if desc.workflow_type != names.PIPELINE_WORKFLOW:
             raise RedriveError(f"{workflow_id} is a {desc.workflow_type} workflow, not a pipeline")
         if desc.status == WorkflowExecutionStatus.RUNNING:
-            raise RedriveError(f"{workflow_id} is still running; cancel it or wait")
+            raise RedriveError(f"{workflow_id} is still running; cancel it or wait", conflict=True)
         started = await self.started_input(workflow_id, desc.run_id)
         if started is None:
             raise RedriveError(f"{workflow_id} has no history to redrive from")
         pipeline = started
         if tenant is not None and pipeline.get("tenant", names.DEFAULT_TENANT) != tenant:
             raise RedriveError(f"{workflow_id} is not a pipeline of tenant {tenant!r}")
+        if from_step is not None:
+            top = [s.get("id") for s in pipeline.get("steps", []) if isinstance(s, dict)]
+            if from_step not in top:
+                raise RedriveError(
+                    f"--from {from_step!r}: {workflow_id} has no top-level step of that id "
+                    f"(steps: {', '.join(str(t) for t in top)}; a for_each child or item "
+                    "cannot be rerun on its own)"
+                )
+        if inputs:
+            await self._corrected_input(pipeline, workflow_id, desc.run_id, from_step, inputs)
         status, steps = await self.step_results(workflow_id, desc.run_id)
-        if status == "succeeded":
-            raise RedriveError(f"{workflow_id} succeeded; nothing to redrive")
+        if status == "succeeded" and from_step is None:
+            raise RedriveError(f"{workflow_id} succeeded; nothing to redrive", conflict=True)
         # a for_each stopped by its tolerated_failures keeps its succeeded items too
         reuse = {
             sid: r
             for sid, r in steps.items()
             if isinstance(r, dict)
+            and sid != from_step
             and (
                 r.get("status") in names.OK_STATUSES
                 or r.get("error_code") == ErrorCode.TOO_MANY_FAILURES.value
@@ -595,9 +646,87 @@ class PipelineClient:
         previous = pipeline.get("resume_from") or {}
         root = previous.get("workflow_id") or workflow_id
         pipeline["resume_from"] = {"workflow_id": root, "run_id": desc.run_id, "steps": reuse}
+        if new_idempotency_keys:
+            pipeline["resume_from"]["new_keys"] = True
         return pipeline
 
-    async def redrive(self, workflow_id: str, tenant: str | None = None) -> PipelineHandle:
+    async def _corrected_input(
+        self,
+        pipeline: dict[str, Any],
+        workflow_id: str,
+        run_id: str | None,
+        from_step: str | None,
+        inputs: Mapping[str, Any],
+    ) -> None:
+        """Put ``inputs[from_step]`` in as that step's input, checked first."""
+        others = sorted(set(inputs) - {from_step}) if from_step else sorted(inputs)
+        if from_step is None or others:
+            named = ", ".join(repr(str(k)) for k in others)
+            raise RedriveError(
+                f"--input {named}: only the --from step can take a corrected input"
+                + (f" (--from {from_step!r})" if from_step else " (no --from given)")
+            )
+        value = inputs[from_step]
+        if not isinstance(value, dict):
+            raise RedriveError(
+                f"--input {from_step}: the input must be a JSON object, not {type(value).__name__}"
+            )
+        step = next(s for s in pipeline["steps"] if s.get("id") == from_step)
+        step["input"] = value
+        # the run's record wins; the live registry's for a worker it did not record
+        live = (await self.worker_view()).specs
+        workers = {**live, **await self.recorded_specs(workflow_id, run_id)}
+        try:
+            # off the event loop (a front door serves other requests meanwhile): the
+            # check compiles schemas and patterns, bounded by the caps but CPU work
+            await asyncio.to_thread(parse_pipeline, pipeline, workers)
+        except PipelineSpecError as e:
+            raise RedriveError(f"--input {from_step}: " + "; ".join(e.problems)) from None
+
+    async def recorded_specs(
+        self, workflow_id: str, run_id: str | None = None
+    ) -> dict[str, WorkerSpec]:
+        """The worker specs a run decides from, as its run config recorded them at
+        its start (the ``run-config`` local activity's result in its history,
+        :mod:`aiworker.schemas.recorded`); empty for a run started before specs
+        were recorded. Only the first events are read: the run config is the
+        first thing a run waits for."""
+        handle = self.get_handle(workflow_id, run_id)
+        recorded: dict[str, WorkerSpec] = {}
+        seen = 0
+        async for event in handle.fetch_history_events(page_size=RUN_CONFIG_EVENTS):
+            seen += 1
+            if seen > RUN_CONFIG_EVENTS:
+                break
+            if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
+                continue
+            attrs = event.marker_recorded_event_attributes
+            data = attrs.details.get("data")
+            result = attrs.details.get("result")
+            if data is None or result is None or not data.payloads:
+                continue
+            try:
+                kind = json.loads(data.payloads[0].data).get("activity_type")
+            except ValueError:
+                continue
+            if kind != names.RUN_CONFIG:
+                continue
+            decoded = await self.temporal.data_converter.decode(result.payloads)
+            if decoded and isinstance(decoded[0], dict):
+                config = RunConfig.model_validate(decoded[0])
+                recorded = dict(config.specs)
+            break
+        return recorded
+
+    async def redrive(
+        self,
+        workflow_id: str,
+        tenant: str | None = None,
+        from_step: str | None = None,
+        *,
+        inputs: Mapping[str, Any] | None = None,
+        new_idempotency_keys: bool = False,
+    ) -> PipelineHandle:
         """Start the failed pipeline ``workflow_id`` again: its succeeded steps are
         reused, the rest runs again, a for_each only its failed items
         (:func:`~aiworker.workflows.redrive.plan_redrive`; ``tenant``: see
@@ -610,7 +739,15 @@ class PipelineClient:
             RedriveError: the pipeline is still running, it succeeded, or it
                 is not ``tenant``'s.
         """
-        return await self.start_redrive(await self.redrive_input(workflow_id, tenant))
+        return await self.start_redrive(
+            await self.redrive_input(
+                workflow_id,
+                tenant,
+                from_step=from_step,
+                inputs=inputs,
+                new_idempotency_keys=new_idempotency_keys,
+            )
+        )
 
     async def start_redrive(self, pipeline: Mapping[str, Any]) -> PipelineHandle:
         """Start a redrive input (:meth:`redrive_input`) as ``<first id>-redrive-<n>``.
@@ -637,7 +774,8 @@ class PipelineClient:
             except WorkflowAlreadyStartedError:
                 continue
         raise RedriveError(
-            f"{root}-redrive-{first}..{first + MAX_REDRIVE_ID_TRIES - 1} are all taken"
+            f"{root}-redrive-{first}..{first + MAX_REDRIVE_ID_TRIES - 1} are all taken",
+            conflict=True,
         )
 
 
@@ -669,6 +807,16 @@ async def list_pipelines(client: Client, **filters: Any) -> list[dict[str, Any]]
     return [row.to_json() for row in rows]
 
 
-async def redrive(client: Client, settings: Settings, workflow_id: str) -> PipelineHandle:
+async def redrive(
+    client: Client,
+    settings: Settings,
+    workflow_id: str,
+    from_step: str | None = None,
+    *,
+    inputs: Mapping[str, Any] | None = None,
+    new_idempotency_keys: bool = False,
+) -> PipelineHandle:
     """:meth:`PipelineClient.redrive` on ``client``."""
-    return await PipelineClient(client, settings).redrive(workflow_id)
+    return await PipelineClient(client, settings).redrive(
+        workflow_id, from_step=from_step, inputs=inputs, new_idempotency_keys=new_idempotency_keys
+    )

@@ -7,6 +7,7 @@ An ASGI app on FastAPI, served by uvicorn::
     GET  /v1/pipelines/{id}/result     the outcome, waiting at most ?timeout= seconds
     GET  /v1/pipelines/{id}/steps/{step}/items  a for_each step's items (inline or by reference)
     POST /v1/pipelines/{id}/review     the review Update (approve | reject | retry)
+    POST /v1/pipelines/{id}/redrive    run it again ({"from", "input", "new_idempotency_keys"})
     GET  /v1/pipelines/{id}/events     live events (server-sent events; frontdoor/events.py)
     GET  /v1/pipelines/{id}/live       a page that shows them
     POST /v1/callbacks/{token}         complete or fail a wait step's token (the callback Update)
@@ -71,6 +72,7 @@ from aiworker.workers.frontdoor.http import install_error_handlers, read_body, u
 from aiworker.workers.frontdoor.service import (
     MAX_RESULT_WAIT_SECONDS,
     FrontDoor,
+    RedriveRequest,
     ReviewRequest,
     Service,
 )
@@ -199,6 +201,28 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
     async def review(workflow_id: str, request: Request, key: Caller) -> dict[str, Any]:
         body = await read_body(request, door.settings.serve_max_body_bytes)
         return await service.review(workflow_id, key, body)
+
+    @app.post(
+        "/v1/pipelines/{workflow_id}/redrive",
+        status_code=201,
+        responses={
+            409: {"description": "still running, or succeeded and no `from` given"},
+            **errors,
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": False,
+                "content": {
+                    "application/json": {"schema": RedriveRequest.model_json_schema(by_alias=True)}
+                },
+            }
+        },
+        summary="Run a pipeline again, from a chosen step (with a corrected input) or "
+        "its failed steps",
+    )
+    async def redrive(workflow_id: str, request: Request, key: Caller) -> JSONResponse:
+        body = await read_body(request, door.settings.serve_max_body_bytes)
+        return await service.redrive(workflow_id, key, body)
 
     callback_errors = {
         404: {"description": "unknown token (or another tenant's)"},

@@ -1,6 +1,6 @@
 """The front door's operations (:mod:`aiworker.workers.frontdoor.serve` routes to them):
 start once per idempotency key, describe, wait for a result, read a for_each
-step's items, review, webhooks.
+step's items, review, redrive, webhooks.
 
 Each takes the caller's :class:`~aiworker.workers.frontdoor.auth.ApiKey` (the
 tenant it acts for) and answers with JSON or raises an
@@ -40,7 +40,7 @@ from aiworker.schemas.messages import type_name
 from aiworker.schemas.pipeline_check import PipelineSpecError
 from aiworker.workers.client.callbacks import UNKNOWN as UNKNOWN_TOKEN
 from aiworker.workers.client.callbacks import CallbackError, run_of, send_callback
-from aiworker.workers.client.client import PipelineClient
+from aiworker.workers.client.client import PipelineClient, RedriveError
 from aiworker.workers.client.step_items import ItemsPartError, StepItemsError
 from aiworker.workers.frontdoor.auth import (
     ApiKey,
@@ -112,6 +112,30 @@ class ReviewRequest(BaseModel):
     )
     note: str | None = Field(default=None, max_length=10_000)
     step: str | None = Field(default=None, description="the step, when several await review")
+
+
+class RedriveRequest(BaseModel):
+    """The body of ``POST /v1/pipelines/{id}/redrive`` (as ``aiworker redrive`` takes
+    it; may be empty: a failed run again, reusing what succeeded)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    from_step: str | None = Field(
+        default=None,
+        alias="from",
+        max_length=100,
+        description="rerun this top-level step and everything downstream of it "
+        "(also after a success), reusing the rest",
+    )
+    input: dict[str, dict[str, Any]] | None = Field(
+        default=None,
+        description="{STEP: input}: a corrected input for the `from` step, checked "
+        "against its worker's input schema as the run recorded it",
+    )
+    new_idempotency_keys: bool = Field(
+        default=False,
+        description="steps that run again take new idempotency keys (their side effects "
+        "happen again); default: the first run's",
+    )
 
 
 def reviewer_name(given: str | None, key: ApiKey) -> str:
@@ -398,6 +422,51 @@ class Service:
             cause = e.cause
             message = getattr(cause, "message", None) or str(cause)
             raise ApiError(409, ErrorCode.INVALID_INPUT, f"review refused: {message}") from None
+
+    async def redrive(self, workflow_id: str, key: ApiKey, body: bytes) -> JSONResponse:
+        """``POST /v1/pipelines/{id}/redrive``: the run again as ``<first id>-redrive-<n>``
+        (:meth:`PipelineClient.redrive_input`), for the key's tenant only; 201 with
+        the new run, 400 for a bad ``from`` or ``input`` (nothing started), 409 when
+        the run is running or succeeded without ``from``."""
+        raw = parse_json(body, self.max_depth) if body.strip() else {}
+        try:
+            req = RedriveRequest.model_validate(raw)
+        except ValidationError as e:
+            raise validation_error(e.errors(), raw, "body") from None
+        desc = await self.owned(workflow_id, key)
+        pipelines = self.door.pipelines
+        try:
+            # a failed workflow's steps come from a query a worker answers by replay:
+            # do not hold the caller past a result's longest wait
+            pipeline = await asyncio.wait_for(
+                pipelines.redrive_input(
+                    workflow_id,
+                    key.tenant,
+                    from_step=req.from_step,
+                    inputs=req.input,
+                    new_idempotency_keys=req.new_idempotency_keys,
+                ),
+                MAX_RESULT_WAIT_SECONDS,
+            )
+            handle = await pipelines.start_redrive(pipeline)
+        except RedriveError as e:
+            status = 409 if e.conflict else 400
+            raise ApiError(status, ErrorCode.INVALID_INPUT, f"cannot redrive: {e}") from None
+        except TimeoutError:
+            raise ApiError(
+                503, ErrorCode.TIMEOUT, f"pipeline {workflow_id!r} did not answer in time"
+            ) from None
+        log.info("redrove %s as %s for tenant %s", workflow_id, handle.id, key.tenant)
+        doc = {
+            "workflow_id": handle.id,
+            "run_id": handle.result_run_id,
+            "redriven_from": workflow_id,
+            "redriven_run_id": desc.run_id,
+            "pipeline": pipeline.get("name"),
+            "tenant": key.tenant,
+            "status": "queued",
+        }
+        return _started(doc, 201)
 
     async def callback(
         self, token: str, key: ApiKey, body: bytes, heartbeat: bool = False
