@@ -364,6 +364,8 @@ def step_problems(
     if spec.concurrency is not None:
         key = spec.concurrency.key
         out.extend(_ref_problems(spec, shapes, (None, None), "concurrency.key", key))
+    if spec.flow is not None:
+        out.extend(_ref_problems(spec, shapes, (None, None), "flow.key", spec.flow.key))
     return out
 
 
