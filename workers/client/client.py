@@ -61,6 +61,7 @@ from aiworker.schemas.priority import start_priority
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.client import visibility as visibility
 from aiworker.workers.client.callbacks import CallbackError, send_callback
+from aiworker.workers.client.flow_start import FlowRefusedError, FlowStart, plan_flow_start
 from aiworker.workers.client.step_items import StepItemsError, read_items, spec_step
 from aiworker.workers.client.temporal_client import TemporalUnreachableError, connect
 from aiworker.workers.client.visibility import PipelineSummary, list_query
@@ -249,6 +250,9 @@ class PipelineClient:
         """
         if check:
             await self.check_live(pipeline)
+        flow = plan_flow_start(pipeline)
+        if flow is not None:
+            return await self._start_with_flow(pipeline, flow)
         name = str(pipeline.get("name") or "pipeline")
         return await self.temporal.start_workflow(
             PipelineWorkflow.run,
@@ -257,6 +261,26 @@ class PipelineClient:
             id_reuse_policy=id_reuse_policy,
             **self.start_options(pipeline),
         )
+
+    async def _start_with_flow(
+        self, pipeline: Mapping[str, Any], flow: FlowStart
+    ) -> PipelineHandle:
+        """Start under the pipeline's ``flow`` (:mod:`.flow_start`): the keyed id wins
+        over a caller's ``workflow_id``.
+
+        Raises:
+            FlowRefusedError: ``singleton: refuse`` and a run holds the key.
+        """
+        try:
+            return await self.temporal.start_workflow(
+                PipelineWorkflow.run,
+                dict(pipeline),
+                id=flow.workflow_id,
+                id_conflict_policy=flow.id_conflict_policy,
+                **self.start_options(pipeline),
+            )
+        except WorkflowAlreadyStartedError as e:
+            raise FlowRefusedError(flow.key, flow.workflow_id, e.run_id) from e
 
     def start_options(self, pipeline: Mapping[str, Any]) -> dict[str, Any]:
         """How every run of ``pipeline`` starts, by :meth:`start` or by a schedule's

@@ -1,0 +1,76 @@
+"""Flow control at the shared start path (PipelineClient.start) on the real dev server.
+
+No worker polls the test's fresh queue, so a started run stays running and holds
+its key for the whole test: no timing is involved.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+
+from aiworker.config.settings import Settings
+from aiworker.schemas import names
+from aiworker.schemas.pipeline_check import PipelineSpecError
+from aiworker.workers.client.client import PipelineClient
+from aiworker.workers.client.flow_start import FlowRefusedError
+
+
+def _pipeline(name: str, customer: Any, flow: dict[str, Any] | None) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "name": name,
+        "tenant": "acme",
+        "inputs": {"customer": customer, "doc": {"title": "t"}},
+        "steps": [
+            {
+                "id": "check",
+                "worker": names.VALIDATOR,
+                "input": {"data": "${{ inputs.doc }}", "schema": {"required": ["title"]}},
+            }
+        ],
+    }
+    if flow is not None:
+        raw["flow"] = {"key": "${{ inputs.customer }}", **flow}
+    return raw
+
+
+async def test_singleton_refuse_refuses_a_second_start_for_the_same_key(
+    client: Client, settings: Settings
+) -> None:
+    pc = PipelineClient(client, settings)
+    name = f"flow-{uuid.uuid4().hex[:8]}"
+    flow = {"singleton": "refuse"}
+    first = await pc.start(_pipeline(name, "c1", flow), check=False)
+    try:
+        assert first.id == f"flow/acme/{name}/c1"
+        with pytest.raises(FlowRefusedError) as refused:
+            await pc.start(_pipeline(name, "c1", flow), check=False)
+        assert refused.value.workflow_id == first.id
+        assert refused.value.run_id == first.result_run_id
+        assert "holds flow key 'c1'" in str(refused.value)
+        other = await pc.start(_pipeline(name, "c2", flow), check=False)
+        assert other.id == f"flow/acme/{name}/c2"
+        await other.terminate("test over")
+    finally:
+        await first.terminate("test over")
+
+
+@pytest.mark.parametrize("customer", [None, "", "x" * 201])
+async def test_a_key_that_resolves_to_nothing_or_too_much_starts_nothing(
+    client: Client, settings: Settings, customer: Any
+) -> None:
+    pc = PipelineClient(client, settings)
+    with pytest.raises(PipelineSpecError, match=r"flow\.key"):
+        await pc.start(_pipeline("flow-bad", customer, {"singleton": "refuse"}), check=False)
+
+
+async def test_a_mode_not_enforced_yet_is_refused_not_ignored(
+    client: Client, settings: Settings
+) -> None:
+    pc = PipelineClient(client, settings)
+    flow = {"debounce": {"seconds": 5}}
+    with pytest.raises(PipelineSpecError, match="not enforced"):
+        await pc.start(_pipeline("flow-debounce", "c1", flow), check=False)
