@@ -350,3 +350,32 @@ async def test_the_curl_examples_of_the_docs_run_as_written(
             headers=bearer("ci"),
         )
         assert r.status_code == 200 and r.json()["status"] == "succeeded", r.text
+
+
+async def test_singleton_refuse_answers_409_naming_the_run_that_holds_the_key(
+    http: httpx.AsyncClient, stack: Stack
+) -> None:
+    """Flow control (docs/flow-control.md) at the front door: the held run awaits review."""
+    customer = f"c-{uuid.uuid4().hex[:8]}"
+    pipeline = {
+        **review_pipeline(),
+        "inputs": {"customer": customer},
+        "flow": {"key": "${{ inputs.customer }}", "singleton": "refuse"},
+    }
+    first = await http.post("/v1/pipelines", json=pipeline, headers=bearer("ci"))
+    assert first.status_code == 201, first.text
+    wid = first.json()["workflow_id"]
+    assert wid.endswith(f"/review/{customer}")
+    try:
+        again = await http.post("/v1/pipelines", json=pipeline, headers=bearer("ci"))
+        message = error(again, 409, "invalid_input")
+        assert wid in message and "holds flow key" in message
+        body = again.json()["error"]
+        assert body["flow"] == "refused" and body["workflow_id"] == wid, body
+        empty = {**pipeline, "inputs": {"customer": ""}}
+        bad = error(
+            await http.post("/v1/pipelines", json=empty, headers=bearer("ci")), 400, "invalid_input"
+        )
+        assert "flow.key" in bad
+    finally:
+        await stack.client.get_workflow_handle(wid).terminate("test over")

@@ -41,6 +41,7 @@ from aiworker.schemas.pipeline_check import PipelineSpecError
 from aiworker.workers.client.callbacks import UNKNOWN as UNKNOWN_TOKEN
 from aiworker.workers.client.callbacks import CallbackError, run_of, send_callback
 from aiworker.workers.client.client import PipelineClient
+from aiworker.workers.client.flow_start import FlowRefusedError
 from aiworker.workers.client.step_items import ItemsPartError, StepItemsError
 from aiworker.workers.frontdoor.auth import (
     ApiKey,
@@ -262,6 +263,17 @@ class Service:
                 check=False,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             )
+        except PipelineSpecError as e:  # the flow key, resolved at start
+            raise _spec_error(e, "the start's inputs") from None
+        except FlowRefusedError as e:
+            raise ApiError(
+                409,
+                ErrorCode.INVALID_INPUT,
+                str(e),
+                flow="refused",
+                workflow_id=e.workflow_id,
+                run_id=e.run_id,
+            ) from None
         except WorkflowAlreadyStartedError as e:
             workflow_id = e.workflow_id
             first = None if same_run else await pipelines.started_input(workflow_id)
