@@ -6,11 +6,15 @@ its key for the whole test: no timing is involved.
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.client import Client
+from test_cli import address, run_cli
 
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
@@ -74,3 +78,25 @@ async def test_a_mode_not_enforced_yet_is_refused_not_ignored(
     flow = {"debounce": {"seconds": 5}}
     with pytest.raises(PipelineSpecError, match="not enforced"):
         await pc.start(_pipeline("flow-debounce", "c1", flow), check=False)
+
+
+async def test_aiworker_run_prints_the_refusal_and_exits_2(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    """The real CLI process; the held run has no worker, so it holds the key."""
+    pc = PipelineClient(client, settings)
+    name = f"flow-{uuid.uuid4().hex[:8]}"
+    pipeline = _pipeline(name, "c1", {"singleton": "refuse"})
+    held = await pc.start(pipeline, check=False)
+    try:
+        f = tmp_path / "p.json"
+        f.write_text(json.dumps(pipeline))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
+        env["TEMPORAL_ADDRESS"] = address(client)
+        env["AIWORKER_TASK_QUEUE_SUFFIX"] = settings.task_queue_suffix
+        proc = await run_cli(["run", str(f)], env)
+        assert proc.returncode == 2, proc.stderr
+        assert f"refused: run {held.id} holds flow key 'c1'" in proc.stderr
+        assert "(flow_refused)" in proc.stderr
+    finally:
+        await held.terminate("test over")
