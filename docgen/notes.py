@@ -97,6 +97,11 @@ ERRORS: dict[str, tuple[str, str]] = {
         "or POST /v1/callbacks/{token} with an error); the message is its reason",
         "see the message; `on_failure: continue` lets the pipeline go on without the step",
     ),
+    "flow_refused": (
+        "a pipeline start its `flow` did not take: `singleton: refuse` while a run holds "
+        "the key, or the key's queue is full (docs/flow-control.md); nothing was started",
+        "wait for the run named in the message to end, or cancel it; start again later",
+    ),
     "internal": (
         "an unexpected exception in a worker (a bug); logged with its traceback",
         "retried by itself; report it with the log line (trace_id) if it persists",

@@ -164,6 +164,33 @@ def key_id_part(key: str) -> str:
     return "h-" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-def flow_workflow_id(tenant: str, pipeline: str, key: str) -> str:
-    """The id of the keyed flow workflow for (tenant, pipeline, key)."""
-    return f"flow/{tenant}/{pipeline}/{key_id_part(key)}"
+def flow_workflow_id(tenant: str, pipeline: str, key: str, queue_suffix: str = "") -> str:
+    """The id of the keyed flow workflow for (tenant, pipeline, key) in one deployment
+    (``queue_suffix``, as the limiter's id carries it: an isolated stack on the same
+    namespace keeps its own); ``singleton: refuse`` gives this id to the run itself."""
+    return f"flow{queue_suffix}/{tenant}/{pipeline}/{key_id_part(key)}"
+
+
+def mode_of(flow: Flow) -> str:
+    """The flow's mode as one word: ``debounce``, ``batch``, ``throttle``, or
+    ``singleton:<wait|refuse|cancel_running>``."""
+    mode = flow.modes()[0]
+    return f"singleton:{flow.singleton}" if mode == "singleton" else mode
+
+
+def collects(flow: Flow) -> bool:
+    """Whether a run of this flow gets every start's inputs as ``inputs.starts``
+    (``batch``, ``debounce`` with ``inputs: all``)."""
+    return flow.batch is not None or (flow.debounce is not None and flow.debounce.inputs == "all")
+
+
+STARTS_INPUT: Final = "starts"
+"""The input under which a collecting run gets every start's inputs, oldest first."""
+
+
+def run_inputs(last: dict[str, Any], collected: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The inputs a flow-started run gets: the last start's, and with ``collected``
+    (a collecting flow) every start's inputs, oldest first, as ``starts``."""
+    if collected is None:
+        return dict(last)
+    return {**last, STARTS_INPUT: list(collected)}

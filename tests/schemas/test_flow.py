@@ -134,3 +134,4 @@ def test_workflow_id_part_is_safe() -> None:
     assert key_id_part("x" * 65).startswith("h-")
     assert key_id_part("h-abc") != "h-abc"
     assert flow_workflow_id("t1", "p", "acme-1") == "flow/t1/p/acme-1"
+    assert flow_workflow_id("t1", "p", "acme-1", "-x") == "flow-x/t1/p/acme-1"

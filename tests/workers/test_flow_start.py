@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import running_stack
 from temporalio.client import Client
 from test_cli import address, run_cli
 
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
+from aiworker.schemas.flow import flow_workflow_id
 from aiworker.schemas.pipeline_check import PipelineSpecError
 from aiworker.workers.client.client import PipelineClient
 from aiworker.workers.client.flow_start import FlowRefusedError
@@ -49,14 +51,14 @@ async def test_singleton_refuse_refuses_a_second_start_for_the_same_key(
     flow = {"singleton": "refuse"}
     first = await pc.start(_pipeline(name, "c1", flow), check=False)
     try:
-        assert first.id == f"flow/acme/{name}/c1"
+        assert first.id == f"flow{settings.task_queue_suffix}/acme/{name}/c1"
         with pytest.raises(FlowRefusedError) as refused:
             await pc.start(_pipeline(name, "c1", flow), check=False)
         assert refused.value.workflow_id == first.id
         assert refused.value.run_id == first.result_run_id
         assert "holds flow key 'c1'" in str(refused.value)
         other = await pc.start(_pipeline(name, "c2", flow), check=False)
-        assert other.id == f"flow/acme/{name}/c2"
+        assert other.id == f"flow{settings.task_queue_suffix}/acme/{name}/c2"
         await other.terminate("test over")
     finally:
         await first.terminate("test over")
@@ -75,9 +77,9 @@ async def test_a_mode_not_enforced_yet_is_refused_not_ignored(
     client: Client, settings: Settings
 ) -> None:
     pc = PipelineClient(client, settings)
-    flow = {"debounce": {"seconds": 5}}
+    flow = {"batch": {"max_items": 5, "max_seconds": 5}}
     with pytest.raises(PipelineSpecError, match="not enforced"):
-        await pc.start(_pipeline("flow-debounce", "c1", flow), check=False)
+        await pc.start(_pipeline("flow-batch", "c1", flow), check=False)
 
 
 async def test_aiworker_run_prints_the_refusal_and_exits_2(
@@ -100,3 +102,32 @@ async def test_aiworker_run_prints_the_refusal_and_exits_2(
         assert "(flow_refused)" in proc.stderr
     finally:
         await held.terminate("test over")
+
+
+async def test_aiworker_run_says_what_flow_control_did_with_each_start(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    """The real CLI process, a debounce of a day: the first start is queued, the
+    second collapsed into the same run; with --no-wait stdout keeps the run's id."""
+    name = f"flow-{uuid.uuid4().hex[:8]}"
+    pipeline = _pipeline(name, "c1", {"debounce": {"seconds": 86_400}})
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(pipeline))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
+    env["TEMPORAL_ADDRESS"] = address(client)
+    env["AIWORKER_TASK_QUEUE_SUFFIX"] = settings.task_queue_suffix
+    fid = flow_workflow_id("acme", name, "c1", settings.task_queue_suffix)
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        try:
+            first = await run_cli(["run", "--no-wait", str(f)], env)
+            assert first.returncode == 0, first.stderr
+            wid = first.stdout.strip()
+            assert wid.startswith(fid + "/")
+            assert f"{name}: queued as {wid} (debounce: starts once key 'c1'" in first.stderr
+            second = await run_cli(["run", "--no-wait", str(f)], env)
+            assert second.returncode == 0, second.stderr
+            assert second.stdout.strip() == wid
+            assert f"{name}: collapsed into {wid} (debounce:" in second.stderr
+            assert "2 starts so far" in second.stderr
+        finally:
+            await client.get_workflow_handle(fid).terminate("test over")

@@ -1,0 +1,157 @@
+"""The flow workflow's decisions (workflows/flow_book.py), without a server: a start
+and the workflow's time in, the caller's answer and the runs to start out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from aiworker.schemas.flow import Flow
+from aiworker.schemas.flow_state import (
+    MAX_COLLECTED_STARTS,
+    MAX_PENDING_BYTES,
+    FlowRequest,
+    FlowState,
+)
+from aiworker.workflows.flow_book import FlowBook
+
+FLOW_ID = "flow/acme/p/c1"
+T0 = 1_800_000_000.0
+
+
+def pipeline(flow: dict[str, Any], **inputs: Any) -> dict[str, Any]:
+    return {
+        "name": "p",
+        "tenant": "acme",
+        "inputs": {"customer": "c1", **inputs},
+        "steps": [],
+        "flow": {"key": "${{ inputs.customer }}", **flow},
+    }
+
+
+def request(flow: dict[str, Any], **inputs: Any) -> FlowRequest:
+    return FlowRequest(pipeline=pipeline(flow, **inputs), key="c1")
+
+
+def book(flow: dict[str, Any]) -> FlowBook:
+    decl = Flow.model_validate({"key": "${{ inputs.customer }}", **flow})
+    state = FlowState(tenant="acme", pipeline="p", key="c1", flow=decl)
+    return FlowBook(state, FLOW_ID, "g1")
+
+
+DEBOUNCE = {"debounce": {"seconds": 10, "max_wait_seconds": 60}}
+
+
+def test_debounce_collapses_close_starts_into_one_run_with_the_last_input() -> None:
+    b = book(DEBOUNCE)
+    first = b.submit(request(DEBOUNCE, n=1), T0)
+    assert first.answer.status == "queued" and first.launch is None
+    assert first.answer.workflow_id == f"{FLOW_ID}/g1-1"
+    assert first.answer.starts_at == T0 + 10
+    assert "quiet 10 s" in first.answer.reason
+    second = b.submit(request(DEBOUNCE, n=2), T0 + 5)
+    assert second.answer.status == "collapsed"
+    assert second.answer.workflow_id == first.answer.workflow_id
+    assert second.answer.starts == 2
+    assert second.answer.reason.endswith("; 2 starts so far")
+    assert b.wake_at(T0 + 5) == T0 + 15  # quiet again from the latest start
+    assert b.due(T0 + 14.9) == []
+    [launch] = b.due(T0 + 15)
+    assert launch.run.workflow_id == f"{FLOW_ID}/g1-1"
+    assert launch.pipeline["inputs"] == {"customer": "c1", "n": 2}
+    assert "2 starts" in launch.summary
+    # the next start opens a new run
+    third = b.submit(request(DEBOUNCE, n=3), T0 + 16)
+    assert third.answer.status == "queued" and third.answer.workflow_id == f"{FLOW_ID}/g1-2"
+
+
+def test_debounce_max_wait_forces_a_start_however_busy_the_key() -> None:
+    b = book(DEBOUNCE)
+    t = T0
+    b.submit(request(DEBOUNCE, n=0), t)
+    for n in range(1, 12):  # a start every 5 s: never quiet 10 s
+        t += 5
+        assert b.due(t) == []
+        assert b.submit(request(DEBOUNCE, n=n), t).answer.status == "collapsed"
+    assert b.wake_at(t) == T0 + 60
+    [launch] = b.due(T0 + 60)
+    assert launch.pipeline["inputs"]["n"] == 11
+
+
+def test_debounce_without_max_wait_waits_for_quiet_only() -> None:
+    flow = {"debounce": {"seconds": 10}}
+    b = book(flow)
+    for n in range(20):
+        b.submit(request(flow, n=n), T0 + 5 * n)
+    assert b.wake_at(T0 + 95) == T0 + 105
+
+
+def test_debounce_all_gives_every_input_oldest_first_as_starts() -> None:
+    flow = {"debounce": {"seconds": 10, "inputs": "all"}}
+    b = book(flow)
+    for n in range(3):
+        b.submit(request(flow, n=n), T0 + n)
+    [launch] = b.due(T0 + 12)
+    inputs = launch.pipeline["inputs"]
+    assert inputs["n"] == 2  # the last start's inputs, and every start's as `starts`
+    assert [s["n"] for s in inputs["starts"]] == [0, 1, 2]
+
+
+def test_debounce_all_starts_at_the_collection_cap() -> None:
+    flow = {"debounce": {"seconds": 10, "inputs": "all"}}
+    b = book(flow)
+    for n in range(MAX_COLLECTED_STARTS - 1):
+        assert b.submit(request(flow, n=n), T0).launch is None
+    last = b.submit(request(flow, n=-1), T0)
+    assert last.answer.status == "started" and last.launch is not None
+    assert len(last.launch.pipeline["inputs"]["starts"]) == MAX_COLLECTED_STARTS
+    assert b.pending == []
+
+
+def test_a_changed_mode_is_refused_while_a_run_is_pending() -> None:
+    b = book(DEBOUNCE)
+    b.submit(request(DEBOUNCE), T0)
+    other = request({"singleton": "wait"})
+    why = b.refusal(other, T0 + 1)
+    assert why is not None and "changed from debounce to singleton:wait" in why
+    # changed numbers of the same mode are taken
+    assert b.refusal(request({"debounce": {"seconds": 30}}), T0 + 1) is None
+    b.due(T0 + 100)
+    assert b.refusal(other, T0 + 101) is None
+
+
+def test_a_start_past_the_bytes_held_is_refused() -> None:
+    b = book(DEBOUNCE)
+    big = "x" * (MAX_PENDING_BYTES // 2)
+    b.submit(request(DEBOUNCE, blob=big), T0)
+    why = b.refusal(request(DEBOUNCE, blob=big + "y"), T0 + 1)
+    assert why is not None and "bytes" in why
+
+
+def test_a_start_for_another_key_is_refused() -> None:
+    b = book(DEBOUNCE)
+    why = b.refusal(FlowRequest(pipeline=pipeline(DEBOUNCE), key="c2"), T0)
+    assert why is not None and "'c2'" in why
+
+
+def test_the_state_carries_what_is_pending_across_continue_as_new() -> None:
+    b = book(DEBOUNCE)
+    b.submit(request(DEBOUNCE, n=1), T0)
+    b.submit(request(DEBOUNCE, n=2), T0 + 1)
+    again = FlowBook(FlowState.model_validate(b.state().model_dump()), FLOW_ID, "other")
+    assert again.generation == "g1"  # ids never repeat within a chain
+    assert again.submit(request(DEBOUNCE, n=3), T0 + 2).answer.status == "collapsed"
+    [launch] = again.due(T0 + 12)
+    assert launch.pipeline["inputs"]["n"] == 3
+    assert again.submit(request(DEBOUNCE), T0 + 20).answer.workflow_id == f"{FLOW_ID}/g1-2"
+    assert again.counts == {"started": 1, "collapsed": 2, "queued": 2}
+
+
+@pytest.mark.parametrize("now", [T0, T0 + 100])
+def test_details_name_the_mode_and_the_next_run(now: float) -> None:
+    b = book(DEBOUNCE)
+    b.submit(request(DEBOUNCE), T0)
+    text = b.details(now)
+    assert "**flow** debounce" in text
+    assert f"`{FLOW_ID}/g1-1`" in text and "starts at 2027-01-15" in text

@@ -1,0 +1,167 @@
+"""The keyed flow workflow (workflows/flow.py) against real Temporal servers.
+
+Timed modes run on the time-skipping server (``ts_env``): the test moves its
+clock (``ts_env.sleep``) past a quiet period or a deadline, so no test waits for
+real time; the server has no search attributes, so starts go through
+:func:`~aiworker.workers.client.flow_start.submit` with ``search_attributes=False``
+(what ``PipelineClient.start`` calls with them on). The answers a caller sees
+through ``PipelineClient.start`` are tested on the dev server with periods long
+enough that nothing fires during the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+from conftest import running_stack
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.testing import WorkflowEnvironment
+
+from aiworker.config.settings import Settings
+from aiworker.schemas import names
+from aiworker.schemas.flow import flow_workflow_id
+from aiworker.workers.client.client import PipelineClient
+from aiworker.workers.client.flow_start import FlowHandle, plan_flow_start, submit, wait_started
+
+
+def pipeline(name: str, flow: dict[str, Any], n: int, customer: str = "c1") -> dict[str, Any]:
+    return {
+        "name": name,
+        "tenant": "acme",
+        "inputs": {"customer": customer, "n": n},
+        "steps": [
+            {
+                "id": "check",
+                "worker": names.VALIDATOR,
+                "input": {"data": "${{ inputs.n }}", "schema": {"type": "integer"}},
+            }
+        ],
+        "flow": {"key": "${{ inputs.customer }}", **flow},
+    }
+
+
+async def ts_start(env: WorkflowEnvironment, settings: Settings, raw: dict[str, Any]) -> FlowHandle:
+    """A start as PipelineClient.start makes it, without search attributes."""
+    plan = plan_flow_start(raw, settings.task_queue_suffix)
+    assert plan is not None
+    return await submit(
+        env.client,
+        raw,
+        plan,
+        task_queue=settings.queue(names.PIPELINES_QUEUE),
+        search_attributes=False,
+    )
+
+
+async def started_inputs(client: Client, settings: Settings, handle: FlowHandle) -> Any:
+    await asyncio.wait_for(wait_started(handle, poll_seconds=0.05), 30)
+    raw = await PipelineClient(client, settings).started_input(handle.id)
+    assert raw is not None
+    return raw["inputs"]
+
+
+@asynccontextmanager
+async def flow_stack(client: Client, settings: Settings, name: str) -> AsyncIterator[str]:
+    """Workers on the pipelines queue; the key c1's flow workflow id; at the end the
+    flow workflow is ended (its idle timer would stop time for later tests)."""
+    fid = flow_workflow_id("acme", name, "c1", settings.task_queue_suffix)
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        try:
+            yield fid
+        finally:
+            handle = client.get_workflow_handle(fid)
+            if (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+                await handle.terminate("test over")
+
+
+async def test_debounce_collapses_starts_into_one_run_with_the_last_input(
+    ts_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    name = f"deb-{uuid.uuid4().hex[:6]}"
+    flow = {"debounce": {"seconds": 600, "max_wait_seconds": 3600}}
+    async with flow_stack(ts_env.client, settings, name) as fid:
+        answers = [await ts_start(ts_env, settings, pipeline(name, flow, n)) for n in range(3)]
+        assert [a.flow.status for a in answers] == ["queued", "collapsed", "collapsed"]
+        assert {a.id for a in answers} == {answers[0].id}
+        assert answers[0].id.startswith(fid + "/")
+        assert answers[2].flow.starts == 3 and answers[2].flow.flow_workflow_id == fid
+        state = await ts_env.client.get_workflow_handle(fid).query(names.FLOW_STATE_QUERY)
+        assert state["pending"][0]["workflow_id"] == answers[0].id
+        assert state["pending"][0]["starts"] == 3
+        await ts_env.sleep(timedelta(seconds=601))
+        assert await started_inputs(ts_env.client, settings, answers[2]) == {
+            "customer": "c1",
+            "n": 2,
+        }
+        result = await asyncio.wait_for(answers[0].result(), 60)
+        assert result.status == "succeeded"
+        desc = await answers[0].describe()
+        assert desc.parent_id == fid  # the UI links the run to the flow that started it
+        state = await ts_env.client.get_workflow_handle(fid).query(names.FLOW_STATE_QUERY)
+        assert state["pending"] == [] and state["started"] == 1 and state["collapsed"] == 2
+        # the next start after the run started opens a new one
+        later = await ts_start(ts_env, settings, pipeline(name, flow, 9))
+        assert later.flow.status == "queued" and later.id != answers[0].id
+
+
+async def test_debounce_max_wait_starts_a_run_while_starts_keep_coming(
+    ts_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    name = f"deb-{uuid.uuid4().hex[:6]}"
+    flow = {"debounce": {"seconds": 600, "max_wait_seconds": 1000}}
+    async with flow_stack(ts_env.client, settings, name):
+        first = await ts_start(ts_env, settings, pipeline(name, flow, 0))
+        for n in (1, 2):
+            await ts_env.sleep(timedelta(seconds=400))  # never quiet 600 s
+            again = await ts_start(ts_env, settings, pipeline(name, flow, n))
+            assert again.flow.status == "collapsed" and again.id == first.id
+        await ts_env.sleep(timedelta(seconds=250))  # past the maximum wait, not quiet yet
+        assert await started_inputs(ts_env.client, settings, first) == {"customer": "c1", "n": 2}
+
+
+async def test_debounce_inputs_all_gives_the_run_every_start(
+    ts_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    name = f"deb-{uuid.uuid4().hex[:6]}"
+    flow = {"debounce": {"seconds": 60, "inputs": "all"}}
+    async with flow_stack(ts_env.client, settings, name):
+        handles = [await ts_start(ts_env, settings, pipeline(name, flow, n)) for n in range(3)]
+        await ts_env.sleep(timedelta(seconds=61))
+        inputs = await started_inputs(ts_env.client, settings, handles[0])
+        assert inputs["n"] == 2
+        assert inputs["starts"] == [{"customer": "c1", "n": n} for n in range(3)]
+        assert (await asyncio.wait_for(handles[0].result(), 60)).status == "succeeded"
+
+
+async def test_pipeline_client_start_answers_collapsed_into_the_same_run(
+    client: Client, settings: Settings
+) -> None:
+    """On the dev server, through the shared start path: a day's quiet period, so
+    nothing starts during the test; the flow workflow shows why in the UI."""
+    name = f"deb-{uuid.uuid4().hex[:6]}"
+    flow = {"debounce": {"seconds": 86_400}}
+    pc = PipelineClient(client, settings)
+    async with flow_stack(client, settings, name) as fid:
+        first = await pc.start(pipeline(name, flow, 1), check=False)
+        second = await pc.start(pipeline(name, flow, 2), check=False)
+        other = await pc.start(pipeline(name, flow, 3, customer="c2"), check=False)
+        try:
+            assert isinstance(first, FlowHandle) and isinstance(second, FlowHandle)
+            assert first.flow.status == "queued" and second.flow.status == "collapsed"
+            assert second.id == first.id and first.flow.flow_workflow_id == fid
+            assert "quiet 86400 s" in first.flow.reason
+            assert isinstance(other, FlowHandle) and other.flow.status == "queued"
+            assert other.flow.flow_workflow_id != fid  # another key, another flow workflow
+            desc = await client.get_workflow_handle(fid).describe()
+            assert desc.workflow_type == names.FLOW_WORKFLOW
+            assert desc.typed_search_attributes.get(names.PIPELINE_KEY) == name
+            meta = await client.get_workflow_handle(fid).query("__temporal_workflow_metadata")
+            details = meta.current_details
+            assert "**flow** debounce" in details and first.id in details
+        finally:
+            await client.get_workflow_handle(other.flow.flow_workflow_id).terminate("test over")
