@@ -31,6 +31,9 @@ under Temporal's 2 MB payload limit."""
 MAX_COLLECTED_STARTS: Final = 1_000
 """Starts one run collects (``debounce`` with ``inputs: all``): at this many the run
 starts at once and the next start opens a new one."""
+MAX_HISTORY_EVENTS = 2_000
+"""The flow workflow continues as new past this many history events (or when the
+server suggests it), carrying its :class:`FlowState`."""
 IDLE_SECONDS: Final = 60.0
 """A flow workflow with nothing to start, nothing running and no throttle window
 open completes after this long without a start (the next start starts it again)."""
@@ -145,6 +148,7 @@ class FlowState(_Open):
 __all__ = [
     "IDLE_SECONDS",
     "MAX_COLLECTED_STARTS",
+    "MAX_HISTORY_EVENTS",
     "MAX_PENDING_BYTES",
     "MAX_QUEUED_RUNS",
     "FlowAnswer",

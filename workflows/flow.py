@@ -31,7 +31,8 @@ per run for nothing the server does not already do.
 
 History stays bounded: the workflow continues as new, carrying its pending
 runs and throttle window (:class:`~aiworker.schemas.flow_state.FlowState`), when
-the server suggests it or past :data:`MAX_HISTORY_EVENTS`; it does not while a
+the server suggests it or past
+:data:`~aiworker.schemas.flow_state.MAX_HISTORY_EVENTS`; it does not while a
 singleton run is running (it awaits that run as its child; the queue behind it
 is bounded, :data:`~aiworker.schemas.flow_state.MAX_QUEUED_RUNS`, and a start
 past the bound is refused by the validator, which writes no history). With
@@ -55,15 +56,13 @@ from temporalio.common import Priority
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
+    from aiworker.schemas import flow_state as bounds
     from aiworker.schemas import names
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.flow_state import IDLE_SECONDS, FlowAnswer, FlowRequest, FlowState
 
 from aiworker.workflows.flow_book import FlowBook, Launch
 from aiworker.workflows.state import MEMO_SEARCH_ATTRIBUTES, search_attributes_on
-
-MAX_HISTORY_EVENTS = 2_000
-"""Continue as new past this many events (or when the server suggests it)."""
 
 
 @workflow.defn(name=names.FLOW_WORKFLOW)
@@ -149,7 +148,8 @@ class PipelineFlowWorkflow:
         info = workflow.info()
         return (
             info.is_continue_as_new_suggested()
-            or info.get_current_history_length() > MAX_HISTORY_EVENTS
+            # read at each use: a test lowers it to see the carry-over
+            or info.get_current_history_length() > bounds.MAX_HISTORY_EVENTS
         )
 
     async def _launch(self, launch: Launch) -> str | None:
@@ -224,4 +224,4 @@ class PipelineFlowWorkflow:
             self._shown = text
 
 
-__all__ = ["MAX_HISTORY_EVENTS", "PipelineFlowWorkflow"]
+__all__ = ["PipelineFlowWorkflow"]

@@ -17,13 +17,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
+from unittest.mock import ANY
 
+import pytest
 from conftest import running_stack
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from aiworker.config.settings import Settings
-from aiworker.schemas import names
+from aiworker.schemas import flow_state, names
 from aiworker.schemas.flow import flow_workflow_id
 from aiworker.workers.client.client import PipelineClient
 from aiworker.workers.client.flow_start import FlowHandle, plan_flow_start, submit, wait_started
@@ -165,3 +167,34 @@ async def test_pipeline_client_start_answers_collapsed_into_the_same_run(
             assert "**flow** debounce" in details and first.id in details
         finally:
             await client.get_workflow_handle(other.flow.flow_workflow_id).terminate("test over")
+
+
+async def _continued(client: Client, workflow_id: str) -> bool:
+    """Whether the workflow's current run was continued from another."""
+    async for event in client.get_workflow_handle(workflow_id).fetch_history_events(page_size=1):
+        attrs = event.workflow_execution_started_event_attributes
+        return bool(attrs.continued_execution_run_id)
+    return False
+
+
+async def test_the_flow_workflow_continues_as_new_carrying_what_is_pending(
+    client: Client, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """History stays bounded: past its cap (lowered here) the flow workflow continues
+    as new with the open run and every collected start, and goes on answering;
+    starts sent at once while it continues are retried by the SDK (the server
+    answers "workflow is closing" as unavailable), none lost."""
+    monkeypatch.setattr(flow_state, "MAX_HISTORY_EVENTS", 40)
+    name = f"deb-{uuid.uuid4().hex[:6]}"
+    flow = {"debounce": {"seconds": 86_400, "inputs": "all"}}
+    pc = PipelineClient(client, settings)
+    async with flow_stack(client, settings, name) as fid:
+        handles = [await pc.start(pipeline(name, flow, n), check=False) for n in range(8)]
+        assert await _continued(client, fid)
+        handles += await asyncio.gather(
+            *(pc.start(pipeline(name, flow, n), check=False) for n in range(8, 40))
+        )
+        assert {h.id for h in handles} == {handles[0].id}
+        state = await client.get_workflow_handle(fid).query(names.FLOW_STATE_QUERY)
+        assert state["pending"] == [{"workflow_id": handles[0].id, "starts": 40, "starts_at": ANY}]
+        assert state["collapsed"] == 39 and state["queued"] == 1
