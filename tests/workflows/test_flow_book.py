@@ -11,6 +11,7 @@ from aiworker.schemas.flow import Flow
 from aiworker.schemas.flow_state import (
     MAX_COLLECTED_STARTS,
     MAX_PENDING_BYTES,
+    MAX_QUEUED_RUNS,
     FlowRequest,
     FlowState,
 )
@@ -155,3 +156,65 @@ def test_details_name_the_mode_and_the_next_run(now: float) -> None:
     text = b.details(now)
     assert "**flow** debounce" in text
     assert f"`{FLOW_ID}/g1-1`" in text and "starts at 2027-01-15" in text
+
+
+WAIT = {"singleton": "wait"}
+CANCEL = {"singleton": "cancel_running"}
+
+
+def test_singleton_wait_starts_one_run_and_queues_the_rest_in_order() -> None:
+    b = book(WAIT)
+    first = b.submit(request(WAIT, n=1), T0)
+    assert first.answer.status == "started" and first.launch is not None
+    assert b.running == first.answer.workflow_id
+    second = b.submit(request(WAIT, n=2), T0 + 1)
+    third = b.submit(request(WAIT, n=3), T0 + 2)
+    assert (second.answer.status, second.answer.behind) == ("queued", first.answer.workflow_id)
+    assert (third.answer.status, third.answer.behind) == ("queued", second.answer.workflow_id)
+    assert "after 1 other queued start" in third.answer.reason
+    assert second.launch is None and second.cancel is None
+    assert b.due(T0 + 100) == [] and b.wake_at(T0 + 100) is None  # only a close moves it
+    b.closed("someone-else")
+    assert b.due(T0 + 100) == []
+    b.closed(first.answer.workflow_id)
+    [launch] = b.due(T0 + 101)
+    assert launch.run.workflow_id == second.answer.workflow_id
+    assert launch.pipeline["inputs"]["n"] == 2  # each queued start runs with its own inputs
+    assert b.running == second.answer.workflow_id and b.due(T0 + 102) == []
+    b.closed(second.answer.workflow_id)
+    [launch] = b.due(T0 + 103)
+    assert launch.pipeline["inputs"]["n"] == 3
+    b.closed(third.answer.workflow_id)
+    assert b.idle(T0 + 104)
+
+
+def test_singleton_wait_refuses_past_the_queue_bound() -> None:
+    b = book(WAIT)
+    b.submit(request(WAIT), T0)
+    for _ in range(MAX_QUEUED_RUNS):
+        assert b.refusal(request(WAIT), T0) is None
+        b.submit(request(WAIT), T0)
+    why = b.refusal(request(WAIT), T0)
+    assert why is not None and f"{MAX_QUEUED_RUNS} runs of key 'c1' are queued" in why
+
+
+def test_singleton_cancel_running_cancels_once_and_the_latest_start_runs_next() -> None:
+    b = book(CANCEL)
+    first = b.submit(request(CANCEL, n=1), T0)
+    running = first.answer.workflow_id
+    second = b.submit(request(CANCEL, n=2), T0 + 1)
+    assert second.answer.status == "queued" and second.cancel == running
+    assert second.answer.behind == running and "asked to cancel" in second.answer.reason
+    third = b.submit(request(CANCEL, n=3), T0 + 2)
+    # no second cancel; the next run takes the latest start's pipeline
+    assert third.answer.status == "collapsed" and third.cancel is None
+    assert third.answer.workflow_id == second.answer.workflow_id and third.answer.starts == 2
+    assert b.due(T0 + 3) == []
+    b.closed(running)
+    [launch] = b.due(T0 + 4)
+    assert launch.run.workflow_id == second.answer.workflow_id
+    assert launch.pipeline["inputs"]["n"] == 3
+    # the next start cancels the new running run
+    fourth = b.submit(request(CANCEL, n=4), T0 + 5)
+    assert fourth.cancel == second.answer.workflow_id
+

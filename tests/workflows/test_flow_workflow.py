@@ -21,6 +21,7 @@ from unittest.mock import ANY
 
 import pytest
 from conftest import running_stack
+from support.waiting import wait_until
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
@@ -198,3 +199,91 @@ async def test_the_flow_workflow_continues_as_new_carrying_what_is_pending(
         state = await client.get_workflow_handle(fid).query(names.FLOW_STATE_QUERY)
         assert state["pending"] == [{"workflow_id": handles[0].id, "starts": 40, "starts_at": ANY}]
         assert state["collapsed"] == 39 and state["queued"] == 1
+
+
+SIGNED = {"type": "object", "properties": {"by": {"type": "string"}}}
+
+
+def held(name: str, flow: dict[str, Any], n: int) -> dict[str, Any]:
+    """A run that holds its key until its ``sign`` token is answered."""
+    return {
+        "name": name,
+        "tenant": "acme",
+        "inputs": {"customer": "c1", "n": n},
+        "steps": [
+            {"id": "sign", "wait": {"schema": SIGNED, "timeout_seconds": 3600}},
+            {
+                "id": "send",
+                "worker": names.AGGREGATOR,
+                "input": {"policy": "all", "branches": {"token": "${{ steps.sign.token }}"}},
+            },
+        ],
+        "flow": {"key": "${{ inputs.customer }}", **flow},
+    }
+
+
+async def token_of(pc: PipelineClient, handle: FlowHandle) -> str:
+    """The run's ``sign`` token, once it started and ``send`` got it."""
+    await asyncio.wait_for(wait_started(handle, poll_seconds=0.05), 30)
+
+    async def sent() -> str | None:
+        p = await pc.progress(handle.id, include_outputs=True)
+        send = p["steps"]["send"]
+        return send["outputs"]["result"]["token"] if send["status"] == "succeeded" else None
+
+    return await wait_until(sent, f"{handle.id} to hand out its token")
+
+
+async def state_of(client: Client, fid: str) -> dict[str, Any]:
+    state: dict[str, Any] = await client.get_workflow_handle(fid).query(names.FLOW_STATE_QUERY)
+    return state
+
+
+async def test_singleton_wait_runs_one_at_a_time_in_order(
+    client: Client, settings: Settings
+) -> None:
+    name = f"one-{uuid.uuid4().hex[:6]}"
+    flow = {"singleton": "wait"}
+    pc = PipelineClient(client, settings)
+    async with flow_stack(client, settings, name) as fid:
+        a, b, c = [await pc.start(held(name, flow, n), check=False) for n in range(3)]
+        assert isinstance(a, FlowHandle) and isinstance(b, FlowHandle) and isinstance(c, FlowHandle)
+        assert a.flow.status == "started" and a.flow.run_id is not None
+        assert (b.flow.status, b.flow.behind) == ("queued", a.id)
+        assert (c.flow.status, c.flow.behind) == ("queued", b.id)
+        state = await state_of(client, fid)
+        assert state["running"] == a.id
+        assert [p["workflow_id"] for p in state["pending"]] == [b.id, c.id]
+        # a's normal end lets b start; c waits behind b
+        await pc.complete_callback(await token_of(pc, a), {"by": "ann"})
+        assert (await asyncio.wait_for(a.result(), 30)).status == "succeeded"
+        token_b = await token_of(pc, b)
+        state = await state_of(client, fid)
+        assert state["running"] == b.id and [p["workflow_id"] for p in state["pending"]] == [c.id]
+        assert (await pc.started_input(b.id) or {})["inputs"]["n"] == 1
+        # any end counts: b cancelled, c starts with its own inputs
+        await b.cancel()
+        await token_of(pc, c)
+        assert (await pc.started_input(c.id) or {})["inputs"]["n"] == 2
+        assert (await b.describe()).status == WorkflowExecutionStatus.CANCELED
+        assert token_b  # b had started before it was cancelled
+        await c.terminate("test over")
+
+
+async def test_singleton_cancel_running_cancels_the_run_then_starts_the_new_one(
+    client: Client, settings: Settings
+) -> None:
+    name = f"one-{uuid.uuid4().hex[:6]}"
+    flow = {"singleton": "cancel_running"}
+    pc = PipelineClient(client, settings)
+    async with flow_stack(client, settings, name):
+        a = await pc.start(held(name, flow, 0), check=False)
+        await token_of(pc, a)  # a runs, waiting for its token
+        b = await pc.start(held(name, flow, 1), check=False)
+        assert isinstance(b, FlowHandle)
+        assert (b.flow.status, b.flow.behind) == ("queued", a.id)
+        assert f"{a.id} is asked to cancel" in b.flow.reason
+        await token_of(pc, b)  # b started once a had closed
+        assert (await a.describe()).status == WorkflowExecutionStatus.CANCELED
+        assert (await pc.started_input(b.id) or {})["inputs"]["n"] == 1
+        await b.terminate("test over")

@@ -52,7 +52,12 @@ from aiworker.schemas.problems import Problem
 from aiworker.workflows.flow import PipelineFlowWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
 
-ENFORCED: tuple[str, ...] = ("singleton:refuse", "debounce")
+ENFORCED: tuple[str, ...] = (
+    "singleton:refuse",
+    "debounce",
+    "singleton:wait",
+    "singleton:cancel_running",
+)
 """The flow modes this build enforces; any other is refused at start."""
 START_TRIES = 3
 """Update-with-start attempts when the flow workflow closed as the start reached it."""
