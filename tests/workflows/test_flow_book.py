@@ -218,3 +218,53 @@ def test_singleton_cancel_running_cancels_once_and_the_latest_start_runs_next() 
     fourth = b.submit(request(CANCEL, n=4), T0 + 5)
     assert fourth.cancel == second.answer.workflow_id
 
+
+THROTTLE = {"throttle": {"max_starts": 2, "period_seconds": 60}}
+
+
+def test_throttle_starts_at_most_n_per_period_and_queues_the_rest_in_order() -> None:
+    b = book(THROTTLE)
+    answers = [b.submit(request(THROTTLE, n=n), T0 + n) for n in range(5)]
+    assert [a.answer.status for a in answers] == [
+        "started",
+        "started",
+        "queued",
+        "queued",
+        "queued",
+    ]
+    assert [a.launch is not None for a in answers] == [True, True, False, False, False]
+    # each queued start takes the slot the start two before it frees, a period later
+    assert [a.answer.starts_at for a in answers[2:]] == [T0 + 60, T0 + 61, T0 + 120]
+    assert "throttle: 2 starts per 60 s" in answers[2].answer.reason
+    assert "after 2 other queued starts" in answers[4].answer.reason
+    assert b.wake_at(T0 + 5) == T0 + 60
+    assert b.due(T0 + 59.9) == []
+    [third] = b.due(T0 + 60)
+    assert third.run.workflow_id == answers[2].answer.workflow_id
+    assert third.pipeline["inputs"]["n"] == 2  # each queued start runs with its own inputs
+    [fourth] = b.due(T0 + 61)
+    assert fourth.run.workflow_id == answers[3].answer.workflow_id
+    assert b.due(T0 + 119) == []
+    [fifth] = b.due(T0 + 120)
+    assert fifth.run.workflow_id == answers[4].answer.workflow_id
+    assert not b.idle(T0 + 150)  # the window still counts the last starts
+    assert b.idle(T0 + 181)
+
+
+def test_throttle_a_start_after_a_quiet_period_starts_at_once() -> None:
+    b = book(THROTTLE)
+    b.submit(request(THROTTLE), T0)
+    b.submit(request(THROTTLE), T0)
+    assert b.submit(request(THROTTLE), T0 + 60).answer.status == "started"
+
+
+def test_throttle_refuses_past_the_queue_bound_never_drops() -> None:
+    flow = {"throttle": {"max_starts": 1, "period_seconds": 3600}}
+    b = book(flow)
+    b.submit(request(flow), T0)
+    for _ in range(MAX_QUEUED_RUNS):
+        b.submit(request(flow), T0)
+    why = b.refusal(request(flow), T0)
+    assert why is not None and "queued already" in why
+    started = sum(len(b.due(T0 + 3600 * k)) for k in range(1, MAX_QUEUED_RUNS + 1))
+    assert started == MAX_QUEUED_RUNS and b.pending == []

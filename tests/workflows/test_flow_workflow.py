@@ -23,6 +23,7 @@ import pytest
 from conftest import running_stack
 from support.waiting import wait_until
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from aiworker.config.settings import Settings
@@ -287,3 +288,33 @@ async def test_singleton_cancel_running_cancels_the_run_then_starts_the_new_one(
         assert (await a.describe()).status == WorkflowExecutionStatus.CANCELED
         assert (await pc.started_input(b.id) or {})["inputs"]["n"] == 1
         await b.terminate("test over")
+
+
+async def _exists(handle: FlowHandle) -> bool:
+    try:
+        await handle.describe()
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
+async def test_throttle_starts_one_run_per_period_and_queues_the_rest(
+    ts_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    name = f"thr-{uuid.uuid4().hex[:6]}"
+    flow = {"throttle": {"max_starts": 1, "period_seconds": 600}}
+    async with flow_stack(ts_env.client, settings, name):
+        a, b, c = [await ts_start(ts_env, settings, pipeline(name, flow, n)) for n in range(3)]
+        assert [h.flow.status for h in (a, b, c)] == ["started", "queued", "queued"]
+        assert b.flow.starts_at is not None and c.flow.starts_at is not None
+        assert c.flow.starts_at - b.flow.starts_at == pytest.approx(600, abs=1)
+        assert await _exists(a) and not await _exists(b)
+        await ts_env.sleep(timedelta(seconds=601))
+        assert await started_inputs(ts_env.client, settings, b) == {"customer": "c1", "n": 1}
+        assert not await _exists(c)  # its slot is a period after b's
+        await ts_env.sleep(timedelta(seconds=600))
+        assert await started_inputs(ts_env.client, settings, c) == {"customer": "c1", "n": 2}
+        for h in (a, b, c):
+            assert (await asyncio.wait_for(h.result(), 60)).status == "succeeded"

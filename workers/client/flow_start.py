@@ -57,6 +57,7 @@ ENFORCED: tuple[str, ...] = (
     "debounce",
     "singleton:wait",
     "singleton:cancel_running",
+    "throttle",
 )
 """The flow modes this build enforces; any other is refused at start."""
 START_TRIES = 3
