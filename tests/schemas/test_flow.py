@@ -135,3 +135,34 @@ def test_workflow_id_part_is_safe() -> None:
     assert key_id_part("h-abc") != "h-abc"
     assert flow_workflow_id("t1", "p", "acme-1") == "flow/t1/p/acme-1"
     assert flow_workflow_id("t1", "p", "acme-1", "-x") == "flow-x/t1/p/acme-1"
+
+
+@pytest.mark.parametrize(
+    ("flow", "problem"),
+    [
+        ({"batch": {"max_items": 2, "max_seconds": 5}}, False),
+        ({"debounce": {"seconds": 5, "inputs": "all"}}, False),
+        ({"debounce": {"seconds": 5}}, True),
+        ({"singleton": "wait"}, True),
+    ],
+)
+def test_inputs_starts_checks_only_under_a_collecting_flow(
+    flow: dict[str, Any], problem: bool
+) -> None:
+    """A batch run gets every start's inputs as ``inputs.starts``: its references
+    check; in a pipeline that does not collect they name an input that is not there."""
+    step = {**STEP, "input": {**STEP["input"], "url": "${{ inputs.starts.0.site }}"}}
+    raw = {
+        "name": "p",
+        "inputs": {"site": "https://shop.example/", "customer": "c1"},
+        "steps": [step],
+        "flow": {"key": "${{ inputs.customer }}", **flow},
+    }
+    try:
+        parse_pipeline(raw, SPECS)
+        problems: list[str] = []
+    except PipelineSpecError as e:
+        problems = e.problems
+    assert bool(problems) == problem, problems
+    if problem:
+        assert any("inputs.starts" in p for p in problems), problems

@@ -73,15 +73,6 @@ async def test_a_key_that_resolves_to_nothing_or_too_much_starts_nothing(
         await pc.start(_pipeline("flow-bad", customer, {"singleton": "refuse"}), check=False)
 
 
-async def test_a_mode_not_enforced_yet_is_refused_not_ignored(
-    client: Client, settings: Settings
-) -> None:
-    pc = PipelineClient(client, settings)
-    flow = {"batch": {"max_items": 5, "max_seconds": 5}}
-    with pytest.raises(PipelineSpecError, match="not enforced"):
-        await pc.start(_pipeline("flow-batch", "c1", flow), check=False)
-
-
 async def test_aiworker_run_prints_the_refusal_and_exits_2(
     client: Client, settings: Settings, tmp_path: Path
 ) -> None:

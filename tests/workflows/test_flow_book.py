@@ -268,3 +268,31 @@ def test_throttle_refuses_past_the_queue_bound_never_drops() -> None:
     assert why is not None and "queued already" in why
     started = sum(len(b.due(T0 + 3600 * k)) for k in range(1, MAX_QUEUED_RUNS + 1))
     assert started == MAX_QUEUED_RUNS and b.pending == []
+
+
+BATCH = {"batch": {"max_items": 3, "max_seconds": 60}}
+
+
+def test_batch_starts_one_run_at_max_items_with_every_start() -> None:
+    b = book(BATCH)
+    answers = [b.submit(request(BATCH, n=n), T0 + n) for n in range(3)]
+    assert [a.answer.status for a in answers] == ["queued", "collapsed", "started"]
+    assert {a.answer.workflow_id for a in answers} == {f"{FLOW_ID}/g1-1"}
+    assert answers[0].answer.starts_at == T0 + 60
+    assert "batch: starts at 3 starts" in answers[0].answer.reason
+    launch = answers[2].launch
+    assert launch is not None and answers[0].launch is None and answers[1].launch is None
+    assert [s["n"] for s in launch.pipeline["inputs"]["starts"]] == [0, 1, 2]
+    assert "started now with 3 starts" in answers[2].answer.reason
+    assert b.pending == [] and b.due(T0 + 1000) == []
+    assert b.submit(request(BATCH), T0 + 4).answer.workflow_id == f"{FLOW_ID}/g1-2"
+
+
+def test_batch_starts_at_its_deadline_with_what_it_has() -> None:
+    b = book(BATCH)
+    b.submit(request(BATCH, n=0), T0)
+    b.submit(request(BATCH, n=1), T0 + 50)  # a later start does not move the deadline
+    assert b.wake_at(T0 + 50) == T0 + 60
+    assert b.due(T0 + 59) == []
+    [launch] = b.due(T0 + 60)
+    assert [s["n"] for s in launch.pipeline["inputs"]["starts"]] == [0, 1]

@@ -318,3 +318,37 @@ async def test_throttle_starts_one_run_per_period_and_queues_the_rest(
         assert await started_inputs(ts_env.client, settings, c) == {"customer": "c1", "n": 2}
         for h in (a, b, c):
             assert (await asyncio.wait_for(h.result(), 60)).status == "succeeded"
+
+
+def batched(name: str, n: int) -> dict[str, Any]:
+    """A batch pipeline whose step reads the collected starts."""
+    raw = pipeline(name, {"batch": {"max_items": 3, "max_seconds": 600}}, n)
+    raw["steps"] = [
+        {
+            "id": "check",
+            "worker": names.VALIDATOR,
+            "input": {"data": "${{ inputs.starts }}", "schema": {"type": "array", "minItems": 1}},
+        }
+    ]
+    return raw
+
+
+async def test_batch_gives_one_run_every_start_at_max_items_or_max_seconds(
+    ts_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    name = f"bat-{uuid.uuid4().hex[:6]}"
+    async with flow_stack(ts_env.client, settings, name):
+        full = [await ts_start(ts_env, settings, batched(name, n)) for n in range(3)]
+        assert [h.flow.status for h in full] == ["queued", "collapsed", "started"]
+        assert {h.id for h in full} == {full[0].id} and full[2].flow.run_id is not None
+        inputs = await started_inputs(ts_env.client, settings, full[0])
+        assert [s["n"] for s in inputs["starts"]] == [0, 1, 2]
+        # the next batch does not fill: it starts at its deadline with what it has
+        late = [await ts_start(ts_env, settings, batched(name, n)) for n in (3, 4)]
+        assert [h.flow.status for h in late] == ["queued", "collapsed"]
+        assert late[0].id != full[0].id and not await _exists(late[0])
+        await ts_env.sleep(timedelta(seconds=601))
+        inputs = await started_inputs(ts_env.client, settings, late[0])
+        assert [s["n"] for s in inputs["starts"]] == [3, 4]
+        for h in (full[0], late[0]):
+            assert (await asyncio.wait_for(h.result(), 60)).status == "succeeded"

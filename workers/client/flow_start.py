@@ -52,14 +52,6 @@ from aiworker.schemas.problems import Problem
 from aiworker.workflows.flow import PipelineFlowWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
 
-ENFORCED: tuple[str, ...] = (
-    "singleton:refuse",
-    "debounce",
-    "singleton:wait",
-    "singleton:cancel_running",
-    "throttle",
-)
-"""The flow modes this build enforces; any other is refused at start."""
 START_TRIES = 3
 """Update-with-start attempts when the flow workflow closed as the start reached it."""
 STARTED_POLL_SECONDS = 1.0
@@ -139,9 +131,8 @@ def plan_flow_start(pipeline: Mapping[str, Any], queue_suffix: str = "") -> Flow
     (or is a redrive: a rerun of one run, not a new start, goes straight to Temporal).
 
     Raises:
-        PipelineSpecError: ``flow`` is invalid, its key resolves to nothing or to
-            over 200 characters, or it names a mode this build does not enforce
-            (bad input: nothing was started).
+        PipelineSpecError: ``flow`` is invalid, or its key resolves to nothing or
+            to over 200 characters (bad input: nothing was started).
     """
     raw = pipeline.get("flow")
     if raw is None or pipeline.get("resume_from") is not None:
@@ -156,10 +147,6 @@ def plan_flow_start(pipeline: Mapping[str, Any], queue_suffix: str = "") -> Flow
     except FlowKeyError as e:
         raise PipelineSpecError([Problem(None, "flow.key", str(e))]) from e
     mode = mode_of(flow)
-    if mode not in ENFORCED:
-        raise PipelineSpecError(
-            [Problem(None, "flow", f"flow mode {mode} is not enforced by this build yet")]
-        )
     tenant = str(pipeline.get("tenant") or names.DEFAULT_TENANT)
     name = str(pipeline.get("name") or "pipeline")
     refuse = mode == "singleton:refuse"
