@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -122,3 +123,30 @@ async def test_aiworker_run_says_what_flow_control_did_with_each_start(
             assert "2 starts so far" in second.stderr
         finally:
             await client.get_workflow_handle(fid).terminate("test over")
+
+
+async def test_aiworker_run_waits_for_a_queued_run_then_follows_it(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    """A one-second debounce: `aiworker run` says the start was queued, waits for the
+    run to start, then follows it to its outcome (plain lines, and --json)."""
+    name = f"flow-{uuid.uuid4().hex[:8]}"
+    f = tmp_path / "p.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
+    env["TEMPORAL_ADDRESS"] = address(client)
+    env["AIWORKER_TASK_QUEUE_SUFFIX"] = settings.task_queue_suffix
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        f.write_text(json.dumps(_pipeline(name, "c1", {"debounce": {"seconds": 1}})))
+        plain = await run_cli(["run", str(f)], env)
+        assert plain.returncode == 0, plain.stderr
+        lines = plain.stdout.splitlines()
+        queued = re.fullmatch(rf"{name}: queued as (\S+) \(debounce: .*\)", lines[0])
+        assert queued is not None, lines[0]
+        assert lines[1].startswith(f"{name}: started {queued.group(1)}")
+        assert "succeeded" in plain.stdout
+        f.write_text(json.dumps(_pipeline(name, "c2", {"debounce": {"seconds": 1}})))
+        as_json = await run_cli(["run", "--json", str(f)], env)
+        assert as_json.returncode == 0, as_json.stderr
+        doc = json.loads(as_json.stdout)
+        assert doc["status"] == "succeeded" and "/c2/" in doc["workflow_id"]
+        assert f"{name}: queued as {doc['workflow_id']}" in as_json.stderr

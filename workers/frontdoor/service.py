@@ -41,7 +41,7 @@ from aiworker.schemas.pipeline_check import PipelineSpecError
 from aiworker.workers.client.callbacks import UNKNOWN as UNKNOWN_TOKEN
 from aiworker.workers.client.callbacks import CallbackError, run_of, send_callback
 from aiworker.workers.client.client import PipelineClient
-from aiworker.workers.client.flow_start import FlowRefusedError
+from aiworker.workers.client.flow_start import FlowHandle, FlowRefusedError, flow_doc
 from aiworker.workers.client.step_items import ItemsPartError, StepItemsError
 from aiworker.workers.frontdoor.auth import (
     ApiKey,
@@ -268,7 +268,7 @@ class Service:
         except FlowRefusedError as e:
             raise ApiError(
                 409,
-                ErrorCode.INVALID_INPUT,
+                ErrorCode.FLOW_REFUSED,
                 str(e),
                 flow="refused",
                 workflow_id=e.workflow_id,
@@ -293,13 +293,18 @@ class Service:
             handle.id,
             pipeline.get("tenant"),
         )
-        doc = {
+        doc: dict[str, Any] = {
             "workflow_id": handle.id,
             "run_id": handle.result_run_id,
             "pipeline": pipeline.get("name"),
             "tenant": pipeline.get("tenant"),
             "status": "queued",
         }
+        if isinstance(handle, FlowHandle):
+            # what the pipeline's flow did with this start; a run not started yet
+            # (collapsed into it or queued) is 202 and has no run id
+            doc["flow"] = flow_doc(handle.flow)
+            return _started(doc, 201 if handle.flow.status == "started" else 202)
         return _started(doc, 201)
 
     async def owned(self, workflow_id: str, key: ApiKey) -> WorkflowExecutionDescription:
