@@ -48,6 +48,7 @@ started yet); runs already started go on.
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import timedelta
 from typing import Any
 
@@ -73,7 +74,7 @@ class PipelineFlowWorkflow:
     def __init__(self, state: FlowState) -> None:
         info = workflow.info()
         self._book = FlowBook(state, info.workflow_id, info.first_execution_run_id[:8])
-        self._changed = False
+        self._nudged = False
         self._children: dict[str, workflow.ChildWorkflowHandle[Any, Any]] = {}
         self._shown = ""
         self._watchers: set[asyncio.Task[None]] = set()
@@ -82,7 +83,6 @@ class PipelineFlowWorkflow:
     async def start(self, request: FlowRequest) -> FlowAnswer:
         """One start of the pipeline: answered with what became of it."""
         decision = self._book.submit(request, workflow.now().timestamp())
-        self._changed = True
         answer = decision.answer
         workflow.logger.info(
             "flow start %s: %s (%s)", self._book.key, answer.status, answer.workflow_id
@@ -115,11 +115,18 @@ class PipelineFlowWorkflow:
     @workflow.run
     async def run(self, state: FlowState) -> dict[str, Any]:
         """Start each run when its time comes; continue as new to keep history
-        bounded; complete when idle. Returns the last view (``state``)."""
+        bounded; complete when idle. Returns the last view (``state``).
+
+        The timer it waits on moves only when a start needs an earlier wake-up
+        (a new run's deadline before it): a start that pushes a debounce later
+        leaves the timer alone, which then fires, finds the run not due and waits
+        again; so a start costs its update's events alone, not a timer's cancel
+        and restart as well.
+        """
         book = self._book
         while True:
-            # a start or a run's close during this round wakes the wait below at once
-            self._changed = False
+            # a run's close during this round wakes the wait below at once
+            self._nudged = False
             for launch in book.due(workflow.now().timestamp()):
                 await self._launch(launch)
             self._show()
@@ -133,7 +140,7 @@ class PipelineFlowWorkflow:
             wake = now + IDLE_SECONDS if idle else book.wake_at(now)
             try:
                 await workflow.wait_condition(
-                    lambda: self._changed,
+                    functools.partial(self._wake_early, wake),
                     timeout=None if wake is None else timedelta(seconds=max(wake - now, 0.001)),
                     timeout_summary=f"flow {book.key}: "
                     + ("end when idle" if idle else "next start due"),
@@ -142,6 +149,15 @@ class PipelineFlowWorkflow:
                 now = workflow.now().timestamp()
                 if idle and book.idle(now) and workflow.all_handlers_finished():
                     return book.view(now)
+
+    def _wake_early(self, armed: float | None) -> bool:
+        """Whether to stop waiting before the timer armed for ``armed``: a run
+        closed, the history is due to continue as new, or something is due before
+        ``armed``."""
+        if self._nudged or (self._book.running is None and self._history_full()):
+            return True
+        due = self._book.wake_at(workflow.now().timestamp())
+        return due is not None and (armed is None or due < armed)
 
     @staticmethod
     def _history_full() -> bool:
@@ -183,7 +199,7 @@ class PipelineFlowWorkflow:
             # a run of this id exists already (a reset of this workflow re-ran its start)
             workflow.logger.warning("flow run %s was started already", run.workflow_id)
             self._book.closed(run.workflow_id)
-            self._changed = True
+            self._nudged = True
             return None
         if self._book.running == run.workflow_id:
             self._children[run.workflow_id] = handle
@@ -200,7 +216,7 @@ class PipelineFlowWorkflow:
             pass  # failed, cancelled, terminated, timed out: closed all the same
         self._children.pop(handle.id, None)
         self._book.closed(handle.id)
-        self._changed = True
+        self._nudged = True
         self._watchers = {t for t in self._watchers if not t.done()}
 
     async def _cancel(self, workflow_id: str) -> None:

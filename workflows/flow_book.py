@@ -100,6 +100,11 @@ class FlowBook:
         # singleton: the run started and not closed yet, and whether its cancel was asked
         self.running: str | None = None
         self.cancelling = False
+        # bytes each pending run holds: (its pipeline, its collected inputs), kept as
+        # starts come so that the bound costs a start its own size, not all held
+        self._sizes: dict[str, tuple[int, int]] = {
+            p.workflow_id: (_size(p.pipeline), _size(p.collected)) for p in self.pending
+        }
 
     # -- what the workflow asks ---------------------------------------------------
 
@@ -158,9 +163,7 @@ class FlowBook:
                 f"{MAX_QUEUED_RUNS} runs of key {self.key!r} are queued already "
                 f"({self.mode}); start again once some have started"
             )
-        held = _size([p.pipeline for p in self.pending]) + _size(
-            [p.collected for p in self.pending]
-        )
+        held = sum(a + b for a, b in self._sizes.values())
         if held + _size(request.pipeline) > MAX_PENDING_BYTES:
             return (
                 f"the starts held for key {self.key!r} would pass {MAX_PENDING_BYTES} bytes; "
@@ -217,6 +220,9 @@ class FlowBook:
                 }
             )
             self.pending[0] = run
+            _, collected = self._sizes.get(run.workflow_id, (0, 0))
+            added = _size(inputs) + 1 if keep else 0
+            self._sizes[run.workflow_id] = (_size(request.pipeline), collected + added)
             status = "collapsed"
             self.counts["collapsed"] += 1
         else:
@@ -255,6 +261,7 @@ class FlowBook:
                 }
             )
             self.pending[0] = nxt
+            self._sizes[nxt.workflow_id] = (_size(request.pipeline), 0)
             self.counts["collapsed"] += 1
             reason = (
                 "singleton: cancel_running: the next run starts with this start's pipeline "
@@ -354,8 +361,10 @@ class FlowBook:
         self, request: FlowRequest, now: float, collected: list[dict[str, Any]] | None = None
     ) -> PendingRun:
         self.seq += 1
+        wid = f"{self.flow_workflow_id}/{self.generation}-{self.seq}"
+        self._sizes[wid] = (_size(request.pipeline), _size(collected or []))
         return PendingRun(
-            workflow_id=f"{self.flow_workflow_id}/{self.generation}-{self.seq}",
+            workflow_id=wid,
             pipeline=request.pipeline,
             collected=collected or [],
             first_at=now,
@@ -394,6 +403,7 @@ class FlowBook:
 
     def _launch(self, run: PendingRun, now: float) -> Launch:
         """Start ``run`` now: the pipeline it gets, its summary; counted."""
+        self._sizes.pop(run.workflow_id, None)
         pipeline = dict(run.pipeline)
         inputs = pipeline.get("inputs") or {}
         pipeline["inputs"] = run_inputs(inputs, run.collected if collects(self.flow) else None)

@@ -296,3 +296,17 @@ def test_batch_starts_at_its_deadline_with_what_it_has() -> None:
     assert b.due(T0 + 59) == []
     [launch] = b.due(T0 + 60)
     assert [s["n"] for s in launch.pipeline["inputs"]["starts"]] == [0, 1]
+
+
+def test_the_bytes_held_follow_the_starts_and_the_launches() -> None:
+    """The bound counts what is held now: a collected start adds its inputs, a
+    started run frees its pipeline and its collection."""
+    flow = {"batch": {"max_items": 3, "max_seconds": 60}}
+    b = book(flow)
+    quarter = "x" * (MAX_PENDING_BYTES // 4)
+    b.submit(request(flow, blob=quarter), T0)
+    b.submit(request(flow, blob=quarter), T0)
+    why = b.refusal(request(flow, blob=quarter), T0)
+    assert why is not None and "bytes" in why  # two pipelines' worth plus two collected
+    b.submit(request(flow, blob="small"), T0)  # the third start fills the batch: it starts
+    assert b.pending == [] and b.refusal(request(flow, blob=quarter), T0) is None

@@ -186,7 +186,7 @@ async def test_the_flow_workflow_continues_as_new_carrying_what_is_pending(
     as new with the open run and every collected start, and goes on answering;
     starts sent at once while it continues are retried by the SDK (the server
     answers "workflow is closing" as unavailable), none lost."""
-    monkeypatch.setattr(flow_state, "MAX_HISTORY_EVENTS", 40)
+    monkeypatch.setattr(flow_state, "MAX_HISTORY_EVENTS", 20)
     name = f"deb-{uuid.uuid4().hex[:6]}"
     flow = {"debounce": {"seconds": 86_400, "inputs": "all"}}
     pc = PipelineClient(client, settings)
