@@ -183,9 +183,9 @@ async def test_the_flow_workflow_continues_as_new_carrying_what_is_pending(
     client: Client, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """History stays bounded: past its cap (lowered here) the flow workflow continues
-    as new with the open run and every collected start, and goes on answering;
-    starts sent at once while it continues are retried by the SDK (the server
-    answers "workflow is closing" as unavailable), none lost."""
+    as new with the open run and every collected start, and goes on answering.
+    A burst of starts at once, past the server's 10 updates in flight per workflow
+    and across continue-as-new, is sent again until each is answered: none lost."""
     monkeypatch.setattr(flow_state, "MAX_HISTORY_EVENTS", 20)
     name = f"deb-{uuid.uuid4().hex[:6]}"
     flow = {"debounce": {"seconds": 86_400, "inputs": "all"}}
@@ -194,12 +194,12 @@ async def test_the_flow_workflow_continues_as_new_carrying_what_is_pending(
         handles = [await pc.start(pipeline(name, flow, n), check=False) for n in range(8)]
         assert await _continued(client, fid)
         handles += await asyncio.gather(
-            *(pc.start(pipeline(name, flow, n), check=False) for n in range(8, 40))
+            *(pc.start(pipeline(name, flow, n), check=False) for n in range(8, 120))
         )
         assert {h.id for h in handles} == {handles[0].id}
         state = await client.get_workflow_handle(fid).query(names.FLOW_STATE_QUERY)
-        assert state["pending"] == [{"workflow_id": handles[0].id, "starts": 40, "starts_at": ANY}]
-        assert state["collapsed"] == 39 and state["queued"] == 1
+        assert state["pending"] == [{"workflow_id": handles[0].id, "starts": 120, "starts_at": ANY}]
+        assert state["collapsed"] == 119 and state["queued"] == 1
 
 
 SIGNED = {"type": "object", "properties": {"by": {"type": "string"}}}

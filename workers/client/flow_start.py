@@ -20,6 +20,8 @@ do the work (which may not exist yet) with the answer as ``flow``.
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -52,8 +54,10 @@ from aiworker.schemas.problems import Problem
 from aiworker.workflows.flow import PipelineFlowWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
 
-START_TRIES = 3
-"""Update-with-start attempts when the flow workflow closed as the start reached it."""
+START_RETRY_SECONDS = 30.0
+"""How long a start is sent again while the key's flow workflow is busy: more than
+the server's in-flight updates per workflow (``history.maxInFlightUpdates``, 10 by
+default) at once, or the workflow closing (idle, continue-as-new) as it arrives."""
 STARTED_POLL_SECONDS = 1.0
 """How often :func:`wait_started` looks for a queued run."""
 
@@ -197,7 +201,9 @@ async def submit(
         fairness_weight=priority.fairness_weight,
     )
     state = FlowState(tenant=plan.tenant, pipeline=plan.pipeline, key=plan.key, flow=plan.flow)
-    for attempt in range(START_TRIES):
+    deadline = time.monotonic() + START_RETRY_SECONDS
+    pause = 0.02
+    while True:
         start = WithStartWorkflowOperation(
             PipelineFlowWorkflow.run,
             state,
@@ -238,14 +244,16 @@ async def submit(
                 ) from None
             raise
         except RPCError as e:
-            # the flow workflow completed (idle) or continued as new as this start
-            # reached it: the next attempt starts or reaches the new run
-            if e.status != RPCStatusCode.NOT_FOUND or attempt == START_TRIES - 1:
+            # busy: the key's updates in flight are at the server's limit, or the
+            # flow workflow completed (idle) or continued as new as this start reached
+            # it; the next attempt waits its turn, or starts or reaches the new run
+            busy = e.status in (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.NOT_FOUND)
+            if not busy or time.monotonic() + pause > deadline:
                 raise
-            await asyncio.sleep(0.05 * (attempt + 1))
+            await asyncio.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 2, 1.0)
             continue
         return FlowHandle(temporal, answer, plan.key)
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def wait_started(handle: FlowHandle, poll_seconds: float = STARTED_POLL_SECONDS) -> str:
