@@ -29,7 +29,10 @@ probe lease (the ``breaker-probe-lease`` patch); ``breaker-20261127`` the same
 recording on the code before the lease (openings only). ``lost-usage`` is a call
 whose two attempts the server timed out, booked at their maximum (the
 ``lost-attempt-usage`` patch); the committed histories with timed-out calls from
-before it carry no marker.
+before it carry no marker. ``flow-*`` are ``PipelineFlowWorkflow`` histories, one
+per mode (debounce, singleton wait, batch, throttle): the flow workflow's own
+history (its updates, timers and child starts); the runs it started are plain
+pipelines.
 """
 
 from __future__ import annotations
@@ -101,6 +104,10 @@ SHAPES = {
     "lost-usage",
     "wait",
     "wait-review",
+    "flow-debounce",
+    "flow-singleton",
+    "flow-batch",
+    "flow-throttle",
 }
 OLDER_CODE = {
     "dag-20261122",
@@ -146,7 +153,7 @@ OLDER_CODE |= {
         "wait",
         "wait-review",
     }
-    if not shape.startswith(("limited-", "limiter-", "agent-limited", "agent-mcp"))
+    if not shape.startswith(("limited-", "limiter-", "agent-limited", "agent-mcp", "flow-"))
 }
 
 
