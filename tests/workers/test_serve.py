@@ -406,5 +406,11 @@ async def test_a_debounced_start_answers_202_with_what_flow_control_did(
         assert again.json()["flow"]["status"] == "collapsed"
         assert again.json()["flow"]["starts"] == 2
         assert again.headers["location"] == f"/v1/pipelines/{doc['workflow_id']}"
+        # a retried request with the same Idempotency-Key is the same start, answered once
+        keyed = bearer("ci") | {"Idempotency-Key": f"order-{uuid.uuid4()}"}
+        once = await http.post("/v1/pipelines", json=pipeline, headers=keyed)
+        retry = await http.post("/v1/pipelines", json=pipeline, headers=keyed)
+        assert once.status_code == retry.status_code == 202, retry.text
+        assert once.json()["flow"]["starts"] == retry.json()["flow"]["starts"] == 3
     finally:
         await stack.client.get_workflow_handle(flow["flow_workflow_id"]).terminate("test over")

@@ -30,7 +30,13 @@ from aiworker.config.settings import Settings
 from aiworker.schemas import flow_state, names
 from aiworker.schemas.flow import flow_workflow_id
 from aiworker.workers.client.client import PipelineClient
-from aiworker.workers.client.flow_start import FlowHandle, plan_flow_start, submit, wait_started
+from aiworker.workers.client.flow_start import (
+    FlowHandle,
+    FlowRefusedError,
+    plan_flow_start,
+    submit,
+    wait_started,
+)
 
 
 def pipeline(name: str, flow: dict[str, Any], n: int, customer: str = "c1") -> dict[str, Any]:
@@ -352,3 +358,25 @@ async def test_batch_gives_one_run_every_start_at_max_items_or_max_seconds(
         assert [s["n"] for s in inputs["starts"]] == [3, 4]
         for h in (full[0], late[0]):
             assert (await asyncio.wait_for(h.result(), 60)).status == "succeeded"
+
+
+async def test_waiting_for_a_start_its_flow_workflow_dropped_fails_naming_it(
+    client: Client, settings: Settings
+) -> None:
+    """Terminating a flow workflow drops the starts it holds: a caller waiting for
+    such a run is told, rather than waiting for ever."""
+    name = f"drop-{uuid.uuid4().hex[:6]}"
+    pc = PipelineClient(client, settings)
+    async with flow_stack(client, settings, name) as fid:
+        handle = await pc.start(pipeline(name, {"debounce": {"seconds": 86_400}}, 1), check=False)
+        assert isinstance(handle, FlowHandle) and handle.flow.status == "queued"
+        await client.get_workflow_handle(fid).terminate("an operator drops the held starts")
+        with pytest.raises(FlowRefusedError, match=f"flow workflow {fid} closed without starting"):
+            await asyncio.wait_for(wait_started(handle, poll_seconds=0.05), 30)
+
+
+def test_a_redrive_is_not_a_new_start_and_skips_flow_control() -> None:
+    raw = pipeline("p", {"singleton": "wait"}, 1)
+    assert plan_flow_start(raw) is not None
+    raw["resume_from"] = {"workflow_id": "flow/acme/p/c1/ab-1", "run_id": "r", "steps": {}}
+    assert plan_flow_start(raw) is None
