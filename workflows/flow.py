@@ -82,7 +82,14 @@ class PipelineFlowWorkflow:
     @workflow.update(name=names.FLOW_START_UPDATE)
     async def start(self, request: FlowRequest) -> FlowAnswer:
         """One start of the pipeline: answered with what became of it."""
-        decision = self._book.submit(request, workflow.now().timestamp())
+        try:
+            decision = self._book.submit(request, workflow.now().timestamp())
+        except Exception as e:  # a bug: fail this start, never the workflow task for ever
+            raise ApplicationError(
+                f"internal error in PipelineFlowWorkflow: {type(e).__name__}: {e}",
+                type=ErrorCode.INTERNAL.value,
+                non_retryable=True,
+            ) from e
         answer = decision.answer
         workflow.logger.info(
             "flow start %s: %s (%s)", self._book.key, answer.status, answer.workflow_id
