@@ -45,6 +45,7 @@ PARTS = (
     ("bench.callback", "callback"),
     ("bench.events", "events"),
     ("bench.mcp_tools", "mcp_tools"),
+    ("bench.flow", "flow"),
 )
 ENGINE = "engine"
 

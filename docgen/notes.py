@@ -104,6 +104,11 @@ ERRORS: dict[str, tuple[str, str]] = {
         "read the items' errors in the step's outputs; fix them and redrive (the succeeded "
         "items are kept), or raise `tolerated_failures`",
     ),
+    "flow_refused": (
+        "a pipeline start its `flow` did not take: `singleton: refuse` while a run holds "
+        "the key, or the key's queue is full (docs/flow-control.md); nothing was started",
+        "wait for the run named in the message to end, or cancel it; start again later",
+    ),
     "internal": (
         "an unexpected exception in a worker (a bug); logged with its traceback",
         "retried by itself; report it with the log line (trace_id) if it persists",

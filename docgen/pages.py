@@ -24,6 +24,7 @@ from aiworker.schemas.callbacks import Wait
 from aiworker.schemas.caps import HARD_MAX_STEPS, SETTING_OF, Caps
 from aiworker.schemas.causes import ErrorCause, PipelineError
 from aiworker.schemas.errors import RETRYABLE, ErrorCode
+from aiworker.schemas.flow import Batch, Debounce, Flow, Throttle
 from aiworker.schemas.names import TENANT_PATTERN
 from aiworker.schemas.pipeline import (
     Budget,
@@ -96,6 +97,10 @@ def pipeline_page() -> str:
         Wait,
         StepRetry,
         Concurrency,
+        Flow,
+        Debounce,
+        Batch,
+        Throttle,
         CachePolicy,
         ResumeFrom,
     ):

@@ -31,6 +31,7 @@ class ErrorCode(StrEnum):
     VALIDATION_FAILED = "validation_failed"
     CALLBACK_FAILED = "callback_failed"
     TOO_MANY_FAILURES = "too_many_failures"
+    FLOW_REFUSED = "flow_refused"
     INTERNAL = "internal"
 
 
@@ -52,6 +53,7 @@ RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.VALIDATION_FAILED: False,
     ErrorCode.CALLBACK_FAILED: False,
     ErrorCode.TOO_MANY_FAILURES: False,
+    ErrorCode.FLOW_REFUSED: False,
     ErrorCode.INTERNAL: True,
 }
 

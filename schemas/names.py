@@ -168,3 +168,11 @@ REGISTRY_ENTRIES_QUERY: Final = "entries"
 def worker_registry_workflow_id(queue_suffix: str = "") -> str:
     """The id of the registry workflow of one deployment (a queue family) in a namespace."""
     return f"aiworker-registry{queue_suffix}"
+
+
+# Flow control on pipeline starts (workflows/flow.py): one workflow per (tenant,
+# pipeline, key), its id from schemas/flow.py ``flow_workflow_id``; every start is its
+# ``start`` update (sent with update-with-start), answered with a FlowAnswer.
+FLOW_WORKFLOW: Final = "PipelineFlowWorkflow"
+FLOW_START_UPDATE: Final = "start"
+FLOW_STATE_QUERY: Final = "state"

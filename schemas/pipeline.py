@@ -18,6 +18,7 @@ from aiworker.schemas.base import Model
 from aiworker.schemas.callbacks import TOKEN_FIELDS, Wait
 from aiworker.schemas.caps import HARD_MAX_STEPS
 from aiworker.schemas.causes import ErrorCause, PipelineError, without_outputs
+from aiworker.schemas.flow import Flow
 from aiworker.schemas.names import (
     DEFAULT_TENANT,
     OK_STATUSES,
@@ -297,6 +298,11 @@ class PipelineSpec(Model):
         strict=True,
         description="Temporal's task priority, 1 (highest) to 5 (lowest), for the pipeline "
         "and every activity and child it starts; unset: the server's default (3)",
+    )
+    flow: Flow | None = Field(
+        default=None,
+        description="flow control on starts, keyed by inputs: debounce, batch, singleton "
+        "or throttle (docs/flow-control.md)",
     )
 
 

@@ -297,6 +297,8 @@ def cap_problems(spec: PipelineSpec, caps: Caps) -> list[Problem]:
     ]
     if spec.concurrency is not None:
         where_fields.append((None, None, "concurrency.key", spec.concurrency.key))
+    if spec.flow is not None:
+        where_fields.append((None, None, "flow.key", spec.flow.key))
     for i, step in enumerate(spec.steps):
         where_fields += [(step.id, i, f, v) for f, v in step_fields(step)]
         if isinstance(step.for_each, list) and len(step.for_each) > caps.max_foreach_items:
@@ -487,6 +489,8 @@ def check_pipeline(
     problems.extend(_output_problems(spec, index))
     if spec.concurrency is not None:
         problems.extend(_pipeline_concurrency_problems(spec.concurrency))
+    if spec.flow is not None:
+        problems.extend(Problem(None, "flow.key", m) for m in spec.flow.key_problems())
     if not problems:
         cycle = _find_cycle(deps)
         if cycle:

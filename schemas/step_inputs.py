@@ -45,6 +45,7 @@ from jsonschema.exceptions import SchemaError, _Error
 from aiworker.schemas import names, safe_schema
 from aiworker.schemas.discover_spec import compile_discover
 from aiworker.schemas.extraction_spec import SpecError, compile_selector, compile_spec
+from aiworker.schemas.flow import collects, run_inputs
 from aiworker.schemas.messages import issues, json_path, suggest
 from aiworker.schemas.output_shapes import ORIGIN, Shapes
 from aiworker.schemas.patterns import PatternError, compile_pattern
@@ -255,6 +256,15 @@ def _missing_output(ref: Ref, schema: Any, origin: str) -> tuple[str, str | None
     return None
 
 
+def _run_inputs(spec: PipelineSpec) -> dict[str, Any]:
+    """The inputs a run of ``spec`` sees: the file's, and under a collecting ``flow``
+    (batch, debounce ``inputs: all``) every start's as ``starts`` (the file's stands
+    for each), so ``${{ inputs.starts }}`` checks like any input."""
+    if spec.flow is not None and collects(spec.flow):
+        return run_inputs(spec.inputs, [spec.inputs])
+    return spec.inputs
+
+
 def _ref_problems(
     spec: PipelineSpec,
     shapes: Shapes,
@@ -267,7 +277,7 @@ def _ref_problems(
     for at, ref in _located_refs(value, field):
         why: tuple[str, str | None] | None = None
         if ref.root == "inputs":
-            why = _missing_input(ref, spec.inputs)
+            why = _missing_input(ref, _run_inputs(spec))
         elif ref.step_id is not None and len(ref.path) > 2 and ref.path[1] == "outputs":
             found = shapes.of(ref.step_id)
             if found is not None:
@@ -364,6 +374,8 @@ def step_problems(
     if spec.concurrency is not None:
         key = spec.concurrency.key
         out.extend(_ref_problems(spec, shapes, (None, None), "concurrency.key", key))
+    if spec.flow is not None:
+        out.extend(_ref_problems(spec, shapes, (None, None), "flow.key", spec.flow.key))
     return out
 
 

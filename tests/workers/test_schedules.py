@@ -45,6 +45,7 @@ from aiworker.workers.schedules.schedules import (
 )
 from aiworker.workers.schedules.specs import (
     ScheduleOptions,
+    ScheduleSpecError,
     calendar_text,
     format_duration,
     parse_duration,
@@ -425,3 +426,33 @@ def test_a_calendar_reads_as_the_cron_line_it_stands_for() -> None:
     )
     assert spec_text(spec) == "cron */15 9-17 * * 1-5; every 6h/5h (US/Central)"
     assert parse_interval("6h/5h") == ScheduleIntervalSpec(timedelta(hours=6), timedelta(hours=5))
+
+
+@pytest.mark.parametrize(
+    "flow",
+    [
+        {"singleton": "refuse"},
+        {"debounce": {"seconds": 5}},
+        {"throttle": {"max_starts": 1, "period_seconds": 60}},
+    ],
+)
+async def test_a_pipeline_with_flow_is_refused_at_schedule_creation(
+    client: Client, settings: Settings, flow: dict[str, Any]
+) -> None:
+    """The server starts a schedule's runs itself, past any flow workflow: a `flow`
+    would be ignored, so the schedule is refused, naming the way to one at a time."""
+    pipeline = {
+        **publish_pipeline("flowed", "x.jsonl"),
+        "inputs": {"customer": "c1"},
+        "flow": {"key": "${{ inputs.customer }}", **flow},
+    }
+    sid = f"flow-{uuid.uuid4().hex[:8]}"
+    options = ScheduleOptions(intervals=(parse_interval("1h"),))
+    with pytest.raises(ScheduleSpecError) as refused:
+        await create_schedule(PipelineClient(client, settings), sid, pipeline, options, check=False)
+    assert refused.value.flag == "flow"
+    assert "cannot apply the pipeline's flow control" in str(refused.value)
+    assert "--overlap-policy" in str(refused.value)
+    with pytest.raises(RPCError) as nothing:
+        await client.get_schedule_handle(sid).describe()
+    assert nothing.value.status == RPCStatusCode.NOT_FOUND

@@ -351,3 +351,67 @@ async def test_the_curl_examples_of_the_docs_run_as_written(
             headers=bearer("ci"),
         )
         assert r.status_code == 200 and r.json()["status"] == "succeeded", r.text
+
+
+async def test_singleton_refuse_answers_409_naming_the_run_that_holds_the_key(
+    http: httpx.AsyncClient, stack: Stack
+) -> None:
+    """Flow control (docs/flow-control.md) at the front door: the held run awaits review."""
+    customer = f"c-{uuid.uuid4().hex[:8]}"
+    pipeline = {
+        **review_pipeline(),
+        "inputs": {"customer": customer},
+        "flow": {"key": "${{ inputs.customer }}", "singleton": "refuse"},
+    }
+    first = await http.post("/v1/pipelines", json=pipeline, headers=bearer("ci"))
+    assert first.status_code == 201, first.text
+    wid = first.json()["workflow_id"]
+    assert wid.endswith(f"/review/{customer}")
+    try:
+        again = await http.post("/v1/pipelines", json=pipeline, headers=bearer("ci"))
+        message = error(again, 409, "flow_refused")
+        assert wid in message and "holds flow key" in message
+        body = again.json()["error"]
+        assert body["flow"] == "refused" and body["workflow_id"] == wid, body
+        empty = {**pipeline, "inputs": {"customer": ""}}
+        bad = error(
+            await http.post("/v1/pipelines", json=empty, headers=bearer("ci")), 400, "invalid_input"
+        )
+        assert "flow.key" in bad
+    finally:
+        await stack.client.get_workflow_handle(wid).terminate("test over")
+
+
+async def test_a_debounced_start_answers_202_with_what_flow_control_did(
+    http: httpx.AsyncClient, stack: Stack
+) -> None:
+    """The front door's answer carries the flow workflow's: queued, then collapsed
+    into the same run (a day's quiet period: nothing starts during the test)."""
+    customer = f"c-{uuid.uuid4().hex[:8]}"
+    pipeline = {
+        **one_step_pipeline("api-debounce"),
+        "inputs": {"customer": customer, "doc": {"title": "x"}},
+        "flow": {"key": "${{ inputs.customer }}", "debounce": {"seconds": 86_400}},
+    }
+    first = await http.post("/v1/pipelines", json=pipeline, headers=bearer("ci"))
+    assert first.status_code == 202, first.text
+    doc = first.json()
+    flow = doc["flow"]
+    try:
+        assert flow["status"] == "queued" and doc["run_id"] is None
+        assert doc["workflow_id"].startswith(flow["flow_workflow_id"] + "/")
+        assert "debounce: starts once key" in flow["reason"] and flow["starts"] == 1
+        again = await http.post("/v1/pipelines", json=pipeline, headers=bearer("ci"))
+        assert again.status_code == 202, again.text
+        assert again.json()["workflow_id"] == doc["workflow_id"]
+        assert again.json()["flow"]["status"] == "collapsed"
+        assert again.json()["flow"]["starts"] == 2
+        assert again.headers["location"] == f"/v1/pipelines/{doc['workflow_id']}"
+        # a retried request with the same Idempotency-Key is the same start, answered once
+        keyed = bearer("ci") | {"Idempotency-Key": f"order-{uuid.uuid4()}"}
+        once = await http.post("/v1/pipelines", json=pipeline, headers=keyed)
+        retry = await http.post("/v1/pipelines", json=pipeline, headers=keyed)
+        assert once.status_code == retry.status_code == 202, retry.text
+        assert once.json()["flow"]["starts"] == retry.json()["flow"]["starts"] == 3
+    finally:
+        await stack.client.get_workflow_handle(flow["flow_workflow_id"]).terminate("test over")

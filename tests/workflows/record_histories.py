@@ -29,6 +29,7 @@ by a Temporal Schedule, the live worker registry (publish, expiry, withdraw),
 and rate-limited for_each items with their limiters (leased blocks, queued), and
 for_each items several to an activity task (``items_per_task``, with a retry round),
 and a for_each whose ``tolerated_failures`` was passed (a chunk and its items cancelled).
+and the keyed flow workflow in each mode (``flow``).
 ``limited*``, ``review-cancelled`` and
 ``slot-expired`` came from code before the pipeline split (commit 8a3581a);
 ``*-budget-first`` from code before for_each items took their permits before
@@ -871,6 +872,52 @@ async def _equal(found: Awaitable[set[str]], want: set[str]) -> bool:
     return await found == want
 
 
+async def rec_flow(client: Client, tmp: Path) -> Saved:
+    """The keyed flow workflow (``PipelineFlowWorkflow``), one per mode: a debounce
+    collecting three starts and starting the run after its quiet second; singleton
+    ``wait`` queueing a start behind a held run and starting it once that run ended;
+    a batch full at two starts and the next started at its deadline; a throttle of one
+    start per two seconds queueing the second."""
+    from test_flow_workflow import held, pipeline, token_of
+
+    from aiworker.workers.client.flow_start import FlowHandle, wait_started
+
+    settings = _settings(tmp)
+    pc = PipelineClient(client, settings)
+    saved: Saved = {}
+
+    async def run_all(handles: list[Any]) -> None:
+        for h in handles:
+            assert isinstance(h, FlowHandle)
+            await asyncio.wait_for(wait_started(h, poll_seconds=0.05), 30)
+            await h.result()
+
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        debounce = {"debounce": {"seconds": 1, "inputs": "all"}}
+        handles = [await pc.start(pipeline("replay-flow-debounce", debounce, n)) for n in range(3)]
+        await run_all(handles[:1])
+        saved["flow-debounce"] = handles[0].flow.flow_workflow_id
+
+        wait = {"singleton": "wait"}
+        a = await pc.start(held("replay-flow-singleton", wait, 0))
+        b = await pc.start(held("replay-flow-singleton", wait, 1))
+        await pc.complete_callback(await token_of(pc, a), {"by": "ann"})
+        await pc.complete_callback(await token_of(pc, b), {"by": "bob"})
+        await run_all([a, b])
+        saved["flow-singleton"] = a.flow.flow_workflow_id
+
+        batch = {"batch": {"max_items": 2, "max_seconds": 1}}
+        handles = [await pc.start(pipeline("replay-flow-batch", batch, n)) for n in range(3)]
+        await run_all([handles[0], handles[2]])
+        saved["flow-batch"] = handles[0].flow.flow_workflow_id
+
+        throttle = {"throttle": {"max_starts": 1, "period_seconds": 2}}
+        handles = [await pc.start(pipeline("replay-flow-throttle", throttle, n)) for n in range(2)]
+        await run_all(handles)
+        saved["flow-throttle"] = handles[0].flow.flow_workflow_id
+    return saved
+
+
 RECORDINGS: dict[str, Recording] = {
     "basic": rec_basic,
     "review": rec_review,
@@ -889,6 +936,7 @@ RECORDINGS: dict[str, Recording] = {
     "breaker": rec_breaker,
     "lost-usage": rec_lost_usage,
     "wait": rec_wait,
+    "flow": rec_flow,
 }
 
 

@@ -33,6 +33,10 @@ before it carry no marker. ``tolerated`` (and ``-chunk``, ``-chunk-cancelled``) 
 a for_each whose ``tolerated_failures`` was passed: a chunk that stopped on its own
 failures, and one the pipeline cancelled, its activities cancelled in flight (no
 marker: only a step with the field reaches that code).
+before it carry no marker. ``flow-*`` are ``PipelineFlowWorkflow`` histories, one
+per mode (debounce, singleton wait, batch, throttle): the flow workflow's own
+history (its updates, timers and child starts); the runs it started are plain
+pipelines.
 """
 
 from __future__ import annotations
@@ -107,6 +111,10 @@ SHAPES = {
     "tolerated",
     "tolerated-chunk",
     "tolerated-chunk-cancelled",
+    "flow-debounce",
+    "flow-singleton",
+    "flow-batch",
+    "flow-throttle",
 }
 OLDER_CODE = {
     "dag-20261122",
@@ -155,7 +163,7 @@ OLDER_CODE |= {
         "tolerated-chunk",
         "tolerated-chunk-cancelled",
     }
-    if not shape.startswith(("limited-", "limiter-", "agent-limited", "agent-mcp"))
+    if not shape.startswith(("limited-", "limiter-", "agent-limited", "agent-mcp", "flow-"))
 }
 
 

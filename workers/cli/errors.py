@@ -117,8 +117,10 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
     Returns:
         The message (without the ``aiworker:`` prefix) and the exit code.
     """
+    from aiworker.schemas.pipeline_check import PipelineSpecError
     from aiworker.workers.client.bulk import BulkQueryError
     from aiworker.workers.client.client import RedriveError
+    from aiworker.workers.client.flow_start import FlowRefusedError
     from aiworker.workers.client.step_items import StepItemsError
     from aiworker.workers.schedules.schedules import ScheduleExistsError
     from aiworker.workers.schedules.specs import ScheduleSpecError
@@ -133,6 +135,10 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
         return Failure(f"cannot redrive: {e}", EXIT_USAGE)
     if isinstance(e, BulkQueryError):
         return Failure(str(e), EXIT_USAGE)
+    if isinstance(e, FlowRefusedError):
+        return Failure(f"{e} ({e.code})", EXIT_USAGE)
+    if isinstance(e, PipelineSpecError):
+        return Failure(f"{e} (invalid_input)", EXIT_USAGE)
     if isinstance(e, StepItemsError):
         return Failure(f"{_subject(args)}: {e} ({e.code.value})", _items_exit(e))
     if isinstance(e, TemporalUnreachableError):

@@ -58,6 +58,7 @@ from aiworker.schemas import names
 from aiworker.schemas.callbacks import CallbackRequest
 from aiworker.schemas.causes import PipelineError
 from aiworker.schemas.errors import ErrorCode
+from aiworker.schemas.flow_state import FlowAnswer
 from aiworker.schemas.limits import RunConfig
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
 from aiworker.schemas.pipeline_check import PipelineSpecError, parse_pipeline
@@ -65,6 +66,13 @@ from aiworker.schemas.priority import start_priority
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.client import visibility as visibility
 from aiworker.workers.client.callbacks import CallbackError, send_callback
+from aiworker.workers.client.flow_start import (
+    FlowHandle,
+    FlowRefusedError,
+    FlowStart,
+    plan_flow_start,
+)
+from aiworker.workers.client.flow_start import submit as submit_flow
 from aiworker.workers.client.step_items import StepItemsError, read_items, spec_step
 from aiworker.workers.client.temporal_client import TemporalUnreachableError, connect
 from aiworker.workers.client.visibility import PipelineSummary, list_query
@@ -263,6 +271,9 @@ class PipelineClient:
         """
         if check:
             await self.check_live(pipeline)
+        flow = plan_flow_start(pipeline, self.settings.task_queue_suffix)
+        if flow is not None:
+            return await self._start_with_flow(pipeline, flow, workflow_id)
         name = str(pipeline.get("name") or "pipeline")
         return await self.temporal.start_workflow(
             PipelineWorkflow.run,
@@ -271,6 +282,52 @@ class PipelineClient:
             id_reuse_policy=id_reuse_policy,
             **self.start_options(pipeline),
         )
+
+    async def _start_with_flow(
+        self, pipeline: Mapping[str, Any], flow: FlowStart, workflow_id: str | None = None
+    ) -> FlowHandle:
+        """Start under the pipeline's ``flow`` (:mod:`.flow_start`): ``singleton:
+        refuse`` as the keyed id with ``WorkflowIDConflictPolicy.FAIL``; any other
+        mode as the ``start`` update of the key's flow workflow. A caller's
+        ``workflow_id`` becomes the update's id (the same start sent twice is
+        answered once); the runs' ids are the flow's.
+
+        Returns:
+            The handle of the run that will do the work, with the answer as ``flow``
+            (the run may not exist yet: :func:`~.flow_start.wait_started`).
+
+        Raises:
+            FlowRefusedError: ``singleton: refuse`` and a run holds the key, or the
+                flow workflow refused the start.
+        """
+        options = self.start_options(pipeline)
+        if not flow.refuse:
+            return await submit_flow(
+                self.temporal,
+                pipeline,
+                flow,
+                task_queue=options["task_queue"],
+                priority=options["priority"],
+                update_id=workflow_id,
+            )
+        try:
+            handle = await self.temporal.start_workflow(
+                PipelineWorkflow.run,
+                dict(pipeline),
+                id=flow.workflow_id,
+                id_conflict_policy=flow.id_conflict_policy,
+                **options,
+            )
+        except WorkflowAlreadyStartedError as e:
+            raise FlowRefusedError(flow.key, flow.workflow_id, e.run_id) from e
+        answer = FlowAnswer(
+            status="started",
+            workflow_id=handle.id,
+            run_id=handle.result_run_id,
+            reason=f"singleton: refuse: at most one run of key {flow.key!r} at a time",
+            flow_workflow_id=handle.id,
+        )
+        return FlowHandle(self.temporal, answer, flow.key)
 
     def start_options(self, pipeline: Mapping[str, Any]) -> dict[str, Any]:
         """How every run of ``pipeline`` starts, by :meth:`start` or by a schedule's

@@ -275,13 +275,25 @@ async def wait_and_show(
     with what a step has long waited for on stderr meanwhile); or a first line
     with the workflow id and UI link, the run's progress and the summary table
     (the output ``fields`` whole: ``--field``)."""
+    from aiworker.workers.client.flow_start import FlowHandle, headline, wait_started
+
+    name = pipeline.get("name")
+    flow = handle.flow if isinstance(handle, FlowHandle) else None
+    if flow is not None and flow.status != "started":
+        # what flow control did, before any wait: a debounce or a queue may hold the
+        # run long; stdout keeps the id (or the JSON) alone with --no-wait and --json
+        line = f"{name}: {headline(flow)} ({flow.reason})"
+        print(line, file=sys.stderr if no_wait or as_json else sys.stdout, flush=True)
     if no_wait:
         print(handle.id)
         return EXIT_OK
+    if isinstance(handle, FlowHandle):
+        await wait_started(handle)  # a queued or collapsed start's run may not exist yet
     if as_json:
         return print_outcome(await outcome_telling_waits(pipelines, handle, err))
     link = run_link(pipelines.temporal, ui_url, handle.id)
-    print(f"{pipeline.get('name')}: started {handle.id}" + (f"  {link}" if link else ""))
+    why = f" ({flow.reason})" if flow is not None and flow.status == "started" else ""
+    print(f"{name}: started {handle.id}{why}" + (f"  {link}" if link else ""))
     doc = await show_run(pipelines, handle, pipeline, link, fields)
     warn_duplicates(doc)
     return outcome_code(doc)

@@ -41,6 +41,7 @@ from aiworker.schemas.pipeline_check import PipelineSpecError
 from aiworker.workers.client.callbacks import UNKNOWN as UNKNOWN_TOKEN
 from aiworker.workers.client.callbacks import CallbackError, run_of, send_callback
 from aiworker.workers.client.client import PipelineClient, RedriveError
+from aiworker.workers.client.flow_start import FlowHandle, FlowRefusedError, flow_doc
 from aiworker.workers.client.step_items import ItemsPartError, StepItemsError
 from aiworker.workers.frontdoor.auth import (
     ApiKey,
@@ -286,6 +287,17 @@ class Service:
                 check=False,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             )
+        except PipelineSpecError as e:  # the flow key, resolved at start
+            raise _spec_error(e, "the start's inputs") from None
+        except FlowRefusedError as e:
+            raise ApiError(
+                409,
+                ErrorCode.FLOW_REFUSED,
+                str(e),
+                flow="refused",
+                workflow_id=e.workflow_id,
+                run_id=e.run_id,
+            ) from None
         except WorkflowAlreadyStartedError as e:
             workflow_id = e.workflow_id
             first = None if same_run else await pipelines.started_input(workflow_id)
@@ -305,13 +317,18 @@ class Service:
             handle.id,
             pipeline.get("tenant"),
         )
-        doc = {
+        doc: dict[str, Any] = {
             "workflow_id": handle.id,
             "run_id": handle.result_run_id,
             "pipeline": pipeline.get("name"),
             "tenant": pipeline.get("tenant"),
             "status": "queued",
         }
+        if isinstance(handle, FlowHandle):
+            # what the pipeline's flow did with this start; a run not started yet
+            # (collapsed into it or queued) is 202 and has no run id
+            doc["flow"] = flow_doc(handle.flow)
+            return _started(doc, 201 if handle.flow.status == "started" else 202)
         return _started(doc, 201)
 
     async def owned(self, workflow_id: str, key: ApiKey) -> WorkflowExecutionDescription:

@@ -46,7 +46,7 @@ PLUGIN_NAME = "aiworker.AiworkerPlugin"
 # immutable), and (b) follows the sandbox rules like any workflow code (the replay
 # tests run them in the SDK's default sandbox, which passes none of them through).
 # The modules that define the workflows the SDK loads per run (pipeline, foreach,
-# agent, breakers, conformance) stay sandboxed: each run re-imports its own
+# agent, breakers, conformance, flow) stay sandboxed: each run re-imports its own
 # workflow module, so the sandbox still checks that code and isolates its state.
 # limits is shared although it defines LimiterWorkflow: its PermitSignals mixin and
 # permit book are the same classes for the pipeline, the chunks and the limiter.
@@ -59,6 +59,7 @@ SHARED_WORKFLOW_MODULES = (
     "aiworker.workflows.dag",
     "aiworker.workflows.details",
     "aiworker.workflows.fanout",
+    "aiworker.workflows.flow_book",
     "aiworker.workflows.governed",
     "aiworker.workflows.items",
     "aiworker.workflows.limits",

@@ -27,6 +27,7 @@ from aiworker.workers.process.plugins import ServedWorkers, WorkerSet
 from aiworker.workers.process.resources import artifact_store
 from aiworker.workflows.agent import AgentWorkflow
 from aiworker.workflows.breakers import SharedBreakerWorkflow
+from aiworker.workflows.flow import PipelineFlowWorkflow
 from aiworker.workflows.foreach import PipelineForEachWorkflow
 from aiworker.workflows.limits import LimiterWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
@@ -42,6 +43,7 @@ WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {
         LimiterWorkflow,
         SharedBreakerWorkflow,
         WorkerRegistryWorkflow,
+        PipelineFlowWorkflow,
     ],
 }
 

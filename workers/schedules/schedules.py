@@ -128,11 +128,22 @@ async def create_schedule(
     Raises:
         PipelineSpecError: the pipeline is invalid; nothing was created.
         ScheduleSpecError: no time given, or Temporal refused one (a bad cron
-            line, an unknown time zone); nothing was created.
+            line, an unknown time zone), or the pipeline declares ``flow`` (a
+            schedule cannot apply it); nothing was created.
         ScheduleExistsError: a schedule with this id exists already.
     """
     if not options.cron and not options.intervals:
         raise ScheduleSpecError("--cron/--interval", "a schedule needs a cron line or an interval")
+    if pipeline.get("flow") is not None:
+        # The server starts a schedule's runs itself: no client sends them through the
+        # key's flow workflow, so a `flow` would be silently ignored. Refused instead.
+        raise ScheduleSpecError(
+            "flow",
+            "a schedule starts its runs on the server and cannot apply the pipeline's "
+            "flow control; remove `flow` from the file (a schedule's --overlap-policy, "
+            "Skip by default, keeps its runs one at a time), or start the pipeline with "
+            "`aiworker run` from your own scheduler",
+        )
     if check:
         await pipelines.check_live(pipeline)
     start = pipelines.start_options(pipeline)
