@@ -176,3 +176,8 @@ def worker_registry_workflow_id(queue_suffix: str = "") -> str:
 FLOW_WORKFLOW: Final = "PipelineFlowWorkflow"
 FLOW_START_UPDATE: Final = "start"
 FLOW_STATE_QUERY: Final = "state"
+# A schedule's run of a pipeline that declares ``flow``: the server starts this
+# small workflow, whose one activity sends the start through the key's flow
+# (workers/schedules/flow_starts.py), as ``aiworker run`` would.
+FLOW_SCHEDULED_WORKFLOW: Final = "ScheduledFlowStart"
+FLOW_SUBMIT_ACTIVITY: Final = "flow-submit"

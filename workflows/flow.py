@@ -53,8 +53,8 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import Priority
-from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.common import Priority, RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import flow_state as bounds
@@ -248,3 +248,50 @@ class PipelineFlowWorkflow:
 
 
 __all__ = ["PipelineFlowWorkflow"]
+
+
+SUBMIT_TIMEOUT = timedelta(seconds=90)
+"""One ``flow-submit`` attempt: its start is sent again for up to 30 s while the
+key's flow workflow is busy (``workers/client/flow_start.py``), with room to spare."""
+SUBMIT_ATTEMPTS = 5
+
+
+@workflow.defn(name=names.FLOW_SCHEDULED_WORKFLOW)
+class ScheduledFlowStartWorkflow:
+    """A schedule's run of a pipeline that declares ``flow``.
+
+    A Temporal Schedule starts its action on the server, where no client can send
+    the start through the key's :class:`PipelineFlowWorkflow`; so the schedule of
+    such a pipeline starts this workflow instead, whose one activity
+    (``flow-submit``) makes the start exactly as ``aiworker run`` makes it: the
+    ``start`` update of the key's flow workflow, or for ``singleton: refuse`` the
+    keyed id with ``WorkflowIDConflictPolicy.FAIL``. Its result is the flow's
+    answer (the run that will do the work, and why); a refused start fails it
+    with ``flow_refused``, so the schedule's recent actions show it. Each attempt
+    sends the same update id (this workflow run's): a retried activity is
+    answered once.
+    """
+
+    @workflow.run
+    async def run(self, pipeline: dict[str, Any]) -> FlowAnswer:
+        try:
+            answer: FlowAnswer = await workflow.execute_activity(
+                names.FLOW_SUBMIT_ACTIVITY,
+                pipeline,
+                result_type=FlowAnswer,
+                start_to_close_timeout=SUBMIT_TIMEOUT,
+                retry_policy=RetryPolicy(
+                    maximum_attempts=SUBMIT_ATTEMPTS,
+                    non_retryable_error_types=[
+                        ErrorCode.FLOW_REFUSED.value,
+                        ErrorCode.INVALID_INPUT.value,
+                    ],
+                ),
+            )
+        except ActivityError as e:
+            cause = e.cause
+            if isinstance(cause, ApplicationError):
+                raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from None
+            raise
+        workflow.set_current_details(f"{answer.status}: {answer.workflow_id} ({answer.reason})")
+        return answer

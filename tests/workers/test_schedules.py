@@ -27,7 +27,9 @@ from temporalio.client import (
     ScheduleIntervalSpec,
     ScheduleRange,
     ScheduleSpec,
+    WorkflowFailureError,
 )
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.activities.publish import Publish
@@ -35,17 +37,21 @@ from aiworker.activities.runtime import WorkerRuntime
 from aiworker.config.catalog import load_specs
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
+from aiworker.schemas.errors import ErrorCode
+from aiworker.schemas.flow import flow_workflow_id
+from aiworker.schemas.flow_state import FlowAnswer
+from aiworker.schemas.pipeline_check import PipelineSpecError
 from aiworker.workers.cli.common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
 from aiworker.workers.client.client import PipelineClient
 from aiworker.workers.devstack.devserver import temporal_cli_path
 from aiworker.workers.schedules.schedules import (
     create_schedule,
     describe_schedule,
+    list_schedules,
     trigger_schedule,
 )
 from aiworker.workers.schedules.specs import (
     ScheduleOptions,
-    ScheduleSpecError,
     calendar_text,
     format_duration,
     parse_duration,
@@ -428,31 +434,110 @@ def test_a_calendar_reads_as_the_cron_line_it_stands_for() -> None:
     assert parse_interval("6h/5h") == ScheduleIntervalSpec(timedelta(hours=6), timedelta(hours=5))
 
 
-@pytest.mark.parametrize(
-    "flow",
-    [
-        {"singleton": "refuse"},
-        {"debounce": {"seconds": 5}},
-        {"throttle": {"max_starts": 1, "period_seconds": 60}},
-    ],
-)
-async def test_a_pipeline_with_flow_is_refused_at_schedule_creation(
-    client: Client, settings: Settings, flow: dict[str, Any]
-) -> None:
-    """The server starts a schedule's runs itself, past any flow workflow: a `flow`
-    would be ignored, so the schedule is refused, naming the way to one at a time."""
-    pipeline = {
-        **publish_pipeline("flowed", "x.jsonl"),
+def flow_pipeline(name: str, flow: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "tenant": "acme",
         "inputs": {"customer": "c1"},
         "flow": {"key": "${{ inputs.customer }}", **flow},
+        "steps": [{"id": "hold", "worker": "validator", "input": {"data": 1, "schema": {}}}],
     }
+
+
+async def scheduled_answer(client: Client, sid: str) -> tuple[str, FlowAnswer | BaseException]:
+    """Trigger the schedule and wait for its ScheduledFlowStart to end: its id and its
+    answer (or the failure it ended with)."""
+    triggered = await trigger_schedule(client, sid)
+    assert triggered.workflow_id is not None and not triggered.skipped, triggered
+    handle = client.get_workflow_handle(triggered.workflow_id, result_type=FlowAnswer)
+    try:
+        return triggered.workflow_id, await asyncio.wait_for(handle.result(), 30)
+    except WorkflowFailureError as e:
+        return triggered.workflow_id, e.cause
+
+
+async def test_a_schedule_starts_a_flow_pipeline_through_its_flow(
+    client: Client, settings: Settings
+) -> None:
+    """A schedule's start of a pipeline with `flow` goes through the key's flow, as
+    `aiworker run` does: `singleton: refuse` refuses the second start while the first
+    run holds the key (the scheduled start fails with flow_refused), and `singleton:
+    wait` queues it behind that run, which then starts when the first ends."""
+    release = asyncio.Event()
+
+    async def held(req: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.wait_for(release.wait(), 60)
+        return {"valid": True}
+
+    acts = {"validator": standin("validator", held)}
+    hourly = ScheduleOptions(intervals=[parse_interval("1h")])
+    refuse_name, wait_name = f"refuse-{uuid.uuid4().hex[:6]}", f"wait-{uuid.uuid4().hex[:6]}"
+    refuse_sid, wait_sid = f"s-{refuse_name}", f"s-{wait_name}"
+    pc = PipelineClient(client, settings)
+    async with running_stack(client, settings, replace_activities=acts):
+        await create_schedule(
+            pc, refuse_sid, flow_pipeline(refuse_name, {"singleton": "refuse"}), hourly
+        )
+        await create_schedule(pc, wait_sid, flow_pipeline(wait_name, {"singleton": "wait"}), hourly)
+        try:
+            doc = await describe_schedule(client, refuse_sid)
+            assert doc["workflow_type"] == names.FLOW_SCHEDULED_WORKFLOW
+
+            async def listed() -> list[str]:
+                rows = await list_schedules(client, tenant="acme", pipeline=refuse_name)
+                return [r.schedule_id for r in rows]
+
+            assert await wait_until(listed, "the schedule in the list", timeout=20) == [refuse_sid]
+
+            # singleton: refuse
+            _, first = await scheduled_answer(client, refuse_sid)
+            assert isinstance(first, FlowAnswer) and first.status == "started", first
+            held_id = flow_workflow_id("acme", refuse_name, "c1", settings.task_queue_suffix)
+            assert first.workflow_id == held_id
+            _, second = await scheduled_answer(client, refuse_sid)
+            assert isinstance(second, ApplicationError), second
+            assert second.type == ErrorCode.FLOW_REFUSED.value
+            assert "holds flow key 'c1'" in second.message
+
+            # singleton: wait
+            _, w1 = await scheduled_answer(client, wait_sid)
+            _, w2 = await scheduled_answer(client, wait_sid)
+            assert isinstance(w1, FlowAnswer) and w1.status == "started", w1
+            assert isinstance(w2, FlowAnswer) and w2.status == "queued", w2
+            assert w2.behind == w1.workflow_id and w2.workflow_id != w1.workflow_id
+            release.set()
+            for run in (w1, w2):
+
+                async def ended(wid: str = run.workflow_id) -> str | None:
+                    try:
+                        desc = await client.get_workflow_handle(wid).describe()
+                    except RPCError:
+                        return None
+                    status = desc.status
+                    return status.name if status and status.name != "RUNNING" else None
+
+                assert await wait_until(ended, f"run {run.workflow_id} to end", timeout=40) == (
+                    "COMPLETED"
+                )
+            result = await client.get_workflow_handle(held_id).result()
+            assert result["status"] == "succeeded"
+        finally:
+            release.set()
+            for sid in (refuse_sid, wait_sid):
+                await delete_quietly(client, sid)
+
+
+async def test_a_flow_key_that_resolves_to_nothing_refuses_the_schedule(
+    client: Client, settings: Settings
+) -> None:
+    """The key resolves from the schedule's fixed inputs when it is created: one that
+    resolves to nothing is refused then, naming `flow.key`, and nothing is created."""
+    pipeline = {**flow_pipeline("nokey", {"debounce": {"seconds": 5}}), "inputs": {}}
     sid = f"flow-{uuid.uuid4().hex[:8]}"
     options = ScheduleOptions(intervals=(parse_interval("1h"),))
-    with pytest.raises(ScheduleSpecError) as refused:
+    with pytest.raises(PipelineSpecError) as refused:
         await create_schedule(PipelineClient(client, settings), sid, pipeline, options, check=False)
-    assert refused.value.flag == "flow"
-    assert "cannot apply the pipeline's flow control" in str(refused.value)
-    assert "--overlap-policy" in str(refused.value)
+    assert "flow.key" in str(refused.value)
     with pytest.raises(RPCError) as nothing:
         await client.get_schedule_handle(sid).describe()
     assert nothing.value.status == RPCStatusCode.NOT_FOUND

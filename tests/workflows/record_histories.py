@@ -29,7 +29,8 @@ by a Temporal Schedule, the live worker registry (publish, expiry, withdraw),
 and rate-limited for_each items with their limiters (leased blocks, queued), and
 for_each items several to an activity task (``items_per_task``, with a retry round),
 and a for_each whose ``tolerated_failures`` was passed (a chunk and its items cancelled).
-and the keyed flow workflow in each mode (``flow``).
+and the keyed flow workflow in each mode (``flow``), and a schedule's start of a
+flow pipeline (``flow-scheduled``).
 ``limited*``, ``review-cancelled`` and
 ``slot-expired`` came from code before the pipeline split (commit 8a3581a);
 ``*-budget-first`` from code before for_each items took their permits before
@@ -918,6 +919,31 @@ async def rec_flow(client: Client, tmp: Path) -> Saved:
     return saved
 
 
+async def rec_flow_scheduled(client: Client, tmp: Path) -> Saved:
+    """A schedule's start of a flow pipeline (``ScheduledFlowStart``): its
+    ``flow-submit`` activity sends the start through the key's debounce, started
+    here as the schedule's action starts it."""
+    from test_flow_workflow import pipeline
+
+    from aiworker.workers.client.flow_start import FlowHandle, wait_started
+    from aiworker.workflows.flow import ScheduledFlowStartWorkflow
+
+    settings = _settings(tmp)
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        raw = pipeline("replay-flow-scheduled", {"debounce": {"seconds": 1}}, 0)
+        wid = "replay-flow-scheduled-2026-11-28T00:00:00Z"
+        answer = await client.execute_workflow(
+            ScheduledFlowStartWorkflow.run,
+            raw,
+            id=wid,
+            task_queue=settings.queue(names.PIPELINES_QUEUE),
+        )
+        run = FlowHandle(client, answer, "c1")
+        await asyncio.wait_for(wait_started(run, poll_seconds=0.05), 30)
+        await run.result()
+    return {"flow-scheduled": wid}
+
+
 RECORDINGS: dict[str, Recording] = {
     "basic": rec_basic,
     "review": rec_review,
@@ -937,6 +963,7 @@ RECORDINGS: dict[str, Recording] = {
     "lost-usage": rec_lost_usage,
     "wait": rec_wait,
     "flow": rec_flow,
+    "flow-scheduled": rec_flow_scheduled,
 }
 
 

@@ -36,7 +36,8 @@ marker: only a step with the field reaches that code).
 before it carry no marker. ``flow-*`` are ``PipelineFlowWorkflow`` histories, one
 per mode (debounce, singleton wait, batch, throttle): the flow workflow's own
 history (its updates, timers and child starts); the runs it started are plain
-pipelines.
+pipelines. ``flow-scheduled`` is a schedule's ``ScheduledFlowStart``: one
+``flow-submit`` activity that sends the start through the key's flow.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ SHAPES = {
     "flow-singleton",
     "flow-batch",
     "flow-throttle",
+    "flow-scheduled",
 }
 OLDER_CODE = {
     "dag-20261122",

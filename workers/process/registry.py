@@ -25,9 +25,10 @@ from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.process.live_registry import live_specs
 from aiworker.workers.process.plugins import ServedWorkers, WorkerSet
 from aiworker.workers.process.resources import artifact_store
+from aiworker.workers.schedules.flow_starts import ScheduledFlowActivities
 from aiworker.workflows.agent import AgentWorkflow
 from aiworker.workflows.breakers import SharedBreakerWorkflow
-from aiworker.workflows.flow import PipelineFlowWorkflow
+from aiworker.workflows.flow import PipelineFlowWorkflow, ScheduledFlowStartWorkflow
 from aiworker.workflows.foreach import PipelineForEachWorkflow
 from aiworker.workflows.limits import LimiterWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
@@ -44,6 +45,7 @@ WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {
         SharedBreakerWorkflow,
         WorkerRegistryWorkflow,
         PipelineFlowWorkflow,
+        ScheduledFlowStartWorkflow,
     ],
 }
 
@@ -131,6 +133,8 @@ def activities_for(
         out += [items.store, items.load]
         # the secrets of wait steps' tokens (and the serve's public URL)
         out.append(CallbackActivities(runtime.settings).tokens)
+        # a schedule's start of a pipeline with `flow`, through the key's flow workflow
+        out.append(ScheduledFlowActivities(runtime.settings).submit)
     return out
 
 

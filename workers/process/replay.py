@@ -193,6 +193,7 @@ def workflow_type_names() -> set[str]:
         names.SHARED_BREAKER_WORKFLOW,
         names.WORKER_REGISTRY_WORKFLOW,
         names.FLOW_WORKFLOW,
+        names.FLOW_SCHEDULED_WORKFLOW,
         "ConformanceWorkflow",
     }
 

@@ -9,7 +9,11 @@ queue, search attributes and summary:
 :meth:`~aiworker.workers.client.client.PipelineClient.start_options`); the pipeline
 is checked first, as ``aiworker run`` checks it, and encoded once, when the
 schedule is created, by the client's data converter (external storage
-included), so every run starts from the same input.
+included), so every run starts from the same input. A pipeline that declares
+``flow`` cannot be started by the server directly (its starts go through the
+key's flow workflow): its schedule's action starts
+:class:`~aiworker.workflows.flow.ScheduledFlowStartWorkflow`, whose one activity
+makes the start as ``aiworker run`` does and returns the flow's answer.
 
 Each run's workflow id is the action's workflow id (the schedule id unless
 ``workflow_id`` says otherwise) with the run's nominal time appended by the
@@ -46,6 +50,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.schemas import names
 from aiworker.workers.client.client import PipelineClient
+from aiworker.workers.client.flow_start import plan_flow_start
 from aiworker.workers.client.visibility import quote
 from aiworker.workers.schedules.specs import (
     OVERLAP_NAMES,
@@ -56,6 +61,7 @@ from aiworker.workers.schedules.specs import (
     interval_text,
     spec_text,
 )
+from aiworker.workflows.flow import ScheduledFlowStartWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
 
 __all__ = [
@@ -126,37 +132,48 @@ async def create_schedule(
         The new schedule's handle.
 
     Raises:
-        PipelineSpecError: the pipeline is invalid; nothing was created.
+        PipelineSpecError: the pipeline is invalid (its ``flow`` key resolves to
+            nothing or too much from the fixed inputs); nothing was created.
         ScheduleSpecError: no time given, or Temporal refused one (a bad cron
-            line, an unknown time zone), or the pipeline declares ``flow`` (a
-            schedule cannot apply it); nothing was created.
+            line, an unknown time zone); nothing was created.
         ScheduleExistsError: a schedule with this id exists already.
     """
     if not options.cron and not options.intervals:
         raise ScheduleSpecError("--cron/--interval", "a schedule needs a cron line or an interval")
-    if pipeline.get("flow") is not None:
-        # The server starts a schedule's runs itself: no client sends them through the
-        # key's flow workflow, so a `flow` would be silently ignored. Refused instead.
-        raise ScheduleSpecError(
-            "flow",
-            "a schedule starts its runs on the server and cannot apply the pipeline's "
-            "flow control; remove `flow` from the file (a schedule's --overlap-policy, "
-            "Skip by default, keeps its runs one at a time), or start the pipeline with "
-            "`aiworker run` from your own scheduler",
-        )
     if check:
         await pipelines.check_live(pipeline)
     start = pipelines.start_options(pipeline)
-    action = ScheduleActionStartWorkflow(
-        PipelineWorkflow.run,
-        dict(pipeline),
-        id=workflow_id or schedule_id,
-        task_queue=start.pop("task_queue"),
-        typed_search_attributes=start.pop("search_attributes"),
-        **start,
-    )
     name = str(pipeline.get("name") or "pipeline")
     tenant = str(pipeline.get("tenant") or names.DEFAULT_TENANT)
+    # the key resolves from the schedule's fixed inputs: a bad one is refused here
+    plan = plan_flow_start(pipeline, pipelines.settings.task_queue_suffix)
+    if plan is not None:
+        # the server cannot send a start through the key's flow workflow: it starts
+        # a ScheduledFlowStart, whose activity does, as `aiworker run` would
+        action = ScheduleActionStartWorkflow(
+            ScheduledFlowStartWorkflow.run,
+            dict(pipeline),
+            id=workflow_id or schedule_id,
+            task_queue=start.pop("task_queue"),
+            typed_search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(names.TENANT_KEY, tenant),
+                    SearchAttributePair(names.PIPELINE_KEY, name),
+                ]
+            ),
+            static_summary=f"scheduled start of pipeline {name} (tenant {tenant}) "
+            f"through its flow ({plan.mode}, key {plan.key})",
+            priority=start["priority"],
+        )
+    else:
+        action = ScheduleActionStartWorkflow(
+            PipelineWorkflow.run,
+            dict(pipeline),
+            id=workflow_id or schedule_id,
+            task_queue=start.pop("task_queue"),
+            typed_search_attributes=start.pop("search_attributes"),
+            **start,
+        )
     try:
         return await pipelines.temporal.create_schedule(
             schedule_id,
@@ -226,8 +243,9 @@ async def list_schedules(
     ]
     out: list[ScheduleSummary] = []
     async for s in await client.list_schedules(" AND ".join(terms) or None):
-        if s.schedule is None or getattr(s.schedule.action, "workflow", None) != (
-            names.PIPELINE_WORKFLOW
+        if s.schedule is None or getattr(s.schedule.action, "workflow", None) not in (
+            names.PIPELINE_WORKFLOW,
+            names.FLOW_SCHEDULED_WORKFLOW,
         ):
             continue  # another workflow's schedule
         sa = s.typed_search_attributes
