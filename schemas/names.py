@@ -40,10 +40,14 @@ MCP_CALL: Final = "mcp-call"
 SA_STATUS: Final = "AiworkerStatus"
 SA_TENANT: Final = "AiworkerTenant"
 SA_PIPELINE: Final = "AiworkerPipeline"
-SEARCH_ATTRIBUTES: Final = (SA_STATUS, SA_TENANT, SA_PIPELINE)
+# the stable error code a failed or partial pipeline ended with (its first failed
+# step's), set when it ends; bulk actions filter on it (docs/operations.md)
+SA_ERROR_CODE: Final = "AiworkerErrorCode"
+SEARCH_ATTRIBUTES: Final = (SA_STATUS, SA_TENANT, SA_PIPELINE, SA_ERROR_CODE)
 STATUS_KEY: Final = SearchAttributeKey.for_keyword(SA_STATUS)
 TENANT_KEY: Final = SearchAttributeKey.for_keyword(SA_TENANT)
 PIPELINE_KEY: Final = SearchAttributeKey.for_keyword(SA_PIPELINE)
+ERROR_CODE_KEY: Final = SearchAttributeKey.for_keyword(SA_ERROR_CODE)
 
 # What a tenant may be called, everywhere a tenant arrives (pipeline specs, worker
 # requests, CLI flags): safe as a path component (file sinks live under

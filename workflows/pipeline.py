@@ -281,8 +281,8 @@ class PipelineWorkflow(PermitSignals):
                 spec = _structure(pipeline, offload)
             else:
                 spec = _checked_spec(pipeline, specs)
-        except ApplicationError:
-            board.set_status("failed")
+        except ApplicationError as e:
+            board.set_status("failed", e.type)
             raise
         run = self._run = self._start(spec, specs)
         try:
@@ -318,17 +318,17 @@ class PipelineWorkflow(PermitSignals):
         except asyncio.CancelledError:
             self._finish("cancelled", spec)
             raise
-        except ApplicationError:
-            self._finish("failed", spec)
+        except ApplicationError as e:
+            self._finish("failed", spec, e.type)
             raise
         except Exception as e:  # a bug: fail the workflow, never the workflow task forever
-            self._finish("failed", spec)
+            self._finish("failed", spec, ErrorCode.INTERNAL.value)
             raise ApplicationError(
                 f"internal error in PipelineWorkflow: {type(e).__name__}: {e}",
                 type=ErrorCode.INTERNAL.value,
                 non_retryable=True,
             ) from e
-        self._finish(result.status, spec)
+        self._finish(result.status, spec, result.error.code if result.error else None)
         return result
 
     def _start(self, spec: PipelineSpec, specs: Mapping[str, WorkerSpec]) -> PipelineRun:
@@ -391,10 +391,10 @@ class PipelineWorkflow(PermitSignals):
             error=PipelineError(code=ErrorCode.RATE_LIMITED.value, message=message),
         )
 
-    def _finish(self, status: str, spec: PipelineSpec) -> None:
+    def _finish(self, status: str, spec: PipelineSpec, error_code: str | None = None) -> None:
         if not in_run(self._board.run_id):
             return  # a dropped run closed by the collector ends nothing (workflows.runs)
-        self._board.set_status(status)
+        self._board.set_status(status, error_code)
         counter = workflow.metric_meter().create_counter(
             "aiworker_pipelines", "Pipelines that reached a terminal status."
         )

@@ -47,6 +47,9 @@ from aiworker.workflows.runs import in_run, this_run
 from aiworker.workflows.step_events import StepEvents
 
 MEMO_SEARCH_ATTRIBUTES = "search_attributes"
+ERROR_CODE_PATCH = "error-code-attribute"
+"""Marks a run that ended with an error code and set ``AiworkerErrorCode`` with its
+final status (older runs' final upsert carries the status alone)."""
 
 
 def now() -> float:
@@ -107,8 +110,10 @@ class Board:
         self.table.note(step_id, result)
         self.events.note(step_id, result)
 
-    def set_status(self, status: str) -> None:
-        """The run's status, upserted as the ``AiworkerStatus`` search attribute."""
+    def set_status(self, status: str, error_code: str | None = None) -> None:
+        """The run's status, upserted as the ``AiworkerStatus`` search attribute;
+        at its end, the error code it ended with as ``AiworkerErrorCode`` in the same
+        upsert (runs whose history has no ``ERROR_CODE_PATCH`` marker set none)."""
         if not in_run(self.run_id):
             # The coroutines of a run a stopped worker dropped, closed by the
             # garbage collector, run their ``finally`` blocks (review's status
@@ -119,7 +124,10 @@ class Board:
         if status != self.status or status == "running":
             self.status = status
             if search_attributes_on():
-                workflow.upsert_search_attributes([names.STATUS_KEY.value_set(status)])
+                pairs = [names.STATUS_KEY.value_set(status)]
+                if error_code is not None and workflow.patched(ERROR_CODE_PATCH):
+                    pairs.append(names.ERROR_CODE_KEY.value_set(error_code))
+                workflow.upsert_search_attributes(pairs)
 
 
 @dataclass

@@ -12,7 +12,7 @@ until temporal operator namespace describe --namespace "$ns" >/dev/null 2>&1; do
   fi
   sleep 2
 done
-for name in AiworkerStatus AiworkerTenant AiworkerPipeline; do
+for name in AiworkerStatus AiworkerTenant AiworkerPipeline AiworkerErrorCode; do
   if temporal operator search-attribute list --namespace "$ns" | grep -qw "$name"; then
     echo "search attribute $name exists"
   else

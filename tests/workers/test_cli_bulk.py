@@ -161,7 +161,8 @@ async def _broken(_: dict[str, Any]) -> dict[str, Any]:
 
 async def test_redrive_by_query_one_run_at_a_time(client: Client, settings: Settings) -> None:
     name = f"bulk-redrive-{uuid.uuid4().hex[:8]}"
-    q = f"AiworkerPipeline = '{name}' AND AiworkerStatus = 'failed'"
+    # a failed run carries the error code it ended with as a search attribute
+    q = f"AiworkerPipeline = '{name}' AND AiworkerErrorCode = 'invalid_output'"
     pipeline = {
         "name": name,
         "steps": [{"id": "a", "worker": "aggregator", "input": {"policy": "all", "branches": {}}}],
@@ -173,6 +174,10 @@ async def test_redrive_by_query_one_run_at_a_time(client: Client, settings: Sett
             assert (await r.result()).status == "failed"
         ids = sorted(r.id for r in runs)
         await listed(client, q, 2)
+        other_code = q.replace("invalid_output", "timeout")
+        assert (await client.count_workflows(other_code)).count == 0
+        desc = await runs[0].describe()
+        assert desc.typed_search_attributes.get(names.ERROR_CODE_KEY) == "invalid_output"
         dry = await cli(["redrive", "--query", q, "--dry-run"], client, settings)
         assert dry.returncode == EXIT_OK and "2 pipelines match" in dry.stdout, dry.stderr
         other = await cli(["redrive", "--query", q, "--tenant", "beta"], client, settings)
