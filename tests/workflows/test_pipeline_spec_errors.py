@@ -167,14 +167,21 @@ async def test_a_misspelled_extraction_key_started_straight_through_temporal_run
     # A run that records its specs checks step inputs against the recorded specs
     # after its run config: four markers (the recorded-specs patch, the
     # check-in-run-config patch, the run-config-activity patch, the run config's
-    # local activity, which checked the inputs) and no step-input patch; its
-    # history replays to the same refusal.
+    # local activity, which checked the inputs) and no step-input patch, then the
+    # error-code-attribute patch as it ends with its code; its history replays to
+    # the same refusal.
     markers = [
         e.marker_recorded_event_attributes.marker_name
         for e in await history.events(h)
         if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
     ]
-    assert markers == ["core_patch", "core_patch", "core_patch", history.LOCAL_ACTIVITY_MARKER]
+    assert markers == [
+        "core_patch",
+        "core_patch",
+        "core_patch",
+        history.LOCAL_ACTIVITY_MARKER,
+        "core_patch",
+    ]
     replayed = await Replayer(
         workflows=[PipelineWorkflow], data_converter=data_converter(None)
     ).replay_workflow(await h.fetch_history())
