@@ -221,12 +221,14 @@ async def test_dataset_from_history_then_a_changed_prompt_evaluated_and_gated(
     # each agreement check recomputed from the gold and the outputs
     for r in rows:
         for side in ("baseline", "candidate"):
-            out_ = r[side]["output"] or {}
+            out_ = r[side]["output"]
+            ok = r[side]["status"] in ("succeeded", "partial") and out_ is not None
             fields = r[side]["checks"]["fields"]
             assert fields == {
-                k: (True if k == "summary" else out_.get(k) == v) for k, v in r["gold"].items()
+                k: ok and k in out_ and (k == "summary" or out_[k] == v)
+                for k, v in r["gold"].items()
             }
-    assert report["candidate"]["tokens"] > 0 and report["candidate"]["error_codes"] == {}
+    assert report["candidate"]["tokens"] > 0
     # one item, inspectable
     code, out, _ = await evals.cli("eval", "show", str(report_file), rows[3]["id"])
     assert code == 0 and json.loads(out)["gold"] == FIXED
