@@ -183,7 +183,9 @@ class EvalWorkflow:
         except ActivityError as e:
             return {"error_code": error_code_of(e), "error_message": failure_text(e.cause or e)}
         self._spent += float(response.usage.cost_usd)
-        answer = response.outputs
+        # llm-call's outputs carry the structured answer under "json"
+        raw = response.outputs.get("json")
+        answer = raw if isinstance(raw, dict) else response.outputs
         verdict = answer.get(judge.pass_field)
         if not isinstance(verdict, bool):
             return {

@@ -66,10 +66,10 @@ def dataset_worker(dataset: Dataset) -> str | None:
 
 def read_spec_file(path: str) -> WorkerSpec:
     """A candidate's spec file, checked; ``EvalError`` names the file and field."""
+    if not Path(path).is_file():
+        raise EvalError(f"no candidate spec file {path}", ErrorCode.NOT_FOUND)
     try:
         return WorkerSpec.from_file(path)
-    except FileNotFoundError:
-        raise EvalError(f"no candidate spec file {path}", ErrorCode.NOT_FOUND) from None
     except (ValueError, OSError) as e:
         raise EvalError(f"invalid candidate spec: {e}") from None
 
