@@ -148,9 +148,12 @@ async def cmd_eval(args: argparse.Namespace) -> int:
     action = {"dataset": eval_dataset, "run": eval_run, "show": eval_show}[args.action]
     try:
         return await action(args)
-    except (EvalError, DatasetError) as e:
+    except DatasetError as e:
         err(f"{e} ({e.code})")
-        return EXIT_NOT_FOUND if e.code == "not_found" and args.action != "run" else EXIT_USAGE
+        return EXIT_USAGE
+    except EvalError as e:
+        err(f"{e} ({e.code})")
+        return e.exit_code
 
 
 async def eval_dataset(args: argparse.Namespace) -> int:
@@ -193,6 +196,7 @@ async def eval_dataset(args: argparse.Namespace) -> int:
         raise EvalError(
             f"no recorded calls of worker {args.worker!r} match ({_described(args)}){why}",
             ErrorCode.NOT_FOUND,
+            exit_code=EXIT_NOT_FOUND,
         )
     shown = {
         k: v
@@ -355,7 +359,9 @@ async def eval_show(args: argparse.Namespace) -> int:
     try:
         report = json.loads(_read(args.report))
     except FileNotFoundError:
-        raise EvalError(f"no report file {args.report}", ErrorCode.NOT_FOUND) from None
+        raise EvalError(
+            f"no report file {args.report}", ErrorCode.NOT_FOUND, exit_code=EXIT_NOT_FOUND
+        ) from None
     except (OSError, ValueError) as e:
         raise EvalError(f"cannot read report {args.report}: {e}") from None
     items = report.get("items") if isinstance(report, dict) else None
@@ -363,7 +369,11 @@ async def eval_show(args: argparse.Namespace) -> int:
         if isinstance(item, dict) and item.get("id") == args.item_id:
             print(json.dumps(item, indent=2, sort_keys=True))
             return EXIT_OK
-    raise EvalError(f"report {args.report} has no item {args.item_id!r}", ErrorCode.NOT_FOUND)
+    raise EvalError(
+        f"report {args.report} has no item {args.item_id!r}",
+        ErrorCode.NOT_FOUND,
+        exit_code=EXIT_NOT_FOUND,
+    )
 
 
 __all__ = ["add_eval_commands", "cmd_eval"]

@@ -31,12 +31,15 @@ from aiworker.workers.evals.dataset import Dataset, canonical
 
 
 class EvalError(Exception):
-    """An eval that cannot run as asked: ``code`` is its stable error code; the
-    command exits 2 (bad usage), or 3 for ``not_found``."""
+    """An eval that cannot run as asked: ``code`` is its stable error code,
+    ``exit_code`` the command's (2 bad usage; 3 when a selection matched nothing)."""
 
-    def __init__(self, message: str, code: ErrorCode = ErrorCode.INVALID_INPUT) -> None:
+    def __init__(
+        self, message: str, code: ErrorCode = ErrorCode.INVALID_INPUT, *, exit_code: int = 2
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.exit_code = exit_code
 
 
 @dataclass(frozen=True)
