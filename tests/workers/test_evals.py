@@ -180,6 +180,17 @@ async def test_dataset_from_history_then_a_changed_prompt_evaluated_and_gated(
         "--since", "1h", "-o", str(ds),
     )  # fmt: skip
     assert code == 0, errs
+    # the same query again: the same bytes
+    code, _, errs = await evals.cli(
+        "eval", "dataset", "--worker", WORKER, "--pipeline", name, "-o", str(ds)
+    )
+    assert code == 0 and ds.read_bytes() == first, errs
+    # a version nobody recorded: nothing matches (exit 3), naming the versions there are
+    code, _, errs = await evals.cli(
+        "eval", "dataset", "--worker", WORKER, "--pipeline", name, "--version", "9",
+        "-o", str(evals.tmp / "none.jsonl"),
+    )  # fmt: skip
+    assert code == 3 and "its recorded versions are 1 (not_found)" in errs, errs
     header, *lines = first.splitlines()
     assert json.loads(header)["items"] == 4
     items = [json.loads(line) for line in lines]
