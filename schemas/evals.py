@@ -91,6 +91,11 @@ class EvalItemResult(Model):
     usage: Usage = Field(default_factory=Usage)
     duration_ms: float = 0.0
     attempts: int = 0
+    rate_waited_seconds: float | None = Field(
+        default=None,
+        description="seconds the call waited for its tenant's rate-limit permit of the "
+        "worker; None: no rate limit applied",
+    )
     judge: dict[str, Any] | None = Field(
         default=None, description="the judge's answer, or {error_code, error_message}"
     )

@@ -10,6 +10,16 @@ the history, and the process that picks the run up again replays them and
 calls only the items that had not ended (an item in flight when the process
 died is that activity's next attempt, not a second call).
 
+Each item's call (and its judge's) first waits for the tenant's rate-limit
+permit of the worker it calls, exactly as a pipeline step's call does: the
+run asks once, per tenant of its items, the ``run-config`` local activity which
+of the candidate's and the judge's workers are rate limited for that tenant
+(a tenant the registry does not know fails its items with ``invalid_input``),
+and a limited call asks the limiter workflows (:mod:`workflows.limits`) through
+this workflow's :class:`PermitBook`, whose ``permit`` signals come to it
+(:class:`PermitSignals`); no second limiter. The wait has no deadline (an eval
+has none); what an item waited is its ``rate_waited_seconds``.
+
 The eval's budget (``max_cost_usd``) is kept here, not with the pipeline's
 ledger (workflows/budget.py), because an eval has no deadline, no steps and no
 reservations to share: items stop starting once the calls that ended cost the
@@ -28,10 +38,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
@@ -43,30 +55,43 @@ with workflow.unsafe.imports_passed_through():
         EvalItemResult,
         EvalResult,
     )
+    from aiworker.schemas.limits import RunConfig, RunConfigCall
     from aiworker.schemas.options import activity_options
     from aiworker.schemas.protocol import Usage, WorkerRequest, WorkerResponse
 
 from aiworker.workflows.calls import error_code_of, error_details, failure_text
+from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals, WaitExpired
 
 
 @workflow.defn(name=names.EVAL_WORKFLOW)
-class EvalWorkflow:
+class EvalWorkflow(PermitSignals):
     """Calls every item of an eval through its candidate; returns what each answered."""
 
     def __init__(self) -> None:
         self._results: dict[int, EvalItemResult] = {}
         self._total = 0
         self._spent = 0.0
+        self._permits = PermitBook(step="eval")
+        # tenant -> the workers rate limited for it (the run config's answer)
+        self._limited: dict[str, set[str]] = {}
+        # tenant -> why its items cannot run (the run config refused the tenant)
+        self._refused: dict[str, str] = {}
 
     @workflow.query(name=names.EVAL_PROGRESS_QUERY)
     def progress(self) -> dict[str, Any]:
         """How many items have ended, of how many; what they cost so far."""
-        return {"ended": len(self._results), "total": self._total, "spent_usd": self._spent}
+        return {
+            "ended": len(self._results),
+            "total": self._total,
+            "spent_usd": self._spent,
+            "waiting_for_permits": sorted(self._permits.waiting_for()),
+        }
 
     @workflow.run
     async def run(self, inp: EvalInput) -> EvalResult:
         """Run every item (at most ``inp.concurrency`` at once) and return their results."""
         self._total = len(inp.items)
+        await self._load_limits(inp)
         queue: list[int] = list(range(len(inp.items)))
         queue.reverse()
 
@@ -81,7 +106,59 @@ class EvalWorkflow:
             items=[self._results[i] for i in range(len(inp.items))], spent_usd=self._spent
         )
 
+    async def _load_limits(self, inp: EvalInput) -> None:
+        """Ask the run config, once per tenant of the items, which of the workers the
+        eval calls are rate limited for it (recorded: a replay decides the same)."""
+        workers = {inp.candidate.spec.worker_id}
+        if inp.judge is not None and inp.judge_spec is not None:
+            workers.add(inp.judge_spec.worker_id)
+        for tenant in sorted({i.tenant for i in inp.items}):
+            try:
+                config: RunConfig = await workflow.execute_local_activity(
+                    names.RUN_CONFIG,
+                    RunConfigCall(tenant=tenant, workers=sorted(workers)),
+                    result_type=RunConfig,
+                    summary=f"eval: rate limits of tenant {tenant}",
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=RetryPolicy(
+                        maximum_attempts=5, maximum_interval=timedelta(seconds=5)
+                    ),
+                )
+            except ActivityError as e:
+                if error_code_of(e) != ErrorCode.INVALID_INPUT.value:
+                    raise
+                cause = e.cause
+                self._refused[tenant] = (
+                    cause.message if isinstance(cause, ApplicationError) else str(e)
+                )
+                continue
+            self._limited[tenant] = set(config.rate_limited)
+
+    async def _permit(self, worker: str, item: EvalItem, what: str) -> float | None:
+        """Wait for ``item``'s rate-limit permit of ``worker`` (its tenant's limit), as
+        a pipeline step's call does; the seconds waited, None when no limit applies."""
+        if worker not in self._limited.get(item.tenant, ()):
+            return None
+        wid = workflow.info().workflow_id
+        limits = CallLimits(requester=wid, worker_id=worker, tenant=item.tenant, rate_limited=True)
+        ticket = f"{wid}/{item.id}{what}/{workflow.uuid4().hex[:8]}"
+        got = await self._permits.acquire_all(
+            limits.calls(ticket, "/rate"), lambda: None, who=item.id
+        )
+        if isinstance(got, WaitExpired):  # not without a deadline; a rate permit holds no lease
+            return None
+        permit = self._permits.received.pop(f"{ticket}/rate", None)
+        return permit.waited_seconds if permit is not None else 0.0
+
     async def _item(self, inp: EvalInput, item: EvalItem) -> EvalItemResult:
+        if item.tenant in self._refused:
+            return EvalItemResult(
+                id=item.id,
+                status="failed",
+                error_code=ErrorCode.INVALID_INPUT.value,
+                error_message=self._refused[item.tenant],
+                error_field="tenant",
+            )
         if inp.max_cost_usd is not None and self._spent >= inp.max_cost_usd:
             return EvalItemResult(
                 id=item.id,
@@ -90,7 +167,10 @@ class EvalWorkflow:
                 error_message=f"the eval's budget of ${inp.max_cost_usd:g} was spent "
                 "before this item started",
             )
+        waited = await self._permit(inp.candidate.spec.worker_id, item, "")
         result = await self._call(inp, item)
+        if waited is not None:
+            result = result.model_copy(update={"rate_waited_seconds": waited})
         self._spent += float(result.usage.cost_usd)
         if inp.judge is not None and result.outputs is not None and result.status != "failed":
             judge = await self._judge(inp, item, result.outputs)
@@ -172,6 +252,7 @@ class EvalWorkflow:
                 "temperature": 0,
             },
         )
+        await self._permit(spec.worker_id, item, "/judge")
         try:
             response = await workflow.execute_activity(
                 spec.worker_id,

@@ -591,19 +591,24 @@ async def rec_registry(client: Client, tmp: Path) -> Saved:
 
 
 async def rec_eval(client: Client, tmp: Path) -> Saved:
-    """An eval run (EvalWorkflow): three items through the validator's own queue, two
-    at a time, one of them refused by the worker's input schema."""
+    """An eval run (EvalWorkflow): four items through the validator's own queue, two
+    at a time, one of them refused by the worker's input schema, two of a tenant
+    whose rate limit (1 per 2 s) queues one at the limiter (its permit signal)."""
     from aiworker.config.catalog import load_specs
     from aiworker.schemas.evals import EvalCandidate, EvalInput, EvalItem, EvalResult
 
-    settings = _settings(tmp)
+    rules = tuple(parse_rate_limits("validator:replay-eval=1/2s"))
+    settings = _settings(tmp, rate_limits=rules)
     spec = load_specs()[names.VALIDATOR]
+    ok = {"data": 1, "schema": {"type": "integer"}}
     inp = EvalInput(
         dataset_sha256="0" * 64,
         items=[
-            EvalItem(id="a", input={"data": 1, "schema": {"type": "integer"}}),
+            EvalItem(id="a", input=ok),
             EvalItem(id="b", input={"data": "x", "schema": {"type": "integer"}}),
             EvalItem(id="c", input={"schema": {}, "surprise": True}),
+            EvalItem(id="d", input=ok, tenant="replay-eval"),
+            EvalItem(id="e", input=ok, tenant="replay-eval"),
         ],
         candidate=EvalCandidate(mode="queue", spec=spec),
         concurrency=2,
