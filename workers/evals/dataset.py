@@ -9,10 +9,11 @@ The header is the first line; ``sha256`` is the SHA-256 of every byte after the
 header line (the item lines, each ending in ``\\n``), so a changed, added or
 dropped item changes it. Item lines are canonical JSON (keys sorted, no spaces,
 UTF-8) and sorted by (``started_at``, ``workflow_id``, ``run_id``,
-``scheduled_event_id``): the same query on the same history writes the same
-bytes. A hand-written dataset may leave the header out (its hash is computed
-when it is read) and most fields out (an item needs ``id`` and ``input``; the
-gold output is ``review.outputs`` when a review approved, else ``output``).
+``history_workflow_id``, ``scheduled_event_id``, ``item_index``): the same
+query on the same history writes the same bytes. A hand-written dataset may
+leave the header out (its hash is computed when it is read) and most fields
+out (an item needs ``id`` and ``input``; the gold output is ``review.outputs``
+when a review approved, else ``output``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ class DatasetItem(Model):
     duration_ms: float = Field(default=0.0, ge=0)
     started_at: str | None = None
     scheduled_event_id: int = Field(default=0, ge=0)
+    item_index: int | None = Field(default=None, ge=0, description="a for_each item's index")
+    history_workflow_id: str | None = Field(
+        default=None, description="the for_each chunk whose history holds the call"
+    )
+    local: bool = Field(default=False, description="the call ran as a local activity")
 
     @property
     def gold(self) -> dict[str, Any] | None:
@@ -117,8 +123,11 @@ class Dataset:
 
 
 def item_id(call: RecordedCall) -> str:
-    """A call's stable id: 16 hex digits of the hash of its run and scheduled event."""
+    """A call's stable id: 16 hex digits of the hash of its run and scheduled event
+    (and, for a for_each item, its chunk and index)."""
     key = f"{call.workflow_id}/{call.run_id}/{call.scheduled_event_id}"
+    if call.history_workflow_id is not None or call.item_index is not None:
+        key += f"/{call.history_workflow_id}/{call.item_index}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -127,8 +136,15 @@ def canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _sort_key(call: RecordedCall) -> tuple[str, str, str, int]:
-    return (call.started_at, call.workflow_id, call.run_id, call.scheduled_event_id)
+def _sort_key(call: RecordedCall) -> tuple[str, str, str, str, int, int]:
+    return (
+        call.started_at,
+        call.workflow_id,
+        call.run_id,
+        call.history_workflow_id or "",
+        call.scheduled_event_id,
+        -1 if call.item_index is None else call.item_index,
+    )
 
 
 def render(calls: Iterable[RecordedCall], query: dict[str, Any]) -> bytes:
