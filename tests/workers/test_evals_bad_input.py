@@ -104,6 +104,9 @@ def test_candidates_that_cannot_run_are_refused_with_a_stable_code(tmp_path: Pat
     raw = json.loads((EXAMPLES / f"{WORKER}.json").read_text("utf-8"))
     raw["output_schema"]["required"] = ["nothing"]
     broken.write_text(json.dumps(raw))
+    side = tmp_path / "side.json"
+    good = json.loads((EXAMPLES / f"{WORKER}.json").read_text("utf-8"))
+    side.write_text(json.dumps({**good, "side_effects": True}))
     known = specs()
     cases: list[tuple[CandidateChoice, str | None, str, str]] = [
         (CandidateChoice(spec_file=str(broken)), WORKER, "invalid_input", "invalid candidate spec"),
@@ -113,21 +116,18 @@ def test_candidates_that_cannot_run_are_refused_with_a_stable_code(tmp_path: Pat
         (CandidateChoice(model="default"), "validator", "invalid_input", "no model alias"),
         (CandidateChoice(task_queue="q"), "publish", "access_denied", "side effects"),
         (
-            CandidateChoice(task_queue=known["publish"].task_queue, allow_side_effects=True),
+            CandidateChoice(task_queue=known["publish"].task_queue),
             "publish",
             "access_denied",
-            "never calls it on its own queue",
+            "never calls it, on any queue",
         ),
+        # a candidate spec file that declares side effects, whatever the dataset says
+        (CandidateChoice(spec_file=str(side)), WORKER, "access_denied", "side effects"),
     ]
     for choice, worker, code, says in cases:
         with pytest.raises(EvalError) as e:
             choose_candidate(choice, worker, known, {"default"})
         assert (e.value.code, says in str(e.value)) == (code, True), str(e.value)
-    # with the flag, a side-effect worker runs on a sandbox queue only
-    ok = choose_candidate(
-        CandidateChoice(task_queue="sandbox", allow_side_effects=True), "publish", known, None
-    )
-    assert (ok.mode, ok.task_queue) == ("queue", "sandbox")
 
 
 def test_a_judge_file_must_give_a_boolean_verdict(tmp_path: Path) -> None:

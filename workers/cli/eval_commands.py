@@ -126,11 +126,6 @@ def add_eval_commands(
     rn.add_argument(
         "--concurrency", type=_concurrency, default=4, metavar="N", help="items at once (4)"
     )
-    rn.add_argument(
-        "--allow-side-effects",
-        action="store_true",
-        help="let a worker with side effects run, on a --task-queue other than its own",
-    )
 
     sh = actions.add_parser("show", help="one item of a report, as JSON")
     sh.add_argument("report", metavar="REPORT")
@@ -297,7 +292,6 @@ async def eval_run(args: argparse.Namespace) -> int:
         spec_file=args.candidate,
         model=args.model,
         task_queue=args.task_queue,
-        allow_side_effects=args.allow_side_effects,
     )
     worker = dataset_worker(dataset)
     cand = choose_candidate(choice, worker, view.specs, aliases)

@@ -49,7 +49,6 @@ class CandidateChoice:
     spec_file: str | None = None
     model: str | None = None
     task_queue: str | None = None
-    allow_side_effects: bool = False
 
 
 def dataset_worker(dataset: Dataset) -> str | None:
@@ -157,19 +156,13 @@ def choose_candidate(
         cand = EvalCandidate(mode="queue", spec=recorded, task_queue=choice.task_queue)
     side_effects = cand.spec.side_effects or (recorded is not None and recorded.side_effects)
     if side_effects:
-        if not choice.allow_side_effects:
-            raise EvalError(
-                f"worker {cand.spec.worker_id!r} has side effects (it changes the world): an "
-                "eval refuses it unless --allow-side-effects, and then calls it only on a "
-                "--task-queue other than its own (a sandbox deployment)",
-                ErrorCode.ACCESS_DENIED,
-            )
-        if cand.mode != "queue" or not cand.task_queue or cand.task_queue == cand.spec.task_queue:
-            raise EvalError(
-                f"worker {cand.spec.worker_id!r} has side effects: an eval never calls it on "
-                f"its own queue {cand.spec.task_queue!r}; name a sandbox with --task-queue",
-                ErrorCode.ACCESS_DENIED,
-            )
+        # always: whatever serves another queue may write to a real sink too, and an
+        # eval cannot tell a sandbox from production, so nothing from it reaches one
+        raise EvalError(
+            f"worker {cand.spec.worker_id!r} has side effects (it changes the world): an "
+            "eval never calls it, on any queue",
+            ErrorCode.ACCESS_DENIED,
+        )
     return cand
 
 
