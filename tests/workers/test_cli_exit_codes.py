@@ -379,6 +379,16 @@ CASES: dict[str, Case] = {
         code=EXIT_USAGE,
         says="invalid candidate spec",
     ),
+    # a worker with side effects is refused before anything runs, on any queue
+    "eval-run-side-effects": case(
+        "eval",
+        "run",
+        "{eval_publish}",
+        "--task-queue",
+        "sandbox",
+        code=EXIT_USAGE,
+        says="has side effects",
+    ),
     "eval-show-unknown-item": case(
         "eval", "show", "{eval_report}", "nope", code=EXIT_NOT_FOUND, says="has no item 'nope'"
     ),
@@ -529,6 +539,9 @@ async def world(
     (tmp / "eval-bad.jsonl").write_text(json.dumps(validator_item) + "\n{ nope\n")
     files["eval_malformed"] = str(tmp / "eval-bad.jsonl")
     files["eval_out"] = str(tmp / "eval-out.jsonl")
+    publish_item = {"id": "p1", "worker": "publish", "input": {"sink": {"file": "x.jsonl"}}}
+    (tmp / "eval-publish.jsonl").write_text(json.dumps(publish_item) + "\n")
+    files["eval_publish"] = str(tmp / "eval-publish.jsonl")
     (tmp / "eval-report.json").write_text(json.dumps({"items": [{"id": "v1"}]}))
     files["eval_report"] = str(tmp / "eval-report.json")
     bad_keys = tmp / "bad.json"

@@ -9,6 +9,7 @@ answering from a loopback model that replies what the test scripts.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import uuid
@@ -21,6 +22,7 @@ import pytest_asyncio
 from conftest import Stack, installed_workers, running_stack
 from fixtures.llm_fakes import FakeProvider, fake  # noqa: F401  (module fixture)
 from prometheus_client import CollectorRegistry
+from support.procs import run_cli_module, worker_env
 from temporalio.client import Client
 
 from aiworker.activities.llm import LlmMetrics
@@ -242,3 +244,57 @@ async def test_an_item_off_the_input_schema_and_an_off_schema_judge_leave_the_ot
     assert passed == {"a": True, "b": False, "c": True, "d": False}
     assert report["items"][2]["candidate"]["judge_error"] == "invalid_output"
     assert report["candidate"]["error_codes"] == {"invalid_input": 1}
+
+
+async def test_the_judge_from_the_command_line_marks_an_off_schema_answer_and_scores_the_rest(
+    client: Client, scripted: tuple[Stack, str, str], fake: FakeProvider, tmp_path: Path
+) -> None:
+    """``aiworker eval run --judge FILE`` in its own process: the judge answers item
+    c off its schema (no verdict): c carries ``judge_error`` and is scored on its
+    other checks; a and d are judged (d fails on the judge's verdict)."""
+    stack, model, judge_model = scripted
+    fake.script(model, json.dumps(GOOD))
+    fake.script(judge_model, json.dumps({"pass": True}), "no verdict", json.dumps({"pass": False}))
+    ds = tmp_path / "ds.jsonl"
+    ds.write_bytes(
+        line(id="a", worker=WORKER, output=GOOD)
+        + line(id="c", worker=WORKER, output=GOOD)
+        + line(id="d", worker=WORKER, output=GOOD)
+    )
+    judge = tmp_path / "judge.json"
+    judge.write_text(
+        json.dumps(
+            {
+                "model": "judge",
+                "rubric": "Say whether the classification is right.",
+                "response_schema": {
+                    "type": "object",
+                    "required": ["pass"],
+                    "properties": {"pass": {"type": "boolean"}},
+                },
+            }
+        )
+    )
+    s = stack.settings
+    env = worker_env(client, s, s.data_dir)
+    env.update(
+        AIWORKER_WORKER_SPECS=str(s.worker_specs[0]),
+        AIWORKER_LLM_BASE_URL=str(s.llm_base_url),
+        AIWORKER_LLM_MODEL=str(s.llm_model),
+        AIWORKER_MODELS_FILE=str(s.models_file),
+    )
+    report_file = tmp_path / "report.json"
+    argv = [
+        "eval", "run", str(ds), "--candidate", str(EXAMPLES / f"{WORKER}.json"),
+        "--judge", str(judge), "--concurrency", "1", "--report", str(report_file),
+    ]  # fmt: skip
+    done = await asyncio.to_thread(run_cli_module, argv, env, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+    report = json.loads(report_file.read_text("utf-8"))
+    rows = {r["id"]: r["candidate"] for r in report["items"]}
+    assert rows["a"]["judge"]["passed"] is True and rows["a"]["passed"] is True
+    assert rows["c"]["judge_error"] == "invalid_output"
+    assert "judge_error" not in rows["a"] and "judge_error" not in rows["d"]
+    assert rows["c"]["passed"] is True  # scored on its other checks
+    assert rows["d"]["judge"]["passed"] is False and rows["d"]["passed"] is False
+    assert report["candidate"]["pass_rate"] == round(2 / 3, 4)
