@@ -46,6 +46,7 @@ PARTS = (
     ("bench.events", "events"),
     ("bench.mcp_tools", "mcp_tools"),
     ("bench.flow", "flow"),
+    ("bench.eval", "eval"),
 )
 ENGINE = "engine"
 

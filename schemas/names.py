@@ -185,3 +185,10 @@ FLOW_STATE_QUERY: Final = "state"
 # (workers/schedules/flow_starts.py), as ``aiworker run`` would.
 FLOW_SCHEDULED_WORKFLOW: Final = "ScheduledFlowStart"
 FLOW_SUBMIT_ACTIVITY: Final = "flow-submit"
+# Evals (workers/evals, workflows/evals.py): one eval run of a candidate over a
+# dataset of recorded calls is one workflow on the pipelines queue; a candidate
+# given as a spec (a prompt worker's new version, or another model alias) runs
+# through the ``eval-call`` activity, served beside its task queue's workers.
+EVAL_WORKFLOW: Final = "EvalWorkflow"
+EVAL_CALL: Final = "eval-call"
+EVAL_PROGRESS_QUERY: Final = "eval-progress"

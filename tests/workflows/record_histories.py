@@ -28,9 +28,10 @@ MCP server's tool, listed and called through ``mcp-call``: ``agent-mcp``), cance
 by a Temporal Schedule, the live worker registry (publish, expiry, withdraw),
 and rate-limited for_each items with their limiters (leased blocks, queued), and
 for_each items several to an activity task (``items_per_task``, with a retry round),
-and a for_each whose ``tolerated_failures`` was passed (a chunk and its items cancelled).
-and the keyed flow workflow in each mode (``flow``), and a schedule's start of a
-flow pipeline (``flow-scheduled``).
+and a for_each whose ``tolerated_failures`` was passed (a chunk and its items cancelled),
+the keyed flow workflow in each mode (``flow``), a schedule's start of a flow
+pipeline (``flow-scheduled``), and an eval run (``EvalWorkflow``: items through a
+worker's own queue).
 ``limited*``, ``review-cancelled`` and
 ``slot-expired`` came from code before the pipeline split (commit 8a3581a);
 ``*-budget-first`` from code before for_each items took their permits before
@@ -45,6 +46,7 @@ import base64
 import json
 import sys
 import tempfile
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -642,6 +644,42 @@ async def rec_tolerated(client: Client, tmp: Path) -> Saved:
     }
 
 
+async def rec_eval(client: Client, tmp: Path) -> Saved:
+    """An eval run (EvalWorkflow): four items through the validator's own queue, two
+    at a time, one of them refused by the worker's input schema, two of a tenant
+    whose rate limit (1 per 2 s) queues one at the limiter (its permit signal)."""
+    from aiworker.config.catalog import load_specs
+    from aiworker.schemas.evals import EvalCandidate, EvalInput, EvalItem, EvalResult
+
+    rules = tuple(parse_rate_limits("validator:replay-eval=1/2s"))
+    settings = _settings(tmp, rate_limits=rules)
+    spec = load_specs()[names.VALIDATOR]
+    ok = {"data": 1, "schema": {"type": "integer"}}
+    inp = EvalInput(
+        dataset_sha256="0" * 64,
+        items=[
+            EvalItem(id="a", input=ok),
+            EvalItem(id="b", input={"data": "x", "schema": {"type": "integer"}}),
+            EvalItem(id="c", input={"schema": {}, "surprise": True}),
+            EvalItem(id="d", input=ok, tenant="replay-eval"),
+            EvalItem(id="e", input=ok, tenant="replay-eval"),
+        ],
+        candidate=EvalCandidate(mode="queue", spec=spec),
+        concurrency=2,
+        queue_suffix=settings.task_queue_suffix,
+    )
+    wid = f"replay-eval-{uuid.uuid4().hex[:8]}"
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        await client.execute_workflow(
+            names.EVAL_WORKFLOW,
+            inp,
+            id=wid,
+            task_queue=settings.queue(names.PIPELINES_QUEUE),
+            result_type=EvalResult,
+        )
+    return {"eval": wid}
+
+
 async def rec_items_per_task(client: Client, tmp: Path) -> Saved:
     """A for_each with ``items_per_task`` (``foreach-items-per-task``): web-scrape items
     three to a task against a loopback site whose page 1 fails its first request
@@ -964,6 +1002,7 @@ RECORDINGS: dict[str, Recording] = {
     "wait": rec_wait,
     "flow": rec_flow,
     "flow-scheduled": rec_flow_scheduled,
+    "eval": rec_eval,
 }
 
 

@@ -117,6 +117,7 @@ SHAPES = {
     "flow-batch",
     "flow-throttle",
     "flow-scheduled",
+    "eval",
 }
 OLDER_CODE = {
     "dag-20261122",
@@ -164,6 +165,7 @@ OLDER_CODE |= {
         "tolerated",
         "tolerated-chunk",
         "tolerated-chunk-cancelled",
+        "eval",
     }
     if not shape.startswith(("limited-", "limiter-", "agent-limited", "agent-mcp", "flow-"))
 }

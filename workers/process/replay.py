@@ -194,6 +194,7 @@ def workflow_type_names() -> set[str]:
         names.WORKER_REGISTRY_WORKFLOW,
         names.FLOW_WORKFLOW,
         names.FLOW_SCHEDULED_WORKFLOW,
+        names.EVAL_WORKFLOW,
         "ConformanceWorkflow",
     }
 
