@@ -114,6 +114,10 @@ CASES: dict[str, Case] = {
     ),
     "check-valid": case("check", "{ok}", "--local", code=EXIT_OK, says="ok: "),
     "check-invalid": case("check", "{invalid}", "--local", code=EXIT_USAGE, says="no-such-worker"),
+    "check-quote": case("check", "--quote", "{ok}", "--local", code=EXIT_OK, says="quote for"),
+    "check-quote-invalid": case(
+        "check", "--quote", "{invalid}", "--local", code=EXIT_USAGE, says="no-such-worker"
+    ),
     "list": case("list", "--limit", "1", code=EXIT_OK, says="workflow id"),
     "list-bad-tenant": case("list", "--tenant", "No Such", code=EXIT_USAGE, says="tenant name"),
     "list-unreachable": case("list", code=EXIT_FAILED, says="cannot reach", env=UNREACHABLE),

@@ -129,7 +129,12 @@ def unknown_fields(args: argparse.Namespace, pipeline: dict[str, Any]) -> str | 
 
 
 async def cmd_check(args: argparse.Namespace) -> int:
-    """``aiworker check FILE|-``: every problem of a pipeline, before anything runs."""
+    """``aiworker check FILE|-``: every problem of a pipeline, before anything runs
+    (``--quote``: its cost quote, :mod:`aiworker.workers.cli.quote_command`)."""
+    if getattr(args, "quote", False):
+        from aiworker.workers.cli.quote_command import cmd_check_quote
+
+        return await cmd_check_quote(args)
     return await check_pipeline_file(args)
 
 

@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check against this process's spec files and plugins, not the live registry",
     )
+    ck.add_argument(
+        "--quote",
+        action="store_true",
+        help="estimate tokens, external calls, cost_usd and duration_s (p50, p95) from the "
+        "recorded calls of the same workers, and list what could not be estimated "
+        "(docs/cost.md)",
+    )
     conn(ck)
 
     for name, helptext in (
