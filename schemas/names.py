@@ -168,3 +168,12 @@ REGISTRY_ENTRIES_QUERY: Final = "entries"
 def worker_registry_workflow_id(queue_suffix: str = "") -> str:
     """The id of the registry workflow of one deployment (a queue family) in a namespace."""
     return f"aiworker-registry{queue_suffix}"
+
+
+# Evals (workers/evals, workflows/evals.py): one eval run of a candidate over a
+# dataset of recorded calls is one workflow on the pipelines queue; a candidate
+# given as a spec (a prompt worker's new version, or another model alias) runs
+# through the ``eval-call`` activity, served beside its task queue's workers.
+EVAL_WORKFLOW: Final = "EvalWorkflow"
+EVAL_CALL: Final = "eval-call"
+EVAL_PROGRESS_QUERY: Final = "eval-progress"

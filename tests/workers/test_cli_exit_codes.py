@@ -331,6 +331,62 @@ CASES: dict[str, Case] = {
         code=EXIT_NOT_FOUND,
         says="no worker deployment",
     ),
+    # --- evals ----------------------------------------------------------------
+    "eval-dataset-unknown-worker": case(
+        "eval",
+        "dataset",
+        "--worker",
+        "no-such-worker",
+        "-o",
+        "{eval_out}",
+        code=EXIT_USAGE,
+        says="unknown worker 'no-such-worker'",
+    ),
+    "eval-dataset-empty": case(
+        "eval",
+        "dataset",
+        "--worker",
+        "validator",
+        "--pipeline",
+        "{fresh}",
+        "-o",
+        "{eval_out}",
+        code=EXIT_NOT_FOUND,
+        says="no recorded calls of worker 'validator' match",
+    ),
+    "eval-run": case(
+        "eval",
+        "run",
+        "{eval_dataset}",
+        "--task-queue",
+        "aiworker-pipelines",
+        "--max-pass-drop",
+        "0",
+        code=EXIT_OK,
+        says="Gate: passed",
+    ),
+    "eval-run-malformed-dataset": case(
+        "eval",
+        "run",
+        "{eval_malformed}",
+        "--model",
+        "default",
+        code=EXIT_USAGE,
+        says="dataset line 2: not valid JSON",
+    ),
+    "eval-run-invalid-candidate": case(
+        "eval",
+        "run",
+        "{eval_dataset}",
+        "--candidate",
+        "{invalid}",
+        code=EXIT_USAGE,
+        says="invalid candidate spec",
+    ),
+    "eval-show-unknown-item": case(
+        "eval", "show", "{eval_report}", "nope", code=EXIT_NOT_FOUND, says="has no item 'nope'"
+    ),
+    "eval-show": case("eval", "show", "{eval_report}", "v1", code=EXIT_OK, says='"id": "v1"'),
     "schemas-check": case("schemas", "check", code=EXIT_OK, says=""),
     "schemas-bad-action": case("schemas", "bogus", code=EXIT_USAGE, says="invalid choice"),
     "replay-history": case("replay", str(HISTORY), code=EXIT_OK, says="replayed"),
@@ -471,6 +527,14 @@ async def world(
         files[name] = str(path)
     keys = tmp / "keys.json"
     files["keys"] = str(keys)
+    validator_item = {"id": "v1", "worker": "validator", "input": {"data": 1, "schema": {}}}
+    (tmp / "eval.jsonl").write_text(json.dumps(validator_item) + "\n")
+    files["eval_dataset"] = str(tmp / "eval.jsonl")
+    (tmp / "eval-bad.jsonl").write_text(json.dumps(validator_item) + "\n{ nope\n")
+    files["eval_malformed"] = str(tmp / "eval-bad.jsonl")
+    files["eval_out"] = str(tmp / "eval-out.jsonl")
+    (tmp / "eval-report.json").write_text(json.dumps({"items": [{"id": "v1"}]}))
+    files["eval_report"] = str(tmp / "eval-report.json")
     bad_keys = tmp / "bad.json"
     bad_keys.write_text("{ not json")
     files["bad_keys"] = str(bad_keys)

@@ -62,6 +62,9 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "deployment ramp": ["deployment", "ramp", "--stop", "-d", "no-such-deployment"],
         "deployment drain": ["deployment", "drain", "no-such-build"],
         "callback": ["callback", "no-such-token", "--heartbeat"],
+        "eval dataset": ["eval", "dataset", "--worker", "nobody", "-o", str(tmp / "ds.jsonl")],
+        "eval run": ["eval", "run", missing, "--model", "default"],
+        "eval show": ["eval", "show", missing, "item"],
     }
 
 

@@ -27,7 +27,8 @@ limits, its turns and tool calls waiting for permits: ``agent-limited``; with an
 MCP server's tool, listed and called through ``mcp-call``: ``agent-mcp``), cancel, and a run started
 by a Temporal Schedule, the live worker registry (publish, expiry, withdraw),
 and rate-limited for_each items with their limiters (leased blocks, queued), and
-for_each items several to an activity task (``items_per_task``, with a retry round).
+for_each items several to an activity task (``items_per_task``, with a retry round),
+and an eval run (``EvalWorkflow``: items through a worker's own queue).
 ``limited*``, ``review-cancelled`` and
 ``slot-expired`` came from code before the pipeline split (commit 8a3581a);
 ``*-budget-first`` from code before for_each items took their permits before
@@ -42,6 +43,7 @@ import base64
 import json
 import sys
 import tempfile
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -588,6 +590,37 @@ async def rec_registry(client: Client, tmp: Path) -> Saved:
     return {"registry": wid}
 
 
+async def rec_eval(client: Client, tmp: Path) -> Saved:
+    """An eval run (EvalWorkflow): three items through the validator's own queue, two
+    at a time, one of them refused by the worker's input schema."""
+    from aiworker.config.catalog import load_specs
+    from aiworker.schemas.evals import EvalCandidate, EvalInput, EvalItem, EvalResult
+
+    settings = _settings(tmp)
+    spec = load_specs()[names.VALIDATOR]
+    inp = EvalInput(
+        dataset_sha256="0" * 64,
+        items=[
+            EvalItem(id="a", input={"data": 1, "schema": {"type": "integer"}}),
+            EvalItem(id="b", input={"data": "x", "schema": {"type": "integer"}}),
+            EvalItem(id="c", input={"schema": {}, "surprise": True}),
+        ],
+        candidate=EvalCandidate(mode="queue", spec=spec),
+        concurrency=2,
+        queue_suffix=settings.task_queue_suffix,
+    )
+    wid = f"replay-eval-{uuid.uuid4().hex[:8]}"
+    async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
+        await client.execute_workflow(
+            names.EVAL_WORKFLOW,
+            inp,
+            id=wid,
+            task_queue=settings.queue(names.PIPELINES_QUEUE),
+            result_type=EvalResult,
+        )
+    return {"eval": wid}
+
+
 async def rec_items_per_task(client: Client, tmp: Path) -> Saved:
     """A for_each with ``items_per_task`` (``foreach-items-per-task``): web-scrape items
     three to a task against a loopback site whose page 1 fails its first request
@@ -836,6 +869,7 @@ RECORDINGS: dict[str, Recording] = {
     "breaker": rec_breaker,
     "lost-usage": rec_lost_usage,
     "wait": rec_wait,
+    "eval": rec_eval,
 }
 
 

@@ -101,6 +101,7 @@ SHAPES = {
     "lost-usage",
     "wait",
     "wait-review",
+    "eval",
 }
 OLDER_CODE = {
     "dag-20261122",
@@ -145,6 +146,7 @@ OLDER_CODE |= {
         "lost-usage",
         "wait",
         "wait-review",
+        "eval",
     }
     if not shape.startswith(("limited-", "limiter-", "agent-limited", "agent-mcp"))
 }

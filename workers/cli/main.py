@@ -15,6 +15,7 @@ aiworker items WF_ID STEP    a for_each step's items as JSON Lines (inline or by
 aiworker schemas export|check  write or check schemas/json/
 aiworker replay [FILES] [--query Q]  the replay gate: recorded histories against this code
 aiworker conformance WORKER_ID  check a live worker against its spec through Temporal
+aiworker eval dataset|run|show  evals from recorded calls: a dataset, a candidate run, a CI gate
 aiworker serve               the HTTP front door (start, status, result, review, webhooks)
 aiworker keys add NAME       a new API key for the front door, stored hashed
 
@@ -58,6 +59,7 @@ from aiworker.workers.cli.common import (
     start_worker_process,
 )
 from aiworker.workers.cli.deployment_commands import cmd_deployment
+from aiworker.workers.cli.eval_commands import cmd_eval
 from aiworker.workers.cli.items import cmd_items
 from aiworker.workers.cli.parser import build_parser
 from aiworker.workers.cli.schedule_commands import cmd_schedule
@@ -523,6 +525,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "deployment": cmd_deployment,
     "demo": cmd_demo,
     "dev": cmd_dev,
+    "eval": cmd_eval,
     "items": cmd_items,
     "list": cmd_list,
     "redrive": cmd_redrive,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from aiworker.schemas.names import TENANT_PATTERN
+from aiworker.workers.cli.eval_commands import add_eval_commands
 
 
 def positive_seconds(value: str) -> float:
@@ -385,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     schedule_parsers = add_schedule_commands(sub, conn)
     schedule_parsers += add_deployment_commands(sub, conn)
+    schedule_parsers += add_eval_commands(sub, conn, tenant_name)
     # Every command takes --debug after its name too; SUPPRESS keeps the global
     # flag's value when the command does not repeat it.
     for each in [*sub.choices.values(), *schedule_parsers]:

@@ -15,6 +15,7 @@ from typing import Any
 from temporalio import activity
 
 from aiworker.activities.callbacks import CallbackActivities
+from aiworker.activities.evals import EvalActivities
 from aiworker.activities.items import ItemsActivities
 from aiworker.activities.limits import LimiterActivities
 from aiworker.activities.runtime import WorkerRuntime
@@ -27,6 +28,7 @@ from aiworker.workers.process.plugins import ServedWorkers, WorkerSet
 from aiworker.workers.process.resources import artifact_store
 from aiworker.workflows.agent import AgentWorkflow
 from aiworker.workflows.breakers import SharedBreakerWorkflow
+from aiworker.workflows.evals import EvalWorkflow
 from aiworker.workflows.foreach import PipelineForEachWorkflow
 from aiworker.workflows.limits import LimiterWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
@@ -42,6 +44,7 @@ WORKFLOWS_BY_QUEUE: dict[str, list[type]] = {
         LimiterWorkflow,
         SharedBreakerWorkflow,
         WorkerRegistryWorkflow,
+        EvalWorkflow,
     ],
 }
 
@@ -106,6 +109,14 @@ def activities_for(
         and workers.specs[wid].kind in ("python", "prompt")
         and wid not in skip
     ]
+    # a candidate prompt spec of an eval (activities/evals.py) runs where prompt
+    # workers and llm-call run: those processes have the model registry it needs
+    if any(
+        workers.specs[wid].task_queue == queue
+        and (workers.specs[wid].kind == "prompt" or wid == names.LLM_CALL)
+        for wid in workers.served
+    ):
+        out.append(EvalActivities(runtime).call)
     if queue == names.PIPELINES_QUEUE:
         # the run config's local activity runs beside the pipeline workflows; it
         # names the workers whose calls run as local activities here too

@@ -192,6 +192,7 @@ def workflow_type_names() -> set[str]:
         names.LIMITER_WORKFLOW,
         names.SHARED_BREAKER_WORKFLOW,
         names.WORKER_REGISTRY_WORKFLOW,
+        names.EVAL_WORKFLOW,
         "ConformanceWorkflow",
     }
 
