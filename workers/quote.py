@@ -240,3 +240,81 @@ def quote(
         items=sizes,
         unknown=unknown,
     )
+
+
+# --- history and the start gate ------------------------------------------------
+
+HISTORY_LIMIT = 200
+"""Recorded calls read per worker (the most recent): enough for a p95."""
+START_HISTORY_LIMIT = 50
+"""Recorded calls read per worker when a start is quoted (it waits for it)."""
+READ_SECONDS = 10.0
+"""How long reading one worker's history may take; what was read by then is used."""
+
+
+def sample_of(call: Any) -> CallSample:
+    """A :class:`CallSample` from a ``RecordedCall`` of the evals reader."""
+    usage = call.usage if isinstance(call.usage, Mapping) else {}
+    tokens = usage.get("total_tokens")
+    if tokens is None:
+        tokens = int(usage.get("input_tokens", 0) or 0) + int(usage.get("output_tokens", 0) or 0)
+    return CallSample(
+        tokens=int(tokens or 0),
+        external_calls=int(call.external_calls or 0),
+        cost_usd=float(call.cost_usd),
+        duration_s=float(call.duration_ms or 0) / 1000,
+    )
+
+
+def _step_model(step: Step) -> str | None:
+    model = step.input.get("model") if isinstance(step.input, dict) else None
+    return model if isinstance(model, str) and "${{" not in model else None
+
+
+async def step_history(
+    client: Any, spec: PipelineSpec, *, limit: int = HISTORY_LIMIT
+) -> dict[str, list[CallSample]]:
+    """Step id -> recorded successful calls of its worker (of the step's model
+    alias when its input names one literally), for the pipeline's tenant, read
+    with the evals reader (:mod:`aiworker.workers.evals.recorded`): at most
+    ``limit`` calls per worker, newest runs first, within :data:`READ_SECONDS`."""
+    import asyncio
+
+    from aiworker.workers.evals.recorded import CallQuery, RecordedCall, recorded_calls
+
+    read: dict[str, list[RecordedCall]] = {}
+    out: dict[str, list[CallSample]] = {}
+    for step in spec.steps:
+        if step.wait is not None or not step.worker:
+            continue
+        if step.worker not in read:
+            calls: list[RecordedCall] = []
+            query = CallQuery(
+                worker=step.worker, tenant=spec.tenant, status="succeeded", limit=limit
+            )
+            try:
+                async with asyncio.timeout(READ_SECONDS):
+                    async for call in recorded_calls(client, query):
+                        calls.append(call)
+            except TimeoutError:
+                pass  # bounded: quote from what was read
+            read[step.worker] = calls
+        model = _step_model(step)
+        out[step.id] = [
+            sample_of(c) for c in read[step.worker] if model is None or c.model == model
+        ]
+    return out
+
+
+def over_threshold(q: Quote, threshold: float | None) -> bool:
+    """Whether a start quoted ``q`` needs an explicit accept under ``threshold``:
+    its p95 cost is above it. A quote that estimated no step (no history) has
+    no cost to hold against it and does not block."""
+    if threshold is None or estimated_nothing(q):
+        return False
+    return q.cost_usd.p95 > threshold
+
+
+def estimated_nothing(q: Quote) -> bool:
+    """No step of the quote was estimated (each one is in ``unknown``)."""
+    return not q.items
