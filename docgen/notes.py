@@ -97,6 +97,12 @@ ERRORS: dict[str, tuple[str, str]] = {
         "or POST /v1/callbacks/{token} with an error); the message is its reason",
         "see the message; `on_failure: continue` lets the pipeline go on without the step",
     ),
+    "quote_not_accepted": (
+        "a start's cost quote (p95) is above the tenant's `quote_accept_above_usd` and the "
+        "start did not accept it; nothing was started",
+        "check the quote (`aiworker check --quote FILE`), then start again with "
+        "`aiworker run --accept-quote`, `accept_quote: true` or `accept_quote=True`",
+    ),
     "internal": (
         "an unexpected exception in a worker (a bug); logged with its traceback",
         "retried by itself; report it with the log line (trace_id) if it persists",

@@ -30,6 +30,7 @@ class ErrorCode(StrEnum):
     BUDGET_EXCEEDED = "budget_exceeded"
     VALIDATION_FAILED = "validation_failed"
     CALLBACK_FAILED = "callback_failed"
+    QUOTE_NOT_ACCEPTED = "quote_not_accepted"
     INTERNAL = "internal"
 
 
@@ -50,6 +51,7 @@ RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.BUDGET_EXCEEDED: False,
     ErrorCode.VALIDATION_FAILED: False,
     ErrorCode.CALLBACK_FAILED: False,
+    ErrorCode.QUOTE_NOT_ACCEPTED: False,
     ErrorCode.INTERNAL: True,
 }
 

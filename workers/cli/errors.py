@@ -117,7 +117,7 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
     Returns:
         The message (without the ``aiworker:`` prefix) and the exit code.
     """
-    from aiworker.workers.client.client import RedriveError
+    from aiworker.workers.client.client import QuoteNotAcceptedError, RedriveError
     from aiworker.workers.client.step_items import StepItemsError
     from aiworker.workers.schedules.schedules import ScheduleExistsError
     from aiworker.workers.schedules.specs import ScheduleSpecError
@@ -127,6 +127,8 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
     if isinstance(e, ScheduleSpecError):
         return Failure(f"invalid schedule: {e}", EXIT_USAGE)
     if isinstance(e, ScheduleExistsError):
+        return Failure(str(e), EXIT_USAGE)
+    if isinstance(e, QuoteNotAcceptedError):
         return Failure(str(e), EXIT_USAGE)
     if isinstance(e, RedriveError):
         return Failure(f"cannot redrive: {e}", EXIT_USAGE)

@@ -141,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help=JSON_RESULT_HELP)
     r.add_argument("--id", help="workflow id (default: <name>-<random>)")
     r.add_argument("--field", action="append", metavar="FIELD", help=FIELD_HELP)
+    r.add_argument(
+        "--accept-quote",
+        action="store_true",
+        help="start even when the cost quote is above the tenant's quote_accept_above_usd",
+    )
     conn(r)
 
     ck = sub.add_parser(
