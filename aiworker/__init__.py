@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from aiworker.workers.client.client import (
         PipelineClient,
         PipelineHandle,
+        QuoteNotAcceptedError,
         RedriveError,
         StepItemsError,
         TemporalUnreachableError,
@@ -112,6 +113,7 @@ _LAZY: dict[str, str] = {
     "PromptWorker": "aiworker.activities.prompt:PromptWorker",
     "PayloadTooLargeError": "aiworker.activities.errors:PayloadTooLargeError",
     "RateLimitedError": "aiworker.activities.errors:RateLimitedError",
+    "QuoteNotAcceptedError": "aiworker.workers.client.client:QuoteNotAcceptedError",
     "RedriveError": "aiworker.workers.client.client:RedriveError",
     "StepItemsError": "aiworker.workers.client.step_items:StepItemsError",
     "TemporalUnreachableError": "aiworker.workers.client.temporal_client:TemporalUnreachableError",
@@ -169,6 +171,7 @@ __all__ = [
     "PipelineResult",
     "PipelineSpecError",
     "PromptWorker",
+    "QuoteNotAcceptedError",
     "RateLimitedError",
     "RedriveError",
     "Result",

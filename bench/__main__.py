@@ -47,6 +47,7 @@ PARTS = (
     ("bench.mcp_tools", "mcp_tools"),
     ("bench.flow", "flow"),
     ("bench.eval", "eval"),
+    ("bench.quote", "quote"),
 )
 ENGINE = "engine"
 

@@ -109,6 +109,12 @@ ERRORS: dict[str, tuple[str, str]] = {
         "the key, or the key's queue is full (docs/flow-control.md); nothing was started",
         "wait for the run named in the message to end, or cancel it; start again later",
     ),
+    "quote_not_accepted": (
+        "a start's cost quote (p95) is above the tenant's `quote_accept_above_usd` and the "
+        "start did not accept it; nothing was started",
+        "check the quote (`aiworker check --quote FILE`), then start again with "
+        "`aiworker run --accept-quote`, `accept_quote: true` or `accept_quote=True`",
+    ),
     "internal": (
         "an unexpected exception in a worker (a bug); logged with its traceback",
         "retried by itself; report it with the log line (trace_id) if it persists",

@@ -32,6 +32,7 @@ class ErrorCode(StrEnum):
     CALLBACK_FAILED = "callback_failed"
     TOO_MANY_FAILURES = "too_many_failures"
     FLOW_REFUSED = "flow_refused"
+    QUOTE_NOT_ACCEPTED = "quote_not_accepted"
     INTERNAL = "internal"
 
 
@@ -54,6 +55,7 @@ RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.CALLBACK_FAILED: False,
     ErrorCode.TOO_MANY_FAILURES: False,
     ErrorCode.FLOW_REFUSED: False,
+    ErrorCode.QUOTE_NOT_ACCEPTED: False,
     ErrorCode.INTERNAL: True,
 }
 

@@ -157,6 +157,15 @@ class TenantPolicy(Model):
         "least): a spec asking for more starts at this one; absent: any",
     )
 
+    quote_accept_above_usd: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="a start whose cost quote (p95, US dollars) is above this needs an explicit "
+        "accept (`aiworker run --accept-quote`, `accept_quote` on the front door and the "
+        "client); absent: no quote is taken at start",
+    )
+
     @field_validator("rate_limits")
     @classmethod
     def _rates(cls, v: dict[str, str]) -> dict[str, str]:

@@ -214,6 +214,10 @@ EXPECT_CHECK: dict[str, Check] = {
     ".venv/bin/aiworker check examples/pipelines/typo.json": contains(
         "check", "input.data", "prodcut", rc=2
     ),
+    # without a server: no history, each step named in what it could not estimate
+    ".venv/bin/aiworker check --quote examples/pipelines/hello.json": contains(
+        "quote for pipeline hello", "not estimated"
+    ),
 }
 
 

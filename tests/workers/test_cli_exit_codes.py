@@ -112,8 +112,21 @@ CASES: dict[str, Case] = {
         env={"AIWORKER_TASK_QUEUE_SUFFIX": "{nobody}"},
         interrupt=True,
     ),
+    # the tenant's quote threshold (0 USD): accepted, the run starts whatever the quote
+    "run-accept-quote": case(
+        "run",
+        "{ok}",
+        "--accept-quote",
+        code=EXIT_OK,
+        says="succeeded",
+        env={"AIWORKER_TENANTS_FILE": "{quote_tenants}"},
+    ),
     "check-valid": case("check", "{ok}", "--local", code=EXIT_OK, says="ok: "),
     "check-invalid": case("check", "{invalid}", "--local", code=EXIT_USAGE, says="no-such-worker"),
+    "check-quote": case("check", "--quote", "{ok}", "--local", code=EXIT_OK, says="quote for"),
+    "check-quote-invalid": case(
+        "check", "--quote", "{invalid}", "--local", code=EXIT_USAGE, says="no-such-worker"
+    ),
     "list": case("list", "--limit", "1", code=EXIT_OK, says="workflow id"),
     "list-bad-tenant": case("list", "--tenant", "No Such", code=EXIT_USAGE, says="tenant name"),
     "list-unreachable": case("list", code=EXIT_FAILED, says="cannot reach", env=UNREACHABLE),
@@ -611,6 +624,10 @@ async def world(
     files["eval_publish"] = str(tmp / "eval-publish.jsonl")
     (tmp / "eval-report.json").write_text(json.dumps({"items": [{"id": "v1"}]}))
     files["eval_report"] = str(tmp / "eval-report.json")
+    (tmp / "quote-tenants.json").write_text(
+        json.dumps({"tenants": {"default": {"quote_accept_above_usd": 0}}})
+    )
+    files["quote_tenants"] = str(tmp / "quote-tenants.json")
     bad_keys = tmp / "bad.json"
     bad_keys.write_text("{ not json")
     files["bad_keys"] = str(bad_keys)

@@ -119,7 +119,7 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
     """
     from aiworker.schemas.pipeline_check import PipelineSpecError
     from aiworker.workers.client.bulk import BulkQueryError
-    from aiworker.workers.client.client import RedriveError
+    from aiworker.workers.client.client import QuoteNotAcceptedError, RedriveError
     from aiworker.workers.client.flow_start import FlowRefusedError
     from aiworker.workers.client.step_items import StepItemsError
     from aiworker.workers.schedules.schedules import ScheduleExistsError
@@ -130,6 +130,8 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
     if isinstance(e, ScheduleSpecError):
         return Failure(f"invalid schedule: {e}", EXIT_USAGE)
     if isinstance(e, ScheduleExistsError):
+        return Failure(str(e), EXIT_USAGE)
+    if isinstance(e, QuoteNotAcceptedError):
         return Failure(str(e), EXIT_USAGE)
     if isinstance(e, RedriveError):
         return Failure(f"cannot redrive: {e}", EXIT_USAGE)

@@ -92,8 +92,19 @@ async def cmd_run(args: argparse.Namespace) -> int:
         pipelines = await PipelineClient.connect(
             args.profile, target_host=args.address, telemetry=telemetry, settings=settings
         )
+        # the tenant's quote threshold (quote_not_accepted, exit 2); an unknown quote
+        # does not block: say so
+        q = await pipelines.quote_start(raw, accept_quote=args.accept_quote)
+        if q is not None and q.unknown:
+            steps = ", ".join(f"{u.step} ({u.reason})" for u in q.unknown)
+            if not q.items:
+                err(f"the cost quote is unknown (no step estimated: {steps}); started anyway")
+            else:
+                err(
+                    f"the cost quote leaves out {steps} (p95 {q.cost_usd.p95:.6g} USD without them)"
+                )
         # read_checked_pipeline checked it (the live registry's workers, or local ones)
-        handle = await pipelines.start(raw, workflow_id=args.id, check=False)
+        handle = await pipelines.start(raw, workflow_id=args.id, check=False, accept_quote=True)
         return await _print_or_wait(pipelines, handle, args, raw, settings.ui_url)
 
 
@@ -132,7 +143,12 @@ def unknown_fields(args: argparse.Namespace, pipeline: dict[str, Any]) -> str | 
 
 
 async def cmd_check(args: argparse.Namespace) -> int:
-    """``aiworker check FILE|-``: every problem of a pipeline, before anything runs."""
+    """``aiworker check FILE|-``: every problem of a pipeline, before anything runs
+    (``--quote``: its cost quote, :mod:`aiworker.workers.cli.quote_command`)."""
+    if getattr(args, "quote", False):
+        from aiworker.workers.cli.quote_command import cmd_check_quote
+
+        return await cmd_check_quote(args)
     return await check_pipeline_file(args)
 
 

@@ -141,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help=JSON_RESULT_HELP)
     r.add_argument("--id", help="workflow id (default: <name>-<random>)")
     r.add_argument("--field", action="append", metavar="FIELD", help=FIELD_HELP)
+    r.add_argument(
+        "--accept-quote",
+        action="store_true",
+        help="start even when the cost quote is above the tenant's quote_accept_above_usd",
+    )
     conn(r)
 
     ck = sub.add_parser(
@@ -162,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--local",
         action="store_true",
         help="check against this process's spec files and plugins, not the live registry",
+    )
+    ck.add_argument(
+        "--quote",
+        action="store_true",
+        help="estimate tokens, external calls, cost_usd and duration_s (p50, p95) from the "
+        "recorded calls of the same workers, and list what could not be estimated "
+        "(docs/cost.md)",
     )
     conn(ck)
 

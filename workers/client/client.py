@@ -78,6 +78,13 @@ from aiworker.workers.client.temporal_client import TemporalUnreachableError, co
 from aiworker.workers.client.visibility import PipelineSummary, list_query
 from aiworker.workers.process.live_registry import WorkerView, resolve_view
 from aiworker.workers.process.pipeline_settings import check_spec
+from aiworker.workers.quote import (
+    START_HISTORY_LIMIT,
+    Quote,
+    over_threshold,
+    quote,
+    step_history,
+)
 from aiworker.workflows.pipeline import PipelineWorkflow
 
 if TYPE_CHECKING:
@@ -124,6 +131,28 @@ class RedriveError(RuntimeError):
     def __init__(self, message: str, *, conflict: bool = False) -> None:
         super().__init__(message)
         self.conflict = conflict
+
+
+class QuoteNotAcceptedError(RuntimeError):
+    """A start refused with ``quote_not_accepted``: its cost quote (p95) is above
+    the tenant's ``quote_accept_above_usd`` and the start did not accept it.
+
+    Attributes:
+        code: ``quote_not_accepted``.
+        quote: the quote the start was held to (:class:`aiworker.workers.quote.Quote`).
+        threshold: the tenant's threshold in US dollars.
+    """
+
+    code = ErrorCode.QUOTE_NOT_ACCEPTED
+
+    def __init__(self, tenant: str, quote: Quote, threshold: float) -> None:
+        self.quote = quote
+        self.threshold = threshold
+        super().__init__(
+            f"the cost quote of pipeline {quote.pipeline!r} is {quote.cost_usd.p95:.6g} USD "
+            f"(p95), above tenant {tenant!r}'s quote_accept_above_usd of {threshold:.6g} USD; "
+            "accept it to start (--accept-quote, accept_quote) (quote_not_accepted)"
+        )
 
 
 class PipelineClient:
@@ -251,6 +280,7 @@ class PipelineClient:
         workflow_id: str | None = None,
         check: bool = True,
         id_reuse_policy: WorkflowIDReusePolicy = WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        accept_quote: bool = False,
     ) -> PipelineHandle:
         """Check a pipeline and start it; returns at once with its handle.
 
@@ -262,15 +292,21 @@ class PipelineClient:
                 ``invalid_input`` (for a client that cannot know the workers).
             id_reuse_policy: whether a workflow id that ended may start again
                 (Temporal's default: it may).
+            accept_quote: start even when the cost quote is above the tenant's
+                ``quote_accept_above_usd`` (:meth:`quote_start`).
 
         Returns:
             The run's typed handle.
 
         Raises:
             PipelineSpecError: the spec is invalid; nothing was started.
+            QuoteNotAcceptedError: the quote is above the tenant's threshold and
+                ``accept_quote`` is not set; nothing was started.
         """
         if check:
             await self.check_live(pipeline)
+        if not accept_quote:
+            await self.quote_start(pipeline)
         flow = plan_flow_start(pipeline, self.settings.task_queue_suffix)
         if flow is not None:
             return await self._start_with_flow(pipeline, flow, workflow_id)
@@ -328,6 +364,36 @@ class PipelineClient:
             flow_workflow_id=handle.id,
         )
         return FlowHandle(self.temporal, answer, flow.key)
+
+    async def quote_start(
+        self, pipeline: Mapping[str, Any], *, accept_quote: bool = False
+    ) -> Quote | None:
+        """The cost quote a start of ``pipeline`` is held to, when its tenant sets
+        ``quote_accept_above_usd`` in the tenants file (else None: nothing is read).
+
+        The quote is made here, in the starting process, from the recorded calls
+        of the same workers (at most :data:`~aiworker.workers.quote.START_HISTORY_LIMIT`
+        per worker, bounded in time). A quote that estimated no step (no
+        history) does not block; the caller may say so (``quote.unknown``).
+
+        Raises:
+            QuoteNotAcceptedError: its p95 cost is above the threshold and
+                ``accept_quote`` is not set.
+        """
+        registry = self.settings.tenants
+        tenant = str(pipeline.get("tenant") or names.DEFAULT_TENANT)
+        policy = registry.policy(tenant) if registry is not None else None
+        threshold = policy.quote_accept_above_usd if policy is not None else None
+        if threshold is None:
+            return None
+        try:
+            spec = PipelineSpec.model_validate(dict(pipeline))
+        except ValueError:
+            return None  # the workflow refuses an invalid spec (invalid_input)
+        q = quote(spec, await step_history(self.temporal, spec, limit=START_HISTORY_LIMIT))
+        if over_threshold(q, threshold) and not accept_quote:
+            raise QuoteNotAcceptedError(tenant, q, threshold)
+        return q
 
     def start_options(self, pipeline: Mapping[str, Any]) -> dict[str, Any]:
         """How every run of ``pipeline`` starts, by :meth:`start` or by a schedule's
@@ -827,6 +893,7 @@ class PipelineClient:
                     workflow_id=f"{root}-redrive-{n}",
                     check=False,
                     id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                    accept_quote=True,  # the first run was started (and quoted)
                 )
             except WorkflowAlreadyStartedError:
                 continue

@@ -143,9 +143,16 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
     @app.post(
         "/v1/pipelines",
         status_code=201,
-        responses={200: {"description": "a retry of a start: the first run"}, **errors},
+        responses={
+            200: {"description": "a retry of a start: the first run"},
+            422: {
+                "description": "quote_not_accepted: the cost quote is above the tenant's "
+                "quote_accept_above_usd (send accept_quote: true)"
+            },
+            **errors,
+        },
         openapi_extra=json_body,
-        summary="Start a pipeline (the body is the pipeline spec)",
+        summary="Start a pipeline (the body is the pipeline spec, plus accept_quote)",
     )
     async def start_pipeline(request: Request, key: Caller) -> JSONResponse:
         body = await read_body(request, door.settings.serve_max_body_bytes)

@@ -40,7 +40,7 @@ from aiworker.schemas.messages import type_name
 from aiworker.schemas.pipeline_check import PipelineSpecError
 from aiworker.workers.client.callbacks import UNKNOWN as UNKNOWN_TOKEN
 from aiworker.workers.client.callbacks import CallbackError, run_of, send_callback
-from aiworker.workers.client.client import PipelineClient, RedriveError
+from aiworker.workers.client.client import PipelineClient, QuoteNotAcceptedError, RedriveError
 from aiworker.workers.client.flow_start import FlowHandle, FlowRefusedError, flow_doc
 from aiworker.workers.client.step_items import ItemsPartError, StepItemsError
 from aiworker.workers.frontdoor.auth import (
@@ -250,6 +250,11 @@ class Service:
                 f"the body names {canonical(tenant)}",
             )
         raw["tenant"] = key.tenant
+        # not part of the spec: the caller accepts the cost quote (quote_not_accepted)
+        accept_quote = raw.pop("accept_quote", False)
+        if not isinstance(accept_quote, bool):
+            message = f"accept_quote must be true or false, not {type_name(accept_quote)}"
+            raise ApiError(400, ErrorCode.INVALID_INPUT, message)
         workflow_id = None
         if idempotency_key is not None:
             if not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_CHARS:
@@ -259,15 +264,25 @@ class Service:
                     f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters",
                 )
             workflow_id = idempotent_id("api", key.tenant, idempotency_key)
-        return await self.start_once(raw, workflow_id, "this Idempotency-Key")
+        return await self.start_once(
+            raw, workflow_id, "this Idempotency-Key", accept_quote=accept_quote
+        )
 
     async def start_once(
-        self, pipeline: dict[str, Any], workflow_id: str | None, what: str, same_run: bool = False
+        self,
+        pipeline: dict[str, Any],
+        workflow_id: str | None,
+        what: str,
+        same_run: bool = False,
+        *,
+        accept_quote: bool = False,
     ) -> JSONResponse:
         """Check and start ``pipeline``; 201, or 200 for a retry of the same start.
 
         ``same_run``: the id alone says it is the same start (a webhook's body
         hash), so an existing run is the answer whatever the unsigned inputs say.
+        ``accept_quote``: start even when the tenant's ``quote_accept_above_usd``
+        holds the quote (else 422 ``quote_not_accepted``, nothing started).
         """
         pipelines = self.door.pipelines
         try:
@@ -286,6 +301,7 @@ class Service:
                 workflow_id=workflow_id,
                 check=False,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                accept_quote=accept_quote,
             )
         except PipelineSpecError as e:  # the flow key, resolved at start
             raise _spec_error(e, "the start's inputs") from None
@@ -297,6 +313,10 @@ class Service:
                 flow="refused",
                 workflow_id=e.workflow_id,
                 run_id=e.run_id,
+            ) from None
+        except QuoteNotAcceptedError as e:
+            raise ApiError(
+                422, e.code, str(e), quote=e.quote.as_dict(), threshold_usd=e.threshold
             ) from None
         except WorkflowAlreadyStartedError as e:
             workflow_id = e.workflow_id

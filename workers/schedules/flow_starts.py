@@ -47,8 +47,12 @@ class ScheduledFlowActivities:
         pipelines = PipelineClient(activity.client(), self.settings)
         try:
             # two triggers in one second share a workflow id: the run id tells them apart
+            # like a schedule's plain runs, not held to a cost quote
             handle = await pipelines.start(
-                pipeline, workflow_id=f"{info.workflow_id}/{info.workflow_run_id}", check=False
+                pipeline,
+                workflow_id=f"{info.workflow_id}/{info.workflow_run_id}",
+                check=False,
+                accept_quote=True,
             )
         except FlowRefusedError as e:
             raise ApplicationError(

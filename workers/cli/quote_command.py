@@ -1,0 +1,51 @@
+"""``aiworker check --quote FILE [--json]``: a cost quote before a run (issue #33).
+
+The pipeline is checked first exactly as ``aiworker check`` does (exit 2 on a
+bad file). The history of each step's worker comes from the evals helper's
+reader, ``aiworker.workers.evals.recorded.recorded_calls`` (one history reader
+in the code base), through :func:`aiworker.workers.quote.step_history`; the math
+is :func:`aiworker.workers.quote.quote`. Without a reachable Temporal it quotes
+nothing and says so (every step ``unknown``, one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from aiworker.schemas.pipeline import PipelineSpec
+from aiworker.workers.cli.common import (
+    EXIT_OK,
+    checked_pipeline,
+    command_view,
+    err,
+    load_pipeline_file,
+)
+from aiworker.workers.quote import CallSample, quote, step_history
+
+
+async def history_for(args: argparse.Namespace, spec: PipelineSpec) -> dict[str, list[CallSample]]:
+    """The quote's history, read from the Temporal this command talks to."""
+    from aiworker.workers.cli.common import load_settings
+    from aiworker.workers.client.temporal_client import TemporalUnreachableError, connect
+
+    try:
+        client = await connect(args.profile, target_host=args.address, settings=load_settings())
+    except TemporalUnreachableError as e:
+        # the quote still names every step it cannot estimate
+        err(f"cannot reach Temporal ({e}): no recorded calls to quote from")
+        return {}
+    return await step_history(client, spec)
+
+
+async def cmd_check_quote(args: argparse.Namespace) -> int:
+    """Print the quote (text, or ``--json``); exit 2 when the pipeline is invalid."""
+    raw = load_pipeline_file(args.file)
+    checked = checked_pipeline(raw, args.file, await command_view(args))
+    spec = PipelineSpec.model_validate(checked)
+    q = quote(spec, await history_for(args, spec))
+    if args.json:
+        print(json.dumps(q.as_dict(), indent=2))
+    else:
+        print(q.text())
+    return EXIT_OK
