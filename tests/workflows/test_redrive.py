@@ -28,19 +28,11 @@ from aiworker.workers.client.client import (
 )
 
 
-async def test_redrive_reuses_succeeded_steps_and_keeps_idempotency_keys(
-    client: Client, settings: Settings
-) -> None:
-    calls: list[dict[str, Any]] = []
-
-    async def flaky(req: dict[str, Any]) -> dict[str, Any]:
-        if len(calls) == 1:
-            raise fail("not_found", "the upstream page is gone (this time)")
-        return {"policy": "all", "result": {"ok": True}, "used": [], "failed": []}
-
-    sink = {"file": "redrive.jsonl"}
-    pipeline = {
-        "name": "redrive",
+def publish_check_publish(name: str) -> dict[str, Any]:
+    """publish -> aggregator ``check`` -> publish of check's result, into ``<name>.jsonl``."""
+    sink = {"file": f"{name}.jsonl"}
+    return {
+        "name": name,
         "steps": [
             {"id": "pub", "worker": "publish", "input": {"sink": sink, "record": {"n": 1}}},
             {
@@ -56,6 +48,19 @@ async def test_redrive_reuses_succeeded_steps_and_keeps_idempotency_keys(
             },
         ],
     }
+
+
+async def test_redrive_reuses_succeeded_steps_and_keeps_idempotency_keys(
+    client: Client, settings: Settings
+) -> None:
+    calls: list[dict[str, Any]] = []
+
+    async def flaky(req: dict[str, Any]) -> dict[str, Any]:
+        if len(calls) == 1:
+            raise fail("not_found", "the upstream page is gone (this time)")
+        return {"policy": "all", "result": {"ok": True}, "used": [], "failed": []}
+
+    pipeline = publish_check_publish("redrive")
     acts = {"aggregator": standin("aggregator", flaky, calls)}
     async with running_stack(client, settings, replace_activities=acts) as stack:
         first = await stack.start(pipeline)

@@ -10,6 +10,7 @@ from conftest import running_stack
 from support.history import called_workers
 from support.standins import standin
 from temporalio.client import Client
+from test_redrive import publish_check_publish
 
 from aiworker.config.settings import Settings
 from aiworker.workers.client.client import PipelineClient, RedriveError, redrive
@@ -23,24 +24,7 @@ async def test_rerun_from_a_middle_step_keeps_upstream_and_idempotency_keys(
     async def agg(req: dict[str, Any]) -> dict[str, Any]:
         return {"policy": "all", "result": {"n": len(calls)}, "used": [], "failed": []}
 
-    sink = {"file": "rerun.jsonl"}
-    pipeline = {
-        "name": "rerun",
-        "steps": [
-            {"id": "pub", "worker": "publish", "input": {"sink": sink, "record": {"n": 1}}},
-            {
-                "id": "check",
-                "worker": "aggregator",
-                "input": {"policy": "all", "branches": {}},
-                "depends_on": ["pub"],
-            },
-            {
-                "id": "final",
-                "worker": "publish",
-                "input": {"sink": sink, "record": "${{ steps.check.outputs.result }}"},
-            },
-        ],
-    }
+    pipeline = publish_check_publish("rerun")
     acts = {"aggregator": standin("aggregator", agg, calls)}
     async with running_stack(client, settings, replace_activities=acts) as stack:
         first = await stack.start(pipeline)

@@ -43,6 +43,17 @@ def err(msg: str) -> None:
     print(f"aiworker: {msg}", file=sys.stderr)
 
 
+def positive_int(value: str) -> int:
+    """A whole number of at least 1, for ``argparse``."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not at least 1")
+    return n
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Settings from the environment; exits 2 naming the variable on error."""
     try:

@@ -25,6 +25,7 @@ from aiworker.workers.cli.common import (
     EXIT_USAGE,
     err,
     load_settings,
+    positive_int,
 )
 
 
@@ -47,20 +48,10 @@ def _duration(value: str) -> Any:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _limit(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: give 1 or more")
-    return n
-
-
 def _concurrency(value: str) -> int:
     from aiworker.schemas.evals import MAX_EVAL_CONCURRENCY
 
-    n = _limit(value)
+    n = positive_int(value)
     if n > MAX_EVAL_CONCURRENCY:
         raise argparse.ArgumentTypeError(f"{value!r}: at most {MAX_EVAL_CONCURRENCY}")
     return n
@@ -94,7 +85,7 @@ def add_eval_commands(
         "--status", metavar="S", help="the call's status: succeeded, partial, failed, ..."
     )
     ds.add_argument("--error-code", metavar="CODE", help="a failed call's error code")
-    ds.add_argument("--limit", type=_limit, metavar="N", help="at most N calls (newest runs)")
+    ds.add_argument("--limit", type=positive_int, metavar="N", help="at most N calls (newest runs)")
     ds.add_argument("--output", "-o", required=True, metavar="FILE", help="the dataset file")
 
     rn = actions.add_parser("run", help="run a candidate over a dataset; compare; gate")

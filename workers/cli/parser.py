@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from aiworker.schemas.names import TENANT_PATTERN
+from aiworker.workers.cli.common import positive_int
 from aiworker.workers.cli.eval_commands import add_eval_commands
 
 
@@ -36,17 +37,6 @@ def port_number(value: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{port} is not between 0 and 65535")
     return port
-
-
-def _positive_int(value: str) -> int:
-    """A whole number of at least 1, for ``argparse``."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} is not at least 1")
-    return n
 
 
 def tenant_name(value: str) -> str:
@@ -372,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--limit",
-        type=_positive_int,
+        type=positive_int,
         default=100,
         help="at most this many workflows from --query (default 100)",
     )
