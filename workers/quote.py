@@ -277,31 +277,32 @@ async def step_history(
     """Step id -> recorded successful calls of its worker (of the step's model
     alias when its input names one literally), for the pipeline's tenant, read
     with the evals reader (:mod:`aiworker.workers.evals.recorded`): at most
-    ``limit`` calls per worker, newest runs first, within :data:`READ_SECONDS`."""
+    ``limit`` calls per worker, newest runs first, the workers read at once,
+    each within :data:`READ_SECONDS`."""
     import asyncio
 
     from aiworker.workers.evals.recorded import CallQuery, RecordedCall, recorded_calls
 
-    read: dict[str, list[RecordedCall]] = {}
+    async def read_worker(worker: str) -> list[RecordedCall]:
+        calls: list[RecordedCall] = []
+        query = CallQuery(worker=worker, tenant=spec.tenant, status="succeeded", limit=limit)
+        try:
+            async with asyncio.timeout(READ_SECONDS):
+                async for call in recorded_calls(client, query):
+                    calls.append(call)
+        except TimeoutError:
+            pass  # bounded: quote from what was read
+        return calls
+
+    steps = [s for s in spec.steps if s.wait is None and s.worker]
+    # each worker once, all at the same time: a start waits READ_SECONDS at most
+    workers = sorted({str(s.worker) for s in steps})
+    read = dict(zip(workers, await asyncio.gather(*map(read_worker, workers)), strict=True))
     out: dict[str, list[CallSample]] = {}
-    for step in spec.steps:
-        if step.wait is not None or not step.worker:
-            continue
-        if step.worker not in read:
-            calls: list[RecordedCall] = []
-            query = CallQuery(
-                worker=step.worker, tenant=spec.tenant, status="succeeded", limit=limit
-            )
-            try:
-                async with asyncio.timeout(READ_SECONDS):
-                    async for call in recorded_calls(client, query):
-                        calls.append(call)
-            except TimeoutError:
-                pass  # bounded: quote from what was read
-            read[step.worker] = calls
+    for step in steps:
         model = _step_model(step)
         out[step.id] = [
-            sample_of(c) for c in read[step.worker] if model is None or c.model == model
+            sample_of(c) for c in read[str(step.worker)] if model is None or c.model == model
         ]
     return out
 
