@@ -253,8 +253,9 @@ async def list_deployments(client: Client) -> list[str]:
     names: list[str] = []
     token = b""
     while True:
-        resp = await client.workflow_service.list_worker_deployments(
-            ListWorkerDeploymentsRequest(namespace=client.namespace, next_page_token=token)
+        resp = await _read(
+            client.workflow_service.list_worker_deployments,
+            ListWorkerDeploymentsRequest(namespace=client.namespace, next_page_token=token),
         )
         names += [d.name for d in resp.worker_deployments]
         token = resp.next_page_token
@@ -277,10 +278,9 @@ async def describe_deployment(client: Client, name: str, *, count: bool = True) 
     Raises:
         DeploymentError: no such deployment (no worker of it ever polled).
     """
+    request = DescribeWorkerDeploymentRequest(namespace=client.namespace, deployment_name=name)
     try:
-        resp = await client.workflow_service.describe_worker_deployment(
-            DescribeWorkerDeploymentRequest(namespace=client.namespace, deployment_name=name)
-        )
+        resp = await _read(client.workflow_service.describe_worker_deployment, request)
     except RPCError as e:
         if e.status == RPCStatusCode.NOT_FOUND:
             raise DeploymentError(
@@ -485,6 +485,35 @@ async def move_runs(client: Client, settings: Settings, *, limit: int = 10_000) 
         await _until_registered(client.workflow_service.update_workflow_execution_options, request)
         moved.append(wf.id)
     return moved
+
+
+#: What a busy server answers a read it could not finish in time (the deployment's
+#: own workflow answers describe by query; just after a routing change it can be
+#: busy): asked again, never shown to the user.
+_TRANSIENT = frozenset(
+    {
+        RPCStatusCode.CANCELLED,
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.RESOURCE_EXHAUSTED,
+        RPCStatusCode.ABORTED,
+    }
+)
+
+
+async def _read(call: Any, request: Any, wait_seconds: float = 15.0) -> Any:
+    """``call(request)`` for a read, again with backoff while the server answers with a
+    transient status (bounded by ``wait_seconds``; then the last error is raised)."""
+    deadline = time.monotonic() + wait_seconds
+    delay = 0.1
+    while True:
+        try:
+            return await call(request, retry=True)
+        except RPCError as e:
+            if e.status not in _TRANSIENT or time.monotonic() + delay >= deadline:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 async def _until_registered(call: Any, request: Any, wait_seconds: float = 30.0) -> None:
