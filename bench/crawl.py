@@ -36,7 +36,7 @@ processes' ``write_bytes`` from ``/proc``), history bytes and events per page
 
 ``BENCH_QUICK=1 python -m bench.crawl`` (2,000 pages) or ``python -m bench.crawl``
 (10,000). ``BENCH_CRAWL_VARIANTS=off`` runs only the limiter-off variant,
-``on`` only the shipped one (default ``on+tasks16,on,off``); a variant may add
+``on`` only the shipped one (default ``on+tasks100,off+tasks100,on+tasks16,on``); a variant may add
 flags of ``aiworker dev`` after ``+`` (``off+fast-poll`` runs ``aiworker dev
 --fast-poll``), and ``+tasksN`` sets the step's ``items_per_task`` to N (key
 ``aiworker_limiter_on+items_per_task_N``). The headline ``ratio`` is the first
@@ -63,9 +63,12 @@ from bench.common import process_cpu_seconds, standalone
 from bench.foreach import _PeakRss, _rss_mb
 
 QUICK_PAGES = 2_000
-# The recommended items_per_task for a crawl (docs/scrape-discovery.md), the headline.
-ITEMS_PER_TASK = 16
-DEFAULT_VARIANTS = f"on+tasks{ITEMS_PER_TASK},on,off"
+# The recommended items_per_task for a crawl (docs/scrape-discovery.md), the headline:
+# a whole chunk (the default chunk_size, 100) to one task, whose pages keep
+# max_parallel in flight as each ends. 16 (one task of 16 pages at a time, the
+# recommendation before) stays as a variant to compare with.
+ITEMS_PER_TASK = 100
+DEFAULT_VARIANTS = f"on+tasks{ITEMS_PER_TASK},off+tasks{ITEMS_PER_TASK},on+tasks16,on"
 FULL_PAGES = 10_000
 CONCURRENCY = 16
 WARMUP_PAGES = 20
