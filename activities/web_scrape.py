@@ -211,17 +211,21 @@ class WebScrape(Worker):
         """Fields, content and discovered URLs of the page ``text`` fetched from
         ``final_url``: the extraction, its warnings, whether it is partial, log fields."""
 
-        def parse_and_extract() -> tuple[BeautifulSoup, Extraction]:
-            # one parse serves the fields and the discovered links
+        def parse_and_extract() -> tuple[BeautifulSoup | None, Extraction]:
+            if find is None and spec is not None:
+                # only the fields read the tree: the parser picks it (lxml's own where
+                # the spec means the same there, a tenth of BeautifulSoup's cost)
+                return None, parser.extract(text, spec, final_url)
+            # one BeautifulSoup parse serves the fields and the discovered links
             soup = parser.parse(text)
             if spec is None:
                 return soup, Extraction(data={})
             return soup, parser.extract_from(soup, spec, final_url, source=text)
 
         soup: BeautifulSoup | None = None
-        if not _needs_soup(spec, find):
-            # content only: trafilatura parses the page itself (lxml); a BeautifulSoup
-            # tree nobody reads cost more than the extraction (bench/article.py)
+        if not _needs_tree(spec, find):
+            # content only: trafilatura parses the page itself (lxml); a tree nobody
+            # reads cost more than the extraction (bench/article.py)
             result = Extraction(data={})
         elif len(text) > _INLINE_PARSE_CHARS:
             # Big pages parse in a thread so the event loop keeps serving other activities.
@@ -261,9 +265,9 @@ class WebScrape(Worker):
         return result, warnings, partial, log_fields
 
 
-def _needs_soup(spec: CompiledSpec | None, find: DiscoverSpec | None) -> bool:
-    """Whether anything reads the page's BeautifulSoup tree: fields, ``metadata`` or
-    discovery (a discover step always reads the page it fetched)."""
+def _needs_tree(spec: CompiledSpec | None, find: DiscoverSpec | None) -> bool:
+    """Whether anything reads a tree of the page: fields, ``metadata`` or discovery (a
+    discover step always reads the page it fetched)."""
     return find is not None or spec is None or bool(spec.fields) or spec.metadata
 
 

@@ -38,6 +38,7 @@ from aiworker.activities.runtime import WorkerRuntime
 from aiworker.activities.tools import scrape_tools
 from aiworker.activities.tools.content import extract_content, main_content
 from aiworker.activities.tools.extract import HtmlParser
+from aiworker.activities.tools.lxml_tree import LxmlPage
 from aiworker.activities.web_scrape import WebScrape
 from aiworker.config.catalog import load_specs
 from aiworker.config.settings import Settings, parse_rate_limits
@@ -218,7 +219,8 @@ async def test_the_deadline_bounds_the_extraction() -> None:
 
 
 class _CountingParser(HtmlParser):
-    """The real ``parse_html`` tool, counting the BeautifulSoup trees it builds."""
+    """The real ``parse_html`` tool, counting the page trees it builds (BeautifulSoup's
+    or lxml's own)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -228,9 +230,13 @@ class _CountingParser(HtmlParser):
         self.parses += 1
         return super().parse(text)
 
+    def parse_lxml(self, text: str) -> LxmlPage | None:
+        self.parses += 1
+        return super().parse_lxml(text)
+
 
 async def test_content_only_builds_no_soup(tmp_path: Path, article_site: Loopback) -> None:
-    """A content-only spec is extracted by trafilatura alone: no BeautifulSoup tree is
+    """A content-only spec is extracted by trafilatura alone: no tree of the page is
     built for it (it cost more than the extraction); fields still get theirs, and the
     Markdown is the one trafilatura renders."""
     settings = Settings(data_dir=tmp_path, metrics_port=0, allow_private_networks=True)
