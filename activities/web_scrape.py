@@ -214,7 +214,7 @@ class WebScrape(Worker):
         def parse_and_extract() -> tuple[BeautifulSoup | None, Extraction]:
             if find is None and spec is not None:
                 # only the fields read the tree: the parser picks it (lxml's own where
-                # the spec means the same there, a tenth of BeautifulSoup's cost)
+                # the spec means the same there, an eighth of BeautifulSoup's cost)
                 return None, parser.extract(text, spec, final_url)
             # one BeautifulSoup parse serves the fields and the discovered links
             soup = parser.parse(text)
