@@ -59,7 +59,10 @@ _PART = re.compile(rf"([.#])({_IDENT})")
 _CHILD = re.compile(r"\s*>\s*")
 # What BeautifulSoup splits multi-valued attributes on (``\S+``'s complement) and an
 # XPath literal can hold; the rest (_ODD_SPACE) sends the page to BeautifulSoup.
-_SPACES = "".join(chr(c) for c in range(0x110000) if re.match(r"\s", chr(c)))
+_SPACES = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
+    "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
 _ODD_SPACE = re.compile("[\x0b\x0c\x1c-\x1f]")
 # soupsieve keeps a <template>'s contents out of the document (no selector reaches
 # them, no ancestor above them): such a page goes to BeautifulSoup
@@ -110,7 +113,10 @@ def selector_xpath(selector: str) -> etree.XPath | None:
             steps.append(step)
             axis = "descendant"
         paths.append("/".join(steps))
-    return etree.XPath(" | ".join(paths))
+    try:
+        return etree.XPath(" | ".join(paths))
+    except etree.XPathError:  # a name CSS allows and XPath does not ("-x")
+        return None
 
 
 def serves(spec: CompiledSpec) -> bool:

@@ -11,13 +11,14 @@ field, warnings included.
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiworker.activities.tools.extract import HtmlParser
-from aiworker.activities.tools.lxml_tree import parse, selector_xpath, serves
+from aiworker.activities.tools.lxml_tree import _SPACES, parse, selector_xpath, serves
 
 P = HtmlParser()
 URL = "https://shop.example/list/"
@@ -184,7 +185,7 @@ def test_nested_fields_are_scoped_like_soupsieve() -> None:
 
 
 def test_what_the_lxml_engine_leaves_to_beautifulsoup() -> None:
-    for selector in ("a[href]", "li:nth-child(2)", "a > > b", "> a", "a >", "\\61", "é", ""):
+    for selector in ("a[href]", "li:nth-child(2)", "a > > b", "> a", "a >", "\\61", "é", "", "-x"):
         assert selector_xpath(selector) is None, selector
     for selector in ("div.x#y > p", "*", "A B, c>d", "h1.title", "p.category > a"):
         assert selector_xpath(selector) is not None, selector
@@ -197,6 +198,11 @@ def test_what_the_lxml_engine_leaves_to_beautifulsoup() -> None:
     assert parse(page) is None
     got = P.extract(page, P.compile({"fields": {"y": ".y"}}), URL)
     assert got.data == {"y": "1"}
+
+
+def test_the_spaces_are_the_ones_python_splits_on() -> None:
+    """BeautifulSoup splits classes with ``\\S+``: the engine's list is Python's ``\\s``."""
+    assert set(_SPACES) == {chr(c) for c in range(0x110000) if re.match(r"\s", chr(c))}
 
 
 def test_entities_and_a_byte_order_mark() -> None:
