@@ -30,7 +30,7 @@ async def test_dev_server_restart_mid_pipeline_completes(tmp_path: Path) -> None
     server = DevServer(tmp_path / "dev", port=free_port(), ui_port=None, persistent=True)
     await asyncio.to_thread(server.start, 90)
     try:
-        client = await connect(target_host=server.address, namespace="default")
+        client = await connect(target_host=server.address, namespace="default", wait_seconds=60)
         settings = Settings(
             data_dir=tmp_path / "data",
             task_queue_suffix=f"-r{uuid.uuid4().hex[:8]}",

@@ -61,6 +61,16 @@ def wait_line(
     return f"step {step!r} has waited {seconds:.0f}s {why}{count}; it goes on when a permit comes"
 
 
+def stop_if_cancelled() -> None:
+    """Raise ``CancelledError`` when this task was asked to stop. A cancel that
+    reaches a Temporal call mid-flight can come back as an ``RPCError`` ("operation
+    was canceled"), which a poll here would take for a failed query and poll again:
+    ``aiworker run`` would not stop on Ctrl-C."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def snapshot(temporal: Client, workflow_id: str) -> Snapshot:
     """The run's ``progress`` now, with who waits and how many: the pipeline's own
     waits and, for a running for_each, the waits of its chunks' items."""
@@ -81,12 +91,15 @@ async def snapshot(temporal: Client, workflow_id: str) -> Snapshot:
         if not chunk_id.startswith(workflow_id + "/"):
             continue
         step = chunk_id[len(workflow_id) + 1 :].rsplit("/", 1)[0]
-        with contextlib.suppress(TemporalError):
+        try:
             chunk = await temporal.get_workflow_handle(chunk_id).query(names.PROGRESS_QUERY)
-            for kind in (chunk.get("waiting") or {}).values():
-                now[(step, kind, True)] += 1
-            for text in (chunk.get("limits") or {}).values():
-                limits[step] = text
+        except TemporalError:
+            stop_if_cancelled()
+            continue
+        for kind in (chunk.get("waiting") or {}).values():
+            now[(step, kind, True)] += 1
+        for text in (chunk.get("limits") or {}).values():
+            limits[step] = text
     return Snapshot.of(progress, now, streams, limits)
 
 
@@ -151,6 +164,7 @@ async def report_waits(
         try:
             snap = await snapshot(temporal, workflow_id)
         except TemporalError:  # RPC errors and refused queries: advice only, try again
+            stop_if_cancelled()
             continue
         for line in notices.seen(snap.waits, time.monotonic(), snap.limits):
             say(line)

@@ -54,6 +54,7 @@ from aiworker.workers.client.waits import (
     WaitNotices,
     outcome_telling_waits,
     snapshot,
+    stop_if_cancelled,
 )
 
 if TYPE_CHECKING:
@@ -215,8 +216,12 @@ async def _watch(pipelines: PipelineClient, workflow_id: str, view: View, start:
         if polls < MAX_POLLS and clock >= next_poll:
             polls += 1
             next_poll = clock + POLL_SECONDS
-            with contextlib.suppress(TemporalError):  # not started yet, or ended: next poll
-                view.update(await snapshot(pipelines.temporal, workflow_id), clock - start)
+            try:
+                snap = await snapshot(pipelines.temporal, workflow_id)
+            except TemporalError:  # not started yet, or ended: the next poll
+                stop_if_cancelled()
+            else:
+                view.update(snap, clock - start)
         view.tick(time.monotonic() - start)
         await asyncio.sleep(view.frame_seconds)
 
