@@ -674,12 +674,24 @@ def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
     return run_cli_module(args, env, timeout=120)
 
 
+# `python -m aiworker.workers.cli.main ARGS...` with SIGINT raising KeyboardInterrupt
+_WITH_SIGINT = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'aiworker'; runpy.run_module('aiworker.workers.cli.main', run_name='__main__')"
+)
+
+
 async def interrupted(
     args: list[str], env: dict[str, str], client: Client, wid: str
 ) -> tuple[int, str]:
-    """Run the command, press Ctrl-C (SIGINT) once workflow ``wid`` exists."""
+    """Run the command, press Ctrl-C (SIGINT) once workflow ``wid`` exists.
+
+    The command starts with Python's own SIGINT handler whatever this process
+    inherited: a test session started in the background of a shell without job
+    control ignores SIGINT, and so would the command (as it should, there).
+    """
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aiworker.workers.cli.main", *args],
+        [sys.executable, "-c", _WITH_SIGINT, *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -702,7 +714,7 @@ async def interrupted(
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+        proc.communicate()  # reaps it and closes its pipes
 
 
 @pytest.mark.parametrize("name", CASES, ids=list(CASES))
