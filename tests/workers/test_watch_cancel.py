@@ -53,21 +53,24 @@ async def _stops(task: asyncio.Task[Any], calls: list[str], asked: asyncio.Event
     assert calls == ["query"]  # no poll after the cancel
 
 
-async def test_the_live_view_poll_stops_on_a_cancel_turned_rpc_error(
-    monkeypatch: pytest.MonkeyPatch,
+def _live_view(wid: str) -> Any:
+    return watch._watch(_Pipelines(), wid, _View(), time.monotonic())  # type: ignore[arg-type]
+
+
+def _wait_notices(wid: str) -> Any:
+    return waits.report_waits(None, wid, lambda line: None, poll=0.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("module", "loop"),
+    [(watch, _live_view), (waits, _wait_notices)],
+    ids=["the live view", "the wait notices"],
+)
+async def test_the_poll_stops_on_a_cancel_turned_rpc_error(
+    monkeypatch: pytest.MonkeyPatch, module: Any, loop: Any
 ) -> None:
     calls: list[str] = []
     asked = asyncio.Event()
-    monkeypatch.setattr(watch, "snapshot", lambda t, wid: _cancel_as_rpc_error(calls, asked))
-    task = asyncio.create_task(watch._watch(_Pipelines(), "wf", _View(), time.monotonic()))  # type: ignore[arg-type]
-    await _stops(task, calls, asked)
-
-
-async def test_the_wait_notices_stop_on_a_cancel_turned_rpc_error(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    calls: list[str] = []
-    asked = asyncio.Event()
-    monkeypatch.setattr(waits, "snapshot", lambda t, wid: _cancel_as_rpc_error(calls, asked))
-    task = asyncio.create_task(waits.report_waits(None, "wf", lambda line: None, poll=0.0))  # type: ignore[arg-type]
+    monkeypatch.setattr(module, "snapshot", lambda t, wid: _cancel_as_rpc_error(calls, asked))
+    task = asyncio.create_task(loop("wf"))
     await _stops(task, calls, asked)

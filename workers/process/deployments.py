@@ -501,30 +501,46 @@ _TRANSIENT = frozenset(
 )
 
 
+async def _asking_again(
+    call: Any,
+    request: Any,
+    statuses: frozenset[RPCStatusCode],
+    wait_seconds: float,
+    *,
+    pause: float,
+    most: float,
+    **options: Any,
+) -> Any:
+    """``call(request, **options)``, again while the server answers one of
+    ``statuses``: after ``pause`` seconds, doubled up to ``most``, until
+    ``wait_seconds`` have passed (then the last error is raised)."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            return await call(request, **options)
+        except RPCError as e:
+            if e.status not in statuses or time.monotonic() + pause >= deadline:
+                raise
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, most)
+
+
 async def _read(call: Any, request: Any, wait_seconds: float = 15.0) -> Any:
     """``call(request)`` for a read, again with backoff while the server answers with a
     transient status (bounded by ``wait_seconds``; then the last error is raised)."""
-    deadline = time.monotonic() + wait_seconds
-    delay = 0.1
-    while True:
-        try:
-            return await call(request, retry=True)
-        except RPCError as e:
-            if e.status not in _TRANSIENT or time.monotonic() + delay >= deadline:
-                raise
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 2.0)
+    return await _asking_again(
+        call, request, _TRANSIENT, wait_seconds, pause=0.1, most=2.0, retry=True
+    )
 
 
 async def _until_registered(call: Any, request: Any, wait_seconds: float = 30.0) -> None:
     """``call(request)``, again while the server says this build is not yet in a task
     queue (its pollers register it there a moment after the deployment lists it)."""
-    deadline = time.monotonic() + wait_seconds
-    while True:
-        try:
-            await call(request)
-            return
-        except RPCError as e:
-            if e.status != RPCStatusCode.FAILED_PRECONDITION or time.monotonic() >= deadline:
-                raise
-        await asyncio.sleep(0.2)
+    await _asking_again(
+        call,
+        request,
+        frozenset({RPCStatusCode.FAILED_PRECONDITION}),
+        wait_seconds,
+        pause=0.2,
+        most=0.2,
+    )
