@@ -29,6 +29,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -41,7 +42,7 @@ from aiworker.schemas import names
 from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workers.devstack.devserver import stop_child
 from aiworker.workers.frontdoor.auth import hash_key
-from bench.common import data_dir, embedded_server, percentiles, standalone, worker_env
+from bench.common import embedded_server, percentiles, standalone, worker_env
 from bench.scale_out import _polling, _Proc
 
 COMMAND = "BENCH_QUICK=1 .venv/bin/python -m bench.callback"
@@ -151,7 +152,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
     rounds = 8 if quick else 30
     out: dict[str, list[float]] = {"callback": [], "plain": []}
     with (
-        data_dir(prefix="aiworker-callback-") as tmp,
+        tempfile.TemporaryDirectory(prefix="aiworker-callback-") as tmp,
         embedded_server() as server,
     ):
         folder = Path(tmp)

@@ -18,6 +18,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -27,7 +28,7 @@ import httpx
 
 from aiworker.schemas.caps import MAX_PIPELINE_SCHEMA_NODES, MAX_PIPELINE_SCHEMAS
 from aiworker.workers.frontdoor.auth import hash_key
-from bench.common import data_dir, embedded_server, percentiles, standalone, worker_env
+from bench.common import embedded_server, percentiles, standalone, worker_env
 
 KEY = "aiw_bench-key-0123456789abcdefghijklmnop"
 COMMAND = ".venv/bin/python -m bench.check_caps"
@@ -114,7 +115,7 @@ async def measure(url: str, rounds: int, idle_samples: int) -> dict[str, Any]:
 
 async def run(quick: bool) -> dict[str, Any]:
     rounds, idle_samples = (2, 50) if quick else (5, 200)
-    with embedded_server() as server, data_dir("bench-caps-") as d:
+    with embedded_server() as server, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         (tmp / "keys.json").write_text(
             json.dumps({"keys": [{"name": "bench", "tenant": "acme", "sha256": hash_key(KEY)}]})

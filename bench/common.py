@@ -28,19 +28,6 @@ from aiworker.config.settings import Settings
 from aiworker.schemas.protocol import ArtifactRef
 from aiworker.workers.devstack.devserver import DevServer, free_port
 
-# Where the benches keep their data directories: under the repository's ``.aiworker/``,
-# where ``aiworker dev`` keeps its own by default (``data_dir``), not the system's temp
-# directory. On the machine the figures were taken on, a file created under /tmp cost
-# 7-30 times the kernel time of one under the working tree (the same ext4 disk), which
-# a crawl pays per page it stores; users' data directories are not there.
-SCRATCH = Path(__file__).resolve().parent.parent / ".aiworker" / "bench"
-
-
-def data_dir(prefix: str) -> tempfile.TemporaryDirectory[str]:
-    """A fresh directory under :data:`SCRATCH`, removed when its block ends."""
-    SCRATCH.mkdir(parents=True, exist_ok=True)
-    return tempfile.TemporaryDirectory(prefix=prefix, dir=SCRATCH)
-
 
 def percentiles(samples: list[float]) -> dict[str, float]:
     """p50/p95/p99 (same unit as the samples)."""
@@ -57,7 +44,7 @@ def percentiles(samples: list[float]) -> dict[str, float]:
 @contextmanager
 def embedded_server(fast_poll: bool = False) -> Iterator[DevServer]:
     """The embedded dev server exactly as `aiworker dev` runs it, in a temp dir."""
-    with data_dir("aiworker-bench-") as d:
+    with tempfile.TemporaryDirectory(prefix="aiworker-bench-") as d:
         server = DevServer(Path(d), port=free_port(), ui_port=None, fast_poll=fast_poll)
         server.start()
         try:
@@ -72,7 +59,7 @@ async def scrape_runtime(prefix: str) -> AsyncIterator[WorkerRuntime]:
     (loopback allowed), its per-call log lines silenced."""
     logging.getLogger("aiworker.worker").addHandler(logging.NullHandler())
     logging.getLogger("aiworker.worker").propagate = False
-    with data_dir(prefix) as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         settings = Settings(data_dir=Path(tmp), metrics_port=0, allow_private_networks=True)
         tools = scrape_tools(settings)
         try:

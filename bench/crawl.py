@@ -53,12 +53,13 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import data_dir, process_cpu_seconds, standalone
+from bench.common import process_cpu_seconds, standalone
 from bench.foreach import _PeakRss, _rss_mb
 
 QUICK_PAGES = 2_000
@@ -254,7 +255,7 @@ def _scrapy_main(base: str, out: str) -> None:
 
 
 def run_scrapy(base: str) -> dict[str, Any]:
-    with data_dir(prefix="bench-scrapy-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-scrapy-") as tmp:
         out = Path(tmp) / "out.json"
         subprocess.run(
             [sys.executable, "-m", "bench.crawl", "scrapy", base, str(out)],
@@ -404,7 +405,7 @@ async def run_aiworker(
     from aiworker.workers.devstack.devserver import free_port
     from bench.counts import count_history, run_histories
 
-    with data_dir(prefix="bench-crawl-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-crawl-") as tmp:
         data = Path(tmp)
         port = free_port()
         env = {

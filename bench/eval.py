@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -38,7 +39,7 @@ from aiworker.schemas.evals import EvalCandidate, EvalInput, EvalItem, EvalResul
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workers.devstack.modelserver import MODEL_NAME, ModelServer
-from bench.common import data_dir, embedded_server, standalone, worker_env
+from bench.common import embedded_server, standalone, worker_env
 from bench.scale_out import _polling, _Proc
 
 SPEC_FILE = Path(__file__).resolve().parent.parent / "examples" / "prompts" / "classify-ticket.json"
@@ -126,7 +127,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
     worker = PromptWorker(spec)
     seconds: dict[str, list[float]] = {"direct": [], "eval": []}
     with (
-        data_dir(prefix="aiworker-bench-eval-") as tmp,
+        tempfile.TemporaryDirectory(prefix="aiworker-bench-eval-") as tmp,
         embedded_server() as server,
     ):
         model = ModelServer(Path(tmp) / "model-server.log").start()

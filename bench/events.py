@@ -26,6 +26,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -39,7 +40,7 @@ from temporalio.client import Client
 from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workers.devstack.devserver import stop_child
 from aiworker.workers.frontdoor.auth import hash_key
-from bench.common import data_dir, embedded_server, percentiles, standalone, worker_env
+from bench.common import embedded_server, percentiles, standalone, worker_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from support.loopback import Exchange, serve
@@ -231,7 +232,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
         stop.wait(300)  # the waiting run's page never answers
 
     with (
-        data_dir(prefix="aiworker-bench-events-") as tmp,
+        tempfile.TemporaryDirectory(prefix="aiworker-bench-events-") as tmp,
         embedded_server() as server,
         serve(page) as site,
     ):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -44,7 +45,7 @@ from aiworker.schemas import names
 from aiworker.workers.client.client import PipelineClient
 from aiworker.workers.client.flow_start import FlowHandle, wait_started
 from aiworker.workers.client.temporal_client import data_converter
-from bench.common import data_dir, embedded_server, percentiles, standalone, worker_env
+from bench.common import embedded_server, percentiles, standalone, worker_env
 from bench.scale_out import _polling, _Proc
 
 COMMAND = "BENCH_QUICK=1 .venv/bin/python -m bench.flow"
@@ -152,7 +153,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
     concurrency = 20
     out: dict[str, list[float]] = {m: [] for m in MODES}
     with (
-        data_dir(prefix="aiworker-bench-flow-") as tmp,
+        tempfile.TemporaryDirectory(prefix="aiworker-bench-flow-") as tmp,
         embedded_server() as server,
     ):
         suffix = f"-fl{uuid.uuid4().hex[:6]}"

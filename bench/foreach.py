@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -27,7 +28,7 @@ from temporalio.client import Client
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.workers.client.temporal_client import data_converter
-from bench.common import data_dir, embedded_server
+from bench.common import embedded_server
 from bench.counts import run_histories
 
 QUICK_ITEMS = 10_000
@@ -108,7 +109,7 @@ async def _wait_ready(client: Client, queue: str, proc: subprocess.Popen[bytes])
 async def run(quick: bool = False) -> dict[str, Any]:
     """One pipeline with an N-item for_each (100,000; 10,000 when quick)."""
     n = QUICK_ITEMS if quick else FULL_ITEMS
-    with embedded_server() as server, data_dir(prefix="bench-fe-") as tmp:
+    with embedded_server() as server, tempfile.TemporaryDirectory(prefix="bench-fe-") as tmp:
         suffix = f"-bench{uuid.uuid4().hex[:6]}"
         settings = Settings(data_dir=Path(tmp), metrics_port=0, task_queue_suffix=suffix)
         env = {

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -43,7 +44,7 @@ from temporalio.client import Client, WorkflowHistory
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.workers.client.temporal_client import data_converter
-from bench.common import data_dir, embedded_server, percentiles, standalone, worker_env
+from bench.common import embedded_server, percentiles, standalone, worker_env
 from bench.counts import run_histories
 
 COMMAND = "BENCH_QUICK=1 .venv/bin/python -m bench.limiter"
@@ -145,7 +146,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
     headline from alternating rounds at ``HEADLINE_PARALLEL``."""
     n = 600 if quick else 3000
     rounds = 3 if quick else 5
-    with embedded_server() as server, data_dir(prefix="bench-lim-") as tmp:
+    with embedded_server() as server, tempfile.TemporaryDirectory(prefix="bench-lim-") as tmp:
         suffix = f"-bench{uuid.uuid4().hex[:6]}"
         settings = Settings(metrics_port=0, task_queue_suffix=suffix)
         env = worker_env(

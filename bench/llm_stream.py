@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -49,7 +50,7 @@ from temporalio.client import Client
 from aiworker.schemas import names
 from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workers.devstack.modelserver import MODEL_NAME, ModelServer
-from bench.common import data_dir, embedded_server, percentiles, standalone, worker_env
+from bench.common import embedded_server, percentiles, standalone, worker_env
 from bench.scale_out import _polling, _Proc
 
 PROMPT = "Write a short story about a lighthouse keeper and a cat who live by the sea."
@@ -178,7 +179,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
     rounds, max_tokens = (8, 128) if quick else (20, 256)
     out: dict[str, list[dict[str, Any]]] = {"direct": [], "step": []}
     with (
-        data_dir(prefix="aiworker-llm-stream-") as tmp,
+        tempfile.TemporaryDirectory(prefix="aiworker-llm-stream-") as tmp,
         embedded_server() as server,
     ):
         model = ModelServer(Path(tmp) / "model-server.log").start()

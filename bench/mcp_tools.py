@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -39,7 +40,7 @@ from temporalio.client import Client
 
 from aiworker.schemas import names
 from aiworker.workers.client.temporal_client import data_converter
-from bench.common import data_dir, embedded_server, percentiles, standalone, worker_env
+from bench.common import embedded_server, percentiles, standalone, worker_env
 from bench.scale_out import _polling, _Proc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +110,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
     step_ms: list[float] = []
     try:
         with (
-            data_dir(prefix="aiworker-bench-mcp-") as tmp,
+            tempfile.TemporaryDirectory(prefix="aiworker-bench-mcp-") as tmp,
             embedded_server() as server,
         ):
             models = models_file(model, Path(tmp) / "models.json", "bench-mcp")

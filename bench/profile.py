@@ -28,13 +28,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from bench.common import data_dir, process_cpu_seconds, table
+from bench.common import process_cpu_seconds, table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
@@ -172,7 +173,7 @@ def profile(bare: bool, quick: bool, rate: int) -> dict[str, Any]:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    with data_dir(prefix="aiworker-profile-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="aiworker-profile-") as tmp:
         out = Path(tmp) / "raw.txt"
         child = subprocess.Popen(
             child_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -43,7 +44,7 @@ from aiworker.workers.client.client import PipelineClient
 from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workers.devstack.modelserver import MODEL_NAME, ModelServer
 from aiworker.workers.quote import quote, step_history
-from bench.common import data_dir, embedded_server, standalone, worker_env
+from bench.common import embedded_server, standalone, worker_env
 from bench.eval import SPEC_FILE, SUBJECTS
 from bench.scale_out import _polling, _Proc
 
@@ -76,7 +77,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
     """Record, quote, run the quoted pipeline, compare (see the module doc)."""
     recorded, n_items = (6, 4) if quick else (16, 8)
     with (
-        data_dir(prefix="aiworker-bench-quote-") as tmp,
+        tempfile.TemporaryDirectory(prefix="aiworker-bench-quote-") as tmp,
         embedded_server() as server,
     ):
         model = ModelServer(Path(tmp) / "model-server.log").start()

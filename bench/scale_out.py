@@ -23,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -37,7 +38,6 @@ from aiworker.schemas import names
 from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workers.devstack.devserver import stop_child
 from bench.common import (
-    data_dir,
     embedded_server,
     percentiles,
     process_cpu_seconds,
@@ -176,7 +176,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
     samples: dict[str, list[dict[str, Any]]] = {"one": [], "two": []}
     with (
         embedded_server() as server,
-        data_dir(prefix="aiworker-scale-") as tmp,
+        tempfile.TemporaryDirectory(prefix="aiworker-scale-") as tmp,
     ):
         client = await Client.connect(server.address, data_converter=data_converter(None))
         suffix = f"-scale{uuid.uuid4().hex[:6]}"

@@ -22,13 +22,14 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench.common import data_dir, standalone
+from bench.common import standalone
 
 _LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 
@@ -113,7 +114,7 @@ async def _measure(header_timeout: float, n: int, tmp: Path) -> dict[str, float]
 
 async def run(quick: bool = False) -> dict[str, Any]:
     n = 60 if quick else 300
-    with data_dir(prefix="aiworker-bench-slowloris-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="aiworker-bench-slowloris-") as tmp:
         held = await _measure(3.0, n, Path(tmp))
         kept = await _measure(3600.0, n, Path(tmp))
     return {
