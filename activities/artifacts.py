@@ -24,8 +24,6 @@ from aiworker.activities.errors import AccessDeniedError, InvalidInputError, Not
 from aiworker.schemas.protocol import ArtifactRef
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-# Writes under this size are cheaper inline than through a worker thread.
-_INLINE_BYTES = 256 * 1024
 
 
 class ArtifactStore(Protocol):
@@ -86,21 +84,11 @@ class FileArtifactStore:
     ) -> ArtifactRef:
         digest = hashlib.sha256(data).hexdigest()
         path = self.path_for(tenant, digest)
-        if len(data) <= _INLINE_BYTES:
-            # A page-sized write costs less inline than the hop to a thread and back,
-            # which on a busy machine waits for the scheduler twice (bench/scrape.py).
-            self._write(path, data)
-        else:
-            await asyncio.to_thread(self._write, path, data)
+        if not path.exists():  # content-addressed: the same name holds the same bytes
+            await asyncio.to_thread(atomic_write, path, data)
         return ArtifactRef(
             uri=path.as_uri(), sha256=digest, size_bytes=len(data), media_type=media_type
         )
-
-    @staticmethod
-    def _write(path: Path, data: bytes) -> None:
-        if path.exists():
-            return  # content-addressed: the same name holds the same bytes
-        atomic_write(path, data)
 
     def _resolve(self, tenant: str, ref: ArtifactRef | str) -> tuple[Path, str]:
         uri = ref.uri if isinstance(ref, ArtifactRef) else ref

@@ -4,10 +4,10 @@ The runtime binds a :class:`CallLineage` for the duration of each worker call
 (a context variable, so concurrent activities in one process never mix them
 up). :class:`RecordingArtifactStore` wraps any :class:`ArtifactStore` and, on
 every ``put`` made inside a call, writes one :class:`ArtifactRecord` to a
-:class:`LineageIndex` keyed by workflow id. Records are small JSON documents,
-one per (artifact, step, attempt), named by a hash of that identity, so a
-retried write is idempotent and two processes never append to the same file.
-``aiworker artifacts <workflow-id>`` lists them.
+:class:`LineageIndex` keyed by workflow id. A record is a small JSON document,
+one per (artifact, step, attempt), whose identity is a hash of that
+(:meth:`ArtifactRecord.record_name`): a retried write is the same record, and a
+listing keeps one of each. ``aiworker artifacts <workflow-id>`` lists them.
 
 Content-addressed storage dedupes the bytes; lineage is per use, so the same
 page fetched by two workflows has one object and two records.
@@ -20,6 +20,8 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -27,9 +29,9 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from aiworker.activities.artifacts import ArtifactStore, atomic_write
+from aiworker.activities.artifacts import ArtifactStore
 from aiworker.schemas.protocol import ArtifactRef
 
 # One listing never reads more records than this (a bounded loop, and a hint
@@ -152,7 +154,19 @@ def sort_records(records: list[ArtifactRecord]) -> list[ArtifactRecord]:
 
 
 class FileLineageIndex:
-    """Lineage records under ``<data_dir>/lineage/<workflow-id>/<record>.json``.
+    """Lineage records under ``<data_dir>/lineage/<workflow-id>/``, appended as JSON
+    lines to one file per workflow and writer (``<writer>.jsonl``; each index
+    object is a writer with its own random name, so two processes never append
+    to the same file). Records of earlier versions, one file each
+    (``<record>.json``), are read alongside.
+
+    Why lines and not a file per record: creating a file is the costly part of a
+    write (a directory entry and an inode; 0.1 to 1 ms of kernel time each on the
+    disk the figures were taken on), and a crawl writes a record for every page;
+    an append to an existing file is neither. Each record goes in one ``write`` on
+    an ``O_APPEND`` descriptor, behind a newline: a writer that died in mid-line
+    leaves one line that does not parse, which a listing skips, and never joins it
+    to the next record.
 
     Args:
         root: the data directory (``settings.data_dir``).
@@ -160,17 +174,14 @@ class FileLineageIndex:
 
     def __init__(self, root: Path) -> None:
         self.base = (Path(root) / "lineage").resolve()
+        self.writer = f"{uuid.uuid4().hex[:16]}.jsonl"
 
     def _dir(self, workflow_id: str) -> Path:
         return self.base / workflow_segment(workflow_id)
 
     async def record(self, rec: ArtifactRecord) -> None:
-        path = self._dir(rec.workflow_id) / rec.record_name()
-        self._write(path, rec.model_dump_json().encode())
-
-    @staticmethod
-    def _write(path: Path, data: bytes) -> None:
-        atomic_write(path, data)
+        path = self._dir(rec.workflow_id) / self.writer
+        await asyncio.to_thread(_append, path, b"\n" + rec.model_dump_json().encode())
 
     async def records(self, workflow_id: str, children: bool = False) -> list[ArtifactRecord]:
         return await asyncio.to_thread(self._records, workflow_id, children)
@@ -180,10 +191,43 @@ class FileLineageIndex:
         if children and self.base.is_dir():
             # segments are percent-quoted: no glob magic is left in them
             dirs += sorted(self.base.glob(workflow_segment(workflow_id + "/") + "*"))
-        paths = [p for d in dirs if d.is_dir() for p in sorted(d.glob("*.json"))]
-        return sort_records(
-            [ArtifactRecord.model_validate_json(p.read_bytes()) for p in paths[:MAX_RECORDS]]
-        )
+        found: dict[str, ArtifactRecord] = {}
+        read = 0
+        for path in (p for d in dirs if d.is_dir() for p in sorted(d.iterdir())):
+            if path.suffix == ".json":
+                docs = [path.read_bytes()]
+            elif path.suffix == ".jsonl":
+                docs = [line for line in path.read_bytes().split(b"\n") if line.strip()]
+            else:
+                continue  # a temporary file of an earlier version's write
+            for doc in docs:
+                if read >= MAX_RECORDS:
+                    break
+                read += 1
+                try:
+                    rec = ArtifactRecord.model_validate_json(doc)
+                except ValidationError:
+                    continue  # a line its writer did not finish
+                seen = found.get(rec.record_name())
+                if seen is None or rec.created_at >= seen.created_at:
+                    found[rec.record_name()] = rec  # a retried write: the latest
+        return sort_records(list(found.values()))
+
+
+def _append(path: Path, data: bytes) -> None:
+    """``data`` at the end of ``path`` in one ``write`` (the directory made if missing)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, flags, 0o644)
+    try:
+        view = memoryview(data)
+        while view:  # a regular file takes it whole; a short write goes on after itself
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 class RecordingArtifactStore:

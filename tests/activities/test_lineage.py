@@ -50,8 +50,8 @@ async def test_file_lineage_and_cli(
     assert sorted((r.attempt, r.sha256) for r in records) == sorted(
         [(1, a.sha256), (2, a.sha256), (2, b.sha256)]
     )
-    files = list((tmp_path / "lineage").rglob("*.json"))
-    assert len(files) == 3
+    files = [f for f in (tmp_path / "lineage").rglob("*") if f.is_file()]
+    assert [f.name for f in files] == [index.writer]  # one writer, one file of lines
     assert all(f.resolve().is_relative_to(tmp_path / "lineage") for f in files)
 
     monkeypatch.setenv("AIWORKER_DATA_DIR", str(tmp_path))
@@ -68,3 +68,33 @@ async def test_file_lineage_and_cli(
 async def run_cli(*args: str) -> int:
     # The CLI runs its own event loop: keep it off the test's.
     return await asyncio.to_thread(main, list(args))
+
+
+async def test_file_lineage_writers_retries_torn_lines_and_older_records(tmp_path: Path) -> None:
+    first, second = FileLineageIndex(tmp_path), FileLineageIndex(tmp_path)
+    assert first.writer != second.writer  # two processes never append to one file
+    wf = "wf-7"
+    with lineage.bound(call(wf, "fetch", 1)):
+        a = await RecordingArtifactStore(FileArtifactStore(tmp_path), first).put("acme", b"a")
+    with lineage.bound(call(wf, "fetch", 1)):  # the same attempt again, elsewhere
+        await RecordingArtifactStore(FileArtifactStore(tmp_path), second).put("acme", b"a")
+    folder = tmp_path / "lineage" / wf
+    assert sorted(p.name for p in folder.iterdir()) == sorted([first.writer, second.writer])
+    records = await first.records(wf)
+    assert [(r.sha256, r.attempt) for r in records] == [(a.sha256, 1)]  # one use, listed once
+
+    # A writer killed in mid-line: its torn line is skipped, the next record kept.
+    with (folder / first.writer).open("ab") as f:
+        f.write(b'\n{"uri": "file:///x", "sha2')
+    with lineage.bound(call(wf, "fetch", 2)):
+        b = await RecordingArtifactStore(FileArtifactStore(tmp_path), first).put("acme", b"b")
+    # A record of an earlier version, one file of its own, and a temporary file.
+    older = records[0].model_copy(
+        update={"attempt": 3, "created_at": "2026-01-01T00:00:00.000+00:00"}
+    )
+    (folder / older.record_name()).write_text(older.model_dump_json())
+    (folder / ".tmp-abc").write_text("{")
+    listed = await second.records(wf)
+    assert sorted((r.sha256, r.attempt) for r in listed) == sorted(
+        [(a.sha256, 1), (b.sha256, 2), (a.sha256, 3)]
+    )
