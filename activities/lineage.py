@@ -181,7 +181,7 @@ class FileLineageIndex:
 
     async def record(self, rec: ArtifactRecord) -> None:
         path = self._dir(rec.workflow_id) / self.writer
-        await asyncio.to_thread(_append, path, b"\n" + rec.model_dump_json().encode())
+        _append(path, b"\n" + rec.model_dump_json().encode())  # an append: cheap inline
 
     async def records(self, workflow_id: str, children: bool = False) -> list[ArtifactRecord]:
         return await asyncio.to_thread(self._records, workflow_id, children)
