@@ -53,7 +53,7 @@ from aiworker.activities.retry_after import parse_retry_after
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.activities.tools.egress import EgressPolicy
-from aiworker.activities.tools.fetch import guarded_transport
+from aiworker.activities.tools.fetch import NoCookies, guarded_transport
 from aiworker.config.catalog import builtin_spec
 from aiworker.config.settings import Settings
 from aiworker.schemas.protocol import WarningInfo
@@ -144,6 +144,7 @@ class WebhookPoster:
         self._client = httpx.AsyncClient(
             transport=transport or guarded_transport(self._policy),
             follow_redirects=False,
+            cookies=NoCookies(),
         )
 
     async def post(

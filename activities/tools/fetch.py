@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import http.cookiejar
 import select
 import socket
 import ssl
@@ -243,6 +244,23 @@ def socket_readable(sock: socket.socket) -> bool:
     return bool(poller.poll(0))
 
 
+class NoCookies(http.cookiejar.CookieJar):
+    """A cookie jar that keeps nothing, for the HTTP clients a process shares.
+
+    httpx's client keeps every ``Set-Cookie`` it receives and sends it back on
+    later requests to that site. A fetch tool or a webhook poster serves every
+    call and every tenant of its process, so a session cookie one tenant's fetch
+    received went out with another tenant's next fetch of that site. Nothing
+    here uses cookies: each request carries only the headers its call gives.
+    """
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        """Keep no cookie of ``response``."""
+
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
+        """Keep no cookie."""
+
+
 class FetchTool:
     """Fetches pages for workers; one instance per process, shared by activities.
 
@@ -281,6 +299,7 @@ class FetchTool:
             transport=transport or guarded_transport(egress),
             follow_redirects=False,
             trust_env=False,
+            cookies=NoCookies(),
             headers={
                 "Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
                 "Accept-Encoding": bodies.ACCEPT_ENCODING,

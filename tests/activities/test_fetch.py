@@ -11,10 +11,12 @@ from fixtures.scrape_site import CP1252_HTML, SJIS_HTML
 from support.loopback import Exchange, serve
 
 from aiworker.activities.errors import AccessDeniedError, InvalidInputError, PayloadTooLargeError
+from aiworker.activities.publish import WebhookPoster
 from aiworker.activities.retry_after import parse_retry_after
 from aiworker.activities.tools.charset import decode_body
 from aiworker.activities.tools.egress import EgressPolicy
 from aiworker.activities.tools.fetch import FetchLimits, FetchTool, _PolledBackend
+from aiworker.config.settings import Settings
 
 
 def test_charsets_header_meta_detection() -> None:
@@ -107,3 +109,27 @@ async def test_a_pooled_connection_tells_a_server_close_as_httpcore_does() -> No
         finally:
             await stream.aclose()
         assert stream.get_extra_info("is_readable") is True  # a closed socket, as httpcore
+
+
+async def test_no_cookie_outlives_the_request_that_received_it() -> None:
+    # The tools serve every call and tenant of a process: a session cookie one
+    # call received must not go out with the next call to that site.
+    seen: list[tuple[str, str | None]] = []
+
+    def handle(exchange: Exchange) -> None:
+        exchange.body()  # a POST's body read, so the connection serves the next request
+        seen.append((exchange.path, exchange.headers.get("Cookie")))
+        exchange.send(200, b"<p>hi</p>", headers={"Set-Cookie": "sid=tenant-a; Path=/"})
+
+    with serve(handle) as site:
+        fetcher = FetchTool(EgressPolicy(allow_private_networks=True))
+        poster = WebhookPoster(Settings(allow_private_networks=True))
+        try:
+            for path in ("/a", "/b"):
+                await fetcher.fetch(site.url(path), timeout=5, respect_robots=False)
+            for path in ("/hook-a", "/hook-b"):
+                await poster.post(site.url(path), {"n": 1}, {}, timeout_s=5)
+        finally:
+            await fetcher.aclose()
+            await poster.aclose()
+    assert seen == [("/a", None), ("/b", None), ("/hook-a", None), ("/hook-b", None)]
