@@ -160,10 +160,10 @@ class FileLineageIndex:
     to the same file). Records of earlier versions, one file each
     (``<record>.json``), are read alongside.
 
-    Why lines and not a file per record: creating a file is the costly part of a
-    write (a directory entry and an inode; 0.1 to 1 ms of kernel time each on the
-    disk the figures were taken on), and a crawl writes a record for every page;
-    an append to an existing file is neither. Each record goes in one ``write`` on
+    Why lines and not a file per record: a crawl writes a record for every page,
+    and a new file written safely (a temporary file, then a rename) cost 0.1 to 1
+    ms of kernel time on the disk the figures were taken on, where an append to an
+    existing file costs a few microseconds. Each record goes in one ``write`` on
     an ``O_APPEND`` descriptor, behind a newline: a writer that died in mid-line
     leaves one line that does not parse, which a listing skips, and never joins it
     to the next record.
