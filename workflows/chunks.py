@@ -33,6 +33,12 @@ TREE_PATCH = "foreach-chunk-tree"
 (its children are groups of chunks; before, one child per leaf chunk)."""
 
 
+PAIR_PATCH = "foreach-chunk-pairs"
+"""The ``workflow.patched`` id of a for_each whose parallelism fits one leaf chunk
+(an even ``max_parallel`` from 4 up to ``chunk_size``) running two leaf chunks at once
+with half of it each (before, one chunk at a time with all of it)."""
+
+
 @dataclass(frozen=True)
 class Split:
     """How one workflow's items split into children.
@@ -89,4 +95,4 @@ def share(whole: ChunkAllowance, items: int, of: int) -> ChunkAllowance:
     )
 
 
-__all__ = ["FANOUT", "TREE_PATCH", "Split", "leaves", "share", "split"]
+__all__ = ["FANOUT", "PAIR_PATCH", "TREE_PATCH", "Split", "leaves", "share", "split"]

@@ -11,7 +11,9 @@ once, for one call per item, and shares the reservation out to the chunks by
 item count (:class:`ChunkAllowance`, with the pipeline's deadline). At most
 ``ceil(max_parallel / chunk_size)`` chunks run at once, each with at most
 ``min(max_parallel, chunk_size)`` items in flight
-(``PipelineForEachWorkflow``), so no history grows with the list.
+(``PipelineForEachWorkflow``), so no history grows with the list; an even
+``max_parallel`` of 4 or more that one chunk would hold whole runs as two
+chunks with half of it each (``PAIR_PATCH``).
 :class:`FanOut` tallies the items as chunks finish. Over the plan's
 ``inline_items`` items the outputs go by reference (:mod:`workflows.items`):
 the chunks store them, the parent keeps counts, the failed items up to
@@ -55,7 +57,7 @@ with workflow.unsafe.imports_passed_through():
         resolve,
     )
 
-from aiworker.workflows.chunks import FANOUT, TREE_PATCH, leaves, share, split
+from aiworker.workflows.chunks import FANOUT, PAIR_PATCH, TREE_PATCH, leaves, share, split
 from aiworker.workflows.foreach import PipelineForEachWorkflow, cancel_chunk
 from aiworker.workflows.items import ITEMS_REF_PATCH, ItemsUnavailable, load_items
 from aiworker.workflows.pipeline_limits import step_max_attempts
@@ -304,9 +306,24 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
     # More leaf chunks than one workflow's children: groups of chunks (a tree).
     tree = leaves(len(resolved), step.chunk_size) > FANOUT and workflow.patched(TREE_PATCH)
     at_once = math.ceil(step.max_parallel / step.chunk_size)  # leaf chunks, the whole step
+    parallel = template.max_parallel
+    if (
+        at_once == 1
+        and step.max_parallel >= 4
+        and step.max_parallel % 2 == 0
+        and leaves(len(resolved), step.chunk_size) > 1
+        and workflow.patched(PAIR_PATCH)
+    ):
+        # Two leaf chunks with half the parallelism each: one's start and end (its
+        # last items, its result, the next chunk's start) overlap the other's work.
+        at_once, parallel = 2, step.max_parallel // 2
     plan = split(len(resolved), step.chunk_size, at_once, tree)
     template = template.model_copy(
-        update={"chunk_size": step.chunk_size, "chunk_slots": plan.child_slots}
+        update={
+            "chunk_size": step.chunk_size,
+            "chunk_slots": plan.child_slots,
+            "max_parallel": parallel,
+        }
     )
     chunks = [resolved[r.start : r.stop] for r in plan.ranges(len(resolved))]
     slots = asyncio.Semaphore(plan.at_once)
