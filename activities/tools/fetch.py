@@ -29,9 +29,6 @@ import asyncio
 import contextlib
 import hashlib
 import http.cookiejar
-import select
-import socket
-import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -153,95 +150,9 @@ def guarded_transport(policy: EgressPolicy, max_connections: int = 100) -> httpx
         max_keepalive_connections=20,
         keepalive_expiry=5.0,
         retries=0,
-        network_backend=_PolledBackend(GuardedBackend(policy)),
+        network_backend=GuardedBackend(policy),
     )
     return transport
-
-
-class _PolledBackend(httpcore.AsyncNetworkBackend):
-    """``inner``'s connections as :class:`_PolledStream`."""
-
-    def __init__(self, inner: httpcore.AsyncNetworkBackend) -> None:
-        self.inner = inner
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        stream = await self.inner.connect_tcp(
-            host, port, timeout=timeout, local_address=local_address, socket_options=socket_options
-        )
-        return _PolledStream(stream)
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        return _PolledStream(
-            await self.inner.connect_unix_socket(
-                path, timeout=timeout, socket_options=socket_options
-            )
-        )
-
-    async def sleep(self, seconds: float) -> None:
-        await self.inner.sleep(seconds)
-
-
-class _PolledStream(httpcore.AsyncNetworkStream):
-    """A connection that answers httpcore's "is the socket readable?" by polling its
-    socket directly; everything else goes to ``inner`` unchanged.
-
-    Why: httpcore's pool asks every idle connection that question each time it
-    assigns or releases a request (an idle socket that turned readable is a
-    server's close). Through anyio each answer rebuilt the socket's attribute
-    table and called ``getpeername`` before the poll: 4.4 us against 0.6, about 19
-    times per page at 16 connections, in a crawl worker whose page costs ~3 ms of
-    CPU (bench/crawl.py). The socket is the same for the connection's life.
-    """
-
-    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
-        self.inner = inner
-        self._socket: socket.socket | None = inner.get_extra_info("socket")
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109 - httpcore's interface
-        return await self.inner.read(max_bytes, timeout)
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109 - httpcore's interface
-        await self.inner.write(buffer, timeout)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-    async def start_tls(
-        self,
-        ssl_context: ssl.SSLContext,
-        server_hostname: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-    ) -> httpcore.AsyncNetworkStream:
-        return _PolledStream(await self.inner.start_tls(ssl_context, server_hostname, timeout))
-
-    def get_extra_info(self, info: str) -> Any:
-        if info == "is_readable" and self._socket is not None:
-            return socket_readable(self._socket)
-        return self.inner.get_extra_info(info)
-
-
-def socket_readable(sock: socket.socket) -> bool:
-    """Whether ``sock`` has something to read now, or is closed (as httpcore's own check)."""
-    fd = sock.fileno()
-    if fd == -1:
-        return True
-    if not hasattr(select, "poll"):  # Windows
-        return bool(select.select([fd], [], [], 0)[0])
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 class NoCookies(http.cookiejar.CookieJar):

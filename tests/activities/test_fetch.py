@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import httpcore
 import httpx
 import pytest
 from fixtures.scrape_site import CP1252_HTML, SJIS_HTML
@@ -14,8 +13,8 @@ from aiworker.activities.errors import AccessDeniedError, InvalidInputError, Pay
 from aiworker.activities.publish import WebhookPoster
 from aiworker.activities.retry_after import parse_retry_after
 from aiworker.activities.tools.charset import decode_body
-from aiworker.activities.tools.egress import EgressPolicy
-from aiworker.activities.tools.fetch import FetchLimits, FetchTool, _PolledBackend
+from aiworker.activities.tools.egress import EgressPolicy, GuardedBackend
+from aiworker.activities.tools.fetch import FetchLimits, FetchTool
 from aiworker.config.settings import Settings
 
 
@@ -89,7 +88,8 @@ async def test_a_pooled_connection_tells_a_server_close_as_httpcore_does() -> No
         exchange.raw.close_connection = True  # keep-alive headers, then a close
 
     with serve(handle) as site:
-        stream = await _PolledBackend(httpcore.AnyIOBackend()).connect_tcp("127.0.0.1", site.port)
+        backend = GuardedBackend(EgressPolicy(allow_private_networks=True))
+        stream = await backend.connect_tcp("127.0.0.1", site.port)
         inner = stream.inner  # type: ignore[attr-defined]
         try:
             assert stream.get_extra_info("is_readable") is False
