@@ -43,6 +43,7 @@ from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
 from aiworker.schemas import safe_schema
+from aiworker.schemas.fast_valid import Check, compile_fast
 from aiworker.schemas.safe_schema import cached_validator
 
 MAX_REMEMBERED = 256
@@ -100,8 +101,9 @@ class Contract:
     def __init__(self, schema: dict[str, Any], *, remember: bool = True) -> None:
         self.schema = schema
         self.validator: Validator = cached_validator(schema)
+        self.fast: Check | None = compile_fast(schema, safe_schema.FORMATS)
         self.heavy: tuple[str, ...] = heavy_properties(schema) if remember else ()
-        self._shallow: Validator | None = None
+        self._shallow: tuple[Validator, Check | None] | None = None
         self._valid: OrderedDict[bytes, None] = OrderedDict()
 
     def errors(self, value: Any) -> list[ValidationError]:
@@ -110,8 +112,8 @@ class Contract:
         if digests and all(d in self._valid for d in digests):
             for d in digests:
                 self._valid.move_to_end(d)
-            return safe_schema.errors(self._shallow_validator(), value)
-        found = safe_schema.errors(self.validator, value)
+            return _errors(*self._shallow_validator(), value)
+        found = _errors(self.validator, self.fast, value)
         if digests and not found:
             for d in digests:
                 self._valid[d] = None
@@ -135,15 +137,23 @@ class Contract:
             out.append(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
         return out
 
-    def _shallow_validator(self) -> Validator:
+    def _shallow_validator(self) -> tuple[Validator, Check | None]:
         if self._shallow is None:
             props = self.schema["properties"]
             shallow = {
                 **self.schema,
                 "properties": {k: True if k in self.heavy else v for k, v in props.items()},
             }
-            self._shallow = cached_validator(shallow)
+            self._shallow = (cached_validator(shallow), compile_fast(shallow, safe_schema.FORMATS))
         return self._shallow
+
+
+def _errors(validator: Validator, fast: Check | None, value: Any) -> list[ValidationError]:
+    """No error when the fast check is sure of ``value`` (:mod:`~aiworker.schemas.fast_valid`);
+    else jsonschema's errors."""
+    if fast is not None and fast(value):
+        return []
+    return safe_schema.errors(validator, value)
 
 
 def heavy_properties(schema: Any) -> tuple[str, ...]:
