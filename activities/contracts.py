@@ -43,28 +43,13 @@ from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
 from aiworker.schemas import safe_schema
-from aiworker.schemas.fast_valid import Check, compile_fast
+from aiworker.schemas.fast_valid import ANNOTATIONS, Check, compile_fast
 from aiworker.schemas.safe_schema import cached_validator
 
 MAX_REMEMBERED = 256
 MAX_NODES = 10_000
 # Root keywords under which a property's errors come from its own subschema only.
-_ROOT_KEYWORDS = frozenset(
-    {
-        "$schema",
-        "$comment",
-        "$defs",
-        "definitions",
-        "title",
-        "description",
-        "examples",
-        "default",
-        "type",
-        "required",
-        "properties",
-        "additionalProperties",
-    }
-)
+_ROOT_KEYWORDS = ANNOTATIONS | {"type", "required", "properties", "additionalProperties"}
 # A property subschema with one of these does enough work to be worth remembering.
 _COMPOSITE = frozenset(
     {

@@ -40,7 +40,7 @@ from aiworker.schemas.patterns import PatternError, compile_pattern, search
 Check = Callable[[Any], bool]
 
 # Keywords that never change whether a value is valid.
-_ANNOTATIONS = frozenset(
+ANNOTATIONS = frozenset(
     {
         "$schema",
         "$comment",
@@ -55,7 +55,7 @@ _ANNOTATIONS = frozenset(
         "writeOnly",
     }
 )
-_KEYWORDS = _ANNOTATIONS | {
+_KEYWORDS = ANNOTATIONS | {
     "type",
     "properties",
     "required",
@@ -230,4 +230,4 @@ def _scalar_checks(schema: dict[str, Any], formats: Any) -> list[Check]:
     return checks
 
 
-__all__ = ["Check", "compile_fast"]
+__all__ = ["ANNOTATIONS", "Check", "compile_fast"]
