@@ -64,6 +64,17 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def open_file(path: Path, flags: int) -> int:
+    """``os.open(path, flags)`` (close-on-exec, mode 0644), its directory made first
+    when missing: one ``mkdir`` for a directory's first file, not one per write."""
+    flags |= getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, flags, 0o644)
+
+
 def write_once(path: Path, data: bytes) -> None:
     """Store ``data`` at a content-addressed ``path`` (its name is the hash of
     ``data``): created in place, once; a file there of another size (a write
@@ -86,13 +97,8 @@ def write_once(path: Path, data: bytes) -> None:
     if size == len(data):
         return  # stored already
     if size is None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
-            try:
-                fd = os.open(path, flags, 0o644)
-            except FileNotFoundError:  # the directory's first file
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, flags, 0o644)
+            fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except FileExistsError:
             pass  # another writer is creating it: replace it whole below
         else:

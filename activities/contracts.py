@@ -97,7 +97,7 @@ class Contract:
         if digests and all(d in self._valid for d in digests):
             for d in digests:
                 self._valid.move_to_end(d)
-            return _errors(*self._shallow_validator(), value)
+            return _errors(*self._shallow_checks(), value)
         found = _errors(self.validator, self.fast, value)
         if digests and not found:
             for d in digests:
@@ -122,7 +122,7 @@ class Contract:
             out.append(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
         return out
 
-    def _shallow_validator(self) -> tuple[Validator, Check | None]:
+    def _shallow_checks(self) -> tuple[Validator, Check | None]:
         if self._shallow is None:
             props = self.schema["properties"]
             shallow = {

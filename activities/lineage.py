@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from aiworker.activities.artifacts import ArtifactStore
+from aiworker.activities.artifacts import ArtifactStore, open_file
 from aiworker.schemas.protocol import ArtifactRef
 
 # One listing never reads more records than this (a bounded loop, and a hint
@@ -194,6 +194,8 @@ class FileLineageIndex:
         found: dict[str, ArtifactRecord] = {}
         read = 0
         for path in (p for d in dirs if d.is_dir() for p in sorted(d.iterdir())):
+            if read >= MAX_RECORDS:
+                break  # no file more is read
             if path.suffix == ".json":
                 docs = [path.read_bytes()]
             elif path.suffix == ".jsonl":
@@ -216,12 +218,7 @@ class FileLineageIndex:
 
 def _append(path: Path, data: bytes) -> None:
     """``data`` at the end of ``path`` in one ``write`` (the directory made if missing)."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags, 0o644)
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, flags, 0o644)
+    fd = open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         view = memoryview(data)
         while view:  # a regular file takes it whole; a short write goes on after itself

@@ -62,24 +62,11 @@ class Redactor:
         for s in self.secrets:
             if s in text:
                 text = text.replace(s, REDACTED)
-        if not text.isascii():
-            return redact_patterns(text)
         # Each pattern runs only where the words it needs are in the text: a log line
         # is redacted once per field and once whole, and four regex passes over every
         # line were a tenth of a crawl worker's CPU (bench/crawl.py). Exact for ASCII
-        # text, where lowercasing is what ``(?i)`` matches; the substitutions only
-        # remove text and insert ``[REDACTED]`` or ``…`` beside separators, so they
-        # never make a needed word appear. Other text takes every pass.
-        low = text.lower()
-        if "://" in text:
-            text = _URL.sub(_clean_url, text)
-        if "cookie" in low:
-            text = _COOKIES.sub(_blank_value, text)
-        if any(stem in low for stem in _KEY_STEMS):
-            text = _CREDENTIALS.sub(_blank_value, text)
-        if "bearer" in low:
-            text = _BEARER.sub(_blank_value, text)
-        return text
+        # text, where lowercasing is what ``(?i)`` matches; other text takes every pass.
+        return redact_patterns(text, text.lower() if text.isascii() else None)
 
     def contains_secret(self, text: str) -> bool:
         """Whether ``text`` holds a configured secret value."""
@@ -96,12 +83,23 @@ class Redactor:
         return v
 
 
-def redact_patterns(text: str) -> str:
-    """``text`` through every pattern (URLs, cookies, credential pairs, bare bearer
-    tokens), in that order, without the configured secrets."""
-    text = _URL.sub(_clean_url, text)
-    for pattern in (_COOKIES, _CREDENTIALS, _BEARER):
-        text = pattern.sub(_blank_value, text)
+def redact_patterns(text: str, words: str | None = None) -> str:
+    """``text`` through the patterns (URLs, cookies, credential pairs, bare bearer
+    tokens), in that order, without the configured secrets.
+
+    ``words``, the ASCII ``text`` lowercased, skips a pattern whose words are not
+    in it (None: every pattern runs). The substitutions only remove text and
+    insert ``[REDACTED]`` or ``…`` beside separators, so they never make a needed
+    word appear for a later pattern.
+    """
+    if words is None or "://" in text:
+        text = _URL.sub(_clean_url, text)
+    if words is None or "cookie" in words:
+        text = _COOKIES.sub(_blank_value, text)
+    if words is None or any(stem in words for stem in _KEY_STEMS):
+        text = _CREDENTIALS.sub(_blank_value, text)
+    if words is None or "bearer" in words:
+        text = _BEARER.sub(_blank_value, text)
     return text
 
 
