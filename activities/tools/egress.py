@@ -5,12 +5,12 @@ Checked twice for every hop of a fetch, redirects included:
 1. before the request, on the URL: scheme, the domain allow-lists (from
    settings, narrowed by the call's tenant and per request: a host must be
    in every list that is set, so the tighter wins) and IP literals;
-2. at connect time, inside the HTTP client's network backend, on every
-   address the host resolves to. The connection goes to the vetted address
+2. at connect time, inside the HTTP client's transport
+   (:mod:`~aiworker.activities.tools.http11`), on every address the host
+   resolves to. The connection goes to the vetted address
    itself, so a DNS answer that changes between check and connect (DNS
    rebinding) cannot slip through.
 
-Loopback, private, link-local, CGNAT (100.64/10), multicast, reserved and
 The tenant's list (the registry's ``egress_allow``) reaches the policy through
 a context variable that the worker runtime sets around each call
 (:func:`tenant_egress`): the tools are shared by every call of a process, and
@@ -30,9 +30,7 @@ import contextlib
 import contextvars
 import ipaddress
 import re
-import select
 import socket
-import ssl
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -241,8 +239,8 @@ async def connect_first(
     refused: type[Exception],
 ) -> _Stream:
     """The first of the vetted ``addrs`` that takes a connection; the last ``refused``
-    error when none does. One loop for each HTTP stack's guarded backend (httpcore's
-    here, httpcore2's for MCP servers)."""
+    error when none does. One loop for each HTTP stack that connects: the fetch
+    tool's transport (``http11``) and httpcore2's backend for MCP servers."""
     last: Exception | None = None
     for addr in addrs:
         try:
@@ -250,96 +248,3 @@ async def connect_first(
         except refused as e:
             last = e
     raise last or refused("no address to connect to")
-
-
-class GuardedBackend(httpcore.AsyncNetworkBackend):
-    """An httpcore network backend that connects only to vetted addresses; its
-    connections are :class:`PolledStream`."""
-
-    def __init__(self, policy: EgressPolicy, inner: httpcore.AsyncNetworkBackend | None = None):
-        self.policy = policy
-        self.inner = inner or httpcore.AnyIOBackend()
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        addrs = await self.policy.resolve(host, port)
-        stream = await connect_first(
-            addrs,
-            lambda addr: self.inner.connect_tcp(
-                addr,
-                port,
-                timeout=timeout,
-                local_address=local_address,
-                socket_options=socket_options,
-            ),
-            httpcore.ConnectError,
-        )
-        return PolledStream(stream)
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        raise EgressDeniedError("unix sockets are not an allowed egress", path=path)
-
-    async def sleep(self, seconds: float) -> None:
-        await self.inner.sleep(seconds)
-
-
-class PolledStream(httpcore.AsyncNetworkStream):
-    """A connection that answers httpcore's "is the socket readable?" by polling its
-    socket directly; everything else goes to ``inner`` unchanged.
-
-    Why: httpcore's pool asks every idle connection that question each time it
-    assigns or releases a request (an idle socket that turned readable is a
-    server's close). Through anyio each answer rebuilt the socket's attribute
-    table and called ``getpeername`` before the poll: 4.4 us against 0.6, about 19
-    times per page at 16 connections, in a crawl worker whose page costs ~3 ms of
-    CPU (bench/crawl.py). The socket is the same for the connection's life.
-    """
-
-    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
-        self.inner = inner
-        self._socket: socket.socket | None = inner.get_extra_info("socket")
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109 - httpcore's interface
-        return await self.inner.read(max_bytes, timeout)
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109 - httpcore's interface
-        await self.inner.write(buffer, timeout)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-    async def start_tls(
-        self,
-        ssl_context: ssl.SSLContext,
-        server_hostname: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-    ) -> httpcore.AsyncNetworkStream:
-        return PolledStream(await self.inner.start_tls(ssl_context, server_hostname, timeout))
-
-    def get_extra_info(self, info: str) -> Any:
-        if info == "is_readable" and self._socket is not None:
-            return socket_readable(self._socket)
-        return self.inner.get_extra_info(info)
-
-
-def socket_readable(sock: socket.socket) -> bool:
-    """Whether ``sock`` has something to read now, or is closed (as httpcore's own check)."""
-    fd = sock.fileno()
-    if fd == -1:
-        return True
-    if not hasattr(select, "poll"):  # Windows
-        return bool(select.select([fd], [], [], 0)[0])
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))

@@ -36,7 +36,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from urllib.parse import urljoin, urlsplit
 
-import httpcore
 import httpx
 
 from aiworker.activities import bodies
@@ -53,7 +52,8 @@ from aiworker.activities.errors import (
 )
 from aiworker.activities.retry_after import parse_retry_after
 from aiworker.activities.tools.charset import decode_body
-from aiworker.activities.tools.egress import EgressPolicy, GuardedBackend
+from aiworker.activities.tools.egress import EgressPolicy
+from aiworker.activities.tools.http11 import H11Transport
 from aiworker.activities.tools.robots import Politeness, RobotsCache
 
 if TYPE_CHECKING:  # protego comes with the 'scrape' extra (publish imports this module)
@@ -139,20 +139,12 @@ def _origin(url: str) -> tuple[str, str]:
     return f"{p.scheme}://{hostport}", hostport
 
 
-def guarded_transport(policy: EgressPolicy, max_connections: int = 100) -> httpx.AsyncHTTPTransport:
-    """An httpx transport whose connections go only where ``policy`` allows."""
-    transport = httpx.AsyncHTTPTransport(retries=0, trust_env=False)
-    # httpx has no public hook for the network backend; its pool is the documented
-    # httpcore one, so swap it for an identical pool over the guarded backend.
-    transport._pool = httpcore.AsyncConnectionPool(
-        ssl_context=httpx.create_ssl_context(),
-        max_connections=max_connections,
-        max_keepalive_connections=20,
-        keepalive_expiry=5.0,
-        retries=0,
-        network_backend=GuardedBackend(policy),
+def guarded_transport(policy: EgressPolicy, max_connections: int = 100) -> H11Transport:
+    """An httpx transport whose connections go only where ``policy`` allows
+    (:mod:`~aiworker.activities.tools.http11`: httpx's pool sizes, h11 over asyncio)."""
+    return H11Transport(
+        policy, max_connections=max_connections, max_keepalive=20, keepalive_expiry=5.0
     )
-    return transport
 
 
 class NoCookies(http.cookiejar.CookieJar):

@@ -410,7 +410,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 class _GuardedBackend(httpcore2.AsyncNetworkBackend):
     """httpcore2's backend (``httpx2``'s) connecting only to vetted addresses: the
-    same policy as :class:`~aiworker.activities.tools.egress.GuardedBackend`."""
+    same policy as the fetch tool's :class:`~aiworker.activities.tools.http11.H11Transport`."""
 
     def __init__(self, policy: EgressPolicy, wire: _Wire) -> None:
         self.policy = policy

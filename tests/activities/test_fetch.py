@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 from fixtures.scrape_site import CP1252_HTML, SJIS_HTML
@@ -13,7 +11,7 @@ from aiworker.activities.errors import AccessDeniedError, InvalidInputError, Pay
 from aiworker.activities.publish import WebhookPoster
 from aiworker.activities.retry_after import parse_retry_after
 from aiworker.activities.tools.charset import decode_body
-from aiworker.activities.tools.egress import EgressPolicy, GuardedBackend
+from aiworker.activities.tools.egress import EgressPolicy
 from aiworker.activities.tools.fetch import FetchLimits, FetchTool
 from aiworker.config.settings import Settings
 
@@ -78,37 +76,6 @@ async def test_content_type_check_and_robots_use_the_sent_user_agent() -> None:
     assert seen[0] == ("/robots.txt", "okbot/1")
     assert [p for p, _ in seen].count("/robots.txt") == 1  # cached per origin
     assert ("/b", "PickyBot/2.0") not in seen
-
-
-async def test_a_pooled_connection_tells_a_server_close_as_httpcore_does() -> None:
-    # The pool drops an idle connection whose socket turned readable (the server
-    # closed it); the direct poll must answer what httpcore's own check answers.
-    def handle(exchange: Exchange) -> None:
-        exchange.send(200, b"hi")
-        exchange.raw.close_connection = True  # keep-alive headers, then a close
-
-    with serve(handle) as site:
-        backend = GuardedBackend(EgressPolicy(allow_private_networks=True))
-        stream = await backend.connect_tcp("127.0.0.1", site.port)
-        inner = stream.inner  # type: ignore[attr-defined]
-        try:
-            assert stream.get_extra_info("is_readable") is False
-            assert inner.get_extra_info("is_readable") is False
-            await stream.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", timeout=5)
-            got = b""
-            while not got.endswith(b"hi"):
-                got += await stream.read(4096, timeout=5)
-            closed = False
-            for _ in range(500):  # bounded: the server's close lands within ms
-                closed = stream.get_extra_info("is_readable")
-                if closed:
-                    break
-                await asyncio.sleep(0.01)
-            assert closed is True and inner.get_extra_info("is_readable") is True
-            assert stream.get_extra_info("server_addr") == inner.get_extra_info("server_addr")
-        finally:
-            await stream.aclose()
-        assert stream.get_extra_info("is_readable") is True  # a closed socket, as httpcore
 
 
 async def test_no_cookie_outlives_the_request_that_received_it() -> None:

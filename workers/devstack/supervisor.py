@@ -109,6 +109,7 @@ async def run_worker_process(
     from aiworker.workers.process.worker import (
         build_workers,
         ensure_search_attributes,
+        freeze_startup_heap,
         install_signal_handlers,
         load_process_workers,
         run_until_stopped,
@@ -147,6 +148,7 @@ async def run_worker_process(
         workers = build_workers(client, settings, runtime, queues, workers=served)
         stop = stop or asyncio.Event()
         install_signal_handlers(stop)
+        freeze_startup_heap()  # everything is imported and built: it lives as long as we do
         # With versioning, "ready" waits until the build is current (or said not to be)
         settle = (
             asyncio.create_task(_settle_version(client, settings, move_runs, on_ready))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Callable, Mapping, Sequence
@@ -168,6 +169,34 @@ async def watch_connection(
             health.set_connected(True)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)
+
+
+_frozen = False
+
+
+def freeze_startup_heap() -> bool:
+    """Move every object alive now out of the collector's sight; once per process.
+
+    A worker process imports the SDK, protobufs, pydantic models and every
+    worker before it polls: a few hundred thousand objects that live as long as
+    the process. CPython's full collection (every ~1,000 pages of a crawl, say)
+    walks all of them each time, ~65 ms at a time, about 0.13 ms of CPU a page.
+    :func:`gc.freeze` (what CPython's documentation advises for long-lived
+    servers; Instagram's Django fleet does the same) keeps them out of every
+    later collection. A collection first, so no garbage is frozen; the objects
+    are still freed by reference counting; only a cycle among them that dies
+    later is never collected, which is the startup heap's size at most.
+
+    Returns whether this call froze (a second one in the same process does not:
+    in a test process, it would freeze the earlier tests' live objects).
+    """
+    global _frozen
+    if _frozen:
+        return False
+    _frozen = True
+    gc.collect()
+    gc.freeze()
+    return True
 
 
 async def run_until_stopped(
