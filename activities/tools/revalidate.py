@@ -182,8 +182,9 @@ class PageValidators:
     def session(
         self, tenant: str, worker_input: Mapping[str, Any], version: str, *, enabled: bool = True
     ) -> Revalidation:
-        """One scrape of ``input["url"]`` for ``tenant``; ``enabled=False`` is ``cache: "off"``."""
-        key = entry_key(tenant, worker_input["url"], worker_input, version)
+        """One scrape of ``input["url"]`` for ``tenant``; ``enabled=False`` is ``cache: "off"``
+        (no entry is read or written, so no key is made: two hashes of the input a page)."""
+        key = entry_key(tenant, worker_input["url"], worker_input, version) if enabled else ""
         return Revalidation(self, tenant, worker_input["url"], key, enabled)
 
 
