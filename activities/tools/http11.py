@@ -371,11 +371,9 @@ class H11Transport(httpx.AsyncBaseTransport):
             raise
 
     async def _connect(self, key: _Key, timeout: float | None) -> _Connection:  # noqa: ASYNC109 - httpx's connect timeout
+        """A new connection to ``key``: resolved, every address vetted, the first that
+        answers taken, all within ``timeout``."""
         scheme, host, port = key
-        try:
-            addrs = await self.policy.resolve(host, port)
-        except httpcore.ConnectError as e:  # resolve's own error (shared with MCP's stack)
-            raise httpx.ConnectError(str(e)) from None
         loop = asyncio.get_running_loop()
         tls = self._ssl if scheme == "https" else None
 
@@ -391,7 +389,10 @@ class H11Transport(httpx.AsyncBaseTransport):
 
         try:
             async with asyncio.timeout(timeout):
+                addrs = await self.policy.resolve(host, port)
                 return await connect_first(addrs, connect, OSError)
+        except httpcore.ConnectError as e:  # resolve's own error (shared with MCP's stack)
+            raise httpx.ConnectError(str(e)) from None
         except TimeoutError:
             raise httpx.ConnectTimeout(f"timed out connecting to {host}:{port}") from None
         except OSError as e:
