@@ -1,5 +1,6 @@
-"""The HTTP/1.1 transport of the fetch tool and the webhook poster: httpx's client,
-h11's protocol, asyncio's own sockets, and every connection vetted by the egress policy.
+"""The HTTP/1.1 transport of the fetch tool and the webhook poster: httpx's requests
+and responses, h11's protocol, asyncio's own sockets, and every connection vetted
+by the egress policy.
 
 Why not httpx's default transport (httpcore): httpcore sends each request's pool
 lock, cancellation shield, event and socket read through anyio, which asks
@@ -13,11 +14,15 @@ alone 10%). This transport keeps what matters of httpcore and drops the rest:
   header values, and answers a malformed response with a protocol error;
 - **connections are asyncio protocols**: bytes land in h11 as they arrive, a
   wait is a future with a timer, reading pauses past 256 KiB unread;
-- **the pool is httpcore's**: at most ``max_connections`` open (the rest wait up
-  to the pool timeout), idle ones kept per origin up to ``max_keepalive`` and
-  ``keepalive_expiry`` seconds, reused newest first, never reused when the
-  server closed it, sent anything while it was idle, or sent more than its
-  response; a response not read to its end closes its connection;
+- **the pool keeps httpcore's limits**: at most ``max_connections`` open (the
+  rest wait up to the pool timeout), idle ones kept per origin up to
+  ``max_keepalive`` and ``keepalive_expiry`` seconds, reused newest first, never
+  reused when the server closed it, sent anything while it was idle, or sent
+  more than its response; a response not read to its end closes its connection.
+  A kept-alive connection the server closed as a request went out (before a
+  byte of the answer) is a race no client can avoid: a ``GET``, ``HEAD`` or
+  ``OPTIONS`` without a body is then sent once more on a new connection, as
+  browsers and urllib3 do; anything else fails as it did;
 - **egress**: every host is resolved and every address vetted by
   :meth:`EgressPolicy.resolve` before a connection opens, as the guarded httpcore
   backend did; denials raise ``EgressDeniedError`` unchanged;
@@ -302,7 +307,7 @@ class H11Transport(httpx.AsyncBaseTransport):
                         break
                     if type(event) is not h11.InformationalResponse:
                         raise httpx.RemoteProtocolError(f"unexpected {type(event).__name__}")
-            except (httpx.RemoteProtocolError, httpx.WriteError):
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
                 self._discard(conn)
                 # A kept-alive connection the server closed as this request went out
                 # (its close not seen yet): once more on a new one, as browsers and

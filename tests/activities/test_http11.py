@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import socket
 import ssl
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -138,6 +140,24 @@ async def test_a_connection_the_server_closed_is_not_reused() -> None:
         texts = [await get(client, site.url()) for _ in range(20)]
     assert texts == [f"conn {n}" for n in range(3, 23)]
     assert site.connections == 22
+
+
+async def test_a_get_the_server_reset_on_a_kept_alive_connection_goes_once_more() -> None:
+    async def then_reset(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        await read_head(reader)
+        writer.write(ok(b"conn %d" % n))
+        await writer.drain()
+        await read_head(reader)  # the next request on the kept-alive connection
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # a reset, not a close: the client reads ECONNRESET
+
+    async with serving(then_reset) as site, client_for(H11Transport(LOOPBACK)) as client:
+        assert await get(client, site.url()) == "conn 1"
+        assert await get(client, site.url()) == "conn 2"
+    assert site.connections == 2
 
 
 async def test_a_post_is_never_sent_twice() -> None:
