@@ -34,6 +34,12 @@ starts at once and the next start opens a new one."""
 MAX_HISTORY_EVENTS = 2_000
 """The flow workflow continues as new past this many history events (or when the
 server suggests it), carrying its :class:`FlowState`."""
+MAX_REMEMBERED_ANSWERS: Final = 32
+"""Answers to the latest starts a flow workflow keeps by update id, across
+continue-as-new: a start the previous run answered whose answer never reached its
+caller (the run continued as new first) is sent again to the next run with the same
+id, and gets that answer instead of counting twice. The server lets 10 updates be
+in flight per workflow, so 32 covers every start a continue-as-new can cut off."""
 IDLE_SECONDS: Final = 60.0
 """A flow workflow with nothing to start, nothing running and no throttle window
 open completes after this long without a start (the next start starts it again)."""
@@ -130,6 +136,8 @@ class FlowState(_Open):
             ``cancel_running``: at most one; ``throttle``: in order).
         window: epoch seconds of the runs started within the throttle period.
         started, collapsed, queued: counters for the UI since the chain began.
+        answered: the latest starts' answers by update id, oldest first (at most
+            :data:`MAX_REMEMBERED_ANSWERS`).
     """
 
     tenant: str
@@ -143,6 +151,7 @@ class FlowState(_Open):
     started: int = 0
     collapsed: int = 0
     queued: int = 0
+    answered: dict[str, FlowAnswer] = Field(default_factory=dict)
 
 
 __all__ = [
@@ -151,6 +160,7 @@ __all__ = [
     "MAX_HISTORY_EVENTS",
     "MAX_PENDING_BYTES",
     "MAX_QUEUED_RUNS",
+    "MAX_REMEMBERED_ANSWERS",
     "FlowAnswer",
     "FlowRequest",
     "FlowState",

@@ -81,7 +81,12 @@ class PipelineFlowWorkflow:
 
     @workflow.update(name=names.FLOW_START_UPDATE)
     async def start(self, request: FlowRequest) -> FlowAnswer:
-        """One start of the pipeline: answered with what became of it."""
+        """One start of the pipeline: answered with what became of it (a start sent
+        again with its update id after a continue-as-new: the answer it had)."""
+        update_id = workflow.current_update_info().id  # type: ignore[union-attr]
+        known = self._book.answer_of(update_id)
+        if known is not None:
+            return known
         try:
             decision = self._book.submit(request, workflow.now().timestamp())
         except Exception as e:  # a bug: fail this start, never the workflow task for ever
@@ -100,13 +105,17 @@ class PipelineFlowWorkflow:
             run_id = await self._launch(decision.launch)
             if decision.launch.run.workflow_id == answer.workflow_id:
                 answer = answer.model_copy(update={"run_id": run_id})
+        self._book.remember(update_id, answer)
         self._show()
         return answer
 
     @start.validator
     def _admit(self, request: FlowRequest) -> None:
         """Refuse, writing no history: a full queue, too many bytes held, a changed
-        mode while runs are pending (``flow_refused``)."""
+        mode while runs are pending (``flow_refused``). A start already answered is
+        not refused: it gets its answer again."""
+        if self._book.answer_of(workflow.current_update_info().id) is not None:  # type: ignore[union-attr]
+            return
         why = self._book.refusal(request, workflow.now().timestamp())
         if why is not None:
             raise ApplicationError(why, type=ErrorCode.FLOW_REFUSED.value, non_retryable=True)

@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         MAX_COLLECTED_STARTS,
         MAX_PENDING_BYTES,
         MAX_QUEUED_RUNS,
+        MAX_REMEMBERED_ANSWERS,
         FlowAnswer,
         FlowRequest,
         FlowState,
@@ -97,6 +98,7 @@ class FlowBook:
         self.window: list[float] = list(state.window)
         self.counts = {"started": state.started, "collapsed": state.collapsed}
         self.counts["queued"] = state.queued
+        self.answered: dict[str, FlowAnswer] = dict(state.answered)
         # singleton: the run started and not closed yet, and whether its cancel was asked
         self.running: str | None = None
         self.cancelling = False
@@ -119,8 +121,22 @@ class FlowBook:
             seq=self.seq,
             pending=self.pending,
             window=self.window,
+            answered=self.answered,
             **self.counts,
         )
+
+    def answer_of(self, update_id: str | None) -> FlowAnswer | None:
+        """The answer already given to the start with this update id, if one was
+        (in this run or, carried, in the run before it)."""
+        return self.answered.get(update_id) if update_id else None
+
+    def remember(self, update_id: str | None, answer: FlowAnswer) -> None:
+        """Keep ``answer`` for a start sent again with the same update id."""
+        if not update_id:
+            return
+        self.answered[update_id] = answer
+        while len(self.answered) > MAX_REMEMBERED_ANSWERS:
+            del self.answered[next(iter(self.answered))]
 
     @property
     def mode(self) -> str:

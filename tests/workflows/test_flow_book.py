@@ -12,6 +12,7 @@ from aiworker.schemas.flow_state import (
     MAX_COLLECTED_STARTS,
     MAX_PENDING_BYTES,
     MAX_QUEUED_RUNS,
+    MAX_REMEMBERED_ANSWERS,
     FlowRequest,
     FlowState,
 )
@@ -147,6 +148,21 @@ def test_the_state_carries_what_is_pending_across_continue_as_new() -> None:
     assert launch.pipeline["inputs"]["n"] == 3
     assert again.submit(request(DEBOUNCE), T0 + 20).answer.workflow_id == f"{FLOW_ID}/g1-2"
     assert again.counts == {"started": 1, "collapsed": 2, "queued": 2}
+
+
+def test_answers_are_remembered_by_update_id_across_continue_as_new() -> None:
+    b = book(DEBOUNCE)
+    first = b.submit(request(DEBOUNCE, n=1), T0).answer
+    b.remember("u-1", first)
+    for i in range(MAX_REMEMBERED_ANSWERS + 5):  # only the latest are kept
+        b.remember(f"later-{i}", first)
+    assert b.answer_of("u-1") is None and len(b.answered) == MAX_REMEMBERED_ANSWERS
+    b.remember("u-2", first)
+    again = FlowBook(FlowState.model_validate(b.state().model_dump()), FLOW_ID, "other")
+    assert again.answer_of("u-2") == first
+    assert again.answer_of(None) is None and again.answer_of("never") is None
+    again.remember(None, first)  # a start without an id is not remembered
+    assert len(again.answered) == MAX_REMEMBERED_ANSWERS
 
 
 @pytest.mark.parametrize("now", [T0, T0 + 100])

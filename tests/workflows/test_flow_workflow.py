@@ -208,6 +208,29 @@ async def test_the_flow_workflow_continues_as_new_carrying_what_is_pending(
         assert state["collapsed"] == 119 and state["queued"] == 1
 
 
+async def test_a_start_sent_again_after_continue_as_new_gets_its_answer_not_a_count(
+    client: Client, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start whose run continued as new before its answer came back is sent again
+    with the same update id: the next run answers it as the first did."""
+    monkeypatch.setattr(flow_state, "MAX_HISTORY_EVENTS", 20)
+    name = f"deb-{uuid.uuid4().hex[:6]}"
+    flow = {"debounce": {"seconds": 86_400, "inputs": "all"}}
+    raw = pipeline(name, flow, 0)
+    plan = plan_flow_start(raw, settings.task_queue_suffix)
+    assert plan is not None
+    queue = settings.queue(names.PIPELINES_QUEUE)
+    async with flow_stack(client, settings, name) as fid:
+        first = await submit(client, raw, plan, task_queue=queue, update_id="start-once")
+        for n in range(1, 8):  # past the lowered cap: the flow workflow continues as new
+            await submit(client, pipeline(name, flow, n), plan, task_queue=queue)
+        assert await _continued(client, fid)
+        again = await submit(client, raw, plan, task_queue=queue, update_id="start-once")
+        assert again.flow == first.flow
+        state = await client.get_workflow_handle(fid).query(names.FLOW_STATE_QUERY)
+        assert state["pending"] == [{"workflow_id": first.id, "starts": 8, "starts_at": ANY}]
+
+
 SIGNED = {"type": "object", "properties": {"by": {"type": "string"}}}
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -187,8 +188,10 @@ async def submit(
         priority: the runs' Temporal Priority.
         search_attributes: False on a server without aiworker's search attributes
             (the time-skipping test server): none set, and the runs told so.
-        update_id: the update's id: the same start sent twice to the same flow
-            workflow run is answered once (the front door's ``Idempotency-Key``).
+        update_id: the update's id (a new one by default): the same start sent
+            twice to a key's flow workflow is answered once, across continue-as-new
+            too, while it is among the latest answers (the front door's
+            ``Idempotency-Key``).
 
     Raises:
         FlowRefusedError: the flow workflow refused the start (``flow_refused``).
@@ -201,6 +204,9 @@ async def submit(
         fairness_weight=priority.fairness_weight,
     )
     state = FlowState(tenant=plan.tenant, pipeline=plan.pipeline, key=plan.key, flow=plan.flow)
+    # One id for every attempt: a start answered by a run that continued as new before
+    # its answer came back is answered again by the next run, not counted twice.
+    update_id = update_id or f"start-{uuid.uuid4()}"
     deadline = time.monotonic() + START_RETRY_SECONDS
     pause = 0.02
     while True:
