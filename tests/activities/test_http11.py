@@ -142,14 +142,21 @@ async def test_a_connection_the_server_closed_is_not_reused() -> None:
     assert site.connections == 22
 
 
+async def answer_then_read_the_next(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+) -> None:
+    """Answer one request, then read the head of the next on the kept-alive connection."""
+    await read_head(reader)
+    writer.write(ok(b"conn %d" % n))
+    await writer.drain()
+    await read_head(reader)
+
+
 async def test_a_get_the_server_reset_on_a_kept_alive_connection_goes_once_more() -> None:
     async def then_reset(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
     ) -> None:
-        await read_head(reader)
-        writer.write(ok(b"conn %d" % n))
-        await writer.drain()
-        await read_head(reader)  # the next request on the kept-alive connection
+        await answer_then_read_the_next(reader, writer, n)
         sock = writer.get_extra_info("socket")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.transport.abort()  # a reset, not a close: the client reads ECONNRESET
@@ -166,10 +173,7 @@ async def test_a_post_is_never_sent_twice() -> None:
     async def then_close(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
     ) -> None:
-        await read_head(reader)
-        writer.write(ok(b"conn %d" % n))
-        await writer.drain()
-        await read_head(reader)  # the POST, on the kept-alive connection
+        await answer_then_read_the_next(reader, writer, n)  # the next: the POST
         bodies.append(await reader.readexactly(2))
         # closes without answering, as a server that dropped it at its idle timeout
 

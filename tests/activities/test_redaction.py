@@ -199,6 +199,7 @@ def test_redaction_is_idempotent() -> None:
 
 # Pieces of what the patterns look for, their separators, and text that lowercases
 # differently from what (?i) matches (the Kelvin sign, the long s, dotted I).
+# fmt: off
 _PIECES = [
     "auth", "Authorization", "Proxy-", "x-api-key", "api", "_key", "key", "apikey",
     "token", "TOKEN", "access_", "Id", "passwd", "PassWord", "pwd", "client-", "secret",
@@ -207,6 +208,7 @@ _PIECES = [
     ";", ",", "<", "abc123xyz", "x", "\n", "\r", "é", "\u212a", "\u017f", "\u0130",
     "…", "[REDACTED]",
 ]
+# fmt: on
 
 
 @settings(max_examples=500, deadline=None)
