@@ -142,9 +142,7 @@ def _origin(url: str) -> tuple[str, str]:
 def guarded_transport(policy: EgressPolicy, max_connections: int = 100) -> H11Transport:
     """An httpx transport whose connections go only where ``policy`` allows
     (:mod:`~aiworker.activities.tools.http11`: httpx's pool sizes, h11 over asyncio)."""
-    return H11Transport(
-        policy, max_connections=max_connections, max_keepalive=20, keepalive_expiry=5.0
-    )
+    return H11Transport(policy, max_connections=max_connections)
 
 
 class NoCookies(http.cookiejar.CookieJar):

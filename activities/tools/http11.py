@@ -196,6 +196,13 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+def _replayable(request: httpx.Request) -> bool:
+    """A request that may go out twice: a method that changes nothing, without a body."""
+    return request.method in _REPLAYABLE and not (
+        request.headers.get("content-length") or request.headers.get("transfer-encoding")
+    )
+
+
 def _expire(future: asyncio.Future[None], error: type[httpx.TimeoutException]) -> None:
     if not future.done():
         future.set_exception(error("timed out"))
@@ -290,9 +297,6 @@ class H11Transport(httpx.AsyncBaseTransport):
             raise httpx.LocalProtocolError(str(e)) from None
         timeouts = request.extensions.get("timeout", {})
         read, write = timeouts.get("read"), timeouts.get("write")
-        replayable = request.method in _REPLAYABLE and not request.headers.get(
-            "content-length", request.headers.get("transfer-encoding")
-        )
         for fresh in (False, True):
             conn = await self._acquire(key, timeouts.get("pool"), timeouts.get("connect"), fresh)
             try:
@@ -312,7 +316,7 @@ class H11Transport(httpx.AsyncBaseTransport):
                 # A kept-alive connection the server closed as this request went out
                 # (its close not seen yet): once more on a new one, as browsers and
                 # urllib3 do, for a request without a body that changes nothing.
-                if not fresh and replayable and conn.served and not conn.heard:
+                if not fresh and conn.served and not conn.heard and _replayable(request):
                     continue
                 raise
             except BaseException:
