@@ -20,7 +20,10 @@ from support.procs import worker_env
 from temporalio.testing import WorkflowEnvironment
 
 BODY_LIMIT = 4 * 1024 * 1024  # the 1 MiB pipeline must reach the check
-HEALTHZ_WAIT = 1.0  # a bounded wait, ten times the 100 ms contract: no speed figure
+# A bound on each wait so the loop ends, not a speed figure (bench/check_caps.py measures
+# that): a fresh clone's CI run saw one /healthz take over 1 s on a loaded 2-core machine.
+# What shows the loop is free is that /healthz answered while the check ran.
+HEALTHZ_WAIT = 15.0
 
 
 @pytest_asyncio.fixture(scope="module")
