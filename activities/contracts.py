@@ -43,11 +43,26 @@ from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
 from aiworker.schemas import safe_schema
-from aiworker.schemas.fast_valid import ANNOTATIONS, Check, compile_fast
 from aiworker.schemas.safe_schema import cached_validator
 
 MAX_REMEMBERED = 256
 MAX_NODES = 10_000
+# Keywords that never change whether a value is valid.
+ANNOTATIONS = frozenset(
+    {
+        "$schema",
+        "$comment",
+        "$defs",
+        "definitions",
+        "title",
+        "description",
+        "examples",
+        "default",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+    }
+)
 # Root keywords under which a property's errors come from its own subschema only.
 _ROOT_KEYWORDS = ANNOTATIONS | {"type", "required", "properties", "additionalProperties"}
 # A property subschema with one of these does enough work to be worth remembering.
@@ -86,9 +101,8 @@ class Contract:
     def __init__(self, schema: dict[str, Any], *, remember: bool = True) -> None:
         self.schema = schema
         self.validator: Validator = cached_validator(schema)
-        self.fast: Check | None = compile_fast(schema, safe_schema.FORMATS)
         self.heavy: tuple[str, ...] = heavy_properties(schema) if remember else ()
-        self._shallow: tuple[Validator, Check | None] | None = None
+        self._shallow: Validator | None = None
         self._valid: OrderedDict[bytes, None] = OrderedDict()
 
     def errors(self, value: Any) -> list[ValidationError]:
@@ -97,8 +111,8 @@ class Contract:
         if digests and all(d in self._valid for d in digests):
             for d in digests:
                 self._valid.move_to_end(d)
-            return _errors(*self._shallow_checks(), value)
-        found = _errors(self.validator, self.fast, value)
+            return safe_schema.errors(self._shallow_validator(), value)
+        found = safe_schema.errors(self.validator, value)
         if digests and not found:
             for d in digests:
                 self._valid[d] = None
@@ -122,23 +136,15 @@ class Contract:
             out.append(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
         return out
 
-    def _shallow_checks(self) -> tuple[Validator, Check | None]:
+    def _shallow_validator(self) -> Validator:
         if self._shallow is None:
             props = self.schema["properties"]
             shallow = {
                 **self.schema,
                 "properties": {k: True if k in self.heavy else v for k, v in props.items()},
             }
-            self._shallow = (cached_validator(shallow), compile_fast(shallow, safe_schema.FORMATS))
+            self._shallow = cached_validator(shallow)
         return self._shallow
-
-
-def _errors(validator: Validator, fast: Check | None, value: Any) -> list[ValidationError]:
-    """No error when the fast check is sure of ``value`` (:mod:`~aiworker.schemas.fast_valid`);
-    else jsonschema's errors."""
-    if fast is not None and fast(value):
-        return []
-    return safe_schema.errors(validator, value)
 
 
 def heavy_properties(schema: Any) -> tuple[str, ...]:

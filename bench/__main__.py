@@ -48,6 +48,7 @@ PARTS = (
     ("bench.flow", "flow"),
     ("bench.eval", "eval"),
     ("bench.quote", "quote"),
+    ("bench.schemas", "schemas"),
 )
 ENGINE = "engine"
 
