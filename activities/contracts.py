@@ -27,7 +27,13 @@ Why that gives the same answer, error for error:
   and a miss, or a value that is not plain, is a full check as before.
 
 Outputs are not remembered: they differ from call to call. Why not jsonschema's
-own caching: it has none for instances. Bounded: :data:`MAX_REMEMBERED` digests
+own caching: it has none for instances. Measured against jsonschema-rs
+(``python -m bench.schemas``, ``input_memo``: web-scrape's input with one
+extraction spec and a new url per call, one run on a loaded 2-core machine):
+a memo hit costs 0.10 of jsonschema's full check (401 against 4,158 us), and
+jsonschema-rs checks the whole input in 0.005 of the memo hit's time (2.1 us);
+why jsonschema-rs is not the validator all the same:
+:mod:`aiworker.schemas.safe_schema`. Bounded: :data:`MAX_REMEMBERED` digests
 per contract (least recently used go first), values over :data:`MAX_NODES`
 nodes are never remembered.
 """

@@ -9,8 +9,8 @@ linear-time ``regex`` engine (``RegexOptions``), a retriever that refuses every
 ``$ref`` retrieval, and the same format checks (``safe_schema.FORMATS``' Python
 functions, which replace jsonschema-rs's own). Then the runtime's own cost per
 call (``bench/overhead.py``'s validator call) with each validator behind the
-runtime's contracts. Figures are medians in microseconds and the ratio of
-jsonschema-rs to jsonschema.
+runtime's contracts, and web-scrape's input through the contracts' memo of
+valid parts (``input_memo``). Figures are medians in microseconds and ratios.
 
 jsonschema-rs comes with the ``bench`` extra (``pip install -e '.[bench]'``);
 aiworker never imports it. Why it is not the validator (yet): the docstring of
@@ -150,6 +150,33 @@ def step_path(rounds: int, n: int) -> dict[str, Any]:
     return out
 
 
+def input_memo(rounds: int) -> dict[str, Any]:
+    """web-scrape's input as a crawl sends it (one extraction spec, a new url each
+    call): jsonschema in full, through the contract's memo of valid parts
+    (:mod:`aiworker.activities.contracts`), and jsonschema-rs; median us per call."""
+    schema, value = _cases()["web-scrape input"]
+    full, memo, rs = Contract(schema, remember=False), Contract(schema), rs_validator(schema)
+    values = [{**value, "url": f"http://127.0.0.1:8000/p/{i}"} for i in range(100)]
+    arms: dict[str, Check] = {
+        "jsonschema": full.errors,
+        "jsonschema_memo": memo.errors,
+        "jsonschema_rs": lambda v: [] if rs.is_valid(v) else list(rs.iter_errors(v)),
+    }
+    samples: dict[str, list[float]] = {arm: [] for arm in arms}
+    for _ in range(rounds):
+        for arm, check in arms.items():
+            t0 = time.perf_counter_ns()
+            for v in values:
+                check(v)
+            samples[arm].append((time.perf_counter_ns() - t0) / len(values) / 1000)
+    med = {arm: statistics.median(s) for arm, s in samples.items()}
+    return {
+        **{f"{arm}_us": round(us, 2) for arm, us in med.items()},
+        "memo_vs_jsonschema": round(med["jsonschema_memo"] / med["jsonschema"], 4),
+        "rs_vs_memo": round(med["jsonschema_rs"] / med["jsonschema_memo"], 4),
+    }
+
+
 class _RsContract(Contract):
     """A contract whose errors come from jsonschema-rs (valid values: no errors)."""
 
@@ -228,6 +255,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
         # the headline: jsonschema-rs's runtime cost per call against jsonschema's
         "ratio": per_call["rs_vs_jsonschema"],
         "step_path": step_path(rounds=5 if quick else 15, n=100 if quick else 400),
+        "input_memo": input_memo(rounds=5 if quick else 15),
         "runtime_per_call": per_call,
         "command": ".venv/bin/python -m bench.schemas" + (" --quick" if quick else ""),
     }
