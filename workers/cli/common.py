@@ -27,6 +27,8 @@ from aiworker.config.settings import Settings, SettingsError
 from aiworker.schemas.problems import Problem
 
 if TYPE_CHECKING:
+    from temporalio.client import Client
+
     from aiworker.workers.client.client import PipelineClient
     from aiworker.workers.process.live_registry import WorkerView
     from aiworker.workers.process.telemetry import Telemetry
@@ -55,12 +57,51 @@ def positive_int(value: str) -> int:
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Settings from the environment; exits 2 naming the variable on error."""
+    """Settings from the environment; exits 2 naming the variable on error.
+
+    A command reads the environment's settings once (:func:`command_settings`);
+    this reads them anew on every call, for ``env`` mappings of its own."""
     try:
         return Settings.from_env(os.environ if env is None else env)
     except SettingsError as e:
         err(f"invalid settings: {e}")
         raise SystemExit(EXIT_USAGE) from None
+
+
+def command_settings(args: argparse.Namespace) -> Settings:
+    """The command's settings: read from the environment at its first use and kept
+    on ``args`` for the rest of the command, so that each part of it (the check,
+    the connection, the catalog, the logs) sees the same object and the
+    environment is read once; exits 2 naming the variable on error."""
+    settings = getattr(args, "_settings", None)
+    if not isinstance(settings, Settings):
+        settings = load_settings()
+        args._settings = settings
+    return settings
+
+
+async def command_client(args: argparse.Namespace, wait: float | None = None) -> Client:
+    """The command's one Temporal connection: made at its first use (``--profile``,
+    ``--address``, the command's settings; within ``wait`` seconds when given) and
+    kept on ``args``, so that every part of a command (the live registry's view,
+    the history it reads, what it starts) shares it.
+
+    Raises:
+        TemporalUnreachableError: the frontend did not answer.
+        TimeoutError: not within ``wait``.
+    """
+    client = getattr(args, "_client", None)
+    if client is None:
+        from aiworker.workers.client.temporal_client import connect
+
+        made = connect(
+            getattr(args, "profile", None),
+            target_host=getattr(args, "address", None),
+            settings=command_settings(args),
+        )
+        client = await (asyncio.wait_for(made, wait) if wait is not None else made)
+        args._client = client
+    return client
 
 
 def dev_settings(command: str, data_dir: str | None) -> Settings:
@@ -130,22 +171,24 @@ async def pipelines_session(
     logs; ``args`` carries ``--profile`` and ``--address``."""
     from aiworker.workers.client.client import PipelineClient
 
-    settings = load_settings()
+    settings = command_settings(args)
     configure_logs(settings)
     async with cli_span(span, **attributes) as telemetry:
-        yield await PipelineClient.connect(
+        pipelines = await PipelineClient.connect(
             args.profile, target_host=args.address, settings=settings, telemetry=telemetry
         )
+        args._client = pipelines.temporal  # the command's one connection (command_client)
+        yield pipelines
 
 
-def process_catalog() -> Catalog:
+def process_catalog(settings: Settings) -> Catalog:
     """Every worker this process would know as a worker process (built-ins, plugins,
     spec files), installed; exits 2 naming a broken plugin or spec file."""
     from aiworker.workers.errors import StartupError
     from aiworker.workers.process.worker import load_process_workers
 
     try:
-        return load_process_workers(load_settings()).catalog
+        return load_process_workers(settings).catalog
     except StartupError as e:
         err(str(e))
         raise SystemExit(EXIT_USAGE) from None
@@ -168,12 +211,12 @@ def load_pipeline_file(path: str) -> Any:
         raise SystemExit(EXIT_USAGE) from None
 
 
-def local_view(reason: str) -> WorkerView:
+def local_view(reason: str, settings: Settings) -> WorkerView:
     """The workers this process would know as a worker process (spec files,
     installed plugins), as the view a pipeline is checked against."""
     from aiworker.workers.process.live_registry import WorkerView
 
-    return WorkerView(process_catalog().specs, "local", reason)
+    return WorkerView(process_catalog(settings).specs, "local", reason)
 
 
 async def command_view(args: argparse.Namespace, say: str | None = None) -> WorkerView:
@@ -182,24 +225,25 @@ async def command_view(args: argparse.Namespace, say: str | None = None) -> Work
     else the local specs with the reason (``--local`` asks for them). Loads no
     plugin and no worker code when the registry answers. With ``say``, says
     which on stderr (``<say> the live registry (3 processes)``); a line for
-    each registry entry it ignored in any case."""
-    from aiworker.workers.client.temporal_client import connect
+    each registry entry it ignored in any case. It reads through the command's
+    one connection (:func:`command_client`)."""
     from aiworker.workers.process.live_registry import READ_TIMEOUT_SECONDS, resolve_view
 
+    settings = command_settings(args)
     if getattr(args, "local", False):
-        view = local_view("--local")
+        view = local_view("--local", settings)
     else:
-        settings = load_settings()
         profile, address = getattr(args, "profile", None), getattr(args, "address", None)
         try:
-            client = await asyncio.wait_for(
-                connect(profile, target_host=address, settings=settings), READ_TIMEOUT_SECONDS
-            )
+            client = await command_client(args, wait=READ_TIMEOUT_SECONDS)
         except Exception as e:  # unreachable, slow, or a bad profile: check offline
-            view = local_view(_no_answer(e, profile, address))
+            view = local_view(no_answer(e, profile, address), settings)
         else:
             view = await resolve_view(
-                client, settings, lambda: process_catalog().specs, read_timeout=READ_TIMEOUT_SECONDS
+                client,
+                settings,
+                lambda: process_catalog(settings).specs,
+                read_timeout=READ_TIMEOUT_SECONDS,
             )
     for warning in view.warnings:
         err(f"warning: {warning}")
@@ -208,7 +252,7 @@ async def command_view(args: argparse.Namespace, say: str | None = None) -> Work
     return view
 
 
-def _no_answer(e: Exception, profile: str | None, address: str | None) -> str:
+def no_answer(e: Exception, profile: str | None, address: str | None) -> str:
     """Why a command could not reach Temporal, in a few words."""
     from aiworker.workers.client.temporal_client import connect_config
     from aiworker.workers.process.live_registry import READ_TIMEOUT_SECONDS
@@ -227,7 +271,9 @@ def _no_answer(e: Exception, profile: str | None, address: str | None) -> str:
     return f"Temporal at {target} did not answer: {why}"
 
 
-def pipeline_problems(raw: Any, view: WorkerView | None = None) -> list[Problem]:
+def pipeline_problems(
+    raw: Any, settings: Settings, view: WorkerView | None = None
+) -> list[Problem]:
     """Every problem of a pipeline as this process would start it: the spec under
     ``view``'s workers (this process's when omitted), caps, model aliases and
     tenants (one code path for ``check`` and ``run``); empty when it may start."""
@@ -235,7 +281,7 @@ def pipeline_problems(raw: Any, view: WorkerView | None = None) -> list[Problem]
     from aiworker.schemas.pipeline_check import PipelineSpecError
 
     try:
-        (view or local_view("")).check(raw, load_settings())
+        (view or local_view("", settings)).check(raw, settings)
     except PipelineSpecError as e:
         return e.details
     except ModelsFileError as e:
@@ -251,7 +297,8 @@ async def check_pipeline_file(args: argparse.Namespace) -> int:
     Which workers it checked against is one line on stderr."""
     path, as_json = args.file, args.json
     raw = load_pipeline_file(path)
-    problems = pipeline_problems(raw, await command_view(args, say="checked against"))
+    view = await command_view(args, say="checked against")
+    problems = pipeline_problems(raw, command_settings(args), view)
     if as_json:
         print(json.dumps([p.to_json() for p in problems], indent=2, ensure_ascii=False))
     elif problems:
@@ -263,18 +310,20 @@ async def check_pipeline_file(args: argparse.Namespace) -> int:
     return EXIT_USAGE if problems else EXIT_OK
 
 
-def read_pipeline(path: str) -> dict[str, Any]:
+def read_pipeline(path: str, settings: Settings) -> dict[str, Any]:
     """Read and check a pipeline file (``-`` for stdin) against this process's
     workers; exit 2 with one line per problem."""
-    return checked_pipeline(load_pipeline_file(path), path, None)
+    return checked_pipeline(load_pipeline_file(path), path, settings, None)
 
 
-def checked_pipeline(raw: Any, path: str, view: WorkerView | None) -> dict[str, Any]:
+def checked_pipeline(
+    raw: Any, path: str, settings: Settings, view: WorkerView | None
+) -> dict[str, Any]:
     """``raw`` (read from ``path``) when it passes the check against ``view``'s
     workers (this process's when None); exit 2 with one line per problem, then
     (with a view) one saying what it was checked against. A pipeline that
     passes adds nothing: ``run --json`` keeps stderr empty."""
-    problems = pipeline_problems(raw, view)
+    problems = pipeline_problems(raw, settings, view)
     for p in problems:
         err(f"{path}: {p}")
     if problems and view is not None:
@@ -288,7 +337,7 @@ async def read_checked_pipeline(args: argparse.Namespace) -> dict[str, Any]:
     """:func:`read_pipeline` of ``args.file`` against :func:`command_view`'s workers
     (``run``, ``schedule create``)."""
     raw = load_pipeline_file(args.file)  # a bad file is refused before connecting
-    return checked_pipeline(raw, args.file, await command_view(args))
+    return checked_pipeline(raw, args.file, command_settings(args), await command_view(args))
 
 
 def outcome_code(doc: Mapping[str, Any]) -> int:

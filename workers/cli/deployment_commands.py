@@ -26,8 +26,9 @@ from aiworker.workers.cli.common import (
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_USAGE,
+    command_client,
+    command_settings,
     err,
-    load_settings,
 )
 from aiworker.workers.process.deployments import (
     DeploymentError,
@@ -45,10 +46,8 @@ DRAIN_POLL_SECONDS = 1.0
 
 
 async def _connect(args: argparse.Namespace) -> tuple[Client, str]:
-    from aiworker.workers.client.temporal_client import connect
-
-    settings = load_settings()
-    client = await connect(args.profile, target_host=args.address)
+    settings = command_settings(args)
+    client = await command_client(args)
     return client, getattr(args, "deployment_name", None) or deployment_name(settings)
 
 

@@ -23,8 +23,8 @@ from aiworker.workers.cli.common import (
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_USAGE,
+    command_settings,
     err,
-    load_settings,
     positive_int,
 )
 
@@ -145,13 +145,12 @@ async def cmd_eval(args: argparse.Namespace) -> int:
 async def eval_dataset(args: argparse.Namespace) -> int:
     """``aiworker eval dataset``: the matching recorded calls, written as a dataset."""
     from aiworker.schemas.errors import ErrorCode
-    from aiworker.workers.cli.common import command_view, configure_logs
-    from aiworker.workers.client.temporal_client import connect
+    from aiworker.workers.cli.common import command_client, command_view, configure_logs
     from aiworker.workers.evals.dataset import render
     from aiworker.workers.evals.recorded import CallQuery, recorded_calls
     from aiworker.workers.evals.run import EvalError
 
-    settings = load_settings()
+    settings = command_settings(args)
     configure_logs(settings)
     view = await command_view(args)
     if args.worker not in view.specs:
@@ -160,7 +159,7 @@ async def eval_dataset(args: argparse.Namespace) -> int:
             f"{', '.join(sorted(view.specs))}",
             ErrorCode.NOT_FOUND,
         )
-    client = await connect(args.profile, target_host=args.address, settings=settings)
+    client = await command_client(args)
     query = CallQuery(
         worker=args.worker,
         version=args.version,
@@ -237,8 +236,7 @@ def _described(args: argparse.Namespace) -> str:
 async def eval_run(args: argparse.Namespace) -> int:
     """``aiworker eval run``: the candidate over the dataset, the report, the gate."""
     from aiworker.schemas import names, safe_schema
-    from aiworker.workers.cli.common import command_view, configure_logs
-    from aiworker.workers.client.temporal_client import connect
+    from aiworker.workers.cli.common import command_client, command_view, configure_logs
     from aiworker.workers.evals import report as rep
     from aiworker.workers.evals.dataset import load
     from aiworker.workers.evals.run import (
@@ -253,7 +251,7 @@ async def eval_run(args: argparse.Namespace) -> int:
         start_eval,
     )
 
-    settings = load_settings()
+    settings = command_settings(args)
     configure_logs(settings)
     dataset = load(args.dataset)
     compare: dict[str, rep.Comparison] = {}
@@ -302,7 +300,7 @@ async def eval_run(args: argparse.Namespace) -> int:
         max_cost_usd=args.budget_usd,
         concurrency=args.concurrency,
     )
-    client = await connect(args.profile, target_host=args.address, settings=settings)
+    client = await command_client(args)
     workflow_id = eval_workflow_id(dataset, inp)
     handle = await start_eval(client, settings, workflow_id, inp)
     err(f"eval {workflow_id}: {len(inp.items)} items through {candidate_label(cand)}")

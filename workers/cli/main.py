@@ -46,16 +46,20 @@ from aiworker.workers.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     check_pipeline_file,
+    checked_pipeline,
     cli_span,
+    command_client,
+    command_settings,
     command_view,
     configure_logs,
     dev_settings,
     err,
-    load_settings,
+    load_pipeline_file,
+    local_view,
+    no_answer,
     outcome_code,
     pipelines_session,
     process_catalog,
-    read_checked_pipeline,
     read_pipeline,
     start_worker_process,
 )
@@ -74,24 +78,41 @@ if TYPE_CHECKING:
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
-    """``aiworker run FILE|-``: start a pipeline, then print its id or its outcome."""
-    from aiworker.workers.client.client import PipelineClient
+    """``aiworker run FILE|-``: start a pipeline, then print its id or its outcome.
 
-    raw = await read_checked_pipeline(args)
-    if why := unknown_fields(args, raw):
-        err(why)
-        return EXIT_USAGE
-    settings = load_settings()
+    One connection and one check: the pipeline is checked here against the live
+    registry read through the command's own connection (the run checks it once more
+    in its run-config activity, which is what a start by the ``temporal`` CLI
+    relies on); with Temporal unreachable it is checked against the local specs,
+    so a broken file still says what is wrong (exit 2) before the connection error.
+    """
+    from aiworker.workers.client.client import PipelineClient
+    from aiworker.workers.client.temporal_client import TemporalUnreachableError
+
+    raw = load_pipeline_file(args.file)  # a bad file is refused before connecting
+    settings = command_settings(args)
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        checked_pipeline(raw, args.file, settings, local_view("", settings))  # exits 2
     configure_logs(settings)
     # The root of the pipeline's trace: start, workflow, every activity attempt.
     async with cli_span(
         f"aiworker run {raw['name']}",
         pipeline=raw["name"],
-        tenant=raw.get("tenant", "default"),
+        tenant=str(raw.get("tenant", "default")),
     ) as telemetry:
-        pipelines = await PipelineClient.connect(
-            args.profile, target_host=args.address, telemetry=telemetry, settings=settings
-        )
+        try:
+            pipelines = await PipelineClient.connect(
+                args.profile, target_host=args.address, telemetry=telemetry, settings=settings
+            )
+        except TemporalUnreachableError as e:
+            offline = local_view(no_answer(e, args.profile, args.address), settings)
+            checked_pipeline(raw, args.file, settings, offline)
+            raise
+        args._client = pipelines.temporal  # the command's one connection (command_client)
+        checked_pipeline(raw, args.file, settings, await command_view(args))
+        if why := unknown_fields(args, raw):
+            err(why)
+            return EXIT_USAGE
         # the tenant's quote threshold (quote_not_accepted, exit 2); an unknown quote
         # does not block: say so
         q = await pipelines.quote_start(raw, accept_quote=args.accept_quote)
@@ -103,7 +124,6 @@ async def cmd_run(args: argparse.Namespace) -> int:
                 err(
                     f"the cost quote leaves out {steps} (p95 {q.cost_usd.p95:.6g} USD without them)"
                 )
-        # read_checked_pipeline checked it (the live registry's workers, or local ones)
         handle = await pipelines.start(raw, workflow_id=args.id, check=False, accept_quote=True)
         return await _print_or_wait(pipelines, handle, args, raw, settings.ui_url)
 
@@ -228,7 +248,9 @@ async def cmd_list(args: argparse.Namespace) -> int:
     """``aiworker list``: pipelines by status, tenant and name, as a table or JSON."""
     from aiworker.workers.client.client import PipelineClient
 
-    pipelines = await PipelineClient.connect(args.profile, target_host=args.address)
+    pipelines = await PipelineClient.connect(
+        args.profile, target_host=args.address, settings=command_settings(args)
+    )
     found = await pipelines.list_pipelines(
         status=args.status, tenant=args.tenant, pipeline=args.pipeline, limit=args.limit
     )
@@ -307,7 +329,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from aiworker.workers.devstack.supervisor import run_worker_process
     from aiworker.workers.process.telemetry import Telemetry
 
-    settings = load_settings()
+    settings = command_settings(args)
     start_worker_process(settings)
     await run_worker_process(
         settings,
@@ -349,8 +371,8 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     from aiworker.workers.devstack.supervisor import dev_log_file, run_dev_stack
 
     bundled = str(Path(__file__).parent.parent / "samples" / "demo.json")
-    pipeline = read_pipeline(args.pipeline or bundled)
     settings = dev_settings(args.command, args.data_dir)
+    pipeline = read_pipeline(args.pipeline or bundled, settings)
     start_worker_process(settings, stream=dev_log_file(settings.data_dir))
     outcome = await run_dev_stack(
         settings, _dev_options(args), pipeline, bundled_demo=not args.pipeline
@@ -368,7 +390,7 @@ async def cmd_workers(args: argparse.Namespace) -> int:
     view = await command_view(args, say="workers from")  # stderr: which, and why
     if view.source == "live" and view.registry is not None:
         return _print_live_workers(view.registry, as_json=args.json)
-    cat = process_catalog()
+    cat = process_catalog(command_settings(args))
     entries = sorted(cat.entries.values(), key=lambda e: e.worker_id)
     if args.json:
         print(
@@ -463,7 +485,7 @@ async def cmd_artifacts(args: argparse.Namespace) -> int:
     for_each items' included (they ran in its chunk workflows, ``WF_ID/<step>/<n>``)."""
     from aiworker.workers.process.resources import close_connections, lineage_index
 
-    settings = load_settings()
+    settings = command_settings(args)
     try:
         records = await lineage_index(settings).records(args.workflow_id, children=True)
     finally:
@@ -494,21 +516,21 @@ async def cmd_conformance(args: argparse.Namespace) -> int:
     once (exit 1) instead of waiting for calls nobody answers, and the spec
     checked is the one the live processes publish.
     """
-    from aiworker.workers.client.temporal_client import TemporalUnreachableError, connect
+    from aiworker.workers.client.temporal_client import TemporalUnreachableError
     from aiworker.workers.conformance.run import check_worker, checkable_spec, load_examples
     from aiworker.workers.process.live_registry import resolve_view
 
-    settings = load_settings()
+    settings = command_settings(args)
     client = None
     unreachable = ""
     try:
-        client = await connect(args.profile, target_host=args.address, settings=settings)
+        client = await command_client(args)
     except TemporalUnreachableError as e:
         unreachable = str(e)
     view = await resolve_view(
         client,
         settings,
-        lambda: process_catalog().specs,
+        lambda: process_catalog(settings).specs,
         why_no_client=f"cannot reach Temporal: {unreachable}",
     )
     for warning in view.warnings:
@@ -612,8 +634,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     """Check the settings, then run the command; an exception ends in its exit code."""
     if args.command not in ("dev", "demo"):  # theirs are read with local defaults
         # Every command stops at once on a wrong AIWORKER_* setting (exit 2, naming
-        # it), also those that would not read the setting it names.
-        load_settings()
+        # it), also those that would not read the setting it names; the command
+        # then uses these (read once).
+        command_settings(args)
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ from aiworker.schemas.pipeline import PipelineSpec
 from aiworker.workers.cli.common import (
     EXIT_OK,
     checked_pipeline,
+    command_settings,
     command_view,
     err,
     load_pipeline_file,
@@ -26,11 +27,11 @@ from aiworker.workers.quote import CallSample, quote, step_history
 
 async def history_for(args: argparse.Namespace, spec: PipelineSpec) -> dict[str, list[CallSample]]:
     """The quote's history, read from the Temporal this command talks to."""
-    from aiworker.workers.cli.common import load_settings
-    from aiworker.workers.client.temporal_client import TemporalUnreachableError, connect
+    from aiworker.workers.cli.common import command_client
+    from aiworker.workers.client.temporal_client import TemporalUnreachableError
 
     try:
-        client = await connect(args.profile, target_host=args.address, settings=load_settings())
+        client = await command_client(args)
     except TemporalUnreachableError as e:
         # the quote still names every step it cannot estimate
         err(f"cannot reach Temporal ({e}): no recorded calls to quote from")
@@ -41,7 +42,8 @@ async def history_for(args: argparse.Namespace, spec: PipelineSpec) -> dict[str,
 async def cmd_check_quote(args: argparse.Namespace) -> int:
     """Print the quote (text, or ``--json``); exit 2 when the pipeline is invalid."""
     raw = load_pipeline_file(args.file)
-    checked = checked_pipeline(raw, args.file, await command_view(args))
+    view = await command_view(args)
+    checked = checked_pipeline(raw, args.file, command_settings(args), view)
     spec = PipelineSpec.model_validate(checked)
     q = quote(spec, await history_for(args, spec))
     if args.json:

@@ -19,9 +19,10 @@ from aiworker.workers.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    command_client,
+    command_settings,
     configure_logs,
     err,
-    load_settings,
     read_checked_pipeline,
 )
 
@@ -34,11 +35,13 @@ async def _client(args: argparse.Namespace, *, storage: bool = False) -> Pipelin
     the configured external storage (the pipeline a schedule starts may be large)."""
     from aiworker.workers.client.client import PipelineClient
 
-    settings = load_settings()
+    settings = command_settings(args)
     configure_logs(settings)
-    return await PipelineClient.connect(
-        args.profile, target_host=args.address, settings=settings if storage else None
-    )
+    if storage or getattr(args, "_client", None) is not None:
+        # the command's one connection (command_client): a create checked its
+        # pipeline through it; it carries the settings' payload storage
+        return PipelineClient(await command_client(args), settings)
+    return await PipelineClient.connect(args.profile, target_host=args.address)
 
 
 async def schedule_create(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from aiworker.workers.cli.common import EXIT_OK, EXIT_USAGE, configure_logs, err, load_settings
+from aiworker.workers.cli.common import EXIT_OK, EXIT_USAGE, command_settings, configure_logs, err
 
 
 async def cmd_serve(args: argparse.Namespace) -> int:
@@ -21,7 +21,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     require("serve", "aiworker serve")  # MissingExtraError: one line and exit 2 in `main`
     from aiworker.workers.frontdoor.serve import serve
 
-    settings = load_settings()
+    settings = command_settings(args)
     overrides = {"serve_host": args.host, "serve_port": args.port}
     settings = settings.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     configure_logs(settings)

@@ -375,8 +375,8 @@ async def cmd_replay(args: Any) -> int:
         EXIT_FAILED,
         EXIT_OK,
         EXIT_USAGE,
+        command_settings,
         err,
-        load_settings,
         process_catalog,
     )
     from aiworker.workers.client.temporal_client import data_converter
@@ -390,8 +390,8 @@ async def cmd_replay(args: Any) -> int:
     except HistoryFileError as e:
         err(str(e))
         return EXIT_USAGE
-    settings = load_settings()
-    process_catalog()  # the specs this deploy's workflows read, as a worker installs them
+    settings = command_settings(args)
+    process_catalog(settings)  # the specs this deploy's workflows read, as a worker installs them
     converter = data_converter(settings)
 
     def ok(rec: Recorded) -> None:
