@@ -51,6 +51,7 @@ METADATA_ADDRESSES = frozenset(
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 
+
 class ResolveError(OSError):
     """A host name that does not resolve, or resolves to no address (an ``OSError``,
     as the system resolver's own: HTTP clients report it as a connect failure)."""

@@ -19,12 +19,12 @@ Failures raise the worker-protocol errors, mapped to the stable codes of ``schem
 robots/401/403 -> ``access_denied``, 404/410 -> ``not_found``, 429 ->
 ``rate_limited`` (``Retry-After`` as the next retry delay), 5xx and network
 errors and corrupt or cut-short compressed bodies -> ``fetch_failed``, timeouts
--> ``fetch_timeout`` (aiohttp's exceptions by
-``http_client.ERROR_TABLE``: a response whose heads pass their bound, or that
-sends too many interim ``1xx`` responses, is ``fetch_failed``), body over the cap, stacked (``gzip, gzip``) or unknown
-``Content-Encoding`` -> ``payload_too_large``, policy -> ``egress_denied``, a
-user agent with control characters -> ``invalid_input`` (no request, no
-breaker failure).
+-> ``fetch_timeout`` (aiohttp's exceptions by ``http_client.ERROR_TABLE``: a
+response whose heads pass their bound, or that sends too many interim ``1xx``
+responses, is ``fetch_failed``), body over the cap, stacked (``gzip, gzip``) or
+unknown ``Content-Encoding`` -> ``payload_too_large``, policy ->
+``egress_denied``, a user agent with control characters -> ``invalid_input``
+(no request, no breaker failure).
 """
 
 from __future__ import annotations

@@ -19,8 +19,6 @@ from aiworker.config.settings import Settings
 from aiworker.schemas.protocol import WorkerResponse
 
 
-
-
 async def _publish(
     settings: Settings, key: str, sink: dict[str, Any], record: Any, tenant: str = "acme"
 ) -> WorkerResponse:
