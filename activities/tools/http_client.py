@@ -14,7 +14,10 @@ One :func:`client_session` builds what both use, an ``aiohttp.ClientSession``:
   ``EgressDeniedError`` unchanged;
 - **the pool**: at most ``max_connections`` open, ``per_host`` to one
   ``(scheme, host, port)``, idle ones kept 5 s; a response not read to its end
-  closes its connection;
+  closes its connection, and so do bytes past the end of a response (aiohttp
+  closes a connection that sent more than its response; one that sends bytes
+  while idle is closed by :class:`_BoundedHandler`, where aiohttp would have
+  read them as the answer to the next request on it);
 - **nothing carried across calls**: no cookie jar (``DummyCookieJar``: the
   tools serve every tenant of a process), no environment (``trust_env=False``:
   no proxy, no netrc), no decompression (``auto_decompress=False``:
@@ -124,6 +127,13 @@ class _BoundedHandler(ResponseHandler):
 
     def data_received(self, data: bytes) -> None:
         if self._final:
+            if data and (self._payload is None or self._payload.is_eof()):
+                # Bytes nobody asked for: the last response is whole and the next request
+                # has not gone out. aiohttp would parse them as a response and hand it to
+                # the next request on this connection; it is closed instead.
+                if self.transport is not None:
+                    self.transport.close()
+                return
             super().data_received(data)
             return
         room = self._max_head - self._head_bytes

@@ -456,3 +456,28 @@ async def test_https_verifies_the_server_and_keeps_the_connection(tmp_path: Path
         async with fetcher() as tool:
             with pytest.raises(FetchFailedError, match="CERTIFICATE_VERIFY_FAILED"):
                 await get(tool, url)
+
+
+async def test_bytes_sent_to_an_idle_connection_never_answer_the_next_request() -> None:
+    answered = asyncio.Event()
+
+    async def idle_talker(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        await read_head(reader)
+        writer.write(ok(b"conn %d" % n))
+        await writer.drain()
+        await answered.wait()  # the client has its response: the connection is idle
+        writer.write(ok(b"smuggled"))
+        await writer.drain()
+        await read_head(reader)
+        writer.write(ok(b"conn %d again" % n))
+        await writer.drain()
+        await reader.read()
+
+    async with serving(idle_talker) as site, fetcher() as tool:
+        assert await get(tool, site.url()) == "conn 1"
+        answered.set()
+        for _ in range(100):  # bounded: the unasked-for bytes reach the client
+            await asyncio.sleep(0.01)
+        assert await get(tool, site.url()) == "conn 2"
