@@ -43,8 +43,10 @@ One :func:`client_session` builds what both use, an ``aiohttp.ClientSession``:
 Errors are mapped to the stable codes in one table, :data:`ERROR_TABLE`
 (httpx's ``map_exceptions`` is the model), by :func:`map_http_errors`.
 
-Measured against the h11 transport this replaces (``bench/crawl.py`` and the
-single-page bench, same runs): see docs/benchmarks.md.
+Measured against the h11 transport it replaced (alternating runs in one
+session, docs/benchmarks.md "aiohttp in place of the transport"): a fetch of
+the crawl's site costs 0.70 of the CPU it did, and a crawl page's worker CPU
+0.89 of Scrapy's own against 0.95 before.
 """
 
 from __future__ import annotations
