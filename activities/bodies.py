@@ -1,16 +1,18 @@
 """Bounded reads of HTTP response bodies: every body the project reads comes through here.
 
-httpx decodes ``Content-Encoding`` itself, one network chunk at a time and
-with no output limit, so an 850-byte brotli body expands to 1 GiB inside a
-single decode call before any size check can run. :func:`read_body` therefore
-reads the raw stream (``aiter_raw``: httpx never decodes) and decodes it here
+httpx (the model providers' client) and aiohttp (the fetch tool's and the
+webhook poster's) decode ``Content-Encoding`` themselves, one network chunk at
+a time and with no output limit, so an 850-byte brotli body expands to 1 GiB
+inside a single decode call before any size check can run. :func:`read_body`
+therefore reads the raw stream (httpx's ``aiter_raw``; aiohttp's content with
+``auto_decompress=False``) and decodes it here
 with decompressors that take an output limit: zlib's ``max_length`` with
 ``unconsumed_tail`` (gzip, deflate zlib-wrapped or raw) and brotli's
 ``output_buffer_limit``. Output comes in pieces of at most :data:`CHUNK`
 bytes, produced lazily, and reading stops at the first piece that passes the
 cap, so a decoder never produces more than the cap plus one piece, whatever
-the body. Neither httpx nor another well-kept library offers a bounded
-streaming decoder, hence this module.
+the body. Neither httpx, aiohttp nor another well-kept library offers a
+bounded streaming decoder, hence this module.
 
 Refused before decoding (:class:`UnsupportedEncodingError`): more than one
 coding (``gzip, gzip`` multiplies the expansion ratio) and codings other than
@@ -32,9 +34,16 @@ import importlib.util
 import zlib
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import httpx
+
+if TYPE_CHECKING:
+    import aiohttp
+
+# A streamed response of either client: httpx's (model providers) or aiohttp's (fetches
+# and webhooks); told apart by type at run time, so this module never imports aiohttp.
+Response: TypeAlias = "httpx.Response | aiohttp.ClientResponse"
 
 # The largest piece a decoder hands out at once: the overshoot bound past any cap.
 CHUNK = 64 * 1024
@@ -191,9 +200,10 @@ class _Brotli:
 _CODINGS = {"gzip": 31, "x-gzip": 31, "deflate": None}
 
 
-def decoder_for(headers: httpx.Headers) -> _Decoder:
-    """The bounded decoder for a response's ``Content-Encoding``; refuses what it cannot bound."""
-    header = ", ".join(headers.get_list("content-encoding"))
+def decoder_for(content_encoding: list[str]) -> _Decoder:
+    """The bounded decoder for a response's ``Content-Encoding`` header lines; refuses
+    what it cannot bound."""
+    header = ", ".join(content_encoding)
     codings = [c.strip().lower() for c in header.split(",")]
     codings = [c for c in codings if c and c != "identity"]
     if len(codings) > 1:
@@ -217,7 +227,7 @@ def decoder_for(headers: httpx.Headers) -> _Decoder:
 
 
 async def read_body(
-    resp: httpx.Response,
+    resp: Response,
     cap: int,
     *,
     truncate: bool = False,
@@ -239,7 +249,7 @@ async def read_body(
         BodyTooLargeError: over ``cap`` without ``truncate``.
         UnsupportedEncodingError: a stacked or unknown ``Content-Encoding``.
         CorruptBodyError: bytes invalid for the encoding, or cut short.
-        httpx.HTTPError: what the network did, unchanged.
+        httpx.HTTPError, aiohttp.ClientError: what the network did, unchanged.
     """
     chunks: list[bytes] = []
     async with contextlib.aclosing(
@@ -251,7 +261,7 @@ async def read_body(
 
 
 async def iter_body(
-    resp: httpx.Response,
+    resp: Response,
     cap: int,
     *,
     truncate: bool = False,
@@ -268,8 +278,8 @@ async def iter_body(
     declared = resp.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > cap and not truncate:
         raise BodyTooLargeError(f"declares {declared} bytes, over the {cap}-byte limit", limit=cap)
-    decoder: _Decoder = decoder_for(resp.headers) if decode else _Identity()
-    if resp.is_stream_consumed:
+    decoder: _Decoder = decoder_for(_content_encoding(resp)) if decode else _Identity()
+    if isinstance(resp, httpx.Response) and resp.is_stream_consumed:
         # Built from bytes (``MockTransport`` in tests): httpx read and decoded it already.
         decoder = _Identity()
     raw = size = 0
@@ -295,7 +305,17 @@ async def iter_body(
             meter._read(cap, raw, size)
 
 
-async def _raw(resp: httpx.Response) -> AsyncGenerator[bytes, None]:
+def _content_encoding(resp: Response) -> list[str]:
+    if isinstance(resp, httpx.Response):
+        return resp.headers.get_list("content-encoding")
+    return resp.headers.getall("content-encoding", [])
+
+
+async def _raw(resp: Response) -> AsyncGenerator[bytes, None]:
+    if not isinstance(resp, httpx.Response):
+        async for data in resp.content.iter_any():
+            yield data
+        return
     if resp.is_stream_consumed:
         yield resp.content
         return

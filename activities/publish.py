@@ -37,13 +37,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from aiworker.activities.bodies import BodyMeter, read_body
 from aiworker.activities.errors import (
     AccessDeniedError,
     FetchFailedError,
-    FetchTimeoutError,
     InvalidInputError,
     NotFoundError,
     RateLimitedError,
@@ -53,7 +52,11 @@ from aiworker.activities.retry_after import parse_retry_after
 from aiworker.activities.runtime import WorkerContext, WorkerResult
 from aiworker.activities.sdk import Worker
 from aiworker.activities.tools.egress import EgressPolicy
-from aiworker.activities.tools.fetch import NoCookies, guarded_transport
+from aiworker.activities.tools.http_client import (
+    client_session,
+    map_http_errors,
+    request_timeout,
+)
 from aiworker.config.catalog import builtin_spec
 from aiworker.config.settings import Settings
 from aiworker.schemas.protocol import WarningInfo
@@ -128,57 +131,55 @@ def _line_has_key(path: Path, key: str) -> bool:
 class WebhookPoster:
     """The ``http_post`` tool: one POST, no library retries (Temporal retries).
 
-    Egress follows the shared policy (``activities.tools.egress``): the URL is
-    checked first, every connection address after DNS resolution; redirects
-    are not followed. ``meter`` counts the bytes of the replies read.
+    Sent with the fetch tool's HTTP client (``activities.tools.http_client``,
+    aiohttp): the URL is checked against the egress policy first, every address
+    before it is dialled; redirects are not followed; no cookie is kept. The
+    reply's heads, interim ``1xx`` responses included, are held to
+    :data:`REPLY_MAX_BYTES` as its body is. ``meter`` counts the bytes of the
+    replies read.
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        transport: httpx.AsyncBaseTransport | None = None,
-        meter: BodyMeter | None = None,
-    ):
+    def __init__(self, settings: Settings, meter: BodyMeter | None = None):
         self._policy = EgressPolicy.from_settings(settings)
         self.meter = meter
-        self._client = httpx.AsyncClient(
-            transport=transport or guarded_transport(self._policy),
-            follow_redirects=False,
-            cookies=NoCookies(),
-        )
+        # Made on first use, inside the event loop that uses it (aiohttp binds to it).
+        self._session: aiohttp.ClientSession | None = None
 
     async def post(
         self, url: str, body: Any, headers: dict[str, str], timeout_s: float
-    ) -> httpx.Response:
-        """POST ``body`` as JSON; the response's status and headers (its body is not kept).
+    ) -> aiohttp.ClientResponse:
+        """POST ``body`` as JSON; the response, for its status and headers (its body is
+        not kept).
 
         The reply body is drained raw up to :data:`REPLY_MAX_BYTES`, only so that
         the connection can be reused; a longer one is cut off with its connection.
         """
         self._policy.check_url(url)
-        try:
+        # httpx's JSON encoding, which webhooks received before
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        if self._session is None:
+            self._session = client_session(self._policy, max_head_bytes=REPLY_MAX_BYTES)
+        with map_http_errors(url, "webhook"):
             async with (
                 asyncio.timeout(timeout_s),
-                self._client.stream(
-                    "POST", url, json=body, headers=headers, timeout=timeout_s
+                self._session.post(
+                    url,
+                    data=data.encode(),
+                    headers={"Content-Type": "application/json", **headers},
+                    allow_redirects=False,
+                    timeout=request_timeout(timeout_s, timeout_s, timeout_s),
                 ) as resp,
             ):
                 await read_body(
                     resp, REPLY_MAX_BYTES, truncate=True, decode=False, meter=self.meter
                 )
                 return resp
-        except (TimeoutError, httpx.TimeoutException) as e:
-            raise FetchTimeoutError(f"webhook {url} timed out: {e!r}", url=url) from None
-        except httpx.LocalProtocolError as e:
-            # Refused here before anything was sent: a header the caller gave is not HTTP.
-            raise InvalidInputError(
-                f"the request to webhook {url} is not valid HTTP: {e}", field="input.sink"
-            ) from None
-        except httpx.HTTPError as e:
-            raise FetchFailedError(f"webhook {url} failed: {e!r}", url=url) from None
+        raise AssertionError("unreachable: the block returns or raises")
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
 
 class Publish(Worker):
@@ -284,7 +285,7 @@ class Publish(Worker):
 
         def done() -> None:
             with ledger.locked() as conn:
-                Ledger.mark(conn, tenant, key, url, "done", resp.status_code)
+                Ledger.mark(conn, tenant, key, url, "done", resp.status)
 
         await asyncio.to_thread(done)
         return WorkerResult(
@@ -293,9 +294,9 @@ class Publish(Worker):
                 "duplicate": False,
                 "idempotency_key": key,
                 "sink": url,
-                "status_code": resp.status_code,
+                "status_code": resp.status,
             },
-            log_fields={"sink": "webhook", "status_code": resp.status_code},
+            log_fields={"sink": "webhook", "status_code": resp.status},
         )
 
 
@@ -312,8 +313,8 @@ def duplicate_warning(key: str, sink: str) -> WarningInfo:
     )
 
 
-def _raise_for_status(resp: httpx.Response, url: str) -> None:
-    code = resp.status_code
+def _raise_for_status(resp: aiohttp.ClientResponse, url: str) -> None:
+    code = resp.status
     if code < 300:
         return
     if code == 429:

@@ -317,7 +317,7 @@ class Discovery:
                     self.source = {
                         "url": self.page_url,
                         "final_url": final,
-                        "status_code": resp.status_code,
+                        "status_code": resp.status,
                         "fetched_at": fetched_at,
                         "content_type": resp.headers.get("content-type", ""),
                         "encoding": "utf-8",

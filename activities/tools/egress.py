@@ -5,11 +5,12 @@ Checked twice for every hop of a fetch, redirects included:
 1. before the request, on the URL: scheme, the domain allow-lists (from
    settings, narrowed by the call's tenant and per request: a host must be
    in every list that is set, so the tighter wins) and IP literals;
-2. at connect time, inside the HTTP client's transport
-   (:mod:`~aiworker.activities.tools.http11`), on every address the host
-   resolves to. The connection goes to the vetted address
-   itself, so a DNS answer that changes between check and connect (DNS
-   rebinding) cannot slip through.
+2. at connect time, inside the HTTP client
+   (:mod:`~aiworker.activities.tools.http_client`: aiohttp's resolver hook and
+   its socket factory), on every address the host resolves to and every
+   address dialled. The connection goes to the vetted address itself, so a
+   DNS answer that changes between check and connect (DNS rebinding) cannot
+   slip through.
 
 The tenant's list (the registry's ``egress_allow``) reaches the policy through
 a context variable that the worker runtime sets around each call
@@ -35,8 +36,6 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import httpcore
-
 from aiworker.activities.errors import EgressDeniedError
 
 _Stream = TypeVar("_Stream")
@@ -51,6 +50,12 @@ METADATA_ADDRESSES = frozenset(
 )
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
+
+
+class ResolveError(OSError):
+    """A host name that does not resolve, or resolves to no address (an ``OSError``,
+    as the system resolver's own: HTTP clients report it as a connect failure)."""
+
 
 # The current call's tenant allow-list; empty: the tenant adds no list.
 _TENANT_DOMAINS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
@@ -225,9 +230,9 @@ class EgressPolicy:
             try:
                 addrs = await self.resolver(host, port)
             except OSError as e:
-                raise httpcore.ConnectError(f"cannot resolve {host}: {e}") from e
+                raise ResolveError(f"cannot resolve {host}: {e}") from e
         if not addrs:
-            raise httpcore.ConnectError(f"{host} has no addresses")
+            raise ResolveError(f"{host} has no addresses")
         for a in addrs:
             self.check_address(a, port, url=f"//{host}:{port}")
         return addrs
@@ -239,8 +244,8 @@ async def connect_first(
     refused: type[Exception],
 ) -> _Stream:
     """The first of the vetted ``addrs`` that takes a connection; the last ``refused``
-    error when none does. One loop for each HTTP stack that connects: the fetch
-    tool's transport (``http11``) and httpcore2's backend for MCP servers."""
+    error when none does: httpcore2's backend for MCP servers (the fetch tool's
+    aiohttp connector dials the vetted addresses in order itself)."""
     last: Exception | None = None
     for addr in addrs:
         try:

@@ -6,8 +6,10 @@ they run, and each maps its failure to a stable code here.
 
 Every hop (redirects included) passes the egress policy, robots.txt (for the
 user agent actually sent), the host's circuit breaker and its politeness slot.
-httpx runs with its own retries off and redirects handled here, so that each
-hop is checked; Temporal owns retries. The body is read raw and decoded with
+The HTTP client is aiohttp's (:mod:`~aiworker.activities.tools.http_client`:
+every address vetted before it is dialled, response heads bounded, interim
+ones included), with no retries of its own and redirects handled here, so
+that each hop is checked; Temporal owns retries. The body is read raw and decoded with
 bounded output (``activities.bodies``), abandoned as soon as it passes the cap;
 decoded text honours the charset of the HTTP header, then ``<meta charset>``,
 then detection. The user agent is checked as a header value before anything
@@ -17,10 +19,12 @@ Failures raise the worker-protocol errors, mapped to the stable codes of ``schem
 robots/401/403 -> ``access_denied``, 404/410 -> ``not_found``, 429 ->
 ``rate_limited`` (``Retry-After`` as the next retry delay), 5xx and network
 errors and corrupt or cut-short compressed bodies -> ``fetch_failed``, timeouts
--> ``fetch_timeout``, body over the cap, stacked (``gzip, gzip``) or unknown
-``Content-Encoding`` -> ``payload_too_large``, policy -> ``egress_denied``, a
-user agent with control characters -> ``invalid_input`` (no request, no
-breaker failure).
+-> ``fetch_timeout`` (aiohttp's exceptions by ``http_client.ERROR_TABLE``: a
+response whose heads pass their bound, or that sends too many interim ``1xx``
+responses, is ``fetch_failed``), body over the cap, stacked (``gzip, gzip``) or
+unknown ``Content-Encoding`` -> ``payload_too_large``, policy ->
+``egress_denied``, a user agent with control characters -> ``invalid_input``
+(no request, no breaker failure).
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import http.cookiejar
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -36,7 +39,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from urllib.parse import urljoin, urlsplit
 
-import httpx
+import aiohttp
 
 from aiworker.activities import bodies
 from aiworker.activities.breakers import BreakerRegistry
@@ -53,7 +56,11 @@ from aiworker.activities.errors import (
 from aiworker.activities.retry_after import parse_retry_after
 from aiworker.activities.tools.charset import decode_body
 from aiworker.activities.tools.egress import EgressPolicy
-from aiworker.activities.tools.http11 import H11Transport
+from aiworker.activities.tools.http_client import (
+    client_session,
+    map_http_errors,
+    request_timeout,
+)
 from aiworker.activities.tools.robots import Politeness, RobotsCache
 
 if TYPE_CHECKING:  # protego comes with the 'scrape' extra (publish imports this module)
@@ -139,30 +146,6 @@ def _origin(url: str) -> tuple[str, str]:
     return f"{p.scheme}://{hostport}", hostport
 
 
-def guarded_transport(policy: EgressPolicy, max_connections: int = 100) -> H11Transport:
-    """An httpx transport whose connections go only where ``policy`` allows
-    (:mod:`~aiworker.activities.tools.http11`: httpx's pool sizes, h11 over asyncio)."""
-    return H11Transport(policy, max_connections=max_connections)
-
-
-class NoCookies(http.cookiejar.CookieJar):
-    """A cookie jar that keeps nothing, for the HTTP clients a process shares.
-
-    httpx's client keeps every ``Set-Cookie`` it receives and sends it back on
-    later requests to that site. A webhook poster (and the fetch tool, which now
-    sends through its transport with no client) serves every call and every
-    tenant of its process, so a session cookie one tenant's request received
-    went out with another tenant's next request to that site. Nothing here uses
-    cookies: each request carries only the headers its call gives.
-    """
-
-    def extract_cookies(self, response: Any, request: Any) -> None:
-        """Keep no cookie of ``response``."""
-
-    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
-        """Keep no cookie."""
-
-
 class FetchTool:
     """Fetches pages for workers; one instance per process, shared by activities.
 
@@ -173,8 +156,6 @@ class FetchTool:
         politeness: per-host concurrency and delay (shared per process).
         breakers: per-host circuit breakers (shared per process).
         user_agent: the default ``User-Agent``; requests may override it.
-        transport: an httpx transport for tests (``MockTransport``); the
-            guarded transport by default.
         meter: counts the bytes every body read received and produced.
     """
 
@@ -187,7 +168,6 @@ class FetchTool:
         politeness: Politeness | None = None,
         breakers: BreakerRegistry | None = None,
         user_agent: str = DEFAULT_USER_AGENT,
-        transport: httpx.AsyncBaseTransport | None = None,
         meter: bodies.BodyMeter | None = None,
     ) -> None:
         self.egress = egress
@@ -197,26 +177,23 @@ class FetchTool:
         self.breakers = breakers
         self.user_agent = user_agent
         self.meter = meter
-        # Requests go to the transport itself: of httpx's client only redirects,
-        # auth, cookies and default headers would run, and here redirects are
-        # followed hop by hop with their checks, there is no auth, and no cookie may
-        # cross calls (see NoCookies). py-spy put ~8% of a crawl worker's samples in
-        # those layers; paired crawls could not tell their removal from noise.
-        self._transport = transport or guarded_transport(egress)
+        # Made on first use, inside the event loop that uses it (aiohttp binds to it).
+        self._session: aiohttp.ClientSession | None = None
         self._headers = {
             "Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
             "Accept-Encoding": bodies.ACCEPT_ENCODING,
-            "Connection": "keep-alive",
         }
 
     async def aclose(self) -> None:
-        await self._transport.aclose()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
     async def fetch(
         self,
         url: str,
         *,
-        timeout: float,  # noqa: ASYNC109 - a budget handed to httpx and asyncio.timeout
+        timeout: float,  # noqa: ASYNC109 - a budget handed to aiohttp and asyncio.timeout
         user_agent: str | None = None,
         respect_robots: bool = True,
         allow_domains: Iterable[str] | None = None,
@@ -241,11 +218,11 @@ class FetchTool:
             check_type=True,
             conditional=conditional,
         )
-        text, encoding = decode_body(body, resp.charset_encoding)
+        text, encoding = decode_body(body, resp.charset)
         return FetchResult(
             url=url,
             final_url=final_url,
-            status_code=resp.status_code,
+            status_code=resp.status,
             content_type=resp.headers.get("content-type", ""),
             encoding=encoding,
             body=body,
@@ -262,7 +239,7 @@ class FetchTool:
         self,
         url: str,
         *,
-        timeout: float,  # noqa: ASYNC109 - a budget handed to httpx and asyncio.timeout
+        timeout: float,  # noqa: ASYNC109 - a budget handed to aiohttp and asyncio.timeout
         **options: Unpack[FetchOptions],
     ) -> Resource:
         """One GET of any content type (a browser's script, style or image).
@@ -279,19 +256,19 @@ class FetchTool:
             options.get("allow_domains"),
             check_type=False,
         )
-        return Resource(final_url, resp.status_code, resp.headers.multi_items(), body)
+        return Resource(final_url, resp.status, list(resp.headers.items()), body)
 
     async def _get(
         self,
         url: str,
-        timeout: float,  # noqa: ASYNC109 - a budget handed to httpx and asyncio.timeout
+        timeout: float,  # noqa: ASYNC109 - a budget handed to aiohttp and asyncio.timeout
         user_agent: str | None,
         respect_robots: bool,
         allow_domains: Iterable[str] | None,
         *,
         check_type: bool,
         conditional: tuple[str, Mapping[str, str]] | None = None,
-    ) -> tuple[httpx.Response, str, list[str], bytes]:
+    ) -> tuple[aiohttp.ClientResponse, str, list[str], bytes]:
         """The final response, its URL, the redirects and the capped body, within
         ``timeout`` (a conditional ``304``: no body, see :meth:`fetch`)."""
         ua = user_agent or self.user_agent
@@ -303,7 +280,7 @@ class FetchTool:
                 async with self._open(
                     url, ua, domains, deadline, respect_robots, conditional=conditional
                 ) as (resp, final_url, redirects):
-                    if resp.status_code == 304:
+                    if resp.status == 304:
                         body = b""  # Not Modified: no body, whatever it says
                     else:
                         if check_type:
@@ -325,7 +302,7 @@ class FetchTool:
         respect_robots: bool,
         max_redirects: int | None = None,
         conditional: tuple[str, Mapping[str, str]] | None = None,
-    ) -> AsyncIterator[tuple[httpx.Response, str, list[str]]]:
+    ) -> AsyncIterator[tuple[aiohttp.ClientResponse, str, list[str]]]:
         """Follow redirects hop by hop; yield the final, still streaming response."""
         current = url
         visited = {url}
@@ -353,7 +330,7 @@ class FetchTool:
                 resp = await self._send(current, ua, hostport, deadline, extra)
                 try:
                     location = resp.headers.get("location")
-                    if resp.status_code in _REDIRECTS and location:
+                    if resp.status in _REDIRECTS and location:
                         nxt = urljoin(current, location.strip())
                         if nxt in visited:
                             raise FetchFailedError(
@@ -366,12 +343,13 @@ class FetchTool:
                         redirects.append(nxt)
                         current = nxt
                         continue
-                    if not (extra and resp.status_code == 304):
+                    if not (extra and resp.status == 304):
                         _raise_for_status(resp, current)
                     yield resp, current, redirects
                     return
                 finally:
-                    await resp.aclose()
+                    # back to the pool if read to its end, else its connection closes
+                    resp.release()
         raise FetchFailedError(
             f"more than {hops} redirects from {url}",
             url=url,
@@ -386,56 +364,41 @@ class FetchTool:
         hostport: str,
         deadline: float,
         extra: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
+    ) -> aiohttp.ClientResponse:
         """One request; the host's breaker sees its outcome."""
         if self.breakers is not None:
             await self.breakers.acheck(hostport)
         remaining = max(0.001, deadline - time.monotonic())
-        timeout = httpx.Timeout(
+        timeout = request_timeout(
             connect=min(self.limits.connect_timeout, remaining),
             read=min(self.limits.read_timeout, remaining),
-            write=min(self.limits.read_timeout, remaining),
             pool=remaining,
         )
+        if self._session is None:
+            self._session = client_session(self.egress)
         healthy = False
         try:
-            request = httpx.Request(
-                "GET",
-                url,
-                headers={**self._headers, "User-Agent": ua, **(extra or {})},
-                extensions={"timeout": timeout.as_dict()},
-            )
             sent = time.monotonic()
-            resp = await self._transport.handle_async_request(request)
-            resp.request = request
-            healthy = resp.status_code < 500
+            with map_http_errors(url):
+                resp = await self._session.get(
+                    url,
+                    headers={**self._headers, "User-Agent": ua, **(extra or {})},
+                    allow_redirects=False,
+                    timeout=timeout,
+                )
+            healthy = resp.status < 500
             retry_after = resp.headers.get("retry-after")
             self.politeness.observe(
                 hostport,
                 time.monotonic() - sent,
-                resp.status_code,
+                resp.status,
                 parse_retry_after(retry_after) if retry_after else None,
             )
             return resp
-        except EgressDeniedError:
-            healthy = True  # the policy said no; the host did nothing wrong
-            raise
-        except httpx.TimeoutException as e:
-            raise FetchTimeoutError(
-                f"timed out fetching {url}: {type(e).__name__}", url=url
-            ) from None
-        except httpx.InvalidURL as e:
+        except (EgressDeniedError, InvalidInputError):
+            # the policy said no, or the request was refused here: not the host's doing
             healthy = True
-            raise InvalidInputError(f"invalid URL {url}: {e}", field="input.url", url=url) from None
-        except httpx.LocalProtocolError as e:
-            healthy = True  # refused here, before the host saw anything
-            raise InvalidInputError(
-                f"the request to {url} is not valid HTTP: {e}", field="input", url=url
-            ) from None
-        except httpx.TransportError as e:
-            raise FetchFailedError(
-                f"network error fetching {url}: {type(e).__name__}: {e}", url=url
-            ) from None
+            raise
         finally:
             if self.breakers is not None:
                 if healthy:
@@ -444,7 +407,7 @@ class FetchTool:
                     self.breakers.record_failure(hostport)
 
     async def _read(
-        self, resp: httpx.Response, url: str, cap: int, truncate: bool = False
+        self, resp: aiohttp.ClientResponse, url: str, cap: int, truncate: bool = False
     ) -> bytes:
         """The decoded body, streamed raw and decoded with bounded output (``bodies``)."""
         with _body_errors(url, cap):
@@ -459,7 +422,7 @@ class FetchTool:
         user_agent: str | None = None,
         respect_robots: bool = True,
         allow_domains: Iterable[str] | None = None,
-    ) -> AsyncIterator[tuple[httpx.Response, str]]:
+    ) -> AsyncIterator[tuple[aiohttp.ClientResponse, str]]:
         """Open ``url`` with every check of :meth:`fetch` and yield the still streaming
         response and its final URL; read it with :meth:`iter_body`. Any content type.
 
@@ -477,7 +440,7 @@ class FetchTool:
             yield resp, final
 
     async def iter_body(
-        self, resp: httpx.Response, url: str, cap: int
+        self, resp: aiohttp.ClientResponse, url: str, cap: int
     ) -> AsyncGenerator[bytes, None]:
         """The decoded body of a :meth:`stream` response as it arrives, at most ``cap``
         bytes; failures carry the codes :meth:`fetch` gives them."""
@@ -503,7 +466,7 @@ class FetchTool:
             origin, lambda robots_url: self._load_robots(robots_url, ua, domains, deadline)
         )
 
-    def _check_content_type(self, resp: httpx.Response, url: str) -> None:
+    def _check_content_type(self, resp: aiohttp.ClientResponse, url: str) -> None:
         mime = resp.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if mime and mime not in self.limits.content_types:
             raise InvalidInputError(
@@ -521,7 +484,7 @@ class FetchTool:
         try:
             async with self._open(robots_url, ua, domains, deadline, False, 5) as (resp, _, _r):
                 body = await self._read(resp, robots_url, self.limits.robots_max_bytes, True)
-                return resp.status_code, body.decode("utf-8", errors="replace")
+                return resp.status, body.decode("utf-8", errors="replace")
         except (NotFoundError, AccessDeniedError) as e:
             # RFC 9309: any 4xx robots.txt means no rules apply.
             return int(getattr(e, "status_code", 404)), ""
@@ -542,7 +505,8 @@ class FetchTool:
 def _body_errors(url: str, cap: int) -> Iterator[None]:
     """Map what reading a body raised to the stable codes."""
     try:
-        yield
+        with map_http_errors(url, "reading"):
+            yield
     except bodies.BodyTooLargeError as e:
         raise PayloadTooLargeError(f"{url} {e}", url=url, limit_bytes=cap) from None
     except bodies.UnsupportedEncodingError as e:
@@ -557,12 +521,6 @@ def _body_errors(url: str, cap: int) -> Iterator[None]:
         ) from None
     except bodies.CorruptBodyError as e:
         raise FetchFailedError(f"cannot decode the body of {url}: {e}", url=url) from None
-    except httpx.TimeoutException:
-        raise FetchTimeoutError(f"timed out reading {url}", url=url) from None
-    except httpx.TransportError as e:
-        raise FetchFailedError(
-            f"network error reading {url}: {type(e).__name__}: {e}", url=url
-        ) from None
 
 
 _HEADER_VALUE_MAX = 1024
@@ -571,9 +529,9 @@ _HEADER_VALUE_MAX = 1024
 def check_header_value(value: str, field: str) -> None:
     """``invalid_input`` naming ``field`` unless ``value`` is a safe HTTP header value.
 
-    Printable ASCII and tabs only: CR/LF would split the header (h11 refuses it
-    only at send time, which looked like a failing host to the breaker), other
-    control characters are refused by servers, and httpx encodes values as ASCII.
+    Printable ASCII and tabs only: CR/LF would split the header (aiohttp refuses it
+    only at send time, once connected, which looked like a failing host to the breaker), other
+    control characters are refused by servers, and values go out as ASCII.
     """
     if len(value) > _HEADER_VALUE_MAX:
         raise InvalidInputError(
@@ -586,8 +544,8 @@ def check_header_value(value: str, field: str) -> None:
         )
 
 
-def _raise_for_status(resp: httpx.Response, url: str) -> None:
-    s = resp.status_code
+def _raise_for_status(resp: aiohttp.ClientResponse, url: str) -> None:
+    s = resp.status
     if 200 <= s < 300:
         return
     if s in (401, 403):

@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
-import httpcore
 import httpcore2
 import httpx2
 import mcp_types
@@ -67,7 +66,7 @@ from aiworker.activities.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
-from aiworker.activities.tools.egress import EgressPolicy, connect_first
+from aiworker.activities.tools.egress import EgressPolicy, ResolveError, connect_first
 from aiworker.schemas import messages, safe_schema
 from aiworker.schemas.mcp import MAX_TOOLS, McpServer
 
@@ -410,7 +409,8 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 class _GuardedBackend(httpcore2.AsyncNetworkBackend):
     """httpcore2's backend (``httpx2``'s) connecting only to vetted addresses: the
-    same policy as the fetch tool's :class:`~aiworker.activities.tools.http11.H11Transport`."""
+    same policy as the fetch tool's aiohttp client
+    (:mod:`~aiworker.activities.tools.http_client`)."""
 
     def __init__(self, policy: EgressPolicy, wire: _Wire) -> None:
         self.policy = policy
@@ -430,7 +430,7 @@ class _GuardedBackend(httpcore2.AsyncNetworkBackend):
         except EgressDeniedError as e:
             self.wire.egress = e
             raise
-        except httpcore.ConnectError as e:
+        except ResolveError as e:
             raise httpcore2.ConnectError(str(e)) from e
         return await connect_first(
             addrs,

@@ -19,7 +19,6 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from lxml import etree  # type: ignore[import-untyped]
 
 from aiworker.activities import bodies
@@ -80,7 +79,7 @@ async def entries(
             if body.size == 0 and piece.startswith(_GZIP_MAGIC):
                 # A .gz file (served as application/gzip or x-gzip): the same bounded
                 # decoder as for Content-Encoding, with the same cap on its output.
-                gunzip = bodies.decoder_for(httpx.Headers({"content-encoding": "gzip"}))
+                gunzip = bodies.decoder_for(["gzip"])
             body.size += len(piece)
             body.sha256.update(piece)
             try:

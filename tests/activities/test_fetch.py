@@ -1,8 +1,7 @@
-"""Unit tests of the fetch_url tool's pure parts and its httpx plumbing (MockTransport)."""
+"""Tests of the fetch_url tool's pure parts and of its requests against loopback servers."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from fixtures.scrape_site import CP1252_HTML, SJIS_HTML
 from support.loopback import Exchange, serve
@@ -33,46 +32,45 @@ def test_retry_after_seconds_and_http_date() -> None:
     assert parse_retry_after("soon") is None
 
 
-async def test_body_cap_with_mock_transport() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, headers={"content-type": "text/html"}, content=b"x" * 2048)
+async def test_body_cap() -> None:
+    def handle(exchange: Exchange) -> None:
+        exchange.send(200, b"x" * 2048, "text/html")
 
-    fetcher = FetchTool(
-        EgressPolicy(allow_private_networks=True),
-        limits=FetchLimits(max_bytes=1024),
-        transport=httpx.MockTransport(handler),
-    )
-    try:
-        with pytest.raises(PayloadTooLargeError):
-            await fetcher.fetch("http://site.example/", timeout=5, respect_robots=False)
-    finally:
-        await fetcher.aclose()
+    with serve(handle) as site:
+        fetcher = FetchTool(
+            EgressPolicy(allow_private_networks=True), limits=FetchLimits(max_bytes=1024)
+        )
+        try:
+            with pytest.raises(PayloadTooLargeError):
+                await fetcher.fetch(site.url("/"), timeout=5, respect_robots=False)
+        finally:
+            await fetcher.aclose()
 
 
 async def test_content_type_check_and_robots_use_the_sent_user_agent() -> None:
     seen: list[tuple[str, str]] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append((request.url.path, request.headers["user-agent"]))
-        if request.url.path == "/robots.txt":
-            return httpx.Response(200, text="User-agent: pickybot\nDisallow: /\n")
-        if request.url.path == "/data.json":
-            return httpx.Response(200, json={"a": 1})
-        return httpx.Response(200, html="<h1>hi</h1>")
+    def handle(exchange: Exchange) -> None:
+        seen.append((exchange.path, exchange.headers["User-Agent"]))
+        if exchange.path == "/robots.txt":
+            exchange.send(200, b"User-agent: pickybot\nDisallow: /\n", "text/plain")
+        elif exchange.path == "/data.json":
+            exchange.send_json(200, {"a": 1})
+        else:
+            exchange.send(200, b"<h1>hi</h1>", "text/html")
 
-    fetcher = FetchTool(
-        EgressPolicy(allow_private_networks=True), transport=httpx.MockTransport(handler)
-    )
-    try:
-        page = await fetcher.fetch("http://site.example/a", timeout=5, user_agent="okbot/1")
-        assert page.text == "<h1>hi</h1>" and page.status_code == 200
-        with pytest.raises(InvalidInputError):
-            await fetcher.fetch("http://site.example/data.json", timeout=5)
-        with pytest.raises(AccessDeniedError) as e:
-            await fetcher.fetch("http://site.example/b", timeout=5, user_agent="PickyBot/2.0")
-        assert e.value.context["reason"] == "robots"
-    finally:
-        await fetcher.aclose()
+    with serve(handle) as site:
+        fetcher = FetchTool(EgressPolicy(allow_private_networks=True))
+        try:
+            page = await fetcher.fetch(site.url("/a"), timeout=5, user_agent="okbot/1")
+            assert page.text == "<h1>hi</h1>" and page.status_code == 200
+            with pytest.raises(InvalidInputError):
+                await fetcher.fetch(site.url("/data.json"), timeout=5)
+            with pytest.raises(AccessDeniedError) as e:
+                await fetcher.fetch(site.url("/b"), timeout=5, user_agent="PickyBot/2.0")
+            assert e.value.context["reason"] == "robots"
+        finally:
+            await fetcher.aclose()
     assert seen[0] == ("/robots.txt", "okbot/1")
     assert [p for p, _ in seen].count("/robots.txt") == 1  # cached per origin
     assert ("/b", "PickyBot/2.0") not in seen

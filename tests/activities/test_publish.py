@@ -19,10 +19,6 @@ from aiworker.config.settings import Settings
 from aiworker.schemas.protocol import WorkerResponse
 
 
-def _rt(settings: Settings) -> WorkerRuntime:
-    return WorkerRuntime(settings, load_specs(), tools={"http_post": WebhookPoster(settings)})
-
-
 async def _publish(
     settings: Settings, key: str, sink: dict[str, Any], record: Any, tenant: str = "acme"
 ) -> WorkerResponse:
@@ -32,7 +28,12 @@ async def _publish(
         "tenant": tenant,
         "input": {"sink": sink, "record": record},
     }
-    return await _rt(settings).run(Publish(), request)
+    poster = WebhookPoster(settings)
+    try:
+        runtime = WorkerRuntime(settings, load_specs(), tools={"http_post": poster})
+        return await runtime.run(Publish(), request)
+    finally:
+        await poster.aclose()
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -177,9 +178,7 @@ def hook() -> Iterator[tuple[str, _Hook]]:
         code = state.statuses.pop(0) if state.statuses else 200
         ex.send(code, b"", None, {"Retry-After": "7"} if code == 429 else None)
 
-    # One request per connection: the tests' posters are never closed, so a kept
-    # connection would be left open when they are collected.
-    with serve(handle, keep_alive=False) as server:
+    with serve(handle) as server:
         yield server.url("/hook"), state
 
 

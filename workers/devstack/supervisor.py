@@ -170,9 +170,12 @@ async def run_worker_process(
                 settle.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await settle
-            render = runtime.tools.get("render")
-            if render is not None:  # Chromium and its driver, if a step rendered a page
-                await render.aclose()
+            # Chromium and its driver (if a step rendered a page), then the HTTP clients'
+            # connection pools, so that none is left for the interpreter to find unclosed
+            for name in ("render", "fetch_url", "http_post"):
+                tool = runtime.tools.get(name)
+                if tool is not None:
+                    await tool.aclose()
     finally:
         if server:
             server.stop()
