@@ -82,6 +82,20 @@ with workflow.unsafe.imports_passed_through():
 from aiworker.workflows.budget import Admission
 
 _CODES = frozenset(c.value for c in ErrorCode)
+
+PAYLOAD_DECODE_ERRORS: tuple[type[Exception], ...] = (
+    ApplicationError,
+    KeyError,
+    RuntimeError,
+    ValueError,
+)
+"""What the process's payload converter raises for a payload it cannot decode: an
+unknown encoding (``KeyError``), JSON the parser refuses (``invalid_input``, an
+``ApplicationError``), a value its type refuses (pydantic's ``ValidationError``, a
+``ValueError``) and the SDK's own wrapping of a converter's refusal
+(``RuntimeError``). A payload someone else wrote (an external worker's reply, a
+caller's header) is caught as these and only these; anything else raised while
+decoding is a bug here and fails the workflow task."""
 # The ``workflow.patched`` id of a call whose last attempt the server timed out: the
 # attempts that never reported their usage are booked at their maximum (before it,
 # such a call booked nothing).
@@ -495,7 +509,7 @@ def check_external_response(worker: WorkerSpec, raw: RawValue) -> WorkerResponse
     outcome saying what is wrong with it (paths and messages)."""
     try:
         doc = workflow.payload_converter().from_payload(raw.payload)
-    except Exception as e:  # any payload this process cannot decode is the worker's fault
+    except PAYLOAD_DECODE_ERRORS as e:  # a reply this process cannot decode: the worker's fault
         return _malformed(worker, 1, f"the reply cannot be decoded: {e}", [])
     attempt = _attempt_in(doc, "observability") or 1
     try:
@@ -527,7 +541,7 @@ def check_external_response(worker: WorkerSpec, raw: RawValue) -> WorkerResponse
             {k: r[k] for k in ("path", "message", "validator")}
             for r in messages.reasons(safe_schema.errors(validator, response.outputs))
         ]
-    except Exception as e:  # an unresolvable `$ref` in the spec's schema, say
+    except safe_schema.SchemaError as e:  # the spec's schema refused or not applicable here
         reasons = [{"path": "$", "message": f"the output schema cannot be applied: {e}"}]
     if reasons:
         out = _malformed(

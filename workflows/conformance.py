@@ -30,6 +30,8 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.protocol import RequestConstraints
     from aiworker.schemas.spec import WorkerSpec, describe_validation
 
+from aiworker.workflows.calls import PAYLOAD_DECODE_ERRORS
+
 
 class ConformanceCall(BaseModel):
     """One activity call: its id in the history, the raw request, the tightened timeout."""
@@ -106,7 +108,7 @@ class ConformanceWorkflow:
             return {"id": call.id, "ok": False, "failure": _failure(e)}
         try:
             response = workflow.payload_converter().from_payload(reply.payload, dict)
-        except Exception as e:  # whatever the converter raises: the reply is the worker's fault
+        except PAYLOAD_DECODE_ERRORS as e:  # a reply the converter refuses: the worker's fault
             return {"id": call.id, "ok": False, "failure": _undecodable(reply, e)}
         return {"id": call.id, "ok": True, "response": response}
 

@@ -54,7 +54,13 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    ChildWorkflowError,
+    FailureError,
+    WorkflowAlreadyStartedError,
+)
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import flow_state as bounds
@@ -87,14 +93,10 @@ class PipelineFlowWorkflow:
         known = self._book.answer_of(update_id)
         if known is not None:
             return known
-        try:
-            decision = self._book.submit(request, workflow.now().timestamp())
-        except Exception as e:  # a bug: fail this start, never the workflow task for ever
-            raise ApplicationError(
-                f"internal error in PipelineFlowWorkflow: {type(e).__name__}: {e}",
-                type=ErrorCode.INTERNAL.value,
-                non_retryable=True,
-            ) from e
+        # The validator refused every start the book cannot take (_admit); an exception
+        # here is a bug, and it fails the workflow task: the update waits, and a fixed
+        # build answers it from the history.
+        decision = self._book.submit(request, workflow.now().timestamp())
         answer = decision.answer
         workflow.logger.info(
             "flow start %s: %s (%s)", self._book.key, answer.status, answer.workflow_id
@@ -226,9 +228,7 @@ class PipelineFlowWorkflow:
         """A singleton run closed (any way): let the next start."""
         try:
             await handle
-        except asyncio.CancelledError:
-            raise
-        except Exception:
+        except ChildWorkflowError:
             pass  # failed, cancelled, terminated, timed out: closed all the same
         self._children.pop(handle.id, None)
         self._book.closed(handle.id)
@@ -245,7 +245,7 @@ class PipelineFlowWorkflow:
             return  # it closed meanwhile
         try:
             await workflow.get_external_workflow_handle(workflow_id).cancel()
-        except Exception as e:  # it closed before the request reached it
+        except FailureError as e:  # it closed before the request reached it
             workflow.logger.info("cancel of %s not delivered: %s", workflow_id, e)
 
     def _show(self) -> None:

@@ -45,10 +45,10 @@ _CODES = frozenset(c.value for c in ErrorCode)
 _T = TypeVar("_T")
 
 
-def _failed(err: BaseException) -> bool:
-    """A local activity's failure arrives as it was raised (an application failure
-    or a timeout), not always wrapped in an ActivityError."""
-    return isinstance(err, ActivityError | ApplicationError | TemporalTimeout)
+# A local activity's failure arrives as it was raised (an application failure or a
+# timeout), not always wrapped in an ActivityError. Nothing else is caught: any
+# other exception is a bug here and fails the workflow task.
+_FAILED = (ActivityError, ApplicationError, TemporalTimeout)
 
 
 class ItemsUnavailable(Exception):
@@ -87,9 +87,7 @@ async def _run(name: str, arg: Any, result_type: type[_T], what: str, summary: s
             ),
             summary=summary,
         )
-    except Exception as e:
-        if not _failed(e):
-            raise
+    except _FAILED as e:
         raise _unavailable(what, e) from None
     return result
 

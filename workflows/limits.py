@@ -53,7 +53,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from aiworker.schemas import names
@@ -286,7 +286,7 @@ class LimiterWorkflow:
                 await workflow.get_external_workflow_handle(request.requester).signal(
                     names.LEASE_CHECK_SIGNAL, check
                 )
-            except Exception as e:
+            except FailureError as e:  # the server could not deliver it: the holder is gone
                 workflow.logger.warning(
                     "limiter %s: lease %s taken back, holder %s is gone: %s",
                     self._s.key,
@@ -351,7 +351,7 @@ class LimiterWorkflow:
                 # the requester is gone: free its slot again
                 self._holders.pop(request.ticket, None)
                 self._leases.pop(request.ticket, None)
-            except Exception as e:
+            except FailureError as e:  # any other refusal by the server: free it too
                 workflow.logger.warning(
                     "limiter %s: cannot signal %s: %s", self._s.key, request.requester, e
                 )
@@ -365,7 +365,7 @@ class LimiterWorkflow:
             await workflow.get_external_workflow_handle(request.requester).signal(
                 names.PERMIT_SIGNAL, permit
             )
-        except Exception as e:
+        except FailureError as e:  # the server could not deliver it: the requester is gone
             workflow.logger.warning(
                 "limiter %s: cannot signal %s: %s", self._s.key, request.requester, e
             )
@@ -599,6 +599,10 @@ class PermitBook:
                 answer.cancel()
             raise
         except Exception as e:
+            # Not a catch-all: every ask awaits its answer, so each raises what this
+            # raised where it waits; an activity that failed on every attempt fails
+            # the asks, a bug here fails the workflow task there (a task nobody
+            # awaits would swallow it and leave the asks waiting for ever).
             for _, answer, _ in asks:
                 if not answer.done():
                     answer.set_exception(e)
@@ -685,7 +689,7 @@ class PermitBook:
         handle = workflow.get_external_workflow_handle(limiter_id)
         try:
             await handle.signal(names.LIMITER_RELEASE_SIGNAL, ticket)
-        except Exception as e:
+        except FailureError as e:  # the limiter is gone: nothing left to release
             workflow.logger.warning("cannot release %s at %s: %s", ticket, limiter_id, e)
 
 

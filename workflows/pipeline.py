@@ -45,7 +45,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic.main import IncEx
@@ -69,12 +69,19 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.budget import Ledger
-from aiworker.workflows.calls import error_code_of, invalid_input
+from aiworker.workflows.calls import (
+    PAYLOAD_DECODE_ERRORS,
+    error_code_of,
+    failure_text,
+    invalid_input,
+)
 from aiworker.workflows.dag import run_dag
 from aiworker.workflows.limits import PermitSignals
 from aiworker.workflows.pipeline_limits import PipelineLimits
 from aiworker.workflows.runs import in_run
 from aiworker.workflows.state import Board, PipelineRun, now, search_attributes_on
+
+_STABLE_CODES = frozenset(c.value for c in ErrorCode)
 
 # What ``progress`` leaves out unless asked: outputs, and the rejected outputs a cause keeps.
 _NO_OUTPUTS: dict[str, IncEx | bool] = {"outputs": True, "cause": {"__all__": {"outputs"}}}
@@ -321,13 +328,22 @@ class PipelineWorkflow(PermitSignals):
         except ApplicationError as e:
             self._finish("failed", spec, e.type)
             raise
-        except Exception as e:  # a bug: fail the workflow, never the workflow task forever
-            self._finish("failed", spec, ErrorCode.INTERNAL.value)
+        except FailureError as e:
+            # An engine activity that failed on every attempt (the run config, a
+            # limiter ask, the callback tokens): an outcome Temporal reports, not a
+            # bug in this code. The run fails with the activity's stable code
+            # (``internal`` when the activity itself crashed).
+            code = error_code_of(e)
+            code = code if code in _STABLE_CODES else ErrorCode.INTERNAL.value
+            cause = e.cause if isinstance(e, ActivityError) and e.cause is not None else e
+            self._finish("failed", spec, code)
             raise ApplicationError(
-                f"internal error in PipelineWorkflow: {type(e).__name__}: {e}",
-                type=ErrorCode.INTERNAL.value,
-                non_retryable=True,
+                f"pipeline: {failure_text(cause)}", type=code, non_retryable=True
             ) from e
+        # No catch-all: an unexpected exception here is a bug in this code, and it
+        # fails the workflow task (AiworkerPlugin's workflow_failure_exception_types):
+        # the run waits, the alert on workflow-task failures fires, and a fixed build
+        # resumes it from its history with every step done so far kept.
         self._finish(result.status, spec, result.error.code if result.error else None)
         return result
 
@@ -408,7 +424,7 @@ def _trace_of(info: workflow.Info) -> TraceContext | None:
         return None
     try:
         carrier = workflow.payload_converter().from_payloads([payload])[0]
-    except Exception:
+    except PAYLOAD_DECODE_ERRORS:  # a caller's header: not ours to trust
         return None
     if not isinstance(carrier, dict):
         return None

@@ -28,6 +28,9 @@ SDK_METER_METRICS = {
     PIPELINES_METRIC + "_total",
     *(f"{names.LIMITER_WAIT_METRIC}_seconds{s}" for s in ("_bucket", "_sum", "_count")),
 }
+# The SDK's own metrics the rules and dashboard query, as a worker serves them on
+# its /metrics (tests/workers/test_metrics.py reads each from a real worker).
+SDK_METRICS = {"temporal_workflow_task_execution_failed_total"}
 
 # Debian's promtool (`apt-get install -y --no-install-recommends prometheus`).
 promtool = shutil.which("promtool")
@@ -74,7 +77,7 @@ def _exported_metric_names() -> set[str]:
 
 
 def _queried_metrics(expr: str) -> set[str]:
-    return set(re.findall(r"\b(aiworker_[a-z_]+)\b", expr))
+    return set(re.findall(r"\b((?:aiworker|temporal)_[a-z_]+)\b", expr))
 
 
 def _rule_exprs() -> list[str]:
@@ -91,7 +94,7 @@ def _dashboard() -> dict[str, Any]:
 
 
 def test_rules_and_dashboard_query_only_exported_metrics() -> None:
-    known = _exported_metric_names() | ORCHESTRATION_METRICS | SDK_METER_METRICS
+    known = _exported_metric_names() | ORCHESTRATION_METRICS | SDK_METER_METRICS | SDK_METRICS
     exprs = _rule_exprs() + [
         t["expr"] for p in _dashboard()["panels"] for t in p.get("targets", [])
     ]
@@ -114,6 +117,7 @@ def test_alert_rules_cover_the_issue() -> None:
         "AiworkerRetryStorm",
         "AiworkerReviewOverdue",
         "AiworkerBreakerOpen",
+        "AiworkerWorkflowTaskFailing",
     } <= alerts
 
 
@@ -132,6 +136,7 @@ def test_dashboard_shows_what_operators_ask() -> None:
         "aiworker_cost_usd_total",
         "aiworker_pipelines_total",
         "error_code, tenant",
+        "temporal_workflow_task_execution_failed_total",
     ):
         assert needle in exprs, needle
     for p in dash["panels"]:

@@ -339,3 +339,39 @@ async def test_workflow_metric_meter_reaches_metrics(tclient: Client, telemetry:
     assert value("aiworker_test_probe_seconds_bucket", le="0.01") == 0
     # The SDK's own counters come through the same collector.
     assert value("temporal_workflow_completed_total", workflow_type="MeterProbeWorkflow") == 3
+
+
+@workflow.defn(name="BuggyProbeWorkflow", sandboxed=False)
+class BuggyProbeWorkflow:
+    """A bug in workflow code: every workflow task fails (the run stays running)."""
+
+    @workflow.run
+    async def run(self) -> None:
+        raise RuntimeError("a bug in workflow code")
+
+
+async def test_failed_workflow_tasks_reach_metrics(tclient: Client, telemetry: Telemetry) -> None:
+    # The alert AiworkerWorkflowTaskFailing (deploy/monitoring) queries this series.
+    registry = CollectorRegistry()
+    telemetry.register(registry)
+    queue = f"buggy-probe-{uuid.uuid4().hex[:8]}"
+
+    def failed(**labels: str) -> float:
+        return sum(
+            s.value
+            for family in registry.collect()
+            for s in family.samples
+            if s.name == "temporal_workflow_task_execution_failed_total"
+            and s.labels.get("task_queue") == queue
+            and labels.items() <= s.labels.items()
+        )
+
+    async with Worker(tclient, task_queue=queue, workflows=[BuggyProbeWorkflow]):
+        handle = await tclient.start_workflow(
+            BuggyProbeWorkflow.run, id=workflow_id("buggy"), task_queue=queue
+        )
+        try:
+            await wait_until(lambda: failed() >= 1, "a failed workflow task counted", timeout=20)
+        finally:
+            await handle.terminate("test over")
+    assert failed(workflow_type="BuggyProbeWorkflow", failure_reason="WorkflowError") >= 1

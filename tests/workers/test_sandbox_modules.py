@@ -36,7 +36,9 @@ _SHARED_DESPITE_WORKFLOW = {"aiworker.workflows.limits"}
 
 def _immutable(value: object) -> bool:
     if isinstance(value, tuple):
-        return all(_immutable(v) for v in value)
+        # a tuple of classes (the exception types an ``except`` catches) is shared as
+        # the module's own classes are (left out of _module_data)
+        return all(isinstance(v, type) or _immutable(v) for v in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         # a frozen dataclass of immutable fields (a constant like NO_DEADLINE)
         frozen = type(value).__dataclass_params__.frozen  # type: ignore[attr-defined]

@@ -12,10 +12,18 @@ The plugin brings, for one aiworker base queue (``queue``, the pipelines queue
 unless told): that queue's workflows and activities (the workers ``workers``
 names, the built-ins when omitted), aiworker's data converter (on a ``Client``),
 the sandbox pass-throughs of its shared workflow modules and the call-telemetry
-activity interceptor. Every parameter appends to, or wraps, what the user set:
-their own workflows, activities and interceptors stay, and their sandbox
-restrictions gain aiworker's pass-throughs. The user's Worker must poll
-:attr:`AiworkerPlugin.task_queue` (aiworker's workflows start there).
+activity interceptor, and the exception types that fail aiworker's workflows
+(:data:`WORKFLOW_FAILURE_TYPES`: its domain errors only). Every parameter
+appends to, or wraps, what the user set: their own workflows, activities and
+interceptors stay, and their sandbox restrictions gain aiworker's
+pass-throughs. The user's Worker must poll :attr:`AiworkerPlugin.task_queue`
+(aiworker's workflows start there).
+
+An exception of any other type raised in aiworker's workflow code is a bug: it
+fails the *workflow task*, not the run, so the run waits with everything it
+has done in its history until a fixed build picks it up (docs/operations.md).
+A user's Worker that lists a broad type (``Exception``) in its own
+``workflow_failure_exception_types`` turns those bugs back into failed runs.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from temporalio.converter import DataConverter
+from temporalio.exceptions import ApplicationError
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
@@ -34,6 +43,15 @@ from aiworker.schemas import names
 from aiworker.workers.process.plugins import WorkerSet, builtin_set
 
 PLUGIN_NAME = "aiworker.AiworkerPlugin"
+
+WORKFLOW_FAILURE_TYPES: tuple[type[BaseException], ...] = (ApplicationError,)
+"""What fails an aiworker workflow execution rather than its workflow task: its
+domain outcomes and bad input, each an ``ApplicationError`` whose ``type`` is a
+stable error code (``aiworker.schemas.errors``). The SDK fails the execution on
+any ``FailureError`` already; the list names the domain errors (as pydantic-ai's
+``PydanticAIPlugin`` names its own) and, as much, says that nothing else does:
+a ``TypeError`` or ``KeyError`` in workflow code is a bug, whose workflow task
+fails and is retried until a build with the fix takes the run over."""
 
 
 # The workflows' helper modules are shared with the sandbox instead of being
@@ -120,8 +138,9 @@ def _with_aiworker_converter(settings: Settings) -> Callable[[DataConverter | No
 
 
 class AiworkerPlugin(SimplePlugin):
-    """aiworker's workflows, activities, converter, sandbox pass-throughs and
-    interceptors for one base queue, on a user's ``Client`` and ``Worker``."""
+    """aiworker's workflows, activities, converter, sandbox pass-throughs,
+    interceptors and workflow failure types for one base queue, on a user's
+    ``Client`` and ``Worker``."""
 
     def __init__(
         self,
@@ -164,6 +183,7 @@ class AiworkerPlugin(SimplePlugin):
             activities=list(acts),
             workflows=list(WORKFLOWS_BY_QUEUE.get(queue, [])),
             workflow_runner=with_shared_modules,
+            workflow_failure_exception_types=list(WORKFLOW_FAILURE_TYPES),
         )
 
     @property
