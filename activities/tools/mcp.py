@@ -26,9 +26,10 @@ before the activity returns:
 
 Bounds, each a stable code: connecting, ``initialize`` and the request
 together within the server's ``timeout_seconds`` (``timeout``, retryable; a
-stdio server is killed, and the timeout holds while it floods stdout); one message larger than ``max_response_bytes``
-(a tool list or result of gigabytes: ``payload_too_large``, the read stops
-there and a stdio server is killed); a server that exits or drops the
+stdio server is killed, and the timeout holds while it floods stdout); one
+message larger than ``max_response_bytes`` (a tool list or result of
+gigabytes: ``payload_too_large``, the read stops there and a stdio server is
+killed); a server that exits or drops the
 connection (``upstream_error``, retryable, with the tail of its stderr);
 a listing of more than :data:`~aiworker.schemas.mcp.MAX_TOOLS` tools or a
 tool input schema that is not a valid, safe JSON Schema (``invalid_output``:

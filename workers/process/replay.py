@@ -14,7 +14,10 @@ History files are what ``temporal workflow show --output json`` and
 The workflow id a replay runs under (permit tickets carry it) is read from the
 first event (``workflowExecutionStartedEventAttributes.workflowId``, which the
 server fills in), else the file's name stands in. A directory argument means
-every ``*.json`` in it.
+every ``*.json`` in it. A file is bounded before it is parsed
+(:data:`MAX_HISTORY_FILE_BYTES`, and :data:`MAX_HISTORY_JSON_DEPTH` levels
+counted without recursion, since the JSON decoder recurses per level): a
+malformed file is bad usage (exit 2) naming it, never an unexpected error.
 
 Why the event is found here and not read from the error: the SDK's
 nondeterminism message names the mismatch ("Activity type of scheduled event
