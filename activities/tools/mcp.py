@@ -351,7 +351,10 @@ async def _stdio(server: McpServer, wire: _Wire) -> AsyncIterator[tuple[Any, Any
                     try:
                         line = await proc.stdout.readuntil(b"\n")
                     except asyncio.IncompleteReadError:
-                        wire.exit_code = await proc.wait()
+                        # stdout ended: the exit code, if it comes (not proc.wait(): a
+                        # descendant holding stderr would hold it, see _stop)
+                        if await _exited(proc, _REAP_SECONDS):
+                            wire.exit_code = proc.returncode
                         return
                     except (asyncio.LimitOverrunError, ValueError):
                         wire.too_large = True
