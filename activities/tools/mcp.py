@@ -11,10 +11,14 @@ before the activity returns:
   cancelled call, a crash of the server between calls would each need their
   own bookkeeping), share state between tenants' calls, and a hung one would
   hold every later call. Per call, the process belongs to one activity: it is
-  started in a session of its own and always stopped by its PID (stdin
-  closed, then ``SIGKILL`` to its process group) in a ``finally``, cancelled
-  or not. The price is the start of the server process on every call (see
-  docs/benchmarks.md).
+  started in a session of its own with a per-call mark in its environment
+  (:data:`CALL_MARK`), and always stopped in a ``finally``, cancelled or not:
+  stdin closed, then ``SIGKILL`` to its process group and to every process
+  that carries the mark, so that a descendant that left the group
+  (``setsid``, a daemon's double fork) ends with the call too
+  (:func:`kill_marked`). No wait on the way is unbounded, whatever the server
+  writes or whoever holds its pipes. The price is the start of the server
+  process on every call (see docs/benchmarks.md).
 - **streamable HTTP** servers are reached with an ``httpx2`` client (what
   ``mcp`` 2 speaks) whose connections go through the egress guard
   (:class:`~aiworker.activities.tools.egress.EgressPolicy`, checked on the URL
@@ -22,9 +26,10 @@ before the activity returns:
 
 Bounds, each a stable code: connecting, ``initialize`` and the request
 together within the server's ``timeout_seconds`` (``timeout``, retryable; a
-stdio server is killed); one message larger than ``max_response_bytes``
-(a tool list or result of gigabytes: ``payload_too_large``, the read stops
-there and a stdio server is killed); a server that exits or drops the
+stdio server is killed, and the timeout holds while it floods stdout); one
+message larger than ``max_response_bytes`` (a tool list or result of
+gigabytes: ``payload_too_large``, the read stops there and a stdio server is
+killed); a server that exits or drops the
 connection (``upstream_error``, retryable, with the tail of its stderr);
 a listing of more than :data:`~aiworker.schemas.mcp.MAX_TOOLS` tools or a
 tool input schema that is not a valid, safe JSON Schema (``invalid_output``:
@@ -43,11 +48,13 @@ import asyncio
 import contextlib
 import os
 import signal
+import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
+import anyio.to_thread
 import httpcore2
 import httpx2
 import mcp_types
@@ -74,6 +81,14 @@ _E = TypeVar("_E", bound=BaseException)
 
 # How long a stdio server has to exit after its stdin closes, before SIGKILL.
 _EXIT_GRACE_SECONDS = 0.5
+# How long a killed server has to be reaped before its pipes are closed regardless.
+_REAP_SECONDS = 2.0
+_EXIT_POLL_SECONDS = 0.01
+# Passes over /proc for processes that carry a call's mark (see kill_marked).
+_KILL_PASSES = 20
+CALL_MARK = "AIWORKER_MCP_CALL"
+"""The environment variable each stdio server process is started with, a
+random value per call: what finds the processes it started (:func:`kill_marked`)."""
 # The tail of a stdio server's stderr kept for error messages.
 _STDERR_TAIL = 2000
 
@@ -308,10 +323,13 @@ def _text(blocks: Iterable[Any]) -> str:
 
 @contextlib.asynccontextmanager
 async def _stdio(server: McpServer, wire: _Wire) -> AsyncIterator[tuple[Any, Any]]:
-    """Start the server, bridge its pipes to the session's streams, stop it by PID."""
+    """Start the server, bridge its pipes to the session's streams, stop it and
+    everything it started (:func:`_stop`)."""
     assert server.command is not None
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
     env.update(server.env)
+    env[CALL_MARK] = uuid.uuid4().hex
+    mark = f"{CALL_MARK}={env[CALL_MARK]}"
     proc = await asyncio.create_subprocess_exec(
         *server.command,
         stdin=asyncio.subprocess.PIPE,
@@ -332,7 +350,10 @@ async def _stdio(server: McpServer, wire: _Wire) -> AsyncIterator[tuple[Any, Any
                     try:
                         line = await proc.stdout.readuntil(b"\n")
                     except asyncio.IncompleteReadError:
-                        wire.exit_code = await proc.wait()
+                        # stdout ended: the exit code, if it comes (not proc.wait(): a
+                        # descendant holding stderr would hold it, see _stop)
+                        if await _exited(proc, _REAP_SECONDS):
+                            wire.exit_code = proc.returncode
                         return
                     except (asyncio.LimitOverrunError, ValueError):
                         wire.too_large = True
@@ -377,7 +398,7 @@ async def _stdio(server: McpServer, wire: _Wire) -> AsyncIterator[tuple[Any, Any
                 await write_send.aclose()
                 await read_recv.aclose()
     finally:
-        await _stop(proc)
+        await _stop(proc, mark)
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -387,21 +408,95 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    """Close stdin, give the server a moment to exit, then kill it; always reaped."""
-    if proc.stdin is not None:
-        proc.stdin.close()
-    if proc.returncode is None:
-        try:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_EXIT_GRACE_SECONDS):
-                await proc.wait()
-        finally:
-            _kill(proc)
+async def _stop(proc: asyncio.subprocess.Process, mark: str) -> None:
+    """Close stdin, give the server a moment to exit, then kill its process group
+    and every process that carries the call's mark; never waits unbounded.
+
+    Shielded: a cancelled call stops its server all the same. The server's
+    exit is read from ``returncode``, not ``proc.wait()``: that also waits for
+    the pipes to close, which a descendant holding them keeps open, and which a
+    flooded stdout whose reading asyncio paused never reports (the call hung
+    there, past its timeout, until the activity's deadline). The pipes are
+    closed here instead, whatever still holds their other end.
+    """
     with anyio.CancelScope(shield=True):
-        await proc.wait()
-    # a child that left the group's leader behind goes too (the group outlives its leader)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        if proc.stdin is not None:
+            proc.stdin.close()
+        await _exited(proc, _EXIT_GRACE_SECONDS)
+        _kill(proc)
+        # a child that left the group's leader behind goes too (the group outlives
+        # its leader), and so does one that left the group with setsid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await anyio.to_thread.run_sync(kill_marked, mark)
+        await _exited(proc, _REAP_SECONDS)
+        transport = getattr(proc, "_transport", None)  # asyncio has no public close
+        if transport is not None:
+            transport.close()
+
+
+async def _exited(proc: asyncio.subprocess.Process, seconds: float) -> bool:
+    """Whether the process has exited within ``seconds``: polled, because the one
+    event asyncio gives (``wait()``) also waits for the pipes (see :func:`_stop`)."""
+    for _ in range(max(1, round(seconds / _EXIT_POLL_SECONDS))):
+        if proc.returncode is not None:
+            return True
+        await anyio.sleep(_EXIT_POLL_SECONDS)
+    return proc.returncode is not None
+
+
+def kill_marked(mark: str) -> int:
+    """SIGKILL every process whose environment holds ``mark`` (``NAME=value``);
+    how many were signalled.
+
+    A stdio server runs in a process group of its own, but anything it starts
+    may leave that group (``setsid``, a double fork: what a daemon does) and
+    would outlive the call. Every process inherits the environment it was
+    started with, so the per-call :data:`CALL_MARK` variable names all of them
+    wherever they went, read from ``/proc/<pid>/environ``: as the same user
+    (no root needed; a process of another user is not the server's and cannot
+    be read), and without touching the worker process's own children or
+    signals (``PR_SET_CHILD_SUBREAPER`` would make the whole worker process the
+    reaper of every orphan, its other calls' included). Only a process that
+    rewrites or drops its environment on purpose escapes the mark.
+
+    Scanned again after each kill, until a pass finds none (bounded: a process
+    forked between the scan and the kill is found by the next pass). Each
+    process is signalled through a pidfd where the platform has one, so a PID
+    reused between the read and the signal is never hit.
+    """
+    entry = mark.encode()
+    total = 0
+    for _ in range(_KILL_PASSES):
+        found = 0
+        for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            found += _kill_if_marked(int(name), entry)
+        total += found
+        if not found:
+            break
+    return total
+
+
+def _kill_if_marked(pid: int, entry: bytes) -> int:
+    pidfd: int | None = None
+    try:
+        if hasattr(os, "pidfd_open"):
+            pidfd = os.pidfd_open(pid)  # held from before the read: the PID cannot move
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if entry not in f.read().split(b"\0"):
+                return 0
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        return 1
+    except OSError:  # gone, or another user's (not ours to read)
+        return 0
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 # --- streamable HTTP -----------------------------------------------------------------

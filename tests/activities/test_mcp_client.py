@@ -3,7 +3,9 @@
 What the agent tests (``tests/workflows/test_agent_mcp.py``) see through a
 pipeline, here at the tool's edge: the streamable-HTTP transport's bounds
 (a huge answer, a hang, the egress guard), a stdio server stopped when its call
-is cancelled, a command that does not exist, and the servers file's checks.
+is cancelled, one flooding stdout stopped at its timeout, a grandchild that left
+the server's process group ended with the call, a command that does not exist,
+and the servers file's checks.
 """
 
 from __future__ import annotations
@@ -91,6 +93,108 @@ async def test_a_cancelled_call_stops_its_stdio_server() -> None:
     with pytest.raises(asyncio.CancelledError):
         await call
     assert _alive(tag) == []
+
+
+# A stdio server that answers `initialize` (after a file exists, when one is named)
+# and then does what its MODE says, written out by the tests below.
+_HOSTILE = r"""
+import json, os, sys, time
+
+mode, pidfile = sys.argv[1], sys.argv[2]
+
+
+def send(msg):
+    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+if mode == "double-fork":
+    # a daemon's double fork: the grandchild leads a session of its own (out of the
+    # server's process group), keeps the inherited stdout open and never exits
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(pidfile + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(pidfile + ".tmp", pidfile)
+            while True:
+                time.sleep(1)
+        os._exit(0)
+    for _ in range(1000):
+        if os.path.exists(pidfile):
+            break
+        time.sleep(0.01)
+if mode == "flood-early":
+    sys.stdin.readline()
+    while True:  # not one message: garbage lines before any answer
+        sys.stdout.write("x" * 200 + "\n")
+for line in sys.stdin:
+    msg = json.loads(line)
+    if "id" not in msg:
+        continue
+    if msg["method"] == "initialize":
+        send({"jsonrpc": "2.0", "id": msg["id"], "result": {
+            "protocolVersion": msg["params"]["protocolVersion"],
+            "capabilities": {"tools": {}}, "serverInfo": {"name": mode, "version": "0"}}})
+    elif msg["method"] == "tools/list":
+        send({"jsonrpc": "2.0", "id": msg["id"], "result": {"tools": [
+            {"name": "anything", "inputSchema": {"type": "object"}}]}})
+    elif msg["method"] == "tools/call" and mode == "flood":
+        note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
+                           "params": {"level": "info", "data": "y" * 200}}) + "\n"
+        while True:  # valid messages, as fast as the pipe takes them, and no answer
+            sys.stdout.write(note)
+    else:
+        send({"jsonrpc": "2.0", "id": msg["id"], "result": {
+            "content": [{"type": "text", "text": "done"}], "isError": False}})
+"""
+
+
+def _hostile(tmp_path: Path, mode: str, timeout: float = 30) -> tuple[McpClient, Path]:
+    """A client of one hostile stdio server in ``mode``; the file its grandchild's PID goes to."""
+    script = tmp_path / "hostile.py"
+    script.write_text(_HOSTILE, "utf-8")
+    pidfile = tmp_path / "grandchild.pid"
+    command = [sys.executable, str(script), mode, str(pidfile)]
+    return _client(s=McpServer(command=command, timeout_seconds=timeout)), pidfile
+
+
+def _ended(pid: int) -> bool:
+    """The process is gone, or a zombie waiting for its reaper (it runs no more)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+@pytest.mark.parametrize("mode", ["flood", "flood-early"])
+async def test_a_stdio_server_flooding_stdout_ends_at_its_timeout(
+    tmp_path: Path, mode: str
+) -> None:
+    """Whatever the server writes, the call ends with ``timeout`` and the server with
+    it. The bound below is generous (the server's timeout is 2 s); before, the
+    call waited for pipes that a flooded, paused reader never saw close, until
+    the activity's own deadline."""
+    c, _ = _hostile(tmp_path, mode, timeout=2)
+    call = c.call_tool("s", "t", "anything", {})
+    code, message = await asyncio.wait_for(_code(call), 60)
+    assert code == "timeout", message
+    assert "did not answer within 2 s (stdio; its process was killed)" in message
+    await wait_until(lambda: not _alive(str(tmp_path / "hostile.py")), "the flooder to end")
+
+
+async def test_a_grandchild_that_left_with_setsid_ends_with_the_call(tmp_path: Path) -> None:
+    """A server whose grandchild left its process group (``setsid``) and holds its
+    stdout: the call answers, and the grandchild ends with it (found by the
+    call's mark in its environment). Before, the call never returned: it waited
+    for the pipe the grandchild held, and the grandchild ran on."""
+    c, pidfile = _hostile(tmp_path, "double-fork")
+    out = await asyncio.wait_for(c.call_tool("s", "t", "anything", {}), 60)
+    assert out["text"] == "done"
+    grandchild = int(pidfile.read_text())
+    await wait_until(lambda: _ended(grandchild), f"the grandchild {grandchild} to end")
+    assert not _alive(str(tmp_path / "hostile.py"))
 
 
 async def test_servers_the_tenant_may_not_use_or_cannot_start() -> None:

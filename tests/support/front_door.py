@@ -115,10 +115,10 @@ class Door:
 
 
 @asynccontextmanager
-async def running_door(env: dict[str, str], log: Path) -> AsyncIterator[Door]:
-    """``aiworker serve --host 127.0.0.1 --port 0`` until the block ends."""
+async def running_door(env: dict[str, str], log: Path, *flags: str) -> AsyncIterator[Door]:
+    """``aiworker serve --host 127.0.0.1 --port 0 [FLAGS]`` until the block ends."""
     cmd = [sys.executable, "-m", "aiworker.workers.cli.main", "serve", "--host", "127.0.0.1"]
-    proc = WorkerProcess([*cmd, "--port", "0"], env, log)
+    proc = WorkerProcess([*cmd, "--port", "0", *flags], env, log)
     try:
 
         def port() -> str | None:

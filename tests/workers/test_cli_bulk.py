@@ -14,6 +14,7 @@ from typing import Any
 
 from conftest import running_stack
 from support.procs import run_cli_module, worker_env
+from support.registry import entry, publish_raw
 from support.standins import fail, standin
 from support.waiting import wait_until
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -77,14 +78,15 @@ async def statuses(client: Client, ids: list[str]) -> list[WorkflowExecutionStat
 def test_the_scope_is_pipelines_of_one_tenant_and_balanced() -> None:
     q = scoped_query("AiworkerStatus = 'failed'", "acme", "redrive")
     assert q == (
-        f"WorkflowType = '{names.PIPELINE_WORKFLOW}' AND AiworkerTenant = 'acme' AND "
-        "NOT (ExecutionStatus = 'Running') AND (AiworkerStatus = 'failed')"
+        f"(AiworkerStatus = 'failed') AND WorkflowType IN ('{names.PIPELINE_WORKFLOW}') AND "
+        "AiworkerTenant = 'acme' AND NOT (ExecutionStatus = 'Running')"
     )
     assert "AiworkerTenant" not in scoped_query("x = 1", None, "cancel")
-    assert "ExecutionStatus = 'Running' AND" in scoped_query("x = 1", None, "terminate")
+    assert "WorkflowType IN" in scoped_query("x = 1", None, "cancel")
+    assert scoped_query("x = 1", None, "terminate").endswith("AND ExecutionStatus = 'Running'")
     # quoted parentheses are text; an unbalanced one would step out of the scope
     scoped_query("AiworkerPipeline = 'a) OR (b'", "acme", "cancel")
-    for bad in ("a) OR (b", "(a", "x = 'open", "  "):
+    for bad in ("a) OR (b", "(a", "x = 'open", "  ", "x = 1 /* c */", "x = 1 -- c"):
         try:
             scoped_query(bad, "acme", "cancel")
         except ValueError:
@@ -110,7 +112,8 @@ async def test_cancel_by_query_keeps_to_the_tenant(client: Client, settings: Set
         assert refused.returncode == EXIT_USAGE, refused.stderr
         assert "refused the query" in refused.stderr
         unbalanced = await cli(["cancel", "--query", f"{q}) OR (1 = 1"], client, settings)
-        assert unbalanced.returncode == EXIT_USAGE and "unbalanced" in unbalanced.stderr
+        assert unbalanced.returncode == EXIT_USAGE
+        assert "closes more than the query opened" in unbalanced.stderr
         both = await cli(["cancel", acme[0], "--query", q], client, settings)
         assert both.returncode == EXIT_USAGE and "not both" in both.stderr
         # the dry run and the refusals touched nothing
@@ -191,3 +194,64 @@ async def test_redrive_by_query_one_run_at_a_time(client: Client, settings: Sett
         for new in pairs.values():
             result = await client.get_workflow_handle(new).result()
             assert result["status"] == "failed"
+
+
+# The attack review's query: comments hide a ')' and a '(' from a parenthesis count,
+# and the server drops them, so the OR stood outside the tenant and pipeline scope.
+_ESCAPE = "/*(*/ WorkflowId = 'none') OR ({inner} /*)*/"
+
+
+async def test_a_query_cannot_leave_its_scope(client: Client, settings: Settings) -> None:
+    """Against the real server, with two tenants' runs and the registry workflow
+    running: a query hiding parentheses in comments is refused before it reaches
+    the server, and queries that try to reach another tenant's runs or aiworker's
+    own workflows without comments match nothing of them (the scope wraps the
+    query: ``(Q) AND WorkflowType IN (...) AND AiworkerTenant = ...``)."""
+    name = f"bulk-scope-{uuid.uuid4().hex[:8]}"
+    registry_id = names.worker_registry_workflow_id(settings.task_queue_suffix)
+    async with running_stack(client, settings) as stack:
+        await publish_raw(
+            client, settings, "scope@host", entry("scope@host").model_dump(mode="json")
+        )
+        acme = [(await stack.start(waiting(name, "acme"))).id for _ in range(2)]
+        globex = [(await stack.start(waiting(name, "globex"))).id]
+        q = f"AiworkerPipeline = '{name}'"
+        await listed(client, f"{q} AND ExecutionStatus = 'Running'", 3)
+        registry = client.get_workflow_handle(registry_id)
+        assert (await registry.describe()).status == WorkflowExecutionStatus.RUNNING
+
+        hostile = [
+            ["redrive", "--query", _ESCAPE.format(inner="AiworkerTenant = 'globex'")],
+            ["cancel", "--query", _ESCAPE.format(inner="AiworkerTenant = 'globex'")],
+            ["terminate", "--query", _ESCAPE.format(inner=f"WorkflowId = '{registry_id}'")],
+            ["terminate", "--query", f"WorkflowId = 'none' # ) OR (WorkflowId = '{registry_id}'"],
+            ["terminate", "--query", f"WorkflowId = 'none' -- ) OR (WorkflowId = '{registry_id}'"],
+        ]
+        for args in hostile:
+            out = await cli([*args, "--tenant", "acme", "--dry-run"], client, settings)
+            assert out.returncode == EXIT_USAGE, (args, out.stdout, out.stderr)
+            assert "a comment" in out.stderr and "not allowed" in out.stderr, out.stderr
+            assert globex[0] not in out.stdout and registry_id not in out.stdout
+
+        # no comments: the OR stays inside the parentheses, under the scope
+        widened = f"{q} OR AiworkerTenant = 'globex' OR WorkflowId = '{registry_id}'"
+        dry = await cli(
+            ["cancel", "--query", widened, "--tenant", "acme", "--dry-run"], client, settings
+        )
+        assert dry.returncode == EXIT_OK, dry.stderr
+        assert sorted(line.strip() for line in dry.stdout.splitlines()[1:]) == sorted(acme)
+        # every tenant, the registry named outright: it is no pipeline, nothing matches
+        own = f"WorkflowId = '{registry_id}' OR WorkflowType = '{names.WORKER_REGISTRY_WORKFLOW}'"
+        done = await cli(["terminate", "--query", own, "--all-tenants", "--yes"], client, settings)
+        assert done.returncode == EXIT_OK and "0 pipelines match" in done.stdout, done.stderr
+        # comment marks inside strings are text, and the query runs
+        texts = f"{q} AND AiworkerPipeline != 'a /* b -- c # d ) e \\' f'"
+        dry = await cli(
+            ["cancel", "--query", texts, "--tenant", "acme", "--dry-run"], client, settings
+        )
+        assert dry.returncode == EXIT_OK and "2 pipelines match" in dry.stdout, dry.stderr
+
+        assert set(await statuses(client, acme + globex)) == {WorkflowExecutionStatus.RUNNING}
+        assert (await registry.describe()).status == WorkflowExecutionStatus.RUNNING
+        for wid in acme + globex:
+            await client.get_workflow_handle(wid).terminate(reason="test over")

@@ -205,7 +205,14 @@ CASES: dict[str, Case] = {
         "cancel", "--query", "NoSuchAttribute = 'x'", code=EXIT_USAGE, says="refused the query"
     ),
     "cancel-query-unbalanced": case(
-        "cancel", "--query", "a = 'b') OR (1 = 1", code=EXIT_USAGE, says="unbalanced"
+        "cancel", "--query", "a = 'b') OR (1 = 1", code=EXIT_USAGE, says="closes more than"
+    ),
+    "cancel-query-comment": case(
+        "cancel",
+        "--query",
+        "/*(*/ a = 'b') OR (1 = 1 /*)*/",
+        code=EXIT_USAGE,
+        says="comments are not allowed",
     ),
     "terminate-not-a-pipeline": case(
         "terminate", "{other}", code=EXIT_USAGE, says="not a pipeline"

@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from support.front_door import running_door
 
 from aiworker.workers.cli import main as cli
 from aiworker.workers.cli.common import EXIT_OK, EXIT_USAGE
@@ -201,3 +203,46 @@ def test_serve_refuses_to_start_with_a_broken_models_file(
     assert cli.main(["serve", "--host", "127.0.0.1", "--port", "0"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "models.json" in err and "small" in err and "Traceback" not in err
+
+
+def _bare_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
+    return env | {"TEMPORAL_ADDRESS": "127.0.0.1:9"} | extra
+
+
+@pytest.mark.parametrize("keys_file", [None, '{"keys": []}'], ids=["unset", "empty"])
+def test_serve_without_an_api_key_refuses_to_start(tmp_path: Path, keys_file: str | None) -> None:
+    """The real command, as its own process: with no API key (no file set, or a file
+    without keys) every pipeline request would be a 401 that reads like a wrong
+    key, so it stops before it listens, saying what to set and how to make a key."""
+    extra = {}
+    if keys_file is not None:
+        (tmp_path / "keys.json").write_text(keys_file)
+        extra["AIWORKER_API_KEYS_FILE"] = str(tmp_path / "keys.json")
+    cmd = [sys.executable, "-m", "aiworker.workers.cli.main", "serve", "--host", "127.0.0.1"]
+    done = subprocess.run(
+        [*cmd, "--port", "0"], env=_bare_env(**extra), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == EXIT_USAGE, done.stdout + done.stderr
+    assert "listening" not in done.stdout
+    line = done.stderr.strip()
+    assert line.startswith("aiworker: no API keys: ") and "\n" not in line, done.stderr
+    assert "AIWORKER_API_KEYS_FILE" in line and "aiworker keys add" in line
+    assert "--without-api-keys" in line
+    assert ("holds no key" in line) == (keys_file is not None)
+
+
+async def test_serve_without_api_keys_by_choice_says_so_and_refuses_every_key(
+    tmp_path: Path,
+) -> None:
+    """``--without-api-keys`` (a door for webhooks and callbacks only) starts, says on
+    stderr before it listens that every pipeline request will be refused, and does."""
+    async with running_door(_bare_env(), tmp_path / "serve.log", "--without-api-keys") as door:
+        out = door.proc.output()
+        warned = out.index("aiworker: WARNING: no API keys (AIWORKER_API_KEYS_FILE is not set")
+        assert warned < out.index("listening on"), out
+        assert "every /v1/pipelines request is refused with 401" in out
+        async with httpx.AsyncClient(base_url=door.url, timeout=30) as http:
+            key = {"Authorization": "Bearer " + "k" * 40}
+            answer = await http.post("/v1/pipelines", json={"name": "p", "steps": []}, headers=key)
+    assert answer.status_code == 401, answer.text

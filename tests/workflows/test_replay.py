@@ -65,7 +65,7 @@ from aiworker.schemas import names
 from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workers.devstack.devserver import temporal_cli_path
 from aiworker.workers.process.registry import WORKFLOWS_BY_QUEUE
-from aiworker.workers.process.replay import load_history
+from aiworker.workers.process.replay import MAX_HISTORY_FILE_BYTES, load_history
 
 FOLDER = Path(__file__).parent / "histories"
 HISTORIES = sorted(FOLDER.glob("*.json"))
@@ -248,8 +248,24 @@ def test_a_changed_history_stops_the_gate_naming_the_history_and_the_event(
             "a 'Mine' workflow is not aiworker's",
         ),
         (b"\xff\xfe{", "not UTF-8"),
+        # nested past what anything recursive should read (the JSON decoder answered
+        # RecursionError, exit 1 as if the code were nondeterministic)
+        ('{"events": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested deeper than 100"),
+        ('{"events": [' + '{"a": ' * 100_000, "nested deeper than 100"),
+        # 90 levels: under the cap, read, and named for what it is
+        ('{"events": [{"cause": ' * 30 + "1" + "}]}" * 30, "not a workflow history"),
     ],
-    ids=["cut", "pipeline", "bad-enum", "no-start", "foreign-type", "binary"],
+    ids=[
+        "cut",
+        "pipeline",
+        "bad-enum",
+        "no-start",
+        "foreign-type",
+        "binary",
+        "deep",
+        "deep-cut",
+        "deep-90",
+    ],
 )
 def test_a_malformed_history_file_is_bad_usage(
     content: str | bytes, says: str, tmp_path: Path
@@ -264,6 +280,15 @@ def test_a_malformed_history_file_is_bad_usage(
     assert proc.stdout == ""  # checked before anything replays
     assert proc.stderr.startswith(f"aiworker: {bad}") and says in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_history_file_over_the_size_cap_is_refused_unread(tmp_path: Path) -> None:
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as f:  # sparse: its size is all there is to it
+        f.truncate(MAX_HISTORY_FILE_BYTES + 1)
+    proc = cli(str(huge))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(f"aiworker: {huge}: {MAX_HISTORY_FILE_BYTES + 1} bytes")
 
 
 def test_nothing_to_replay_is_bad_usage(tmp_path: Path) -> None:

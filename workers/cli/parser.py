@@ -408,6 +408,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=port_number,
         help="port to listen on (default AIWORKER_SERVE_PORT or 8000; 0: any)",
     )
+    sv.add_argument(
+        "--without-api-keys",
+        action="store_true",
+        help="start with no API key (no AIWORKER_API_KEYS_FILE, or one without keys): every "
+        "/v1/pipelines request is refused, only webhooks and callbacks are served; without "
+        "this flag, no API key stops the command (exit 2)",
+    )
     conn(sv)
 
     ks = sub.add_parser("keys", help="manage the front door's API keys (stored hashed)")

@@ -30,13 +30,15 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         # One line on stdout a script (or a test) waits for, with the real port.
         print(f"aiworker serve: listening on http://{host}:{port}", flush=True)
 
-    # ServeConfigError (a bad keys or hooks file): one line and exit 2 in `main`
+    # ServeConfigError (a bad keys or hooks file, no API key): one line and exit 2 in `main`
     await serve(
         settings,
         address=args.address,
         profile=args.profile,
         env=os.environ,
         on_listening=listening,
+        without_api_keys=args.without_api_keys,
+        on_warning=lambda line: err(f"WARNING: {line}"),
     )
     return EXIT_OK
 

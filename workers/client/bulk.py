@@ -14,10 +14,17 @@ old one's history and results), so it goes run by run through
 :meth:`~aiworker.workers.client.client.PipelineClient.redrive`
 (:func:`redrive_all`).
 
-The tenant scope is a convenience for an operator, not a security boundary:
-whoever runs the CLI holds the namespace's credentials. A query whose
-parentheses do not balance is refused all the same, so that it cannot step out
-of the scope by accident (``a) OR (b``).
+The scope is ``(Q) AND WorkflowType IN (...) AND AiworkerTenant = ... AND
+<status>``: whatever the user's query says, a bulk action reaches only
+pipelines (:data:`BULK_WORKFLOW_TYPES`; never aiworker's own registry, limiter,
+breaker or flow workflows) of the tenant asked for. The query is lexed as the
+server reads it (:mod:`~aiworker.workers.client.query_lexer`) and refused when
+anything in it could end ``(Q)`` early: a comment (the server drops them, so
+``/*(*/ a) OR (b /*)*/`` balances for a parenthesis count and not for the
+server), an unterminated string, an unbalanced parenthesis. The tenant scope
+keeps an operator from touching another tenant's runs by mistake; whoever runs
+the CLI holds the namespace's credentials, so it is not a boundary against
+them (a namespace per tenant is).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.schemas import names
 from aiworker.workers.client.client import PipelineClient, RedriveError
+from aiworker.workers.client.query_lexer import QueryLexError, check_query
 from aiworker.workers.client.visibility import quote
 
 Action = Literal["cancel", "terminate", "redrive"]
@@ -49,6 +57,13 @@ BULK_CONFIRM_THRESHOLD = 20
 SAMPLE_IDS = 10
 # How often the CLI reads a batch job's counts while it runs.
 BATCH_POLL_SECONDS = 0.5
+
+# What a bulk action may reach: pipelines, redriven ones included (a redrive is a
+# PipelineWorkflow too). Their chunks (PipelineForEachWorkflow) and agents
+# (AgentWorkflow) are children and go with their parent: a cancelled or terminated
+# pipeline takes them along, a redrive runs them again. aiworker's own workflows
+# (registry, limiters, breakers, flows, evals) are never a bulk action's to touch.
+BULK_WORKFLOW_TYPES: tuple[str, ...] = (names.PIPELINE_WORKFLOW,)
 
 _ENDED = {
     BatchOperationState.BATCH_OPERATION_STATE_COMPLETED,
@@ -61,50 +76,33 @@ class BulkQueryError(ValueError):
 
 
 def scoped_query(query: str, tenant: str | None, action: Action) -> str:
-    """``query`` limited to pipelines, ``tenant``'s (None: every tenant), and the
-    runs ``action`` applies to (running for cancel/terminate, ended for redrive).
+    """``(query)`` limited to pipelines (:data:`BULK_WORKFLOW_TYPES`), ``tenant``'s
+    (None: every tenant), and the runs ``action`` applies to (running for
+    cancel/terminate, ended for redrive).
+
+    The query is lexed first (:func:`~aiworker.workers.client.query_lexer.check_query`):
+    a comment, an unterminated string or an unbalanced parenthesis could make the
+    server read ``(query)`` as something that ends before the scope does.
 
     Raises:
-        BulkQueryError: the query is empty or its parentheses do not balance.
+        BulkQueryError: the query is empty or could step out of the parentheses.
     """
     if not query.strip():
         raise BulkQueryError("--query is empty")
-    _check_parentheses(query)
-    parts = [f"WorkflowType = {quote(names.PIPELINE_WORKFLOW)}"]
+    try:
+        check_query(query)
+    except QueryLexError as e:
+        raise BulkQueryError(
+            f"--query refused: {e} (the query is combined with the tenant and pipeline "
+            "scope as `(Q) AND ...`, and nothing in it may end that scope)"
+        ) from None
+    types = ", ".join(quote(t) for t in BULK_WORKFLOW_TYPES)
+    parts = [f"({query})", f"WorkflowType IN ({types})"]
     if tenant is not None:
         parts.append(f"{names.SA_TENANT} = {quote(tenant)}")
     running = "ExecutionStatus = 'Running'"
     parts.append(running if action != "redrive" else f"NOT ({running})")
-    parts.append(f"({query})")
     return " AND ".join(parts)
-
-
-def _check_parentheses(query: str) -> None:
-    depth = 0
-    quote_char: str | None = None
-    escaped = False
-    for ch in query:
-        if quote_char is not None:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote_char:
-                quote_char = None
-            continue
-        if ch in "'\"`":
-            quote_char = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth < 0:
-                break
-    if depth != 0 or quote_char is not None:
-        raise BulkQueryError(
-            f"--query {query!r}: unbalanced parentheses or quotes (it is combined with the "
-            "tenant and pipeline scope as `... AND (Q)`)"
-        )
 
 
 def _refused(e: RPCError, query: str) -> BulkQueryError:

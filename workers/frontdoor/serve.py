@@ -302,6 +302,8 @@ async def serve(
     profile: str | None = None,
     env: Mapping[str, str],
     on_listening: Callable[[str, int], None] | None = None,
+    without_api_keys: bool = False,
+    on_warning: Callable[[str], None] | None = None,
 ) -> None:
     """Run the front door until SIGTERM or SIGINT (uvicorn's graceful shutdown).
 
@@ -309,8 +311,15 @@ async def serve(
     before it listens. The Temporal client connects lazily: the door starts
     (and ``/readyz`` says 503) while Temporal is not there yet.
 
+    A door without a single API key would answer every pipeline request 401
+    (a valid-looking key included), which reads like a wrong key rather than a
+    missing file: it does not start unless ``without_api_keys`` says that is
+    the plan (a door for webhooks and callbacks only), and then it says so
+    through ``on_warning`` and the log before it listens.
+
     Raises:
-        ServeConfigError: the keys or hooks file is unusable.
+        ServeConfigError: the keys or hooks file is unusable, or there is no
+            API key and ``without_api_keys`` is not set.
     """
     import uvicorn
 
@@ -318,6 +327,27 @@ async def serve(
 
     keys = KeyRing.load(settings.api_keys_file)
     hooks = load_hooks(settings.hooks_file, env)
+    if not keys.keys:
+        missing = (
+            "AIWORKER_API_KEYS_FILE is not set"
+            if settings.api_keys_file is None
+            else f"the API keys file {settings.api_keys_file} (AIWORKER_API_KEYS_FILE) holds no key"
+        )
+        if not without_api_keys:
+            raise ServeConfigError(
+                f"no API keys: {missing}, so every /v1/pipelines request would be refused "
+                "(401). Create one with `aiworker keys add NAME --tenant TENANT --file "
+                "keys.json` and set AIWORKER_API_KEYS_FILE=keys.json; a front door for "
+                "webhooks and callbacks only starts with --without-api-keys"
+            )
+        warning = (
+            f"no API keys ({missing}; --without-api-keys): every /v1/pipelines request "
+            "is refused with 401; only webhooks (/v1/hooks) and callbacks (/v1/callbacks) "
+            "are served"
+        )
+        log.warning("%s", warning)
+        if on_warning is not None:
+            on_warning(warning)
     try:
         # every start checks model aliases against this file: a broken one would
         # answer each request 500, so it stops the door before it listens

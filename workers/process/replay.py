@@ -14,7 +14,10 @@ History files are what ``temporal workflow show --output json`` and
 The workflow id a replay runs under (permit tickets carry it) is read from the
 first event (``workflowExecutionStartedEventAttributes.workflowId``, which the
 server fills in), else the file's name stands in. A directory argument means
-every ``*.json`` in it.
+every ``*.json`` in it. A file is bounded before it is parsed
+(:data:`MAX_HISTORY_FILE_BYTES`, and :data:`MAX_HISTORY_JSON_DEPTH` levels
+counted without recursion, since the JSON decoder recurses per level): a
+malformed file is bad usage (exit 2) naming it, never an unexpected error.
 
 Why the event is found here and not read from the error: the SDK's
 nondeterminism message names the mismatch ("Activity type of scheduled event
@@ -78,6 +81,19 @@ _EVENT_IN_MESSAGE = re.compile(r"HistoryEvent\(id: (\d+)")
 _CORE_MESSAGE = re.compile(r'message: "((?:[^"\\]|\\.)*)"')
 
 
+MAX_HISTORY_FILE_BYTES = 256 * 1024 * 1024
+"""Bytes of one history file. Temporal refuses a history past 50 MB by default
+(``limit.historySize.error``); its JSON (base64 payloads, indentation) stays well
+under this."""
+MAX_HISTORY_JSON_DEPTH = 100
+"""Nesting of a history file's JSON: protobuf's JSON reader (which the SDK's
+``WorkflowHistory.from_json`` uses) refuses deeper messages, and a real history
+nests a few dozen levels (a failure's chain of causes is the deepest part)."""
+
+# A JSON string (escapes included), or one bracket: what nesting is counted from.
+_JSON_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
 class HistoryFileError(ValueError):
     """A history file that cannot be read or is not a workflow history."""
 
@@ -134,7 +150,22 @@ def load_history(path: Path) -> Recorded:
             history (its first event is no workflow start).
     """
     try:
-        raw: Any = json.loads(path.read_text("utf-8"))
+        size = path.stat().st_size
+        if size > MAX_HISTORY_FILE_BYTES:
+            raise HistoryFileError(
+                f"{path}: {size} bytes; a history file may have at most "
+                f"{MAX_HISTORY_FILE_BYTES} (Temporal's own limit on a history is far below)"
+            )
+        text = path.read_text("utf-8")
+        # counted before anything recursive reads it: the JSON decoder recurses per
+        # level, and protobuf's reader refuses more than its own depth anyway
+        depth = json_nesting(text, MAX_HISTORY_JSON_DEPTH)
+        if depth > MAX_HISTORY_JSON_DEPTH:
+            raise HistoryFileError(
+                f"{path}: not a workflow history: JSON nested deeper than "
+                f"{MAX_HISTORY_JSON_DEPTH} levels (a history nests a few dozen)"
+            )
+        raw: Any = json.loads(text)
     except OSError as e:
         raise HistoryFileError(f"{path}: cannot read: {e.strerror}") from None
     except UnicodeDecodeError:
@@ -164,6 +195,24 @@ def load_history(path: Path) -> Recorded:
             f"{path}: not a workflow history: its first event is no workflow start"
         )
     return Recorded(str(path), history)
+
+
+def json_nesting(text: str, limit: int) -> int:
+    """How deep the brackets of the JSON ``text`` nest (strings skipped), counted
+    without recursion; the count stops past ``limit`` (any value above it means
+    too deep). Malformed JSON is the decoder's to name: this only counts."""
+    depth = deepest = 0
+    for m in _JSON_STRING_OR_BRACKET.finditer(text):
+        c = m.group()
+        if c == "[" or c == "{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        elif c == "]" or c == "}":
+            depth -= 1
+    return deepest
 
 
 def _first_line(e: BaseException) -> str:
