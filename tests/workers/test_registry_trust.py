@@ -338,7 +338,7 @@ def test_the_registry_secret_setting_is_long_secret_and_read_beside_a_dev_stack(
     from aiworker.config.settings import SettingsError
     from aiworker.workers.devstack.state import ensure_registry_secret
 
-    with pytest.raises(SettingsError, match="AIWORKER_REGISTRY_SECRET: .*at least 16"):
+    with pytest.raises(SettingsError, match=r"AIWORKER_REGISTRY_SECRET: .*at least 16"):
         Settings.from_env({"AIWORKER_REGISTRY_SECRET": "short"})
     given = Settings.from_env({"AIWORKER_REGISTRY_SECRET": "s" * 16})
     assert "s" * 16 not in repr(given)
@@ -354,8 +354,6 @@ def test_the_registry_secret_setting_is_long_secret_and_read_beside_a_dev_stack(
     found = Settings.from_env({"AIWORKER_DATA_DIR": str(data)})
     assert found.registry_secret is not None
     assert found.registry_secret.get_secret_value() == written
-    own = Settings.from_env(
-        {"AIWORKER_DATA_DIR": str(data), "AIWORKER_REGISTRY_SECRET": "o" * 20}
-    )
+    own = Settings.from_env({"AIWORKER_DATA_DIR": str(data), "AIWORKER_REGISTRY_SECRET": "o" * 20})
     assert own.registry_secret is not None
     assert own.registry_secret.get_secret_value() == "o" * 20
