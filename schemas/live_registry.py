@@ -20,10 +20,10 @@ canonical JSON with the deployment's secret (``AIWORKER_REGISTRY_SECRET``);
 a reader with the secret uses only entries whose signature it verifies, and a
 reader without one uses no published spec at all. The secret never reaches the
 workflow: it cannot verify a signature, so a process proves it owns its record
-another way: its publish names the sha256 of a random key only it holds
-(:attr:`PublishRequest.owner`), and the workflow accepts a withdraw
-(:class:`WithdrawRequest`) or a new publish under that identity only with the
-key (or once the record has expired).
+another way: its entry names the sha256 of a random key only it holds (field
+``owner``, :func:`owner_named`), and the workflow accepts a withdraw
+(:class:`WithdrawRequest`) only with the key, and a new publish under that
+identity only naming the same owner (or once the record has expired).
 
 **Bounds.** Each entry is at most :data:`MAX_ENTRY_BYTES` and all live entries
 together at most :data:`MAX_REGISTRY_BYTES` (its compact JSON, as
@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -67,7 +68,8 @@ _SIGNATURE_SCHEME = "hmac-sha256:"
 # What the MAC covers starts with this, so the deployment secret signs nothing else
 # that could pass for an entry.
 _SIGNED_PREFIX = b"aiworker-registry-entry\n"
-_OWNER_PATTERN = r"^[0-9a-f]{64}$"
+OWNER_FIELD: Final = "owner"
+_OWNER = re.compile(r"[0-9a-f]{64}")
 
 
 def entry_bytes(entry: Mapping[str, Any]) -> int:
@@ -104,8 +106,14 @@ def signature_ok(raw: Mapping[str, Any], secret: bytes) -> bool:
 
 
 def owner_of(key: str) -> str:
-    """The owner hash a publish names for the withdraw key ``key``."""
+    """The owner hash an entry names for the withdraw key ``key``."""
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def owner_named(entry: Mapping[str, Any]) -> str | None:
+    """The owner hash ``entry`` names (its ``owner``: 64 lowercase hex digits), or None."""
+    owner = entry.get(OWNER_FIELD)
+    return owner if isinstance(owner, str) and _OWNER.fullmatch(owner) else None
 
 
 def spec_hash(spec: WorkerSpec) -> str:
@@ -172,17 +180,18 @@ class PublishRequest(Model):
     """The ``publish`` update: one process's entry, kept for ``ttl_seconds`` unless
     published again.
 
-    Attributes:
-        owner: the sha256 (:func:`owner_of`) of a key only the publishing process
-            holds; while its record lives, only a publish naming the same owner
-            replaces it and only a withdraw with the key removes it. None (a
-            publisher of an earlier build): anyone may replace or withdraw it.
+    The entry's ``owner`` (:func:`owner_named`: the sha256 of a key only the
+    publishing process holds) makes the record its own: while it lives, only a
+    publish naming the same owner replaces it and only a withdraw with the key
+    removes it. An entry naming none (a publisher of an earlier build) anyone
+    may replace or withdraw. The owner travels inside the entry, which every
+    build takes as plain JSON, so a process of this build publishes to a
+    registry still running an earlier one.
     """
 
     identity: str = Field(min_length=1, max_length=255)
     ttl_seconds: float = Field(ge=MIN_TTL_SECONDS, le=MAX_TTL_SECONDS, allow_inf_nan=False)
     entry: dict[str, Any]
-    owner: str | None = Field(default=None, pattern=_OWNER_PATTERN)
 
 
 class WithdrawRequest(Model):
@@ -286,6 +295,7 @@ __all__ = [
     "MAX_ENTRY_BYTES",
     "MAX_PROCESSES",
     "MAX_REGISTRY_BYTES",
+    "OWNER_FIELD",
     "REGISTRY_PROTOCOL",
     "SIGNATURE_FIELD",
     "ModelAliasEntry",
@@ -298,6 +308,7 @@ __all__ = [
     "WithdrawRequest",
     "entry_bytes",
     "entry_signature",
+    "owner_named",
     "owner_of",
     "parse_entry",
     "sign_entry",

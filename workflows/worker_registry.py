@@ -18,13 +18,13 @@ when the server suggests it or after a counted number of rounds. What it holds
 is bounded too: processes, bytes per entry and bytes of all live entries
 together (the ``publish`` validator refuses past any of them, writing nothing).
 
-Ownership: a publish may name an owner (the sha256 of a key only its process
+Ownership: an entry may name an owner (the sha256 of a key only its process
 holds); while that record lives, a publish under the same identity naming
-another owner is refused, and a withdraw is honoured only with the key. No
-patch guards this: the validator does not run on replay, and the handlers
-decide differently only for a record whose publish named an owner, which no
-earlier build accepted (its ``PublishRequest`` refuses unknown fields), so
-every history an earlier build wrote replays as it ran.
+another owner is refused, and a withdraw is honoured only with the key.
+Earlier builds kept such entries without reading the owner, so what a
+withdraw does depends on it only behind the patch ``registry-owners``
+(:data:`OWNERS_PATCH`); the validator's refusals need none (validators do not
+run on replay).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         RegistryState,
         WithdrawRequest,
         entry_bytes,
+        owner_named,
         owner_of,
     )
 
@@ -52,6 +53,14 @@ with workflow.unsafe.imports_passed_through():
 # process refreshing every 10 s is about 8 history events a round.
 _MAX_ROUNDS = 250
 _MAX_HISTORY_EVENTS = 2000
+
+# Owners are kept (and withdraws held to them) only in runs that have this marker:
+# a run an earlier build began replays its withdraws as it ran them. Plan: once
+# every registry run has continued as new on a build with this patch (a run ends
+# within _MAX_ROUNDS rounds or _MAX_HISTORY_EVENTS events of the deploy), the next
+# release calls workflow.deprecate_patch(OWNERS_PATCH) instead, and the release
+# after it drops the call and keeps the owners unconditionally.
+OWNERS_PATCH = "registry-owners"
 
 
 # Under Worker Deployment versioning this workflow must auto-upgrade (set where the
@@ -80,8 +89,9 @@ class WorkerRegistryWorkflow:
             entry=request.entry, published_at=now, expires_at=now + request.ttl_seconds
         )
         self._sizes[request.identity] = entry_bytes(request.entry)
-        if request.owner is not None:
-            self._owners[request.identity] = request.owner
+        owner = owner_named(request.entry)
+        if owner is not None and workflow.patched(OWNERS_PATCH):
+            self._owners[request.identity] = owner
         else:
             self._owners.pop(request.identity, None)
         self._changed = True
@@ -99,7 +109,7 @@ class WorkerRegistryWorkflow:
         if held is None and len(self._records) >= MAX_PROCESSES:
             raise ValueError(f"the registry lists {MAX_PROCESSES} processes already")
         owner = self._owners.get(request.identity)
-        if live and owner is not None and request.owner != owner:
+        if live and owner is not None and owner_named(request.entry) != owner:
             raise ValueError(
                 f"identity {request.identity!r} is held by another publisher until its "
                 "entry expires or is withdrawn"

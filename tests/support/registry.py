@@ -15,6 +15,7 @@ from aiworker.config.catalog import load_specs
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.live_registry import (
+    OWNER_FIELD,
     ProcessEntry,
     PublishRequest,
     RegistryState,
@@ -58,14 +59,15 @@ async def publish_raw(
     owner: str | None = None,
 ) -> int:
     """Publish ``raw`` under ``identity`` (signed with the test's secret when ``sign``),
-    naming ``owner`` (a key's sha256) when given."""
+    naming ``owner`` (a key's sha256) in it when given."""
+    if owner is not None:
+        raw = {**raw, OWNER_FIELD: owner}
     return await client.execute_update_with_start_workflow(
         WorkerRegistryWorkflow.publish,
         PublishRequest(
             identity=identity,
             ttl_seconds=ttl,
             entry=signed(raw, settings) if sign else raw,
-            owner=owner,
         ),
         start_workflow_operation=WithStartWorkflowOperation(
             WorkerRegistryWorkflow.run,

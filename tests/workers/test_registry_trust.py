@@ -264,6 +264,17 @@ async def test_only_the_publishing_process_withdraws_or_replaces_its_entry(
             assert await listed() == {"own@host", "later@host"}
         # its own withdraw, on the way out: gone at once
         assert await listed() == {"later@host"}
+        history = await handle.fetch_history()
+    # the owners' decisions (behind their patch) replay as they ran
+    from temporalio.worker import Replayer
+
+    from aiworker.workers.client.temporal_client import data_converter
+
+    result = await Replayer(
+        workflows=[WorkerRegistryWorkflow], data_converter=data_converter(None)
+    ).replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
+    assert "registry-owners" in history.to_json()
 
 
 async def test_the_registry_refuses_an_entry_past_its_total_bytes(

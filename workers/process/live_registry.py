@@ -14,8 +14,8 @@ not a pipelines worker is up to run the registry; a failed publish is logged
 
 Each entry is signed with the deployment's ``AIWORKER_REGISTRY_SECRET``
 (HMAC-SHA256, ``schemas/live_registry.py``; unsigned when the process has no
-secret), and each publish names the owner of its record: the sha256 of a key
-this process alone holds, which its withdraw sends.
+secret), and names the owner of its record: the sha256 of a key this process
+alone holds, which its withdraw sends.
 
 **Reading** (:func:`read_registry`, :func:`resolve_view`): the ``entries``
 query with a short RPC timeout. Each entry is validated whole on its own: one
@@ -56,6 +56,7 @@ from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.caps import Caps
 from aiworker.schemas.live_registry import (
+    OWNER_FIELD,
     ModelAliasEntry,
     ProcessEntry,
     PublishRequest,
@@ -232,7 +233,8 @@ class RegistryPublisher:
                 "AIWORKER_REGISTRY_SECRET is not set: this process publishes an unsigned "
                 "entry, which processes with a secret ignore, and uses no published spec"
             )
-        self._signed = sign_entry(entry.model_dump(mode="json"), secret)
+        owned = {**entry.model_dump(mode="json"), OWNER_FIELD: owner_of(self._key)}
+        self._signed = sign_entry(owned, secret)
 
     async def publish_once(self) -> int:
         """Publish the entry (update-with-start); the number of processes listed."""
@@ -240,7 +242,6 @@ class RegistryPublisher:
             identity=self.entry.identity,
             ttl_seconds=self.ttl_seconds,
             entry=self._signed,
-            owner=owner_of(self._key),
         )
         start = WithStartWorkflowOperation(
             WorkerRegistryWorkflow.run,
