@@ -370,3 +370,22 @@ def test_the_registry_secret_setting_is_long_secret_and_read_beside_a_dev_stack(
     own = Settings.from_env({"AIWORKER_DATA_DIR": str(data), "AIWORKER_REGISTRY_SECRET": "o" * 20})
     assert own.registry_secret is not None
     assert own.registry_secret.get_secret_value() == "o" * 20
+
+
+def test_the_cli_streams_escape_controls_and_keep_json_json() -> None:
+    import io
+
+    from aiworker.workers.client.terminal import SafeStream
+
+    hostile = {"id": "run\x1b[2J", "build": "b\x7f\x9b31m\u202e\u2028", "text": "a\tb"}
+    out = io.StringIO()
+    stream = SafeStream(out)
+    # a printer that forgot to escape: JSON (ensure_ascii=False leaves C1 raw) and text
+    stream.write(json.dumps(hostile, ensure_ascii=False) + "\n")
+    stream.write(f"{hostile['build']} done\n")
+    printed = out.getvalue()
+    for raw in ("\x1b", "\x7f", "\x9b", "\u202e", "\u2028"):
+        assert raw not in printed, repr(printed)
+    first, second, _ = printed.split("\n")
+    assert json.loads(first) == hostile  # the same value, escaped
+    assert second == "b\\u007f\\u009b31m\\u202e\\u2028 done"

@@ -12,10 +12,11 @@ other than it is. Two layers keep them out:
   characters become visible escapes (``\\x1b``, ``\\u202e``), newlines and tabs
   included, so a value cannot forge a row either.
 - :class:`SafeStream`, which the CLI puts in front of stdout and stderr for
-  every command: the same escapes for whatever a printer forgot, newlines and
-  tabs kept. JSON output is unchanged in meaning: ``json.dumps`` escapes C0
-  controls itself, and a C1 or format character inside a JSON string becomes a
-  ``\\u`` escape that decodes to the same character.
+  every command: the same characters for whatever a printer forgot, newlines
+  and tabs kept, each as a JSON escape (``\\u001b``), so JSON output is
+  unchanged in meaning: ``json.dumps`` leaves DEL, C1 and format characters
+  raw inside strings (and everything non-ASCII with ``ensure_ascii=False``),
+  and their escape decodes to the same character.
 
 The CLI's own live progress line is the one writer of control sequences; it
 writes them to :func:`raw_stream`.
@@ -49,7 +50,8 @@ def _escape(code: int) -> str:
 
 
 _ALL = {c: _escape(c) for c in _UNSAFE}
-_KEEP_LINES = {c: e for c, e in _ALL.items() if c not in (0x0A, 0x09)}
+# JSON's escape for every code point: valid inside a JSON string, plain outside one
+_KEEP_LINES = {c: f"\\u{c:04x}" for c in _UNSAFE if c not in (0x0A, 0x09)}
 
 
 def safe_text(value: object) -> str:
@@ -59,7 +61,7 @@ def safe_text(value: object) -> str:
 
 
 def safe_lines(text: str) -> str:
-    """``text`` with every control escaped but its newlines and tabs."""
+    """``text`` with every control escaped (``\\u001b``) but its newlines and tabs."""
     return text.translate(_KEEP_LINES)
 
 
