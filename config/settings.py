@@ -25,6 +25,12 @@ from aiworker.schemas.tenants import TenantRegistry, TenantsFileError, domain_li
 ENV_PREFIX = "AIWORKER_"
 
 
+# Where `aiworker dev` keeps the registry secret it generates (in its data dir), and
+# the shortest secret accepted.
+REGISTRY_SECRET_FILE = "registry.secret"
+MIN_REGISTRY_SECRET_CHARS = 16
+
+
 class SettingsError(ValueError):
     """Settings that cannot start a process; the message names the variable."""
 
@@ -112,6 +118,11 @@ class Settings(BaseModel):
     # The live worker registry (workers/process/live_registry.py): how long a worker process's
     # entry lives unless refreshed (every third of it); 0: the process does not publish.
     registry_ttl_seconds: float = Field(default=30.0, ge=0, le=86_400, allow_inf_nan=False)
+    # The deployment's registry secret: every aiworker process of a deployment has the
+    # same one; entries are signed with it (HMAC-SHA256) and readers use only entries
+    # it verifies. None: entries go out unsigned and readers use local specs only.
+    # Unset in the environment, `<data dir>/registry.secret` (written by `aiworker dev`).
+    registry_secret: SecretStr | None = None
     artifact_store: str = "file"
     payload_threshold_bytes: int = Field(default=256 * 1024, ge=0)
     # Circuit breakers per host and per model provider (activities/breaker.py).
@@ -167,6 +178,14 @@ class Settings(BaseModel):
             raise ValueError("may only hold letters, digits, '-', '_' and '.'")
         return v
 
+    @field_validator("registry_secret")
+    @classmethod
+    def _registry_secret(cls, v: SecretStr | None) -> SecretStr | None:
+        # a short secret is guessable offline from any signed entry in a history
+        if v is not None and len(v.get_secret_value().strip()) < MIN_REGISTRY_SECRET_CHARS:
+            raise ValueError(f"must be at least {MIN_REGISTRY_SECRET_CHARS} characters")
+        return v
+
     @field_validator("artifact_store")
     @classmethod
     def _store(cls, v: str) -> str:
@@ -201,7 +220,11 @@ class Settings(BaseModel):
 
     def secret_values(self) -> list[str]:
         """Configured secrets, for redaction in logs."""
-        return [s.get_secret_value() for s in (self.llm_api_key,) if s and s.get_secret_value()]
+        return [
+            s.get_secret_value()
+            for s in (self.llm_api_key, self.registry_secret)
+            if s and s.get_secret_value()
+        ]
 
     def queue(self, base: str) -> str:
         """A task queue name with this deployment's suffix."""
@@ -239,6 +262,7 @@ class Settings(BaseModel):
             "DEPLOYMENT_NAME",
             "BUILD_ID",
             "REGISTRY_TTL_SECONDS",
+            "REGISTRY_SECRET",
             "DEPLOYMENT_CURRENT",
             "ARTIFACT_STORE",
             "PAYLOAD_THRESHOLD_BYTES",
@@ -317,6 +341,7 @@ class Settings(BaseModel):
             ("LOCAL_MODEL_FILE", "local_model_file"),
             ("SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds"),
             ("REGISTRY_TTL_SECONDS", "registry_ttl_seconds"),
+            ("REGISTRY_SECRET", "registry_secret"),
             ("DEPLOYMENT_NAME", "deployment_name"),
             ("BUILD_ID", "build_id"),
             ("DEPLOYMENT_CURRENT", "deployment_current"),
@@ -359,6 +384,8 @@ class Settings(BaseModel):
             except McpServersFileError as e:
                 raise SettingsError(f"{ENV_PREFIX}MCP_SERVERS_FILE: {e}") from None
         raw["caps"] = parse_caps(get)
+        if "registry_secret" not in raw:
+            raw["registry_secret"] = read_registry_secret(raw.get("data_dir", Path(".aiworker")))
         try:
             return cls.model_validate(raw)
         except ValidationError as e:
@@ -367,6 +394,16 @@ class Settings(BaseModel):
                 field = str(err["loc"][0]) if err["loc"] else "?"
                 lines.append(f"{ENV_PREFIX}{field.upper()}: {err['msg']}")
             raise SettingsError("; ".join(lines)) from None
+
+
+def read_registry_secret(data_dir: Path) -> str | None:
+    """The registry secret ``aiworker dev`` keeps in ``data_dir`` (so the clients
+    beside a dev stack verify its entries), or None when there is none."""
+    try:
+        text = (data_dir / REGISTRY_SECRET_FILE).read_text("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text or None
 
 
 def _unknown_setting(key: str, known: set[str]) -> str:

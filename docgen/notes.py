@@ -186,6 +186,13 @@ SETTINGS: dict[str, str] = {
     "withdraws it when it stops gracefully (a killed process drops out after this long). "
     "0: the process does not publish (clients then check pipelines against local specs). "
     "See docs/registry.md",
+    "registry_secret": "the deployment's live-registry secret (at least 16 characters; the "
+    "same in every aiworker process of a deployment: workers, `serve`, the CLI). Entries are "
+    "signed with it (HMAC-SHA256) and readers use only entries it verifies; a built-in "
+    "worker's spec is never taken from an entry. Unset: `<data dir>/registry.secret` when "
+    "present (`aiworker dev` writes one), else entries go out unsigned and this process "
+    "uses no published spec, only its local ones. Never logged, never in a history. "
+    "See docs/registry.md",
     "artifact_store": "`file` (under the data directory) or `s3://bucket/prefix`",
     "payload_threshold_bytes": "payloads this large or larger leave the history for the "
     "artifact store (0: all)",

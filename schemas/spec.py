@@ -55,6 +55,25 @@ _PERIOD_SECONDS = {
 }
 
 
+# A contract version: printable ASCII without spaces (``1``, ``1.2.0``, ``2.0-rc1``),
+# so that every reader compares and prints it the same way.
+VERSION_PATTERN = r"^[!-~]{1,64}$"
+_VERSION = re.compile(VERSION_PATTERN)
+
+
+def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key of a contract version: its ``.``/``-`` pieces, ASCII-digit pieces as
+    numbers above every other piece (``1.10`` > ``1.9`` > ``1.rc``).
+
+    ASCII digits only: ``str.isdigit`` is true of ``²`` and other scripts' digits,
+    which ``int`` refuses or reads as another number; this never raises.
+    """
+    return tuple(
+        (1, int(piece)) if piece.isascii() and piece.isdigit() else (0, piece)
+        for piece in version.replace("-", ".").split(".")
+    )
+
+
 def parse_rate(text: str) -> tuple[int, float]:
     """Parse ``"10/min"`` into ``(10, 60.0)`` (``"5/20s"`` into ``(5, 20.0)``)."""
     m = _RATE.match(text)
@@ -201,7 +220,7 @@ class WorkerSpec(Model):
     """The contract of one AI worker."""
 
     worker_id: str = Field(pattern=r"^[a-z][a-z0-9-]*$")
-    version: str
+    version: str = Field(json_schema_extra={"pattern": VERSION_PATTERN})
     purpose: str
     task_queue: str = Field(pattern=r"^[a-z][a-z0-9-]*$")
     input_schema: dict[str, Any]
@@ -220,6 +239,16 @@ class WorkerSpec(Model):
     examples: list[SpecExample] = Field(default_factory=list, max_length=100)
     execution: Execution = EXECUTION_FIELD
     _checked: bool = PrivateAttr(default=False)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if not _VERSION.fullmatch(v):
+            raise ValueError(
+                "a contract version is 1 to 64 printable ASCII characters without spaces "
+                "(1, 1.2.0, 2.0-rc1)"
+            )
+        return v
 
     @field_validator("input_schema", "output_schema")
     @classmethod

@@ -25,6 +25,10 @@ WORKER_SERVICES = {
 }
 
 
+# what an operator puts in .env (docs/registry.md); compose refuses to start without it
+SECRET = "a-registry-secret-from-dotenv"
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
     """The fully resolved model, as `docker compose config` prints it."""
@@ -39,7 +43,7 @@ def compose() -> dict[str, Any]:
             "json",
         ],
         cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(ROOT)},
+        env={"PATH": "/usr/bin:/bin", "HOME": str(ROOT), "AIWORKER_REGISTRY_SECRET": SECRET},
     )
     assert result.returncode == 0, result.stderr
     import json
@@ -102,6 +106,8 @@ def test_one_worker_service_per_task_queue(compose: dict[str, Any]) -> None:
         # The process would refuse an unknown or malformed AIWORKER_* variable.
         settings = Settings.from_env({k: v for k, v in env.items() if v is not None})
         assert settings.task_queues == (queue,)
+        assert settings.registry_secret is not None
+        assert settings.registry_secret.get_secret_value() == SECRET
         assert not settings.allow_private_networks
         grace = _seconds(svc["stop_grace_period"])
         assert grace > settings.shutdown_grace_seconds
@@ -117,6 +123,7 @@ def test_the_front_door_serves_with_its_keys_and_hooks(compose: dict[str, Any]) 
     env = svc["environment"]
     settings = Settings.from_env({k: v for k, v in env.items() if k.startswith("AIWORKER_")})
     assert settings.serve_port == 8000
+    assert settings.registry_secret is not None
     assert {(p["target"], p["published"]) for p in svc["ports"]} == {(8000, "8000")}
     assert "8000/healthz" in " ".join(svc["healthcheck"]["test"])
     assert svc["depends_on"]["temporal"]["condition"] == "service_healthy"

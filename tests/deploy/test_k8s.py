@@ -496,3 +496,17 @@ def test_worker_specs_component_mounts_the_same_specs_in_every_pod(
 def _configmap_env(docs: list[dict[str, Any]]) -> dict[str, str]:
     (cm,) = [c for n, c in of_kind(docs, "ConfigMap").items() if n.startswith("aiworker-settings")]
     return dict(cm["data"])
+
+
+def test_every_aiworker_process_gets_the_registry_secret_from_a_secret(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    # the live registry's entries are signed with it: a process without it uses no
+    # published spec, so every Deployment has it; prod does not start without it
+    overlay, docs = rendered
+    for name, d in of_kind(docs, "Deployment").items():
+        (c,) = d["spec"]["template"]["spec"]["containers"]
+        (e,) = [e for e in c["env"] if e["name"] == "AIWORKER_REGISTRY_SECRET"]
+        ref = e["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == ("aiworker-registry", "secret"), name
+        assert ref["optional"] is (overlay == "dev"), name

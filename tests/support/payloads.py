@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
 from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
@@ -20,11 +21,13 @@ SMALL_HISTORY_BYTES = 64 * 1024
 
 
 def stack_settings(tmp: Path, **kw: Any) -> Settings:
-    """Settings for an isolated stack: its own queue suffix and data directory,
-    private networks allowed (loopback test servers); ``kw`` overrides any field."""
+    """Settings for an isolated stack: its own queue suffix, data directory and
+    registry secret, private networks allowed (loopback test servers); ``kw``
+    overrides any field."""
     fields: dict[str, Any] = {
         "data_dir": tmp / "data",
         "task_queue_suffix": f"-t{uuid.uuid4().hex[:10]}",
+        "registry_secret": SecretStr(uuid.uuid4().hex),
         "metrics_port": 0,
         "allow_private_networks": True,
         "shutdown_grace_seconds": 5,

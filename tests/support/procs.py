@@ -27,6 +27,8 @@ def worker_env(client: Client, settings: Settings, data_dir: Path) -> dict[str, 
         AIWORKER_SHUTDOWN_GRACE_SECONDS="2",
         AIWORKER_LOG_LEVEL="WARNING",
     )
+    if settings.registry_secret is not None:
+        env["AIWORKER_REGISTRY_SECRET"] = settings.registry_secret.get_secret_value()
     return env
 
 

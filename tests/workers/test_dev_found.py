@@ -195,3 +195,34 @@ async def test_a_stale_dev_state_is_ignored_saying_why(tmp_path: Path) -> None:
         f"(pid {gone.pid}) is no longer running; connecting to localhost:7233"
     ) in checked.stderr.splitlines(), checked.stderr
     assert "using the aiworker dev stack" not in checked.stderr
+
+
+@pytest.mark.timeout(180)
+async def test_the_dev_stack_signs_its_registry_and_commands_beside_it_verify_it(
+    dev: Dev, tmp_path: Path
+) -> None:
+    # a secret of its own, readable by its owner only, with no setting
+    secret = dev.folder / ".aiworker" / "registry.secret"
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert len(secret.read_text().strip()) >= 32
+    seen: list[subprocess.CompletedProcess[str]] = []
+
+    async def live() -> bool:
+        seen.append(await asyncio.to_thread(_cli, ["workers"], dev.folder, _env()))
+        return "workers from the live registry (1 process)" in seen[-1].stderr
+
+    # the stack's worker publishes once it polls: the folder's commands verify it
+    await wait_until(live, lambda: f"the dev stack's entry, verified: {seen[-1].stderr}")
+    assert seen[-1].returncode == 0 and "warning" not in seen[-1].stderr, seen[-1].stderr
+
+    # elsewhere, with the profile but not the secret: local specs, saying why
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    told = _env(TEMPORAL_CONFIG_FILE=str(dev.folder / ".aiworker" / "temporal.toml"))
+    local = await asyncio.to_thread(_cli, ["workers"], elsewhere, told)
+    assert local.returncode == 0, local.stderr
+    assert "workers from local specs (AIWORKER_REGISTRY_SECRET is not set" in local.stderr
+    # ...and with it, the live registry
+    told["AIWORKER_REGISTRY_SECRET"] = secret.read_text().strip()
+    keyed = await asyncio.to_thread(_cli, ["workers"], elsewhere, told)
+    assert "workers from the live registry (1 process)" in keyed.stderr, keyed.stderr

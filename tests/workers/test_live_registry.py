@@ -35,7 +35,7 @@ from aiworker.workflows.worker_registry import WorkerRegistryWorkflow
 
 
 async def live(client: Client, settings: Settings) -> LiveRegistry:
-    reg = await read_registry(client, settings.task_queue_suffix)
+    reg = await read_registry(client, settings.task_queue_suffix, secret=settings.registry_secret)
     assert reg is not None
     return reg
 
@@ -43,7 +43,10 @@ async def live(client: Client, settings: Settings) -> LiveRegistry:
 async def test_a_published_entry_is_read_back_and_withdrawn_on_stop(
     client: Client, settings: Settings
 ) -> None:
-    assert await read_registry(client, settings.task_queue_suffix) is None
+    assert (
+        await read_registry(client, settings.task_queue_suffix, secret=settings.registry_secret)
+        is None
+    )
     async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
         e = entry("p1@host", specs={"word-count": WORD_COUNT})
         async with publishing(client, settings, e) as pub:
@@ -133,7 +136,9 @@ async def test_a_registry_nobody_runs_is_a_clear_reason_and_the_local_fallback(
     async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):
         await publish_raw(client, settings, "p@host", entry("p@host").model_dump(mode="json"))
     with pytest.raises(RegistryUnreadableError, match=r"did not answer within 1s"):
-        await read_registry(client, settings.task_queue_suffix, read_timeout=1)
+        await read_registry(
+            client, settings.task_queue_suffix, secret=settings.registry_secret, read_timeout=1
+        )
     view = await resolve_view(client, settings, lambda: load_specs(), read_timeout=1)
     assert view.source == "local"
     assert view.describe().startswith("local specs (the live registry (aiworker-registry-")

@@ -78,7 +78,7 @@ def identity_of(proc: WorkerProcess) -> str:
 
 
 async def listed(client: Client, settings: Settings) -> dict[str, ProcessEntry]:
-    reg = await read_registry(client, settings.task_queue_suffix)
+    reg = await read_registry(client, settings.task_queue_suffix, secret=settings.registry_secret)
     return {p.identity: p for p in (reg.processes if reg is not None else ())}
 
 

@@ -581,7 +581,9 @@ async def rec_registry(client: Client, tmp: Path) -> Saved:
     wid = names.worker_registry_workflow_id(settings.task_queue_suffix)
 
     async def listed() -> set[str]:
-        live = await read_registry(client, settings.task_queue_suffix)
+        live = await read_registry(
+            client, settings.task_queue_suffix, secret=settings.registry_secret
+        )
         return {p.identity for p in live.processes} if live is not None else set()
 
     async with running_stack(client, settings, queues=[names.PIPELINES_QUEUE]):

@@ -25,6 +25,7 @@ from aiworker.workers.cli.common import (
     err,
     pipelines_session,
 )
+from aiworker.workers.client.terminal import safe_text
 
 
 def bulk_tenant(args: argparse.Namespace) -> str | None:
@@ -134,7 +135,7 @@ def _show(count: int, first: list[str], action: str, dry_run: bool) -> bool:
     more = f" (first {len(first)})" if count > len(first) else ""
     print(f"{count} pipelines match{more}")
     for wid in first:
-        print(f"  {wid}")
+        print(f"  {safe_text(wid)}")
     if dry_run:
         done = {"cancel": "cancelled", "terminate": "terminated"}.get(action, "redriven")
         err(f"dry run: nothing was {done}")

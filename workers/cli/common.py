@@ -114,6 +114,15 @@ def dev_settings(command: str, data_dir: str | None) -> Settings:
         env.setdefault("AIWORKER_RATE_LIMITS", "web-scrape:demo=120/min")
     if data_dir:
         env["AIWORKER_DATA_DIR"] = data_dir
+    if not env.get("AIWORKER_REGISTRY_SECRET"):
+        # the stack's registry is signed with a secret of its own, kept in its data
+        # dir, where the commands beside it (same data dir) read it
+        from aiworker.config.settings import REGISTRY_SECRET_FILE
+        from aiworker.workers.devstack.state import ensure_registry_secret
+
+        ensure_registry_secret(
+            Path(env.get("AIWORKER_DATA_DIR") or ".aiworker"), REGISTRY_SECRET_FILE
+        )
     return load_settings(env)
 
 

@@ -30,6 +30,7 @@ from aiworker.workers.cli.common import (
     command_settings,
     err,
 )
+from aiworker.workers.client.terminal import safe_text
 from aiworker.workers.process.deployments import (
     DeploymentError,
     DeploymentState,
@@ -53,12 +54,14 @@ async def _connect(args: argparse.Namespace) -> tuple[Client, str]:
 
 def _print_state(state: DeploymentState) -> None:
     ramp = f", ramping {state.ramping} at {state.ramp_percentage:g}%" if state.ramping else ""
-    print(f"deployment {state.name}: current {state.current or 'none'}{ramp}")
-    width = max([8, *(len(v.build_id) for v in state.versions)])
+    # build ids are whatever a worker process registered: escaped
+    ramp = ramp and safe_text(ramp)
+    print(f"deployment {safe_text(state.name)}: current {safe_text(state.current or 'none')}{ramp}")
+    width = max([8, *(len(safe_text(v.build_id)) for v in state.versions)])
     print(f"{'build id':<{width}} {'status':<9} {'open runs':>9}  created")
     for v in state.versions:
         runs = "?" if v.running is None else str(v.running)
-        print(f"{v.build_id:<{width}} {v.status:<9} {runs:>9}  {v.created}")
+        print(f"{safe_text(v.build_id):<{width}} {safe_text(v.status):<9} {runs:>9}  {v.created}")
 
 
 async def _list(args: argparse.Namespace, client: Client, name: str) -> int:

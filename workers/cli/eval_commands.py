@@ -27,6 +27,7 @@ from aiworker.workers.cli.common import (
     err,
     positive_int,
 )
+from aiworker.workers.client.terminal import safe_text
 
 
 def _fraction(value: str) -> float:
@@ -307,8 +308,11 @@ async def eval_run(args: argparse.Namespace) -> int:
     result = await handle.result()
     for r in result.items:
         if r.error_code == "invalid_input":
-            where = f" at {r.error_field}" if r.error_field else ""
-            err(f"item {r.id}: the candidate refused its input{where}: {r.error_message}")
+            where = f" at {safe_text(r.error_field)}" if r.error_field else ""
+            err(
+                f"item {safe_text(r.id)}: the candidate refused its input{where}: "
+                f"{safe_text(r.error_message)}"
+            )
     scoring = rep.Scoring(
         output_schema=contract,
         validator_schema=validator_schema,

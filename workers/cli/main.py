@@ -69,6 +69,7 @@ from aiworker.workers.cli.items import cmd_items
 from aiworker.workers.cli.parser import build_parser
 from aiworker.workers.cli.schedule_commands import cmd_schedule
 from aiworker.workers.cli.serve import cmd_keys, cmd_serve
+from aiworker.workers.client.terminal import safe_text
 from aiworker.workers.process.replay import cmd_replay
 
 if TYPE_CHECKING:
@@ -260,9 +261,11 @@ async def cmd_list(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"{'workflow id':<44} {'status':<22} {'tenant':<12} {'pipeline':<20} started")
     for r in rows:
+        # ids and search attributes are anyone's text: one escaped cell each
+        cell = {k: safe_text(v or "-") for k, v in r.items()}
         print(
-            f"{r['workflow_id']:<44} {r['status'] or '-':<22} {r['tenant'] or '-':<12} "
-            f"{r['pipeline'] or '-':<20} {r['start_time'] or '-'}"
+            f"{cell['workflow_id']:<44} {cell['status']:<22} {cell['tenant']:<12} "
+            f"{cell['pipeline']:<20} {cell['start_time']}"
         )
     return EXIT_OK
 
@@ -421,6 +424,7 @@ def _print_live_workers(registry: LiveRegistry, *, as_json: bool) -> int:
     """The live registry's workers: one row per worker, version and spec hash, with
     the processes serving it and their build ids; conflicts on stderr."""
     rows = []
+    # every string of an entry is the publisher's: escaped cell by cell
     for _, offers in sorted(registry.offers().items()):
         groups: dict[tuple[str, str], list[Any]] = {}
         for process, w in offers:
@@ -462,7 +466,7 @@ def _print_live_workers(registry: LiveRegistry, *, as_json: bool) -> int:
         }
         print(json.dumps(doc, indent=2))
         return EXIT_OK
-    width = max([6, *(len(r["worker_id"]) for r in rows)])
+    width = max([6, *(len(safe_text(r["worker_id"])) for r in rows)])
     print(
         f"{'worker':<{width}} {'kind':<8} {'version':<8} {'spec':<12} "
         f"{'task queue':<20} processes (build id)"
@@ -470,12 +474,15 @@ def _print_live_workers(registry: LiveRegistry, *, as_json: bool) -> int:
     for r in rows:
         impl = r.get("implementation") or {}
         kind = impl.get("kind", "python") if isinstance(impl, dict) else "python"
-        served = ", ".join(f"{p['identity']} ({p['build_id']})" for p in r["processes"])
+        served = ", ".join(
+            f"{safe_text(p['identity'])} ({safe_text(p['build_id'])})" for p in r["processes"]
+        )
         if not r["served"]:
             served = f"served elsewhere (external; known to {served})"
         print(
-            f"{r['worker_id']:<{width}} {kind:<8} {r['version']:<8} {r['spec_hash'][:12]:<12} "
-            f"{r['task_queue']:<20} {served}"
+            f"{safe_text(r['worker_id']):<{width}} {safe_text(kind):<8} "
+            f"{safe_text(r['version']):<8} {safe_text(r['spec_hash'][:12]):<12} "
+            f"{safe_text(r['task_queue']):<20} {served}"
         )
     return EXIT_OK
 
@@ -622,11 +629,15 @@ def main(argv: list[str] | None = None) -> int:
 
     Whatever a command raises ends in one line on stderr and an exit code
     (:func:`aiworker.workers.cli.errors.explain`); ``--debug`` adds the
-    traceback.
+    traceback. What any command prints goes out with its control characters
+    escaped (:mod:`aiworker.workers.client.terminal`): strings from Temporal
+    never drive the terminal.
     """
+    from aiworker.workers.client.terminal import safe_streams
+
     args = build_parser().parse_args(argv)
     # Every client-side command is one span with its exit code (workers.cli.command_span).
-    with command_span(args) as outcome:
+    with safe_streams(), command_span(args) as outcome:
         return outcome(_dispatch(args))
 
 

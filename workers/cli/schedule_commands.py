@@ -25,6 +25,7 @@ from aiworker.workers.cli.common import (
     err,
     read_checked_pipeline,
 )
+from aiworker.workers.client.terminal import safe_text
 
 if TYPE_CHECKING:
     from aiworker.workers.client.client import PipelineClient
@@ -90,13 +91,13 @@ async def schedule_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.to_json() for r in rows], indent=2))
         return EXIT_OK
-    width = max([11, *(len(r.schedule_id) for r in rows)])
+    width = max([11, *(len(safe_text(r.schedule_id)) for r in rows)])
     print(f"{'schedule id':<{width}} {'pipeline':<20} {'next run':<21} {'paused':<6} spec")
     for r in rows:
         nxt = r.to_json()["next_run"] or "-"
         print(
-            f"{r.schedule_id:<{width}} {r.pipeline or '-':<20} {nxt:<21} "
-            f"{'yes' if r.paused else 'no':<6} {r.spec}"
+            f"{safe_text(r.schedule_id):<{width}} {safe_text(r.pipeline or '-'):<20} {nxt:<21} "
+            f"{'yes' if r.paused else 'no':<6} {safe_text(r.spec)}"
         )
     return EXIT_OK
 

@@ -48,6 +48,7 @@ from aiworker.workers.client.progress import (
     ui_base,
     workflow_link,
 )
+from aiworker.workers.client.terminal import raw_stream, safe_text
 from aiworker.workers.client.waits import (
     MAX_POLLS,
     POLL_SECONDS,
@@ -179,12 +180,14 @@ class LiveView(_Output):
             self.name, self.snap, elapsed, self.frame, width=width, ascii_only=self.ascii_only
         )
         self.frame += 1
-        self.out.write(f"\r{line}\x1b[K")
+        # the one writer of control sequences: around a line whose text came from
+        # Temporal, escaped (workers/client/terminal.py)
+        raw_stream(self.out).write(f"\r{safe_text(line)}\x1b[K")
         self.out.flush()
 
     def close(self, doc: dict[str, Any] | None, elapsed: float) -> None:
         """Clear the line; then the summary table."""
-        self.out.write("\r\x1b[K")
+        raw_stream(self.out).write("\r\x1b[K")
         if doc is not None:
             self.out.write(self.summary(doc, elapsed) + "\n")
         self.out.flush()

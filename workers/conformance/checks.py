@@ -152,7 +152,8 @@ def invalid_inputs(spec: WorkerSpec) -> list[tuple[dict[str, Any], str]]:
 def other_major(version: str) -> str:
     """A contract version whose major differs from ``version``'s."""
     major, _, rest = version.partition(".")
-    other = str(int(major) + 1) if major.isdigit() else f"{major}x"
+    # ASCII digits only: str.isdigit is true of "²", which int() refuses
+    other = str(int(major) + 1) if major.isascii() and major.isdigit() else f"{major}x"
     return f"{other}.{rest}" if rest else other
 
 

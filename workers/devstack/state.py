@@ -12,6 +12,13 @@ default) once its worker polls:
 - ``dev.json``: the running stack's state (address, namespace, Web UI, the PIDs
   of ``aiworker dev`` and its server, the sample site), removed on a clean stop.
 
+A third file, ``registry.secret``, is written before the stack starts when
+``AIWORKER_REGISTRY_SECRET`` is unset (:func:`ensure_registry_secret`): the
+stack's worker signs its live-registry entries with it, and every command run
+with the same data directory reads it as its registry secret
+(``config/settings.py``), so the dev stack's registry is authenticated out of
+the box. It is readable by its owner only and stays (a later stack reuses it).
+
 envconfig has no notion of "the stack running in this folder" and no place for
 the UI's address or a liveness check, hence ``dev.json``: a client that was
 told nothing (no ``TEMPORAL_ADDRESS``, ``TEMPORAL_CONFIG_FILE``, profile or
@@ -30,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -72,6 +80,21 @@ class DevStack:
     def profile_path(self) -> Path:
         """The envconfig profile file (``TEMPORAL_CONFIG_FILE``) of the stack."""
         return Path(self.data_dir) / PROFILE_FILE
+
+
+def ensure_registry_secret(data_dir: Path, name: str = "registry.secret") -> None:
+    """Write a random registry secret to ``data_dir/name`` (mode 0600) unless one is
+    there; a concurrent writer's file wins."""
+    path = data_dir / name
+    if path.exists():
+        return
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
 
 
 def _toml_string(value: str) -> str:

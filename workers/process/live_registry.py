@@ -12,14 +12,22 @@ a process that serves only ``aiworker-scrape`` starts and polls whether or
 not a pipelines worker is up to run the registry; a failed publish is logged
 (once per failing streak) and tried again at the next refresh.
 
+Each entry is signed with the deployment's ``AIWORKER_REGISTRY_SECRET``
+(HMAC-SHA256, ``schemas/live_registry.py``; unsigned when the process has no
+secret), and names the owner of its record: the sha256 of a key this process
+alone holds, which its withdraw sends.
+
 **Reading** (:func:`read_registry`, :func:`resolve_view`): the ``entries``
-query with a short RPC timeout. Each entry is parsed on its own: one of
-another major protocol version or a malformed one is ignored with a warning
-naming the process. The result is a :class:`WorkerView`: the specs a pipeline
-is checked against, the model aliases the live workers have, and where they
-came from: the live registry when it answers and lists a process, else the
-local specs (spec files, installed plugins) with the reason, so every client
-says which it used.
+query with a short RPC timeout. Each entry is validated whole on its own: one
+not signed with this process's secret, of another major protocol version or
+malformed in any part is ignored with a warning naming the process, and the
+rest are used. The result is a :class:`WorkerView`: the specs a pipeline is
+checked against, the model aliases the live workers have, and where they came
+from: the live registry when it answers and lists a process, else the local
+specs (spec files, installed plugins) with the reason, so every client says
+which it used. A process without a secret uses no published spec at all (it
+could not tell a real entry from a forged one), and a built-in worker's spec
+is always this process's own, whatever an entry says.
 """
 
 from __future__ import annotations
@@ -27,11 +35,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
+from pydantic import SecretStr
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
@@ -41,20 +51,25 @@ from temporalio.client import (
 from temporalio.common import AutoUpgradeVersioningOverride, WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from aiworker.config.catalog import load_specs
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.caps import Caps
 from aiworker.schemas.live_registry import (
+    OWNER_FIELD,
     ModelAliasEntry,
     ProcessEntry,
     PublishRequest,
     RegistryState,
     ServedWorker,
+    WithdrawRequest,
+    owner_of,
     parse_entry,
+    sign_entry,
     spec_hash,
 )
 from aiworker.schemas.pipeline import PipelineSpec
-from aiworker.schemas.spec import PromptImplementation, WorkerSpec
+from aiworker.schemas.spec import PromptImplementation, WorkerSpec, version_key
 from aiworker.workflows.worker_registry import WorkerRegistryWorkflow
 
 log = logging.getLogger("aiworker.registry")
@@ -64,6 +79,30 @@ log = logging.getLogger("aiworker.registry")
 READ_TIMEOUT_SECONDS = 3.0
 # How long one publish (update-with-start) or withdraw may take.
 PUBLISH_TIMEOUT_SECONDS = 10.0
+# Why a process without a registry secret uses only its local specs.
+NO_SECRET_REASON = (
+    "AIWORKER_REGISTRY_SECRET is not set, so the live registry's entries cannot be "
+    "authenticated and no published spec is used"
+)
+# said once per process, not at every run config
+_said_no_secret = False
+
+
+def secret_bytes(secret: SecretStr | bytes | None) -> bytes | None:
+    """The registry secret as the key of its HMAC; None when there is none."""
+    if secret is None or isinstance(secret, bytes):
+        return secret
+    return secret.get_secret_value().encode()
+
+
+def _say_no_secret(why: str) -> None:
+    global _said_no_secret
+    if not _said_no_secret:
+        _said_no_secret = True
+        log.warning(
+            "registry.no_secret",
+            extra={"aiworker": {"event": "registry_no_secret", "reason": why}},
+        )
 
 
 # --- publishing ---------------------------------------------------------------------
@@ -185,13 +224,24 @@ class RegistryPublisher:
         self.timeout = timeout
         self.workflow_id = names.worker_registry_workflow_id(settings.task_queue_suffix)
         self.published = asyncio.Event()
+        # the record's owner is this key's hash: only this object can withdraw or
+        # replace the record while it lives (the key is sent only to withdraw)
+        self._key = secrets.token_hex(32)
+        secret = secret_bytes(settings.registry_secret)
+        if secret is None:
+            _say_no_secret(
+                "AIWORKER_REGISTRY_SECRET is not set: this process publishes an unsigned "
+                "entry, which processes with a secret ignore, and uses no published spec"
+            )
+        owned = {**entry.model_dump(mode="json"), OWNER_FIELD: owner_of(self._key)}
+        self._signed = sign_entry(owned, secret)
 
     async def publish_once(self) -> int:
         """Publish the entry (update-with-start); the number of processes listed."""
         request = PublishRequest(
             identity=self.entry.identity,
             ttl_seconds=self.ttl_seconds,
-            entry=self.entry.model_dump(mode="json"),
+            entry=self._signed,
         )
         start = WithStartWorkflowOperation(
             WorkerRegistryWorkflow.run,
@@ -220,7 +270,7 @@ class RegistryPublisher:
         await asyncio.wait_for(
             handle.signal(
                 WorkerRegistryWorkflow.withdraw,
-                self.entry.identity,
+                WithdrawRequest(identity=self.entry.identity, key=self._key),
                 rpc_timeout=timedelta(seconds=self.timeout),
             ),
             self.timeout,
@@ -320,10 +370,13 @@ class LiveRegistry:
     Attributes:
         processes: the entries this client reads, by identity order.
         warnings: one line per entry ignored (naming its process).
+        trusted: the entries were authenticated with the registry secret; when
+            false, :meth:`specs` gives no published spec.
     """
 
     processes: tuple[ProcessEntry, ...]
     warnings: tuple[str, ...] = ()
+    trusted: bool = False
 
     def offers(self) -> dict[str, list[tuple[ProcessEntry, ServedWorker]]]:
         """Each worker id with every process that lists it."""
@@ -334,16 +387,24 @@ class LiveRegistry:
         return out
 
     def specs(self) -> dict[str, WorkerSpec]:
-        """One spec per worker id: a served one over a merely known (external) one,
-        then the highest version, then the spec most processes publish."""
+        """One spec per worker id some process lists: a built-in's is this process's
+        own (never a published one); else a served one over a merely known
+        (external) one, then the highest version, then the spec most processes
+        publish. Only built-ins when the entries are not :attr:`trusted`."""
         out: dict[str, WorkerSpec] = {}
+        builtins = load_specs()
         for wid, offers in self.offers().items():
+            if wid in builtins:
+                out[wid] = builtins[wid]
+                continue
+            if not self.trusted:
+                continue
             counts: dict[str, int] = {}
             for _, w in offers:
                 counts[w.spec_hash] = counts.get(w.spec_hash, 0) + 1
             _, best = max(
                 offers,
-                key=lambda o: (o[1].served, _version_key(o[1].version), counts[o[1].spec_hash]),
+                key=lambda o: (o[1].served, version_key(o[1].version), counts[o[1].spec_hash]),
             )
             out[wid] = WorkerSpec.model_validate(best.spec)
         return out
@@ -378,18 +439,17 @@ class LiveRegistry:
         return out
 
 
-def _version_key(version: str) -> tuple[Any, ...]:
-    parts: list[tuple[int, Any]] = []
-    for piece in version.replace("-", ".").split("."):
-        parts.append((0, int(piece)) if piece.isdigit() else (-1, piece))
-    return tuple(parts)
-
-
 async def read_registry(
-    client: Client, queue_suffix: str = "", *, read_timeout: float = READ_TIMEOUT_SECONDS
+    client: Client,
+    queue_suffix: str = "",
+    *,
+    secret: SecretStr | bytes | None,
+    read_timeout: float = READ_TIMEOUT_SECONDS,
 ) -> LiveRegistry | None:
     """The live registry of ``client``'s namespace and the queue family ``queue_suffix``;
-    None when no process ever published there.
+    None when no process ever published there. With ``secret``, only the entries it
+    authenticates (the others ignored with a warning each); without, every
+    well-formed entry, not :attr:`~LiveRegistry.trusted`.
 
     Raises:
         RegistryUnreadableError: the query failed or did not answer in ``read_timeout``.
@@ -426,9 +486,10 @@ async def read_registry(
         raise RegistryUnreadableError(
             f"the live registry ({workflow_id}) cannot be read: {type(e).__name__}: {e}"
         ) from None
+    key = secret_bytes(secret)
     processes, warnings = [], []
     for identity, record in sorted(snapshot.records.items()):
-        entry, warning = parse_entry(identity, record.entry)
+        entry, warning = parse_entry(identity, record.entry, key)
         if warning is not None:
             log.warning(
                 "registry.entry_ignored",
@@ -443,15 +504,21 @@ async def read_registry(
             warnings.append(warning)
         if entry is not None:
             processes.append(entry)
-    return LiveRegistry(tuple(processes), tuple(warnings))
+    return LiveRegistry(tuple(processes), tuple(warnings), trusted=key is not None)
 
 
-async def live_specs(client: Client, queue_suffix: str = "") -> dict[str, WorkerSpec]:
+async def live_specs(
+    client: Client, queue_suffix: str = "", *, secret: SecretStr | bytes | None
+) -> dict[str, WorkerSpec]:
     """The specs the live registry publishes, for a run's run config (which records
-    them); empty, with a warning, when no process published or the registry cannot
-    be read: the run then knows only the answering process's own workers."""
+    them); empty, with a warning, when no process published, the registry cannot
+    be read or there is no ``secret`` to authenticate it (said once per process):
+    the run then knows only the answering process's own workers."""
+    if secret is None:
+        _say_no_secret(NO_SECRET_REASON)
+        return {}
     try:
-        live = await read_registry(client, queue_suffix)
+        live = await read_registry(client, queue_suffix, secret=secret)
     except RegistryUnreadableError as e:
         log.warning(
             "registry.unreadable",
@@ -510,13 +577,19 @@ async def resolve_view(
     why_no_client: str = "",
 ) -> WorkerView:
     """The live registry's view when it answers and lists a process, else the
-    local specs (``local()``, called only then) with the reason."""
+    local specs (``local()``, called only then) with the reason; the local specs
+    too when ``settings`` have no registry secret (the registry is not read)."""
     reason = why_no_client or "no Temporal client"
     registry: LiveRegistry | None = None
-    if client is not None:
+    if client is not None and settings.registry_secret is None:
+        reason = NO_SECRET_REASON
+    elif client is not None:
         try:
             registry = await read_registry(
-                client, settings.task_queue_suffix, read_timeout=read_timeout
+                client,
+                settings.task_queue_suffix,
+                secret=settings.registry_secret,
+                read_timeout=read_timeout,
             )
         except RegistryUnreadableError as e:
             reason = str(e)
@@ -532,6 +605,7 @@ async def resolve_view(
 
 
 __all__ = [
+    "NO_SECRET_REASON",
     "LiveRegistry",
     "RegistryPublisher",
     "RegistryUnreadableError",
@@ -542,5 +616,6 @@ __all__ = [
     "publishing",
     "read_registry",
     "resolve_view",
+    "secret_bytes",
     "served_on",
 ]

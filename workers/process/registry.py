@@ -130,7 +130,9 @@ def activities_for(
             runtime.settings,
             runtime.specs,
             local_workers(runtime.settings, workers),
-            live_specs=lambda: live_specs(activity.client(), suffix),
+            live_specs=lambda: live_specs(
+                activity.client(), suffix, secret=runtime.settings.registry_secret
+            ),
         )
         out += [
             limiter.acquire,
