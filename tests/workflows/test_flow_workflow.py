@@ -249,12 +249,12 @@ async def test_a_start_sent_again_after_continue_as_new_gets_its_answer_not_a_co
 async def test_starts_racing_continue_as_new_are_each_answered_and_counted_once(
     client: Client, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its cap lowered below any history, the flow workflow continues as new in every
-    workflow task, so starts keep arriving at a run that is closing (the server
-    aborts them) or at the server's limit of updates in flight: each is sent again
-    with its update id until it lands. Every start gets one answer, and each is
-    counted once: the answers' counts are 1..N, no gap and no repeat."""
-    monkeypatch.setattr(flow_state, "MAX_HISTORY_EVENTS", 1)
+    """Its cap lowered to 20 events, the flow workflow continues as new every few
+    starts while 60 starts reach it at once: starts arrive at a run that is closing
+    (the server aborts them) or past the server's 10 updates in flight, and each is
+    sent again with its update id until it lands. Every start gets one answer and
+    is counted once: the answers' counts are 1..60, no gap and no repeat."""
+    monkeypatch.setattr(flow_state, "MAX_HISTORY_EVENTS", 20)
     name = f"deb-{uuid.uuid4().hex[:6]}"
     flow = {"debounce": {"seconds": 86_400}}
     starts = 60

@@ -65,11 +65,13 @@ from aiworker.schemas.problems import Problem
 from aiworker.workflows.flow import PipelineFlowWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
 
-START_RETRY_SECONDS = 30.0
+START_RETRY_SECONDS = 120.0
 """How long a start is sent again while the server does not land it
 (:func:`lands_if_sent_again`): more than the server's in-flight updates per
 workflow (``history.maxInFlightUpdates``, 10 by default) at once, or the flow
-workflow closing (idle, continue-as-new) as it arrives."""
+workflow closing (idle, continue-as-new) as it arrives. Two minutes: on a loaded
+machine (load 20 on 2 cores) a burst of 60 starts to one key took over 30 s to
+land its last start."""
 START_RETRY_MAX_PAUSE = 1.0
 """The longest pause between two sends of one start (the pause doubles from 20 ms)."""
 UPDATE_OUTLIVED_RUN = "AcceptedUpdateCompletedWorkflow"
