@@ -33,8 +33,9 @@ import asyncio
 import random
 import time
 import uuid
+import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -72,6 +73,13 @@ workflow (``history.maxInFlightUpdates``, 10 by default) at once, or the flow
 workflow closing (idle, continue-as-new) as it arrives. Two minutes: on a loaded
 machine (load 20 on 2 cores) a burst of 60 starts to one key took over 30 s to
 land its last start."""
+KEY_STARTS_IN_FLIGHT = 8
+"""Starts one process sends to one key's flow workflow at once, below the server's
+10 updates in flight per workflow: a burst from one process waits its turn here
+instead of being refused and sent again by every caller at once."""
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Gate]] = (
+    weakref.WeakKeyDictionary()
+)
 START_RETRY_MAX_PAUSE = 1.0
 """The longest pause between two sends of one start (the pause doubles from 20 ms)."""
 UPDATE_OUTLIVED_RUN = "AcceptedUpdateCompletedWorkflow"
@@ -198,7 +206,9 @@ async def submit(
 ) -> FlowHandle:
     """Send one start to the key's flow workflow (update-with-start); its answer.
 
-    A start the server did not land is sent again with the same update id, with a
+    At most :data:`KEY_STARTS_IN_FLIGHT` starts of this process are sent to one
+    key's flow workflow at once; the others wait their turn. A start the server
+    did not land is sent again with the same update id, with a
     jittered pause doubling to :data:`START_RETRY_MAX_PAUSE`, for up to
     :data:`START_RETRY_SECONDS` (:func:`lands_if_sent_again`).
 
@@ -231,6 +241,38 @@ async def submit(
     # One id for every attempt: a start answered by a run that continued as new before
     # its answer came back is answered again by the next run, not counted twice.
     update_id = update_id or f"start-{uuid.uuid4()}"
+    gates = _gates.setdefault(asyncio.get_running_loop(), {})
+    gate = gates.setdefault(plan.workflow_id, _Gate())
+    gate.users += 1
+    try:
+        async with gate.slots:
+            return await _send(
+                temporal, request, state, plan, task_queue, search_attributes, update_id
+            )
+    finally:
+        gate.users -= 1
+        if gate.users == 0:  # the last of a burst: a key's gate lives while it is used
+            gates.pop(plan.workflow_id, None)
+
+
+@dataclass
+class _Gate:
+    slots: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(KEY_STARTS_IN_FLIGHT)
+    )
+    users: int = 0
+
+
+async def _send(
+    temporal: Client,
+    request: FlowRequest,
+    state: FlowState,
+    plan: FlowStart,
+    task_queue: str,
+    search_attributes: bool,
+    update_id: str,
+) -> FlowHandle:
+    """:func:`submit`'s sends of one start, until it lands or the time is up."""
     deadline = time.monotonic() + START_RETRY_SECONDS
     pause = 0.02
     while True:
