@@ -241,13 +241,16 @@ async def submit(
     # One id for every attempt: a start answered by a run that continued as new before
     # its answer came back is answered again by the next run, not counted twice.
     update_id = update_id or f"start-{uuid.uuid4()}"
+    # counted from here, the wait for a turn included: the starts ahead of this one
+    # began earlier, so their deadlines pass first and the wait is bounded too
+    deadline = time.monotonic() + START_RETRY_SECONDS
     gates = _gates.setdefault(asyncio.get_running_loop(), {})
     gate = gates.setdefault(plan.workflow_id, _Gate())
     gate.users += 1
     try:
         async with gate.slots:
             return await _send(
-                temporal, request, state, plan, task_queue, search_attributes, update_id
+                temporal, request, state, plan, task_queue, search_attributes, update_id, deadline
             )
     finally:
         gate.users -= 1
@@ -271,9 +274,10 @@ async def _send(
     task_queue: str,
     search_attributes: bool,
     update_id: str,
+    deadline: float,
 ) -> FlowHandle:
-    """:func:`submit`'s sends of one start, until it lands or the time is up."""
-    deadline = time.monotonic() + START_RETRY_SECONDS
+    """:func:`submit`'s sends of one start, until it lands or ``deadline`` passes
+    (at least one send)."""
     pause = 0.02
     while True:
         start = WithStartWorkflowOperation(
