@@ -24,7 +24,9 @@ dropped its in-memory updates (a workflow task that timed out on a loaded
 machine), or the run it was accepted by closed before answering. The flow
 workflow answers an update id it answered before with the answer it gave, across
 continue-as-new too (``FlowState.answered``), so a start sent again is never
-counted twice.
+counted twice. One process sends at most :data:`KEY_STARTS_IN_FLIGHT` starts to a
+key's flow workflow at once, so its own bursts queue in the process rather than
+at the server.
 """
 
 from __future__ import annotations
