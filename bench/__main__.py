@@ -10,6 +10,12 @@ overhead and throughput shapes; the others are the keys below) and replaces just
 their keys in the existing latest.json: each part's ratios compare against a
 baseline measured inside that part's own run, so parts run at different times
 stay comparable. ``measured_at`` says when each key was last measured.
+
+A part that raises does not stop the bench: its key holds ``{"failed": "<error>"}``
+(with the figures it had before under ``previous``, when a ``BENCH_ONLY`` run
+replaced them), ``failed_parts`` names it with its error, and the bench exits 1 at
+the end. latest.json is written after each part, so a bench killed midway keeps
+what it measured.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import os
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +88,31 @@ async def _engine(out: dict[str, Any], quick: bool) -> None:
     out["per_pipeline"] = tp["per_pipeline"]
 
 
+def _failed(previous: Any, error: BaseException) -> dict[str, Any]:
+    """A failed part's entry: the error, and the figures it had before (if any)."""
+    entry: dict[str, Any] = {"failed": f"{type(error).__name__}: {error}"}
+    if isinstance(previous, dict):
+        before = previous.get("previous") if "failed" in previous else previous
+        if before is not None:
+            entry["previous"] = before
+    return entry
+
+
+def _write(out: dict[str, Any], started: float) -> None:
+    """latest.json as measured so far (the targets from the figures on record)."""
+    out["wall_seconds"] = round(time.time() - started, 1)
+    scrape, article = out.get("scrape"), out.get("article")
+    out["scrape_ratio_vs_direct"] = (
+        scrape.get("scrape_ratio_vs_direct") if isinstance(scrape, dict) else None
+    )
+    out["article_ratio_vs_direct"] = (
+        article.get("article_ratio_vs_direct") if isinstance(article, dict) else None
+    )
+    out["targets"] = targets(out)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "latest.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
+
+
 async def main() -> int:
     quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
     only = _selected()
@@ -91,10 +123,24 @@ async def main() -> int:
         out = json.loads(latest.read_text())
     out.update({"quick": quick, "python": platform.python_version(), "cpus": os.cpu_count()})
     measured: dict[str, str] = dict(out.get("measured_at") or {})
+    out["measured_at"] = measured
+    failures: dict[str, str] = {}  # this run's
+    earlier = out.get("failed_parts")
+    out["failed_parts"] = recorded = {
+        k: v
+        for k, v in (earlier if isinstance(earlier, dict) else {}).items()
+        if only is not None and k not in only
+    }
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if only is None or ENGINE in only:
-        await _engine(out, quick)
-        measured[ENGINE] = stamp
+        try:
+            await _engine(out, quick)
+        except Exception as e:  # the other parts' figures still count
+            traceback.print_exc()
+            failures[ENGINE] = recorded[ENGINE] = f"{type(e).__name__}: {e}"
+        else:
+            measured[ENGINE] = stamp
+        _write(out, started)
     for name, key in PARTS:
         if only is not None and key not in only:
             continue
@@ -103,24 +149,21 @@ async def main() -> int:
         except ImportError:
             out[key] = {"skipped": f"{name} not present"}
             continue
-        res = mod.run(quick)
-        out[key] = await res if asyncio.iscoroutine(res) else res
-        measured[key] = stamp
-    out["measured_at"] = measured
-    scrape, article = out.get("scrape"), out.get("article")
-    out["scrape_ratio_vs_direct"] = (
-        scrape.get("scrape_ratio_vs_direct") if isinstance(scrape, dict) else None
-    )
-    out["article_ratio_vs_direct"] = (
-        article.get("article_ratio_vs_direct") if isinstance(article, dict) else None
-    )
-    out["wall_seconds"] = round(time.time() - started, 1)
-
-    out["targets"] = targets(out)
+        try:
+            res = mod.run(quick)
+            out[key] = await res if asyncio.iscoroutine(res) else res
+        except Exception as e:  # the other parts' figures still count
+            traceback.print_exc()
+            out[key] = _failed(out.get(key), e)
+            failures[key] = recorded[key] = out[key]["failed"]
+        else:
+            measured[key] = stamp
+        _write(out, started)
+    _write(out, started)
 
     print_report(out)
     ov = out.get("runtime_overhead")
-    if isinstance(ov, dict):
+    if isinstance(ov, dict) and ENGINE not in failures:
         print(
             f"\nruntime overhead per call: p50 {ov['overhead_p50_us']:.0f} us, "
             f"p99 {ov['overhead_p99_us']:.0f} us (direct p50 {ov['direct_us']['p50']:.0f} us, "
@@ -132,9 +175,12 @@ async def main() -> int:
     for _, key in PARTS[2:]:
         part = out.get(key)
         print(f"{key}: {json.dumps(part, default=str)[:400] if part is not None else None}")
-    RESULTS.mkdir(exist_ok=True)
-    latest.write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(f"written {latest} in {out['wall_seconds']}s")
+    if failures:
+        print(f"FAILED parts: {', '.join(failures)}", file=sys.stderr)
+        for key, error in failures.items():
+            print(f"  {key}: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

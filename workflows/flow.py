@@ -259,9 +259,9 @@ class PipelineFlowWorkflow:
 __all__ = ["PipelineFlowWorkflow"]
 
 
-SUBMIT_TIMEOUT = timedelta(seconds=90)
-"""One ``flow-submit`` attempt: its start is sent again for up to 30 s while the
-key's flow workflow is busy (``workers/client/flow_start.py``), with room to spare."""
+SUBMIT_TIMEOUT = timedelta(seconds=180)
+"""One ``flow-submit`` attempt: its start is sent again for up to 120 s while the
+server does not land it (``workers/client/flow_start.py``), with room to spare."""
 SUBMIT_ATTEMPTS = 5
 
 

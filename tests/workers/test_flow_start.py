@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 from conftest import running_stack
-from temporalio.client import Client
+from temporalio.client import (
+    Client,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 from test_cli import address, run_cli
 
 from aiworker.config.settings import Settings
@@ -23,7 +29,7 @@ from aiworker.schemas import names
 from aiworker.schemas.flow import flow_workflow_id
 from aiworker.schemas.pipeline_check import PipelineSpecError
 from aiworker.workers.client.client import PipelineClient
-from aiworker.workers.client.flow_start import FlowRefusedError
+from aiworker.workers.client.flow_start import FlowRefusedError, lands_if_sent_again
 
 
 def _pipeline(name: str, customer: Any, flow: dict[str, Any] | None) -> dict[str, Any]:
@@ -150,3 +156,67 @@ async def test_aiworker_run_waits_for_a_queued_run_then_follows_it(
         doc = json.loads(as_json.stdout)
         assert doc["status"] == "succeeded" and "/c2/" in doc["workflow_id"]
         assert f"{name}: queued as {doc['workflow_id']}" in as_json.stderr
+
+
+# What the server answers a start's update-with-start that did not land (messages as
+# temporalio/temporal spells them), and whether sending it again with its update id
+# lands it. The dev-server tests in tests/workflows/test_flow_workflow.py provoke the
+# races themselves; this table pins the reading of each answer.
+SENT_AGAIN = [
+    (RPCError("workflow update was aborted", RPCStatusCode.UNAVAILABLE, b""), True),
+    (
+        RPCError(
+            "workflow operation can not be applied because workflow is closing",
+            RPCStatusCode.RESOURCE_EXHAUSTED,
+            b"",
+        ),
+        True,
+    ),
+    (RPCError("too many outstanding updates", RPCStatusCode.RESOURCE_EXHAUSTED, b""), True),
+    (
+        RPCError("workflow update was aborted by closing workflow", RPCStatusCode.NOT_FOUND, b""),
+        True,
+    ),
+    (RPCError("Update-with-Start could not be executed.", RPCStatusCode.ABORTED, b""), True),
+    (
+        WorkflowUpdateFailedError(
+            ApplicationError(
+                "Workflow Update failed because the Workflow completed before the Update "
+                "completed.",
+                type="AcceptedUpdateCompletedWorkflow",
+                non_retryable=True,
+            )
+        ),
+        True,
+    ),
+    (RPCError("Namespace acme is not found.", RPCStatusCode.NOT_FOUND, b""), False),
+    (RPCError("bad request", RPCStatusCode.INVALID_ARGUMENT, b""), False),
+    (
+        RPCError(
+            "Unable to perform workflow execution update due to unexpected workflow task failure.",
+            RPCStatusCode.FAILED_PRECONDITION,
+            b"",
+        ),
+        False,
+    ),
+    (RPCError("request unauthorized", RPCStatusCode.PERMISSION_DENIED, b""), False),
+    (
+        WorkflowUpdateFailedError(
+            ApplicationError("queue full", type="flow_refused", non_retryable=True)
+        ),
+        False,
+    ),
+    (
+        WorkflowUpdateFailedError(
+            ApplicationError("internal error", type="internal", non_retryable=True)
+        ),
+        False,
+    ),
+    (WorkflowUpdateRPCTimeoutOrCancelledError(), False),
+    (ValueError("not from Temporal"), False),
+]
+
+
+@pytest.mark.parametrize(("error", "lands"), SENT_AGAIN, ids=lambda v: repr(v)[:60])
+def test_which_answers_a_start_is_sent_again_after(error: BaseException, lands: bool) -> None:
+    assert lands_if_sent_again(error) is lands

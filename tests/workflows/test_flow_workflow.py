@@ -21,7 +21,22 @@ from unittest.mock import ANY
 
 import pytest
 from conftest import running_stack
+from google.protobuf.any_pb2 import Any as Any_
 from support.waiting import wait_until
+from temporalio.api.command.v1 import (
+    Command,
+    ContinueAsNewWorkflowExecutionCommandAttributes,
+    ProtocolMessageCommandAttributes,
+)
+from temporalio.api.enums.v1 import CommandType, TaskQueueKind
+from temporalio.api.protocol.v1 import Message
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.update.v1 import Acceptance
+from temporalio.api.update.v1 import Request as UpdateRequest
+from temporalio.api.workflowservice.v1 import (
+    PollWorkflowTaskQueueRequest,
+    RespondWorkflowTaskCompletedRequest,
+)
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
@@ -229,6 +244,118 @@ async def test_a_start_sent_again_after_continue_as_new_gets_its_answer_not_a_co
         assert again.flow == first.flow
         state = await client.get_workflow_handle(fid).query(names.FLOW_STATE_QUERY)
         assert state["pending"] == [{"workflow_id": first.id, "starts": 8, "starts_at": ANY}]
+
+
+async def test_starts_racing_continue_as_new_are_each_answered_and_counted_once(
+    client: Client, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its cap lowered to 20 events, the flow workflow continues as new every few
+    starts while 60 starts reach it at once: starts arrive at a run that is closing
+    (the server aborts them) or past the server's 10 updates in flight, and each is
+    sent again with its update id until it lands. Every start gets one answer and
+    is counted once: the answers' counts are 1..60, no gap and no repeat."""
+    monkeypatch.setattr(flow_state, "MAX_HISTORY_EVENTS", 20)
+    name = f"deb-{uuid.uuid4().hex[:6]}"
+    flow = {"debounce": {"seconds": 86_400}}
+    starts = 60
+    pc = PipelineClient(client, settings)
+    async with flow_stack(client, settings, name) as fid:
+        handles = await asyncio.gather(
+            *(pc.start(pipeline(name, flow, n), check=False) for n in range(starts))
+        )
+        answers = [h.flow for h in handles if isinstance(h, FlowHandle)]
+        assert len(answers) == starts
+        assert sorted(a.starts for a in answers) == list(range(1, starts + 1))
+        assert [a.status for a in answers].count("queued") == 1
+        assert {a.workflow_id for a in answers} == {answers[0].workflow_id}
+        assert await _continued(client, fid)
+        state = await client.get_workflow_handle(fid).query(names.FLOW_STATE_QUERY)
+        assert state["pending"] == [
+            {"workflow_id": answers[0].workflow_id, "starts": starts, "starts_at": ANY}
+        ]
+        assert state["collapsed"] == starts - 1 and state["queued"] == 1
+
+
+async def test_a_start_whose_run_closed_after_accepting_it_is_sent_again(
+    client: Client, settings: Settings
+) -> None:
+    """A run that accepted a start and continued as new without answering it (here a
+    bare poller answers the flow workflow's first task so): the server fails the
+    update with ``AcceptedUpdateCompletedWorkflow``; the start is sent again with
+    its update id and the next run, on the real worker, answers it, counted once."""
+    name = f"deb-{uuid.uuid4().hex[:6]}"
+    raw = pipeline(name, {"debounce": {"seconds": 86_400}}, 0)
+    plan = plan_flow_start(raw, settings.task_queue_suffix)
+    assert plan is not None
+    queue = settings.queue(names.PIPELINES_QUEUE)
+    sent = asyncio.create_task(submit(client, raw, plan, task_queue=queue))
+    try:
+        await accept_then_continue_as_new(client, queue)
+        async with flow_stack(client, settings, name) as fid:
+            handle = await asyncio.wait_for(sent, 60)
+            assert (handle.flow.status, handle.flow.starts) == ("queued", 1)
+            state = await client.get_workflow_handle(fid).query(names.FLOW_STATE_QUERY)
+            assert state["pending"] == [{"workflow_id": handle.id, "starts": 1, "starts_at": ANY}]
+            assert await _continued(client, fid)
+    finally:
+        sent.cancel()
+
+
+async def accept_then_continue_as_new(client: Client, queue: str) -> None:
+    """Take the next workflow task of ``queue`` as a bare poller would: accept the
+    update it carries, and continue as new (same input) in the same completion."""
+    service, namespace = client.workflow_service, client.namespace
+    task = await service.poll_workflow_task_queue(
+        PollWorkflowTaskQueueRequest(
+            namespace=namespace,
+            task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+            identity="bare-poller",
+        ),
+        timeout=timedelta(seconds=70),
+    )
+    (message,) = task.messages
+    request = UpdateRequest()
+    assert message.body.Unpack(request)
+    started = task.history.events[0].workflow_execution_started_event_attributes
+    acceptance = Any_()
+    acceptance.Pack(
+        Acceptance(
+            accepted_request_message_id=message.id,
+            accepted_request_sequencing_event_id=message.event_id,
+            accepted_request=request,
+        )
+    )
+    accept_id = f"{message.protocol_instance_id}/accept"
+    await service.respond_workflow_task_completed(
+        RespondWorkflowTaskCompletedRequest(
+            namespace=namespace,
+            task_token=task.task_token,
+            identity="bare-poller",
+            messages=[
+                Message(
+                    id=accept_id, protocol_instance_id=message.protocol_instance_id, body=acceptance
+                )
+            ],
+            commands=[
+                Command(
+                    command_type=CommandType.COMMAND_TYPE_PROTOCOL_MESSAGE,
+                    protocol_message_command_attributes=ProtocolMessageCommandAttributes(
+                        message_id=accept_id
+                    ),
+                ),
+                Command(
+                    command_type=CommandType.COMMAND_TYPE_CONTINUE_AS_NEW_WORKFLOW_EXECUTION,
+                    continue_as_new_workflow_execution_command_attributes=(
+                        ContinueAsNewWorkflowExecutionCommandAttributes(
+                            workflow_type=started.workflow_type,
+                            task_queue=started.task_queue,
+                            input=started.input,
+                        )
+                    ),
+                ),
+            ],
+        )
+    )
 
 
 SIGNED = {"type": "object", "properties": {"by": {"type": "string"}}}

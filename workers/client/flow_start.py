@@ -15,6 +15,18 @@ Two roads, both Temporal's own primitives:
 
 Either way the caller gets a :class:`FlowHandle`: the handle of the run that will
 do the work (which may not exist yet) with the answer as ``flow``.
+
+A start the server did not land is sent again, with the same update id, until it
+lands or :data:`START_RETRY_SECONDS` pass (:func:`lands_if_sent_again` says which
+answers those are): the key's updates in flight are at the server's limit, the flow
+workflow continued as new or completed as the update reached it, the server
+dropped its in-memory updates (a workflow task that timed out on a loaded
+machine), or the run it was accepted by closed before answering. The flow
+workflow answers an update id it answered before with the answer it gave, across
+continue-as-new too (``FlowState.answered``), so a start sent again is never
+counted twice. One process sends at most :data:`KEY_STARTS_IN_FLIGHT` starts to a
+key's flow workflow at once, so its own bursts queue in the process rather than
+at the server.
 """
 
 from __future__ import annotations
@@ -23,8 +35,9 @@ import asyncio
 import random
 import time
 import uuid
+import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -55,10 +68,25 @@ from aiworker.schemas.problems import Problem
 from aiworker.workflows.flow import PipelineFlowWorkflow
 from aiworker.workflows.pipeline import PipelineWorkflow
 
-START_RETRY_SECONDS = 30.0
-"""How long a start is sent again while the key's flow workflow is busy: more than
-the server's in-flight updates per workflow (``history.maxInFlightUpdates``, 10 by
-default) at once, or the workflow closing (idle, continue-as-new) as it arrives."""
+START_RETRY_SECONDS = 120.0
+"""How long a start is sent again while the server does not land it
+(:func:`lands_if_sent_again`): more than the server's in-flight updates per
+workflow (``history.maxInFlightUpdates``, 10 by default) at once, or the flow
+workflow closing (idle, continue-as-new) as it arrives. Two minutes: on a loaded
+machine (load 20 on 2 cores) a burst of 60 starts to one key took over 30 s to
+land its last start."""
+KEY_STARTS_IN_FLIGHT = 8
+"""Starts one process sends to one key's flow workflow at once, below the server's
+10 updates in flight per workflow: a burst from one process waits its turn here
+instead of being refused and sent again by every caller at once."""
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Gate]] = (
+    weakref.WeakKeyDictionary()
+)
+START_RETRY_MAX_PAUSE = 1.0
+"""The longest pause between two sends of one start (the pause doubles from 20 ms)."""
+UPDATE_OUTLIVED_RUN = "AcceptedUpdateCompletedWorkflow"
+"""The server's failure type for an update whose run closed after accepting it and
+before completing it."""
 STARTED_POLL_SECONDS = 1.0
 """How often :func:`wait_started` looks for a queued run."""
 
@@ -180,6 +208,12 @@ async def submit(
 ) -> FlowHandle:
     """Send one start to the key's flow workflow (update-with-start); its answer.
 
+    At most :data:`KEY_STARTS_IN_FLIGHT` starts of this process are sent to one
+    key's flow workflow at once; the others wait their turn. A start the server
+    did not land is sent again with the same update id, with a
+    jittered pause doubling to :data:`START_RETRY_MAX_PAUSE`, for up to
+    :data:`START_RETRY_SECONDS` (:func:`lands_if_sent_again`).
+
     Args:
         temporal: the client.
         pipeline: the start's pipeline JSON.
@@ -195,6 +229,8 @@ async def submit(
 
     Raises:
         FlowRefusedError: the flow workflow refused the start (``flow_refused``).
+        RPCError, WorkflowUpdateFailedError: Temporal's error when the start did not
+            land in :data:`START_RETRY_SECONDS`, or one that sending again cannot mend.
     """
     request = FlowRequest(
         pipeline=dict(pipeline),
@@ -207,7 +243,43 @@ async def submit(
     # One id for every attempt: a start answered by a run that continued as new before
     # its answer came back is answered again by the next run, not counted twice.
     update_id = update_id or f"start-{uuid.uuid4()}"
+    # counted from here, the wait for a turn included: the starts ahead of this one
+    # began earlier, so their deadlines pass first and the wait is bounded too
     deadline = time.monotonic() + START_RETRY_SECONDS
+    gates = _gates.setdefault(asyncio.get_running_loop(), {})
+    gate = gates.setdefault(plan.workflow_id, _Gate())
+    gate.users += 1
+    try:
+        async with gate.slots:
+            return await _send(
+                temporal, request, state, plan, task_queue, search_attributes, update_id, deadline
+            )
+    finally:
+        gate.users -= 1
+        if gate.users == 0:  # the last of a burst: a key's gate lives while it is used
+            gates.pop(plan.workflow_id, None)
+
+
+@dataclass
+class _Gate:
+    slots: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(KEY_STARTS_IN_FLIGHT)
+    )
+    users: int = 0
+
+
+async def _send(
+    temporal: Client,
+    request: FlowRequest,
+    state: FlowState,
+    plan: FlowStart,
+    task_queue: str,
+    search_attributes: bool,
+    update_id: str,
+    deadline: float,
+) -> FlowHandle:
+    """:func:`submit`'s sends of one start, until it lands or ``deadline`` passes
+    (at least one send)."""
     pause = 0.02
     while True:
         start = WithStartWorkflowOperation(
@@ -248,18 +320,55 @@ async def submit(
                 raise FlowRefusedError(
                     plan.key, plan.workflow_id, None, f"refused: {cause.message}"
                 ) from None
-            raise
-        except RPCError as e:
-            # busy: the key's updates in flight are at the server's limit, or the
-            # flow workflow completed (idle) or continued as new as this start reached
-            # it; the next attempt waits its turn, or starts or reaches the new run
-            busy = e.status in (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.NOT_FOUND)
-            if not busy or time.monotonic() + pause > deadline:
+            if not lands_if_sent_again(e) or time.monotonic() + pause > deadline:
                 raise
-            await asyncio.sleep(pause * (0.5 + random.random()))
-            pause = min(pause * 2, 1.0)
-            continue
-        return FlowHandle(temporal, answer, plan.key)
+        except RPCError as e:
+            if not lands_if_sent_again(e) or time.monotonic() + pause > deadline:
+                raise
+        else:
+            return FlowHandle(temporal, answer, plan.key)
+        await asyncio.sleep(pause * (0.5 + random.random()))
+        pause = min(pause * 2, START_RETRY_MAX_PAUSE)
+
+
+def lands_if_sent_again(error: BaseException) -> bool:
+    """Whether a start that raised ``error`` is answered when sent again with its
+    update id (:func:`submit` sends it again for up to :data:`START_RETRY_SECONDS`).
+
+    Yes for what the server says when the update did not land on a run that goes on:
+
+    - ``RESOURCE_EXHAUSTED``: the key's updates in flight are at the server's limit,
+      or a run that continued as new had admitted the update ("workflow is closing");
+    - ``UNAVAILABLE`` ("workflow update was aborted"): the server dropped the updates
+      it held in memory (its update registry is cleared when a workflow task fails
+      or times out, as on a loaded machine) and the SDK's own retries ran out;
+    - ``ABORTED``: the update-with-start as a whole was aborted;
+    - ``NOT_FOUND`` (not a namespace): the flow workflow completed (idle) with the
+      update admitted, "aborted by closing workflow"; sent again, it starts the
+      key's next flow workflow;
+    - a :class:`WorkflowUpdateFailedError` of type :data:`UPDATE_OUTLIVED_RUN`: the
+      run that accepted the start closed before answering it. ``PipelineFlowWorkflow``
+      continues as new and completes only once every start handler has finished (so
+      a start it accepted is never half counted in what it carries): such a run was
+      cancelled, terminated or timed out under the start, its held starts dropped;
+      sent again, the start lands on the next run or opens the key's next flow
+      workflow.
+
+    No for anything else: a refusal, bad input, a workflow task that fails (a bug
+    waits for a fixed build), a timeout or cancellation of the call itself.
+    """
+    if isinstance(error, WorkflowUpdateFailedError):
+        cause = error.cause
+        return isinstance(cause, ApplicationError) and cause.type == UPDATE_OUTLIVED_RUN
+    if not isinstance(error, RPCError):
+        return False
+    if error.status == RPCStatusCode.NOT_FOUND:
+        return "namespace" not in error.message.lower()
+    return error.status in (
+        RPCStatusCode.RESOURCE_EXHAUSTED,
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.ABORTED,
+    )
 
 
 async def wait_started(handle: FlowHandle, poll_seconds: float = STARTED_POLL_SECONDS) -> str:
