@@ -117,15 +117,14 @@ async def thousand_at_once(client: Client, settings: Settings) -> None:
     )
 
     expected = Counter(kind_of(i) for i in range(N))
-    completed = expected["ok"] + expected["gate_fails"]
+    # a pipeline that did not succeed fails its workflow, as one refused at start does
+    failed = expected["gate_fails"] + expected["invalid"]
     queries = {
         sa: N,
-        f"{sa} AND ExecutionStatus = 'Completed'": completed,
-        f"{sa} AND ExecutionStatus = 'Failed'": expected["invalid"],
+        f"{sa} AND ExecutionStatus = 'Completed'": expected["ok"],
+        f"{sa} AND ExecutionStatus = 'Failed'": failed,
         f"{sa} AND {names.SA_STATUS} = 'succeeded'": expected["ok"],
-        f"{sa} AND ExecutionStatus = 'Completed' AND {names.SA_STATUS} = 'failed'": expected[
-            "gate_fails"
-        ],
+        f"{sa} AND ExecutionStatus = 'Failed' AND {names.SA_STATUS} = 'failed'": failed,
         # An invalid spec fails the workflow and still records a terminal status.
         f"{sa} AND {names.SA_STATUS} = 'failed'": expected["gate_fails"] + expected["invalid"],
     }
