@@ -24,12 +24,15 @@ checks, limits, retries, error codes and telemetry as the built-ins.
 conformance WORKER_ID`` checks a live one through Temporal.
 
 Pipelines are started and watched from Python with :class:`PipelineClient`
-(the client ``aiworker run`` uses); its handles are typed, so
-``await handle.result()`` is a :class:`PipelineResult`::
+(the client ``aiworker run`` uses); its handles are the SDK's, typed, so
+``await handle.result()`` is a :class:`PipelineResult` for a run that ended
+``succeeded`` or ``partial`` and raises ``WorkflowFailureError`` for any other
+(:func:`result_from_failure` takes the result from it);
+``pipelines.result(id)`` returns the result of any ended run::
 
     pipelines = await aiworker.PipelineClient.connect()  # envconfig, or target_host=...
     handle = await pipelines.start(json.loads(Path("pipeline.json").read_text()))
-    result = await handle.result()
+    result = await pipelines.result(handle.id)
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ if TYPE_CHECKING:
     from aiworker.activities.runtime import WorkerContext, WorkerResult
     from aiworker.activities.sdk import Worker
     from aiworker.schemas.errors import ErrorCode
+    from aiworker.schemas.outcomes import result_from_failure
     from aiworker.schemas.pipeline import PipelineResult
     from aiworker.schemas.pipeline_check import PipelineSpecError
     from aiworker.schemas.protocol import (
@@ -131,6 +135,7 @@ _LAZY: dict[str, str] = {
     "WorkerResult": "aiworker.activities.runtime:WorkerResult",
     "WorkerSpec": "aiworker.schemas.spec:WorkerSpec",
     "WorkerTimeoutError": "aiworker.activities.errors:WorkerTimeoutError",
+    "result_from_failure": "aiworker.schemas.outcomes:result_from_failure",
 }
 
 
@@ -190,4 +195,5 @@ __all__ = [
     "WorkerResult",
     "WorkerSpec",
     "WorkerTimeoutError",
+    "result_from_failure",
 ]

@@ -84,7 +84,7 @@ async def _round(pc: PipelineClient, mode: str, n: int) -> float:
     handle = await pc.start(_pipeline(f"bench-flow-{mode}", n, MODES[mode]), check=False)
     if isinstance(handle, FlowHandle):
         await wait_started(handle, poll_seconds=0.02)
-    result = await handle.result()
+    result = await pc.result(handle.id, handle.result_run_id)
     if result.status != "succeeded":
         raise RuntimeError(f"{mode} round {n}: {result.status}")
     return (time.perf_counter() - t0) * 1000
@@ -121,7 +121,7 @@ async def _batch(pc: PipelineClient, starts: int, concurrency: int) -> dict[str,
         await wait_started(handle, poll_seconds=0.05)
         raw = await pc.started_input(wid)
         collected += len((raw or {}).get("inputs", {}).get("starts", []))
-        if (await handle.result()).status != "succeeded":
+        if (await pc.result(wid, handle.result_run_id)).status != "succeeded":
             raise RuntimeError(f"batch run {wid} did not succeed")
     if collected != starts:
         raise RuntimeError(f"the batch runs collected {collected} of {starts} starts")

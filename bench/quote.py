@@ -104,7 +104,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
             pipelines = PipelineClient(client, Settings(task_queue_suffix=suffix))
             for i, ticket in enumerate(tickets(0, recorded)):
                 h = await pipelines.start(pipeline(f"record-{i}", [ticket]), check=False)
-                if (await h.result()).status != "succeeded":
+                if (await pipelines.result(h.id)).status != "succeeded":
                     raise RuntimeError(f"recorded run {h.id} did not succeed")
             quoted = pipeline("quoted", tickets(recorded, n_items))
             spec = PipelineSpec.model_validate(quoted)
@@ -121,7 +121,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
             quote_seconds = time.perf_counter() - started
             begin = time.perf_counter()
             h = await pipelines.start(quoted, check=False, accept_quote=True)
-            result = await h.result()
+            result = await pipelines.result(h.id)
             measured_seconds = time.perf_counter() - begin
         finally:
             proc.stop()

@@ -123,15 +123,20 @@ def result_page() -> str:
     """The result of a pipeline, its steps and the statuses."""
     parts = [
         _header("Result reference", "schemas/pipeline.py"),
-        "What `aiworker run` prints and `temporal workflow result` returns. The shape with "
-        "an example is in [Results](../results.md).\n",
+        "What `aiworker run` prints: the workflow's result for a run that ended `succeeded` "
+        "or `partial` (`temporal workflow result` returns it), the details of its failure "
+        "for any other. The shape with an example is in [Results](../results.md).\n",
         model_section(PipelineResult),
         model_section(PipelineError),
         model_section(ErrorCause),
         model_section(StepResult),
         model_section(Usage, notes.FIELDS),
         "## Pipeline statuses\n\nThe terminal statuses of a pipeline (`status`, and the "
-        "search attribute `AiworkerStatus` once it ended).\n\n"
+        "search attribute `AiworkerStatus` once it ended). `succeeded` and `partial` complete "
+        "the workflow execution, `cancelled` cancels it, and every other status fails it with "
+        "a non-retryable `ApplicationError` whose type is the error code and whose details "
+        "carry the result ([how Temporal sees the end of a run]"
+        "(../results.md#how-temporal-sees-the-end-of-a-run)).\n\n"
         + _statuses(TerminalStatus, notes.PIPELINE_STATUSES)
         + "\n",
         "## Step statuses\n\n" + _statuses(StepStatus, notes.STATUSES) + "\n",

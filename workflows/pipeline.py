@@ -19,6 +19,11 @@ naming the step and field. Then, step by step as dependencies finish:
 - ``resume_from`` (set by ``aiworker redrive``) reuses the outputs of steps
   that succeeded in an earlier run and keeps that run's idempotency keys.
 
+A run that ends ``succeeded`` or ``partial`` completes with its result; any
+other terminal status fails the workflow execution with an ``ApplicationError``
+whose type is the stable error code and whose details carry the result
+(:mod:`~aiworker.schemas.outcomes`); a cancelled run is a cancelled execution.
+
 Every status change is upserted to the ``AiworkerStatus`` search attribute;
 the ``progress`` query shows per-step status, attempts, error code, duration
 and usage. Deterministic code only: no I/O, clock, randomness or telemetry
@@ -55,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.causes import PipelineError
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.limits import RunConfig
+    from aiworker.schemas.outcomes import completes, pipeline_failure
     from aiworker.schemas.pipeline import PipelineResult, PipelineSpec, StepResult
     from aiworker.schemas.pipeline_check import (
         PipelineSpecError,
@@ -278,6 +284,12 @@ class PipelineWorkflow(PermitSignals):
         Typed ``Any`` on purpose: the JSON is checked here, so that malformed
         input fails the workflow with ``invalid_input`` instead of failing
         payload decoding, which would retry the workflow task forever.
+
+        Returns the result when the run ends ``succeeded`` or ``partial``. Any
+        other terminal status fails the execution with the ``ApplicationError``
+        of :func:`~aiworker.schemas.outcomes.pipeline_failure` (its type the
+        error code, its details the result); a cancelled run is a cancelled
+        execution.
         """
         board = self._board
         recording = workflow.patched(RECORDED_SPECS_PATCH)
@@ -345,6 +357,9 @@ class PipelineWorkflow(PermitSignals):
         # the run waits, the alert on workflow-task failures fires, and a fixed build
         # resumes it from its history with every step done so far kept.
         self._finish(result.status, spec, result.error.code if result.error else None)
+        if not completes(result.status):
+            # A run that did not succeed is a failed execution, its result in the details.
+            raise pipeline_failure(result)
         return result
 
     def _start(self, spec: PipelineSpec, specs: Mapping[str, WorkerSpec]) -> PipelineRun:

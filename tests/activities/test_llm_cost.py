@@ -24,6 +24,7 @@ import pytest_asyncio
 from conftest import Stack, running_stack
 from fixtures.llm_fakes import GOOD, PERSON_SCHEMA, FakeProvider, fake  # noqa: F401  (module fixture)
 from prometheus_client import CollectorRegistry
+from support.pipelines import pipeline_result
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Replayer
 
@@ -71,7 +72,7 @@ class CostStack:
     ) -> tuple[PipelineResult, WorkflowHandle[Any, Any]]:
         spec = {"name": "cost", "tenant": "acme", "steps": steps, "output": {}, **pipeline}
         handle = await self.stack.start(spec)
-        return await handle.result(), handle
+        return await pipeline_result(handle), handle
 
     def cost_metric(self, alias: str) -> float | None:
         return self.stack.metrics.registry.get_sample_value(

@@ -23,6 +23,7 @@ import pytest
 import pytest_asyncio
 from conftest import Stack, running_stack
 from support.loopback import Exchange, serve
+from support.pipelines import pipeline_result
 from temporalio.client import Client
 
 from aiworker.activities.llm import LanguageModel, load_registry
@@ -113,7 +114,7 @@ async def run_step(stack: Stack, worker_input: dict[str, Any], **step: Any) -> P
         "output": {"text": "${{ steps.ask.outputs.text }}"},
     }
     handle = await stack.start(pipeline)
-    result: PipelineResult = await handle.result()
+    result: PipelineResult = await pipeline_result(handle)
     return result
 
 
@@ -243,7 +244,7 @@ async def test_an_agent_on_the_local_model_ends_in_a_clean_terminal_state(
         ],
     }
     handle = await local_stack.start(pipeline)
-    result: PipelineResult = await handle.result()
+    result: PipelineResult = await pipeline_result(handle)
     assert result.status in ("succeeded", "partial", "failed", "budget_exhausted"), result
     step = result.steps["agent"]
     assert step.error_code in (None, "budget_exceeded", "invalid_output"), step

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from support import history
 from support.loopback import Exchange, serve
-from support.pipelines import scrape_pipeline
+from support.pipelines import pipeline_json, scrape_pipeline
 from support.procs import WorkerProcess, worker_env
 from support.waiting import wait_until
 from temporalio.api.enums.v1 import TaskQueueType
@@ -108,7 +108,7 @@ async def refused_for_probe(handle: WorkflowHandle[Any, Any]) -> bool:
     if desc.status == WorkflowExecutionStatus.RUNNING:
         pending = desc.raw_description.pending_activities
         return any("probe is in flight" in p.last_failure.message for p in pending)
-    step = (await handle.result())["steps"]["get"]
+    step = (await pipeline_json(handle))["steps"]["get"]
     return bool(step["error_code"] == "circuit_open" and "probe is in flight" in str(step))
 
 
@@ -153,7 +153,7 @@ async def test_one_probe_across_three_processes_when_the_open_period_ends(
                 )
 
             # 1. One failure opens the breaker; the opening reaches the breaker workflow.
-            first = await (await start(f"{base}/open", 1)).result()
+            first = await pipeline_json(await start(f"{base}/open", 1))
             assert (first["status"], first["steps"]["get"]["error_code"]) == (
                 "failed",
                 "fetch_failed",

@@ -29,6 +29,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
+from aiworker.schemas.outcomes import carried_result
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.workers.client.client import start_pipeline
 from aiworker.workers.client.temporal_client import data_converter
@@ -116,15 +117,14 @@ async def thousand_at_once(client: Client, settings: Settings) -> None:
     )
 
     expected = Counter(kind_of(i) for i in range(N))
-    completed = expected["ok"] + expected["gate_fails"]
+    # a pipeline that did not succeed fails its workflow, as one refused at start does
+    failed = expected["gate_fails"] + expected["invalid"]
     queries = {
         sa: N,
-        f"{sa} AND ExecutionStatus = 'Completed'": completed,
-        f"{sa} AND ExecutionStatus = 'Failed'": expected["invalid"],
+        f"{sa} AND ExecutionStatus = 'Completed'": expected["ok"],
+        f"{sa} AND ExecutionStatus = 'Failed'": failed,
         f"{sa} AND {names.SA_STATUS} = 'succeeded'": expected["ok"],
-        f"{sa} AND ExecutionStatus = 'Completed' AND {names.SA_STATUS} = 'failed'": expected[
-            "gate_fails"
-        ],
+        f"{sa} AND ExecutionStatus = 'Failed' AND {names.SA_STATUS} = 'failed'": failed,
         # An invalid spec fails the workflow and still records a terminal status.
         f"{sa} AND {names.SA_STATUS} = 'failed'": expected["gate_fails"] + expected["invalid"],
     }
@@ -159,7 +159,11 @@ async def thousand_at_once(client: Client, settings: Settings) -> None:
                 r = await asyncio.wait_for(h.result(), 60)
             except WorkflowFailureError as e:
                 assert isinstance(e.cause, ApplicationError)
-                return "failed:" + str(e.cause.type), None
+                # a run that did not succeed carries its result; an invalid one does not
+                carried = carried_result(e)
+                if carried is None:
+                    return "failed:" + str(e.cause.type), None
+                r = carried
             return r.status, r.output.get("i")
 
     outcomes = await asyncio.gather(*(outcome(i) for i in range(N)))

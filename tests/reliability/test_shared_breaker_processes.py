@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from support import history
 from support.loopback import upstream
-from support.pipelines import scrape_pipeline
+from support.pipelines import pipeline_json, scrape_pipeline
 from support.procs import WorkerProcess, worker_env
 from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType, TaskQueueType
@@ -121,7 +121,7 @@ async def test_breaker_opened_by_one_process_makes_the_other_fail_fast(
 
     async def result(handle: WorkflowHandle[Any, Any]) -> dict[str, Any]:
         try:
-            r: dict[str, Any] = await asyncio.wait_for(handle.result(), 90)
+            r: dict[str, Any] = await asyncio.wait_for(pipeline_json(handle), 90)
         except TimeoutError:
             for p in procs:
                 print(p.output())

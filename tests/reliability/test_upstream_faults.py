@@ -22,6 +22,7 @@ import pytest
 from conftest import Stack, running_stack
 from support import history
 from support.loopback import upstream
+from support.pipelines import pipeline_result
 from temporalio.client import Client
 
 from aiworker.activities.breakers import BreakerRegistry
@@ -86,7 +87,7 @@ def pipeline(url: str, **step: Any) -> dict[str, Any]:
 
 async def run(stack: Stack, url: str, **step: Any) -> PipelineResult:
     handle = await stack.start(pipeline(url, **step))
-    result: PipelineResult = await asyncio.wait_for(handle.result(), 90)
+    result: PipelineResult = await asyncio.wait_for(pipeline_result(handle), 90)
     assert await history.workflow_task_failures(handle) == 0
     return result
 

@@ -16,6 +16,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from aiworker.schemas import names
+from aiworker.schemas.outcomes import carried_result
 from aiworker.schemas.pipeline import PipelineResult
 from support import history
 
@@ -55,9 +56,15 @@ async def outcome(stack: Stack, raw: Any) -> tuple[str, PipelineResult | None, i
         result = await asyncio.wait_for(handle.result(), 90)
         status, out = result.status, result
     except WorkflowFailureError as e:
+        # a run that did not succeed carries its result; one refused at start does not
+        out = carried_result(e)
         cause = e.cause
-        status = cause.type or "" if isinstance(cause, ApplicationError) else type(cause).__name__
-        out = None
+        if out is not None:
+            status = out.status
+        elif isinstance(cause, ApplicationError):
+            status = cause.type or ""
+        else:
+            status = type(cause).__name__
     except TimeoutError:
         status, out = "did not finish", None
     return status, out, await history.workflow_task_failures(handle)

@@ -8,6 +8,9 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
+from aiworker.schemas.outcomes import carried_result, failure_code, failure_message
+from aiworker.schemas.pipeline import PipelineResult
+
 
 async def refused(stack: Any, pipeline: Any) -> tuple[ApplicationError, Any]:
     """Start ``pipeline`` on a test ``Stack``; the failure it ends with, and its handle."""
@@ -17,6 +20,44 @@ async def refused(stack: Any, pipeline: Any) -> tuple[ApplicationError, Any]:
     cause = ei.value.cause
     assert isinstance(cause, ApplicationError)
     return cause, h
+
+
+async def failed_result(handle: Any) -> PipelineResult:
+    """The result of a pipeline run that did not succeed, taken from its failure.
+
+    The run must have failed its workflow execution as every such run does: a
+    non-retryable ``ApplicationError`` whose ``type`` is the result's error code,
+    whose message is the result's one line, and whose details carry the result.
+    """
+    with pytest.raises(WorkflowFailureError) as ei:
+        await handle.result()
+    cause = ei.value.cause
+    assert isinstance(cause, ApplicationError), cause
+    assert cause.non_retryable, cause
+    result = carried_result(ei.value)
+    assert result is not None, f"the failure carries no result: {cause}"
+    assert cause.type == failure_code(result), (cause.type, result.error)
+    assert cause.message == failure_message(result), cause.message
+    return result
+
+
+async def pipeline_result(handle: Any) -> PipelineResult:
+    """The result of a pipeline run however it ended: the completion's
+    (``succeeded``, ``partial``) or, checked as :func:`failed_result` does, its failure's.
+    Typed or untyped handles alike: the result is a ``PipelineResult``."""
+    try:
+        completed = await handle.result()
+    except WorkflowFailureError:
+        return await failed_result(handle)
+    # an untyped handle's result is the JSON
+    result = PipelineResult.model_validate(completed)
+    assert result.status in ("succeeded", "partial"), result.status
+    return result
+
+
+async def pipeline_json(handle: Any) -> dict[str, Any]:
+    """:func:`pipeline_result` as JSON (for tests that read an untyped handle's dict)."""
+    return (await pipeline_result(handle)).model_dump(mode="json")
 
 
 def one_step_pipeline(name: str = "traced") -> dict[str, Any]:

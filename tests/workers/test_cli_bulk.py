@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 from conftest import running_stack
+from support.pipelines import pipeline_result
 from support.procs import run_cli_module, worker_env
 from support.registry import entry, publish_raw
 from support.standins import fail, standin
@@ -174,7 +175,7 @@ async def test_redrive_by_query_one_run_at_a_time(client: Client, settings: Sett
     async with running_stack(client, settings, replace_activities=acts) as stack:
         runs = [await stack.start(pipeline) for _ in range(2)]
         for r in runs:
-            assert (await r.result()).status == "failed"
+            assert (await pipeline_result(r)).status == "failed"
         ids = sorted(r.id for r in runs)
         await listed(client, q, 2)
         other_code = q.replace("invalid_output", "timeout")
@@ -192,8 +193,8 @@ async def test_redrive_by_query_one_run_at_a_time(client: Client, settings: Sett
         assert all(pairs[i] == f"{i}-redrive-1" for i in ids)
         assert "redrive 2/2" in done.stderr and "2 started, 0 not redriven" in done.stderr
         for new in pairs.values():
-            result = await client.get_workflow_handle(new).result()
-            assert result["status"] == "failed"
+            result = await pipeline_result(client.get_workflow_handle(new))
+            assert result.status == "failed"
 
 
 # The attack review's query: comments hide a ')' and a '(' from a parenthesis count,

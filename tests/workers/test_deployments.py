@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import running_stack
 from support.payloads import stack_settings
-from support.pipelines import one_step_pipeline
+from support.pipelines import one_step_pipeline, pipeline_result
 from support.procs import WorkerProcess
 from support.standins import standin
 from support.waiting import wait_until
@@ -317,8 +317,8 @@ async def test_dev_restarted_on_edited_code_moves_the_open_run_and_says_so(
         assert "edited-run" in after.output()
         client = await Client.connect(f"127.0.0.1:{port}", data_converter=data_converter(None))
         await send_review(client, "edited-run", "reject", reviewer="dev")
-        result = await client.get_workflow_handle("edited-run").result()
-        assert result["status"] == "rejected"
+        result = await pipeline_result(client.get_workflow_handle("edited-run"))
+        assert result.status == "rejected"
         assert await build_of(client.get_workflow_handle("edited-run")) == "b"
     finally:
         after.close()

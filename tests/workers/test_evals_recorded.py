@@ -1,8 +1,9 @@
 """The recorded-call reader of evals (workers/evals/recorded.py) on the real dev
 server: runs of ``examples/prompts/classify-ticket.json`` against a loopback
 model that answers what the test scripts, one of them escalated and approved
-with corrected outputs, read back by worker, tenant, pipeline, status and
-version."""
+with corrected outputs, one rejected (a failed workflow execution, whose
+result is read from its failure), read back by worker, tenant, pipeline,
+status and version."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ import pytest_asyncio
 from conftest import Stack, installed_workers, running_stack
 from fixtures.llm_fakes import FakeProvider, fake  # noqa: F401  (module fixture)
 from prometheus_client import CollectorRegistry
+from support.pipelines import failed_result
 from support.waiting import wait_until
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 
 from aiworker.activities.llm import LlmMetrics
 from aiworker.config.settings import Settings
@@ -133,3 +135,34 @@ async def test_recorded_calls_are_read_back_with_input_output_usage_and_review(
     assert [c.workflow_id for c in limited] == [second.id]
     recent = await read(client, CallQuery(worker=WORKER, pipeline=name, since=timedelta(hours=1)))
     assert len(recent) == 2
+
+
+async def test_a_run_that_failed_its_workflow_gives_its_review_from_the_failure(
+    client: Client, scripted: tuple[Stack, str], fake: FakeProvider
+) -> None:
+    """A rejected run is a failed workflow execution: its result (the step's review)
+    comes from the failure's details, not from a completed event."""
+    stack, model = scripted
+    name = f"triage-{uuid.uuid4().hex[:8]}"
+    fake.script(model, "not json at all")
+    run = await stack.start(triage("Charged twice", name))
+
+    async def awaiting() -> bool:
+        sa = (await run.describe()).typed_search_attributes
+        return any(p.value == "awaiting_review" for p in sa)
+
+    await wait_until(awaiting, "the run to await review")
+    await send_review(client, run.id, "reject", reviewer="qa", note="spam")
+    result = await failed_result(run)
+    assert result.status == "rejected"
+    assert (await run.describe()).status == WorkflowExecutionStatus.FAILED
+
+    async def one() -> list[RecordedCall]:
+        calls = await read(client, CallQuery(worker=WORKER, tenant="acme", pipeline=name))
+        return calls if len(calls) == 1 else []
+
+    (call,) = await wait_until(one, "the rejected run in visibility")
+    assert (call.workflow_id, call.status, call.error_code) == (run.id, "failed", "invalid_output")
+    assert call.review is not None
+    assert (call.review["decision"], call.review["reviewer"]) == ("reject", "qa")
+    assert call.review["note"] == "spam" and call.review["outputs"] is None

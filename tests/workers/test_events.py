@@ -29,6 +29,7 @@ import uvicorn
 from conftest import Stack, running_stack
 from fixtures.llm_fakes import SLOW_TEXT, FakeProvider, fake  # noqa: F401 (fake: the fixture)
 from support.front_door import KEYS, bearer, door_stack, running_door, write_config
+from support.pipelines import pipeline_result
 from support.procs import worker_env
 from support.standins import fail, standin
 from support.waiting import wait_until
@@ -464,7 +465,7 @@ async def test_a_wait_step_streams_its_wait_and_its_timeout(live: Live) -> None:
     }
     handle = await live.pipelines.start(spec, check=False)
     events = [e async for e in live.pipelines.events(handle.id)]
-    result = await handle.result()
+    result = await pipeline_result(handle)
     assert [(e.type, e.data.get("step"), e.data.get("status")) for e in events] == [
         ("step_started", "sign", "running"),
         ("step_progress", "sign", "waiting"),  # its token handed out: it waits

@@ -16,7 +16,7 @@ from conftest import running_stack
 from opentelemetry.trace import StatusCode
 from pydantic import SecretStr
 from support import history
-from support.pipelines import one_step_pipeline
+from support.pipelines import one_step_pipeline, pipeline_result
 from telemetry_helpers import (  # noqa: F401 - pytest fixtures
     SPANS,
     flaky_validator,
@@ -338,7 +338,7 @@ async def test_aiworker_redrive_roots_the_new_runs_trace(
     with cli_logging_restored():
         async with running_stack(tclient, settings) as stack:
             first = await stack.start(failing, id=workflow_id("redriven"))
-            assert (await first.result()).status == "failed"
+            assert (await pipeline_result(first)).status == "failed"
             code = await asyncio.to_thread(
                 cli.main,
                 [

@@ -32,6 +32,7 @@ from fixtures.agent_model import (  # noqa: F401  (module fixture)
 )
 from prometheus_client import CollectorRegistry
 from support.loopback import Exchange, Loopback
+from support.pipelines import pipeline_result
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
@@ -94,7 +95,7 @@ class AgentStack:
         step.update(pipeline.pop("step", {}))
         spec = {"name": "agent", "tenant": "acme", "steps": [step], "output": {}, **pipeline}
         handle = await self.stack.start(spec)
-        return await asyncio.wait_for(handle.result(), 90)
+        return await asyncio.wait_for(pipeline_result(handle), 90)
 
 
 @pytest_asyncio.fixture

@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry
 from support import history
 from support.front_door import bearer, running_door, write_config
 from support.payloads import stack_settings
-from support.pipelines import refused
+from support.pipelines import pipeline_result, refused
 from support.procs import worker_env
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -147,7 +147,7 @@ async def test_tool_calls_wait_for_the_tenants_rate_permit_and_end_rate_limited_
     )
     pipeline = agents.pipeline("slow", ["validator"], budget={"deadline_seconds": 8})
     handle = await agents.stack.start(pipeline)
-    result: PipelineResult = await asyncio.wait_for(handle.result(), 60)
+    result: PipelineResult = await asyncio.wait_for(pipeline_result(handle), 60)
     step = result.steps["agent"]
     calls = [w for w, _ in await child_calls(agents.stack.client, handle.id)]
     assert calls.count("validator") == 1, calls
@@ -180,7 +180,7 @@ async def test_turns_and_tool_calls_keep_to_one_a_minute_as_time_passes(
         pipeline = agents.pipeline("slow", ["validator"])
         handle = await agents.stack.start(pipeline, memo={"search_attributes": False})
         try:
-            result: PipelineResult = await asyncio.wait_for(handle.result(), 90)
+            result: PipelineResult = await asyncio.wait_for(pipeline_result(handle), 90)
             calls = await child_calls(ts_env.client, handle.id)
         finally:
             # an idle limiter on the time-skipping server would stop time for later tests
@@ -246,7 +246,7 @@ async def test_a_tool_named_by_a_steps_outputs_is_refused_when_the_agent_starts(
     }
     pipeline = agents.pipeline("picker", "${{ steps.pick.outputs.result }}", before=[pick])
     handle = await agents.stack.start(pipeline)
-    result: PipelineResult = await asyncio.wait_for(handle.result(), 45)
+    result: PipelineResult = await asyncio.wait_for(pipeline_result(handle), 45)
     step = result.steps["agent"]
     assert step.status == "failed" and step.error_code == "invalid_input", step
     assert step.error_message == (

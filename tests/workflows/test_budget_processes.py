@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from support.loopback import Exchange, Loopback
+from support.pipelines import pipeline_result
 from support.processes import served_by, worker_processes
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.client import Client
@@ -83,6 +84,11 @@ def pipeline(name: str, budget: int, server: Loopback) -> dict[str, Any]:
     }
 
 
+async def _json_result(handle: Any) -> dict[str, Any]:
+    """A run's result as JSON, whether it completed or failed carrying it."""
+    return (await pipeline_result(handle)).model_dump(mode="json")
+
+
 async def chunk_ids(client: Client, workflow_id: str) -> list[str]:
     """The for_each chunks the pipeline started (its child workflows)."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
@@ -122,7 +128,7 @@ async def test_budgets_stay_exact_across_three_worker_processes(
                 zip(
                     handles,
                     await asyncio.wait_for(
-                        asyncio.gather(*(h.result() for h in handles.values())), 180
+                        asyncio.gather(*(_json_result(h) for h in handles.values())), 180
                     ),
                     strict=True,
                 )

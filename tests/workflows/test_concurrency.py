@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from conftest import running_stack
+from support.pipelines import pipeline_result
 from support.standins import fail, standin
 from support.waiting import wait_until
 from temporalio import activity
@@ -178,7 +179,7 @@ async def test_pipeline_concurrency_waits_visibly_and_other_keys_run(
         # another key is not slowed: c2 runs to the end while c1 is held
         assert (await asyncio.wait_for(other.result(), 30)).status == "succeeded"
         # a pipeline whose deadline passes while it waits ends rate_limited, nothing ran
-        late = await asyncio.wait_for(hurried.result(), 30)
+        late = await asyncio.wait_for(pipeline_result(hurried), 30)
         gate.set()
         results = await asyncio.wait_for(asyncio.gather(first.result(), second.result()), 60)
         # released at the end: nobody holds c1 any more

@@ -20,6 +20,7 @@ from typing import Any
 
 from conftest import Stack, installed_workers, running_stack
 from support.history import workflow_task_failures
+from support.pipelines import pipeline_result
 from support.procs import WorkerProcess, worker_env
 from support.waiting import wait_until
 from temporalio import activity
@@ -203,7 +204,7 @@ async def test_an_external_worker_runs_in_a_pipeline_beside_a_builtin(
 
         # an input that fails the worker's input schema: invalid_input, never retried
         bad = await stack.start(pipeline([stats_step(), CHECK_STEP], inputs={"text": 123}))
-        result = await bad.result()
+        result = await pipeline_result(bad)
         stats = result.steps["stats"]
         assert (stats.status, stats.error_code, stats.attempts) == ("failed", "invalid_input", 1)
         assert "123 is not of type 'string'" in (stats.error_message or "")
@@ -222,7 +223,7 @@ async def test_the_worker_deadline_is_a_retried_timeout(
         handle = await stack.start(
             pipeline([stats_step(timeout_seconds=0.5, retry={"max_attempts": 2}), CHECK_STEP])
         )
-        result = await handle.result()
+        result = await pipeline_result(handle)
     stats = result.steps["stats"]
     assert (stats.status, stats.error_code, stats.attempts) == ("failed", "timeout", 2)
     assert "no result within 0.5s" in (stats.error_message or "")
@@ -245,7 +246,7 @@ async def test_a_malformed_reply_is_invalid_output_and_goes_no_further(
             handle = await stack.start(
                 pipeline([stats_step(), CHECK_STEP], output={"n": "${{ steps.stats.outputs }}"})
             )
-            result = await handle.result()
+            result = await pipeline_result(handle)
             scheduled = [a.activity_type.name for a, _ in await activities(handle)]
         stats = result.steps["stats"]
         assert (stats.status, stats.error_code, stats.attempts) == ("failed", "invalid_output", 1)
@@ -278,7 +279,7 @@ async def test_nobody_polls_the_queue_the_call_fails_at_the_pipeline_deadline(
 
         # the call is scheduled within a workflow task
         await wait_until(waiting, "the external call's stats in progress", timeout=4, interval=0.02)
-        result = await handle.result()
+        result = await pipeline_result(handle)
 
     queue = s.queue(QUEUE)
     assert seen["task_queue"] == queue
@@ -366,7 +367,7 @@ async def test_a_failure_aiworker_never_wrote_is_internal_with_its_type_named(
         async with stand_in(client, s, fn), stack_with_specs(client, s) as stack:
             handle = await stack.start(pipeline([stats_step(), CHECK_STEP]))
             # bounded: before the fix, the pipeline itself failed as internal
-            result = await asyncio.wait_for(handle.result(), 60)
+            result = await asyncio.wait_for(pipeline_result(handle), 60)
         # the step failed, not the pipeline: its failure is routed like any other
         stats = result.steps["stats"]
         assert (stats.status, stats.error_code, stats.attempts) == ("failed", "internal", attempts)
@@ -427,7 +428,7 @@ async def test_failure_details_in_an_unknown_encoding_are_dropped_and_the_step_f
     async with stand_in(foreign, s, odd_details), stack_with_specs(client, s) as stack:
         handle = await stack.start(pipeline([stats_step(), CHECK_STEP]))
         # bounded: before the fix, every workflow task failed decoding the failure, forever
-        result = await asyncio.wait_for(handle.result(), 60)
+        result = await asyncio.wait_for(pipeline_result(handle), 60)
     assert await workflow_task_failures(handle) == 0
     stats = result.steps["stats"]
     # upstream_error is retryable: the spec's 3 attempts ran, the last one's failure ends the step

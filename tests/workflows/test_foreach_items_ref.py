@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from conftest import Stack, running_stack
 from support.payloads import client_for, stack_settings, workflow_tree
+from support.pipelines import pipeline_result
 from support.standins import fail, standin
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
@@ -198,7 +199,7 @@ async def test_a_store_that_cannot_be_written_fails_the_items_with_a_code(
     (settings.data_dir / "artifacts" / "acme").write_text("not a directory")
     broken = {"on": False}
     async with _echo_stack(env, settings, broken) as s:
-        result = await (await s.start(_pipeline(4, chunk_size=4))).result()
+        result = await pipeline_result(await s.start(_pipeline(4, chunk_size=4)))
 
     each = result.steps["each"]
     assert each.status == "failed"

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from conftest import running_stack
 from support.payloads import stack_settings
+from support.pipelines import pipeline_result
 from support.standins import fail, standin
 from support.waiting import wait_until
 from temporalio import activity
@@ -93,7 +94,7 @@ async def _run(
     async with running_stack(client, settings, replace_activities=acts) as stack:
         handle = await stack.start(pipeline)
         try:
-            result = await asyncio.wait_for(handle.result(), 120)
+            result = await asyncio.wait_for(pipeline_result(handle), 120)
         finally:
             world.released.set()
     return result, handle.id
@@ -206,7 +207,7 @@ async def test_a_redrive_runs_the_failed_cancelled_and_unstarted_items_again(
     async with running_stack(client, settings, replace_activities=acts) as stack:
         first = await stack.start(_pipeline(10, 0, 10, 2))
         try:
-            failed = await asyncio.wait_for(first.result(), 120)
+            failed = await asyncio.wait_for(pipeline_result(first), 120)
         finally:
             world.released.set()
         before = failed.steps["each"].items
@@ -273,7 +274,7 @@ async def test_local_activity_items_stop_too(client: Client, settings: Settings)
     }
     async with running_stack(client, settings) as stack:
         handle = await stack.start(pipeline)
-        result = await asyncio.wait_for(handle.result(), 120)
+        result = await asyncio.wait_for(pipeline_result(handle), 120)
     step = result.steps["each"]
     assert step.status == "failed" and step.error_code == "too_many_failures", step
     items = step.items
@@ -298,7 +299,7 @@ async def test_items_by_reference_keep_their_counts_and_redrive(
         # chunks of 5, one at a time: chunk 0 succeeds, chunk 1 stops at item 5
         first = await stack.start(_pipeline(10, 0, 5, 5))
         try:
-            failed = await asyncio.wait_for(first.result(), 120)
+            failed = await asyncio.wait_for(pipeline_result(first), 120)
         finally:
             world.released.set()
         step = failed.steps["each"]

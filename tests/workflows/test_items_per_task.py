@@ -17,6 +17,7 @@ from typing import Any
 from conftest import running_stack
 from support.history import grant_times
 from support.loopback import Exchange, Loopback
+from support.pipelines import pipeline_result
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
@@ -155,7 +156,7 @@ async def test_items_per_task_budget_stops_items_exactly(
             spec = pipeline(server, items)
             spec["budget"] = {"max_external_calls": 7}
             handle = await stack.start(spec)
-            result = await handle.result()
+            result = await pipeline_result(handle)
             [chunk] = await chunks(client, handle.id)
             kinds = await scheduled(client, chunk)
     finally:

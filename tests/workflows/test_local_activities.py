@@ -14,6 +14,7 @@ import pytest
 from conftest import installed_workers, running_stack
 from support import history
 from support.payloads import stack_settings
+from support.pipelines import pipeline_result
 from support.standins import fail, standin
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
@@ -122,7 +123,7 @@ async def test_failures_end_with_the_same_code_and_attempts_either_way(
     acts = {"aggregator": standin("aggregator", broken, calls)}
     async with running_stack(client, settings, replace_activities=acts) as stack:
         handle = await stack.start({"name": "fails", "steps": [_agg()]})
-        result = await handle.result()
+        result = await pipeline_result(handle)
     step = result.steps["agg"]
     assert result.status == "failed"
     assert (step.status, step.error_code, step.attempts) == ("failed", code, attempts)
@@ -149,7 +150,7 @@ async def test_a_stuck_worker_times_out_with_the_same_code_and_attempts_either_w
     acts = {"aggregator": standin("aggregator", stuck, calls)}
     async with running_stack(client, settings, replace_activities=acts) as stack:
         handle = await stack.start({"name": "stuck", "steps": [step]})
-        result = await asyncio.wait_for(handle.result(), 60)
+        result = await asyncio.wait_for(pipeline_result(handle), 60)
     agg = result.steps["agg"]
     assert (agg.status, agg.error_code, agg.attempts) == ("failed", "timeout", 2)
     assert len(calls) == 2

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from conftest import running_stack
 from support.history import called_workers, scheduled_activities
+from support.pipelines import pipeline_result
 from support.standins import Reply, fail, standin
 from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType
@@ -316,7 +317,7 @@ async def test_budget_refuses_a_step_before_it_is_scheduled(
     acts = {"publish": standin("publish", post, seen)}
     async with running_stack(client, settings, replace_activities=acts) as stack:
         handle = await stack.start(pipeline)
-        result = await handle.result()
+        result = await pipeline_result(handle)
         progress = await handle.query(names.PROGRESS_QUERY)
         desc = await handle.describe()
     assert result.status == "budget_exhausted"

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from conftest import Stack
 from support import history
+from support.pipelines import pipeline_result
 from support.pipelines import refused as fail
 from temporalio.api.enums.v1 import EventType
 from temporalio.worker import Replayer
@@ -128,7 +129,7 @@ async def test_input_failing_worker_schema_is_invalid_input_after_one_attempt(
             }
         ],
     }
-    result = await (await stack.start(pipeline)).result()
+    result = await pipeline_result(await stack.start(pipeline))
     step = result.steps["a"]
     assert result.status == "failed"
     assert step.error_code == "invalid_input"

@@ -12,6 +12,7 @@ import pytest
 from conftest import running_stack
 from support.history import called_workers
 from support.loopback import Exchange, Loopback, serve
+from support.pipelines import pipeline_result
 from support.standins import fail, standin
 from support.waiting import wait_until
 from temporalio.client import Client
@@ -64,7 +65,7 @@ async def test_redrive_reuses_succeeded_steps_and_keeps_idempotency_keys(
     acts = {"aggregator": standin("aggregator", flaky, calls)}
     async with running_stack(client, settings, replace_activities=acts) as stack:
         first = await stack.start(pipeline)
-        failed = await first.result()
+        failed = await pipeline_result(first)
         handle = await redrive(client, settings, first.id)
         result = await handle.result()
         desc = await handle.describe()

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from conftest import running_stack
 from support import history
+from support.pipelines import pipeline_result
 from support.standins import fail, standin
 from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType
@@ -100,7 +101,7 @@ async def test_reject_ends_the_pipeline_rejected(client: Client, settings: Setti
         handle = await stack.start(_pipeline())
         await _awaiting(handle)
         await send_review(client, handle.id, "reject", reviewer="bob")
-        result = await handle.result()
+        result = await pipeline_result(handle)
     assert result.status == "rejected"
     assert result.steps["draft"].status == "rejected"
 
@@ -127,7 +128,7 @@ async def test_no_review_before_the_deadline_times_out(
     ) as stack:
         # The time-skipping server cannot register search attributes.
         handle = await stack.start(_pipeline(timeout=7 * 86400), memo={"search_attributes": False})
-        result = await handle.result()
+        result = await pipeline_result(handle)
     assert result.status == "escalation_timed_out"
     draft = result.steps["draft"]
     assert draft.status == "escalation_timed_out"
@@ -221,7 +222,7 @@ async def test_a_rejected_step_is_the_pipelines_error_with_its_cause(
         await handle.execute_update(
             names.REVIEW_UPDATE, {"decision": "reject", "note": "wrong shop"}, id="rv-1"
         )
-        result = await handle.result()
+        result = await pipeline_result(handle)
     draft = result.steps["draft"]
     assert draft.review is not None and draft.review["reviewer"] == "update rv-1"
     error = result.error

@@ -8,6 +8,9 @@ Metadata → Current Details shows the step list with step ids and workers as
 separate words. Each page is saved as a screenshot under the test's tmp dir
 and the assertions read its rendered text (``inner_text``).
 
+A pipeline that failed is listed as Failed in the UI's workflow list (its
+row read from the list page, and saved as a screenshot).
+
 Chromium is Debian's package (never downloaded); the test skips, naming the
 package, when it is absent.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator
@@ -29,7 +33,7 @@ from conftest import running_stack
 from support.payloads import stack_settings
 from support.summaries import limited_pipeline, limited_rate
 from support.waiting import wait_until
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 
 from aiworker.config.settings import parse_rate_limits
 from aiworker.workers.client.temporal_client import data_converter
@@ -37,6 +41,11 @@ from aiworker.workers.devstack.devserver import DevServer, free_port
 
 if TYPE_CHECKING:
     from playwright.async_api import Page
+
+try:
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+except ImportError:  # the tests that need it skip
+    PlaywrightTimeout = TimeoutError  # type: ignore[misc,assignment]
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [
@@ -147,3 +156,65 @@ async def test_the_ui_names_each_wait_and_lists_the_steps(tmp_path: Path) -> Non
     assert "read · validator · succeeded · 1 attempt" in lines, lines
     assert "summarize · validator · succeeded · 1 attempt" in lines, lines
     assert "each · validator · succeeded · 1 attempt · items 3 of 3" in lines, lines
+
+
+async def test_the_ui_lists_a_failed_pipeline_as_failed(tmp_path: Path) -> None:
+    pytest.importorskip("playwright.async_api", reason="playwright is not installed")
+    from playwright.async_api import async_playwright
+    from support.standins import fail, standin
+
+    async def unavailable(request: dict[str, object]) -> dict[str, object]:
+        raise fail("fetch_failed", "GET https://shop.example/list: 503 Service Unavailable")
+
+    settings = stack_settings(tmp_path)
+    pipeline = {
+        "name": "ui-failed",
+        "steps": [
+            {
+                "id": "products",
+                "worker": "web-scrape",
+                "input": {
+                    "url": "https://shop.example/list",
+                    "extraction_spec": {"fields": {"title": {"selector": "h1"}}},
+                },
+            }
+        ],
+    }
+    acts = {"web-scrape": standin("web-scrape", unavailable)}
+    async with dev_server_with_ui(tmp_path) as server:
+        client = await Client.connect(server.address, data_converter=data_converter(None))
+        async with running_stack(client, settings, replace_activities=acts) as stack:
+            handle = await stack.start(pipeline)
+            with pytest.raises(WorkflowFailureError):
+                await handle.result()
+        lists = f"{server.ui_url}/namespaces/{client.namespace}/workflows"
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(
+                executable_path=str(CHROMIUM),
+                headless=True,
+                chromium_sandbox=os.geteuid() != 0,
+            )
+            try:
+                page = await browser.new_page(viewport={"width": 1600, "height": 1200})
+                query = urllib.parse.quote(f'WorkflowId="{handle.id}"')
+                listed = f"{lists}?query={query}"
+                await page.goto(listed)
+                row = page.locator("tr", has_text=handle.id).first
+                # visibility is eventual: reload (bounded) until the row shows it ended
+                for _ in range(20):
+                    try:
+                        await row.get_by_text("Failed", exact=True).wait_for(timeout=3_000)
+                        break
+                    except PlaywrightTimeout:
+                        await page.reload()
+                # the row itself: a page screenshot of the list comes out blank here
+                await row.screenshot(path=str(tmp_path / "row.png"))
+                text = await row.inner_text()
+                badge = await row.get_by_text("Failed", exact=True).all_text_contents()
+            finally:
+                await browser.close()
+    assert (tmp_path / "row.png").stat().st_size > 0
+    # the status badge says Failed (the UI renders it in capitals)
+    assert badge == ["Failed"], (badge, text)
+    assert "FAILED" in text.upper().split(), text
+    assert "COMPLETED" not in text.upper(), text

@@ -15,7 +15,7 @@ import pytest_asyncio
 from conftest import Stack, running_stack
 from support import history
 from support.payloads import stack_settings
-from support.pipelines import refused
+from support.pipelines import pipeline_result, refused
 from support.standins import standin
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
@@ -126,7 +126,7 @@ async def test_the_registry_budget_ceiling_tightens_the_spec_budget(tenanted: St
         budget={"max_tokens": 1000, "max_external_calls": 50, "deadline_seconds": 600},
     )
     handle = await tenanted.start(pipeline)
-    result: PipelineResult = await handle.result()
+    result: PipelineResult = await pipeline_result(handle)
     progress = await handle.query(PipelineWorkflow.progress)
     assert result.status == "budget_exhausted"
     assert result.steps["out"].error_code == "budget_exceeded"
@@ -174,7 +174,7 @@ async def test_the_tenant_concurrency_ceiling_holds_across_pipelines(
         # the step runs (a local activity: no event in the history until it ends)
         await asyncio.wait_for(started.wait(), 10)
         second = await stack.start(_pipeline("acme", step, budget={"deadline_seconds": 2}))
-        waited: PipelineResult = await second.result()
+        waited: PipelineResult = await pipeline_result(second)
         release.set()
         done: PipelineResult = await first.result()
         [answer] = await _limiter_answers(stack, first)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from conftest import Stack, running_stack
 from support import history
+from support.pipelines import pipeline_result
 from support.waiting import wait_until
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.sdk.v1 import WorkflowMetadata
@@ -146,7 +147,7 @@ async def test_refusals_leave_no_trace_in_the_history(client: Client, settings: 
         await pipelines.fail_callback(token, "the signer declined")
         with pytest.raises(CallbackError) as late:
             await pipelines.complete_callback(token, {"signed_by": "ann"})
-        result = await handle.result()
+        result = await pipeline_result(handle)
     assert {k: v.status for k, v in refusals.items()} == {
         "forged": 404,
         "other-run": 404,

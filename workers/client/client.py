@@ -10,16 +10,21 @@ the dev stack and users' code share::
 
     pipelines = await aiworker.PipelineClient.connect()  # envconfig, or the dev stack beside it
     handle = await pipelines.start({"name": "hello", "steps": [...]})
-    result = await handle.result()  # a PipelineResult
+    result = await pipelines.result(handle.id)  # a PipelineResult, however the run ended
     print(result.status, result.output)
 
 Handles are the SDK's own, typed ``WorkflowHandle[PipelineWorkflow,
 PipelineResult]`` (:data:`PipelineHandle`), as ``client.start_workflow(
-PipelineWorkflow.run, ...)`` gives them: ``await handle.result()`` is a
-:class:`~aiworker.schemas.pipeline.PipelineResult`, and ``handle.describe()``,
-``handle.cancel()`` and the rest work as the SDK documents. The workflow
-module is imported for its types only; importing it starts nothing and loads
-no activity code.
+PipelineWorkflow.run, ...)`` gives them, and behave as every Temporal handle:
+``await handle.result()`` is the :class:`~aiworker.schemas.pipeline.PipelineResult`
+of a run that ended ``succeeded`` or ``partial``, and raises
+``WorkflowFailureError`` for any other (its cause an ``ApplicationError``
+whose ``type`` is the error code and whose details carry the result:
+:func:`~aiworker.schemas.outcomes.result_from_failure`).
+:meth:`PipelineClient.result` returns the result of any ended run.
+``handle.describe()``, ``handle.cancel()`` and the rest work as the SDK
+documents. The workflow module is imported for its types only; importing it
+starts nothing and loads no activity code.
 
 A pipeline is checked with :func:`~aiworker.workers.process.pipeline_settings.check_spec`
 before it starts (the spec, its steps' inputs against the workers' contracts,
@@ -50,7 +55,7 @@ from temporalio.client import (
     WorkflowHandle,
 )
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
+from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from aiworker.config import catalog
 from aiworker.config.settings import Settings
@@ -60,6 +65,7 @@ from aiworker.schemas.causes import PipelineError
 from aiworker.schemas.errors import ErrorCode
 from aiworker.schemas.flow_state import FlowAnswer
 from aiworker.schemas.limits import RunConfig
+from aiworker.schemas.outcomes import carried_result, result_from_failure
 from aiworker.schemas.pipeline import PipelineResult, PipelineSpec
 from aiworker.schemas.pipeline_check import PipelineSpecError, parse_pipeline
 from aiworker.schemas.priority import start_priority
@@ -119,7 +125,24 @@ MAX_REDRIVE_ID_TRIES = 100
 RUN_CONFIG_EVENTS = 50
 
 PipelineHandle: TypeAlias = WorkflowHandle[PipelineWorkflow, PipelineResult]
-"""The handle of one pipeline run; ``await handle.result()`` is a ``PipelineResult``."""
+"""The handle of one pipeline run; ``await handle.result()`` is a ``PipelineResult``
+when the run completed (``succeeded``, ``partial``) and raises
+``WorkflowFailureError`` otherwise (:meth:`PipelineClient.result` reads either)."""
+
+
+def _failure_doc(workflow_id: str, result: PipelineResult) -> dict[str, Any]:
+    """The JSON of a run whose failure carried no result: its status, its error and
+    its code, and an invalid pipeline's problems (the shape these always had)."""
+    error = result.error or PipelineError(code=ErrorCode.INTERNAL.value, message="")
+    doc: dict[str, Any] = {
+        "workflow_id": workflow_id,
+        "status": result.status,
+        "error_code": error.code,
+        "error": error.model_dump(mode="json"),
+    }
+    if problems := [c.message for c in error.cause]:
+        doc["problems"] = problems
+    return doc
 
 
 class RedriveError(RuntimeError):
@@ -417,15 +440,22 @@ class PipelineClient:
         )
 
     async def result(self, workflow_id: str, run_id: str | None = None) -> PipelineResult:
-        """Wait for a pipeline to end and return its result.
+        """Wait for a pipeline to end and return its result, however it ended.
 
-        A pipeline that ran ends with a result, whatever its ``status``.
-
-        Raises:
-            temporalio.client.WorkflowFailureError: the workflow itself failed
-                (an invalid spec, a cancel, a terminate); see :meth:`outcome`.
+        The one way to the :class:`~aiworker.schemas.pipeline.PipelineResult` of
+        any ended run: a run that ended ``succeeded`` or ``partial`` completed with
+        it; any other failed its workflow execution carrying it in the failure's
+        details (:func:`~aiworker.schemas.outcomes.result_from_failure` takes it
+        from there). A run that failed without one (an invalid pipeline, a cancel,
+        a terminate) gives a result built from the failure: status ``failed``
+        (``cancelled`` for a cancel), its ``error`` the failure's code and message.
+        ``handle.result()`` is Temporal's own: it raises
+        ``WorkflowFailureError`` for every run that did not complete.
         """
-        return await self.get_handle(workflow_id, run_id).result()
+        try:
+            return await self.get_handle(workflow_id, run_id).result()
+        except WorkflowFailureError as e:
+            return result_from_failure(e)
 
     async def events(
         self,
@@ -458,31 +488,18 @@ class PipelineClient:
     async def outcome(self, workflow_id: str, run_id: str | None = None) -> dict[str, Any]:
         """Wait for a pipeline and describe how it ended as one JSON document.
 
-        The result with its ``workflow_id``, or, when the workflow itself
-        failed, ``{"workflow_id", "status": "failed", "error_code", "error"}``
-        with ``error`` shaped as a result's (``step`` null, each problem of an
-        invalid spec a cause, also listed as ``problems``). ``aiworker run`` prints this.
+        The result (:meth:`result`) with its ``workflow_id``; when the workflow
+        failed without a result (an invalid pipeline, a cancel, a terminate),
+        ``{"workflow_id", "status", "error_code", "error"}`` with ``error`` shaped
+        as a result's (``step`` null, each problem of an invalid spec a cause,
+        also listed as ``problems``). ``aiworker run`` and the front door print this.
         """
         try:
-            result = await self.result(workflow_id, run_id)
+            result = await self.get_handle(workflow_id, run_id).result()
         except WorkflowFailureError as e:
-            cause = e.cause
-            code = getattr(cause, "type", None) or type(cause).__name__
-            details = getattr(cause, "details", None)
-            first = details[0] if details and isinstance(details[0], dict) else {}
-            problems = [str(p) for p in first.get("problems") or []]
-            # the message without its code: str() of an ApplicationError is "<type>: <message>"
-            message = cause.message if isinstance(cause, FailureError) else str(cause)
-            error = PipelineError.of_problems(code, message, problems)
-            doc: dict[str, Any] = {
-                "workflow_id": workflow_id,
-                "status": "failed",
-                "error_code": code,
-                "error": error.model_dump(mode="json"),
-            }
-            if problems:
-                doc["problems"] = problems
-            return doc
+            result = result_from_failure(e)
+            if carried_result(e) is None:
+                return _failure_doc(workflow_id, result)
         return {"workflow_id": workflow_id, **result.model_dump(mode="json")}
 
     async def progress(self, workflow_id: str, *, include_outputs: bool = False) -> dict[str, Any]:
@@ -628,16 +645,20 @@ class PipelineClient:
     ) -> tuple[str, dict[str, Any]]:
         """How a run ended and its steps' results as JSON, once it has ended.
 
-        From its result, or, when the workflow itself failed (cancelled,
-        terminated, an invalid spec), ``"failed"`` and the steps its
-        ``progress`` query reports (a worker replays the run to answer).
+        From its result (:meth:`result`: the completion's, or the one its failure
+        carries); when the workflow failed without one (cancelled, terminated, an
+        invalid spec), ``"failed"`` and the steps its ``progress`` query reports (a
+        worker replays the run to answer).
         """
+        handle = self.get_handle(workflow_id, run_id)
         try:
-            result = await self.result(workflow_id, run_id)
-        except WorkflowFailureError:
-            handle = self.get_handle(workflow_id, run_id)
-            progress = await handle.query(PipelineWorkflow.progress, True)
-            return "failed", dict(progress.get("steps") or {})
+            result = await handle.result()
+        except WorkflowFailureError as e:
+            carried = carried_result(e)
+            if carried is None:
+                progress = await handle.query(PipelineWorkflow.progress, True)
+                return "failed", dict(progress.get("steps") or {})
+            result = carried
         return result.status, {k: v.model_dump(mode="json") for k, v in result.steps.items()}
 
     async def items(

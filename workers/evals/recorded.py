@@ -11,7 +11,8 @@ payloads are decoded by the client's data converter, which reads payloads that
 left the history for the external payload store
 (:mod:`aiworker.workers.process.payload_storage`) back from it.
 
-From the run's result (the workflow's completed event) each call gets its step's
+From the run's result (the workflow's completed event, or for a run that did not
+succeed the result its failed event carries) each call gets its step's
 human review (decision, and the step's outputs when approved: the corrected
 outputs where the reviewer gave some); from the run-config marker
 (:class:`~aiworker.schemas.limits.RunConfig`, the specs the run recorded) the
@@ -51,6 +52,7 @@ from temporalio.client import Client
 
 from aiworker.schemas import names
 from aiworker.schemas.batch import ITEMS_SUFFIX
+from aiworker.schemas.outcomes import carried_result
 from aiworker.schemas.refs import ReferenceError_, resolve
 from aiworker.workers.client.visibility import quote
 
@@ -62,6 +64,7 @@ _TIMED_OUT = EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT
 _CANCELED = EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED
 _MARKER = EventType.EVENT_TYPE_MARKER_RECORDED
 _WF_COMPLETED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+_WF_FAILED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED
 _WF_STARTED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED
 _CHILD_STARTED = EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
 _LOCAL_MARKER = "core_local_activity"  # the SDK core's marker of a local activity
@@ -382,6 +385,11 @@ async def _scan(
         elif et == _WF_COMPLETED:
             done = event.workflow_execution_completed_event_attributes
             out.result = await _decode_one(client, done.result)
+        elif et == _WF_FAILED:
+            # a run that did not succeed carries its result in its failure
+            failed = event.workflow_execution_failed_event_attributes.failure
+            carried = carried_result(await client.data_converter.decode_failure(failed))
+            out.result = carried.model_dump(mode="json") if carried is not None else None
     return out
 
 

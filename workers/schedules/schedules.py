@@ -34,7 +34,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
 from temporalio.client import (
     Client,
@@ -49,6 +49,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from aiworker.schemas import names
+from aiworker.schemas.pipeline import TerminalStatus
 from aiworker.workers.client.client import PipelineClient
 from aiworker.workers.client.flow_start import plan_flow_start
 from aiworker.workers.client.visibility import quote
@@ -264,10 +265,15 @@ async def list_schedules(
     return sorted(out, key=lambda row: row.schedule_id)
 
 
+# The terminal statuses a pipeline fails or cancels its execution with.
+_ENDED_BY_PIPELINE = frozenset(get_args(TerminalStatus)) - set(names.OK_STATUSES)
+
+
 async def run_status(client: Client, workflow_id: str, run_id: str | None = None) -> str:
     """How a scheduled run stands: the pipeline's status (``succeeded``, ``partial``,
-    ``awaiting_review``...) while it runs or once it completed, else Temporal's
-    (``failed``, ``terminated``...); ``unknown`` once the run is gone."""
+    ``awaiting_review``, ``budget_exhausted``...) while it runs or once it ended
+    with one (completed, or failed or cancelled by the pipeline itself), else
+    Temporal's (``failed``, ``terminated``...); ``unknown`` once the run is gone."""
     try:
         desc = await client.get_workflow_handle(workflow_id, run_id=run_id).describe()
     except RPCError as e:
@@ -277,6 +283,14 @@ async def run_status(client: Client, workflow_id: str, run_id: str | None = None
     execution = desc.status or WorkflowExecutionStatus.RUNNING
     own = desc.typed_search_attributes.get(names.STATUS_KEY)
     if own and execution in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
+        return own
+    # a pipeline that did not succeed fails (or cancels) its execution with its
+    # terminal status set; a terminate or a timeout leaves a running one behind
+    ended_by_pipeline = execution in (
+        WorkflowExecutionStatus.FAILED,
+        WorkflowExecutionStatus.CANCELED,
+    )
+    if own is not None and ended_by_pipeline and own in _ENDED_BY_PIPELINE:
         return own
     return execution.name.lower()
 

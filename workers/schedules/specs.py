@@ -186,8 +186,8 @@ class ScheduleOptions:
             still start (Temporal's default: a year).
         overlap: what a run due while the last still runs does (default skip it).
         pause_on_failure: pause the schedule when a run's workflow fails (a
-            pipeline that ends with a status other than ``succeeded`` has not
-            failed as a workflow).
+            pipeline that ends ``failed``, ``rejected``, ``escalation_timed_out``
+            or ``budget_exhausted`` fails its workflow; ``partial`` does not).
         note: the schedule's note, shown by ``describe`` and the UI.
         paused: create it paused.
     """
