@@ -82,10 +82,6 @@ with workflow.unsafe.imports_passed_through():
 from aiworker.workflows.budget import Admission
 
 _CODES = frozenset(c.value for c in ErrorCode)
-# The ``workflow.patched`` id of a call whose last attempt the server timed out: the
-# attempts that never reported their usage are booked at their maximum (before it,
-# such a call booked nothing).
-LOST_USAGE_PATCH = "lost-attempt-usage"
 
 
 def invalid_input(message: str, problems: list[str] | None = None) -> ApplicationError:
@@ -246,7 +242,6 @@ async def call_worker(call: WorkerCall, admission: Admission | None = None) -> S
             not local
             and isinstance(cause, TemporalTimeout)
             and cause.type in (TimeoutType.START_TO_CLOSE, TimeoutType.HEARTBEAT)
-            and workflow.patched(LOST_USAGE_PATCH)
         ):
             most = _most_per_attempt(worker, admission, request)
             usage, lost = _lost_usage(cause, attempts, most)
