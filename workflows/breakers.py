@@ -42,8 +42,8 @@ _MAX_HISTORY_EVENTS = 1000
 # SharedBreakerWorkflow auto-upgrades (a run moves to the current build at its next
 # task), so its changes are patched; each patch ends as samples-python's
 # ``patching/`` ends one (docs/replay.md, "Patches and their plans"):
-#   stage 3 -- build 0.3.0, not before 2027-01-04: ``workflow.deprecate_patch(id)``
-#     replaces ``workflow.patched(id)``, the old branch and ``breaker-20261127.json``
+#   stage 3 -- build 0.3.0, not before 2027-01-04: ``workflow.deprecate_patch``
+#     replaces ``workflow.patched``, the old branch and ``breaker-20261127.json``
 #     (the replay gate's run from before the probe lease) are deleted, once
 #     ``aiworker replay --query "WorkflowType = 'SharedBreakerWorkflow' AND
 #     ExecutionStatus = 'Running'"`` passes on it (a breaker run lives at most

@@ -81,8 +81,8 @@ _IDLE_SECONDS = 300.0
 # LimiterWorkflow auto-upgrades (a run moves to the current build at its next
 # task), so its changes are patched; each patch ends as samples-python's
 # ``patching/`` ends one (docs/replay.md, "Patches and their plans"):
-#   stage 3 -- build 0.3.0, not before 2027-01-04: ``workflow.deprecate_patch(id)``
-#     replaces ``workflow.patched(id)`` and the old branch is deleted, once
+#   stage 3 -- build 0.3.0, not before 2027-01-04: ``workflow.deprecate_patch``
+#     replaces ``workflow.patched`` and the old branch is deleted, once
 #     ``aiworker replay --query "WorkflowType = 'LimiterWorkflow' AND
 #     ExecutionStatus = 'Running'"`` passes on it (a limiter run lives at most
 #     _MAX_ROUNDS rounds or _MAX_HISTORY_EVENTS events before it continues as new
