@@ -8,7 +8,8 @@ it what that build sends: signal-with-start inputs, signals, updates. This
 reads those from histories recorded on that build (``record_histories.py
 --out DIR limiter breaker registry flow`` run on its code) and writes them as
 one JSON file: per history, the workflow type and its calls in order, each
-with its arguments as JSON and, for an update, the answer that build gave::
+with its arguments as JSON and, for an update, the answer that build gave, and
+the signals the workflow sent its callers (``sent``)::
 
     .venv/bin/python tests/workflows/capture_calls.py /tmp/main-histories \\
         --build "0.1.0 (main 080adb8)" --out tests/workflows/cross_build/0.1.0.json
@@ -67,7 +68,12 @@ def calls_of(history: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         if done is not None and "success" in done.get("outcome", {}):
             answers[done["meta"]["updateId"]] = _args(done["outcome"]["success"])
     for e in events:
-        if (signal := e.get("workflowExecutionSignaledEventAttributes")) is not None:
+        if (sent := e.get("signalExternalWorkflowExecutionInitiatedEventAttributes")) is not None:
+            # what it sends the callers (a limiter's permit, lease-check): they decode it
+            calls.append(
+                {"kind": "sent", "name": sent["signalName"], "args": _args(sent.get("input"))}
+            )
+        elif (signal := e.get("workflowExecutionSignaledEventAttributes")) is not None:
             calls.append(
                 {"kind": "signal", "name": signal["signalName"], "args": _args(signal.get("input"))}
             )

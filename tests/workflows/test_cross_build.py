@@ -6,10 +6,15 @@ their next workflow task, while the previous build's pinned runs (pipelines,
 chunks, agents), worker processes and clients keep sending them what that build
 sends. ``cross_build/*.json`` holds those calls as a build sent them
 (``capture_calls.py``: signal-with-start inputs, signals, updates with the
-answer that build gave). Each is decoded into this build's handler types, then
-sent to this build's workflows on a real dev server: every update answered with
-at least the fields the previous build answered, every signal taking effect.
-Payloads only grow.
+answer that build gave, and the signals the workflow sent back, a limiter's
+``permit``). Each is decoded into this build's handler types, then sent to this
+build's workflows on a real dev server: every update answered, every signal
+taking effect. What goes back to the previous build's callers must decode there
+too: the limiter's and breaker's models forbid unknown fields
+(``schemas/base.py``), so their answers and the permits a limiter signals carry
+no field the previous build did not send; the flow's and registry's models
+ignore unknown fields, so theirs keep at least the previous fields. Inputs
+only grow, with defaults.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import capture_calls
 import pytest
 from conftest import running_stack
+from pydantic import BaseModel
 from support.history import workflow_task_failures
 from support.waiting import wait_until
 from temporalio import workflow
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
@@ -80,6 +87,8 @@ def test_each_payload_decodes_into_this_builds_types(label: str, history: dict[s
     cls = WORKFLOWS[history["workflow"]]
     converter = data_converter(None).payload_converter
     for call in history["calls"]:
+        if call["kind"] == "sent":
+            continue  # decoded by the previous build's callers: the live test bounds it
         types = _handler_types(cls, call["kind"], call.get("name"))
         assert len(call["args"]) == len(types), (label, call)
         decoded = converter.from_payloads(converter.to_payloads(call["args"]), types)
@@ -99,6 +108,34 @@ def _shifted(value: Any, since: float, by: float) -> Any:
 
 def _keys(value: Any) -> set[str]:
     return set(value) if isinstance(value, dict) else set()
+
+
+def _fields_by_name(calls: list[dict[str, Any]], kind: str) -> dict[str, set[str]]:
+    """The fields each ``kind`` call (``update``: its answers; ``sent``: its
+    payloads) carried, by its name."""
+    out: dict[str, set[str]] = {}
+    for call in calls:
+        if call["kind"] == kind:
+            values = [call["answer"]] if kind == "update" else call["args"]
+            out.setdefault(call["name"], set()).update(*(_keys(v) for v in values))
+    return out
+
+
+def _return_type(cls: type, update: str) -> Any:
+    return workflow._Definition.must_from_class(cls).updates[update].ret_type
+
+
+def _forbids_extra(kind: Any) -> bool:
+    return (
+        isinstance(kind, type)
+        and issubclass(kind, BaseModel)
+        and kind.model_config.get("extra") == "forbid"
+    )
+
+
+def _sent_by(history: WorkflowHistory) -> list[dict[str, Any]]:
+    """The signals a workflow's history sent to other workflows, as captured."""
+    return capture_calls.calls_of(json.loads(history.to_json()))[1]
 
 
 async def _send(
@@ -134,12 +171,20 @@ async def test_this_build_answers_the_previous_builds_calls(
             task_queue=stack.pipelines_queue,
         )
         answered = await _send(handle, rest, since, by)
+        before = _fields_by_name(rest, "update")
         for call, answer in answered:
-            recorded = call["answer"]
-            assert type(answer) is type(recorded) or _keys(recorded), (call["name"], answer)
-            assert _keys(recorded) <= _keys(answer), (call["name"], recorded, answer)
+            name, recorded = call["name"], call["answer"]
+            assert type(answer) is type(recorded) or _keys(recorded), (name, answer)
+            assert _keys(recorded) <= _keys(answer), (name, recorded, answer)
+            if _forbids_extra(_return_type(WORKFLOWS[kind], name)):
+                assert _keys(answer) <= before[name], (name, "a field the caller refuses", answer)
         await _took_effect(handle, kind, rest, since, by)
         assert await workflow_task_failures(handle) == 0
+        sent = _fields_by_name(_sent_by(await handle.fetch_history()), "sent")
+        # the same kinds of signal back (a limiter's permits): none new, none missing
+        assert sent.keys() == (previous := _fields_by_name(rest, "sent")).keys(), sent
+        for name, fields in sent.items():
+            assert fields <= previous[name], (name, "a field the caller refuses", fields)
         await handle.terminate("test over")
 
 
