@@ -39,7 +39,7 @@ An agent's turns and tool calls ask for the rate permit of their worker as a
 step's call does (the agent's workflow receives the ``permit`` signals itself),
 waited for until the agent's deadline (an agent with no rate-limited worker
 asks none).
-Not through permits: a step's validator (no permits, no budget, as before).
+Not through permits: a step's validator (no permits, no budget).
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ class PipelineLimits:
 
     def is_local(self, worker_id: str) -> bool:
         """Whether calls of ``worker_id`` run as local activities: as the run config
-        says (none before it, and none in a run started before local activities)."""
+        says (none before it)."""
         return self.run_config is not None and worker_id in self.run_config.local
 
     async def pipeline_slot(self, spec: PipelineSpec) -> list[Lease] | str:
