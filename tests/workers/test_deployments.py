@@ -345,6 +345,7 @@ async def test_dev_restarted_on_edited_code_leaves_the_open_run_and_terminates_i
         client = await Client.connect(f"127.0.0.1:{port}", data_converter=data_converter(None))
         handle = client.get_workflow_handle("edited-run")
         assert (await handle.describe()).status == WorkflowExecutionStatus.TERMINATED
+        await asyncio.to_thread(again.terminate)  # graceful: it stops its server too
     finally:
         again.close()
 

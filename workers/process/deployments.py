@@ -480,7 +480,9 @@ async def other_build_runs(
     )
     found: list[OtherBuildRun] = []
     async for wf in client.list_workflows(query, limit=limit):
-        versioning = wf.raw_info.versioning_info
+        # a listing carries no versioning info: the run's own description does
+        described = await client.get_workflow_handle(wf.id, run_id=wf.run_id).describe()
+        versioning = described.raw_description.workflow_execution_info.versioning_info
         build = versioning.deployment_version.build_id
         if versioning.versioning_override.HasField("pinned"):
             build = versioning.versioning_override.pinned.version.build_id
