@@ -380,13 +380,6 @@ class LimiterActivities:
             problems=problems,
         )
 
-    @activity.defn(name=names.LIMITER_PLAN)
-    async def run_config_under_old_name(self, call: RunConfigCall) -> RunConfig:
-        """The run config (:meth:`run_config`) under the activity's former name,
-        ``limiter-plan``: for a run of older code whose workflow task is retried on
-        this process before it has its answer."""
-        return await self.run_config(call)
-
     @activity.defn(name=names.LIMITER_ACQUIRE)
     async def acquire(self, call: AcquireCall) -> AcquireResult:
         """Queue a permit request at the key's limiter (created on first use)."""

@@ -68,13 +68,13 @@ class AgentInput(Model):
     specs: dict[str, RecordedSpec] | None = Field(
         default=None,
         description="the specs the pipeline recorded that the agent uses: llm-agent's, "
-        "llm-call's (each turn) and its tools' (None: an agent started by a pipeline from "
-        "before specs were recorded reads its catalog)",
+        "llm-call's (each turn) and its tools' (None: refused as invalid_input; an agent "
+        "never reads a catalog)",
     )
     limits: AgentLimits | None = Field(
         default=None,
         description="the tenant's rate limits and worker list for the agent's calls (None: "
-        "an agent started by a pipeline from before its calls took permits asks none)",
+        "none; its calls ask no permits)",
     )
 
 

@@ -163,7 +163,7 @@ class RunConfigCall(Model):
     record: list[str] | None = Field(
         default=None,
         description="the workers whose specs the run config records "
-        "(schemas.recorded.named_workers); None: a run from before specs were recorded",
+        "(schemas.recorded.named_workers); None: none",
     )
     record_all: bool = Field(
         default=False,

@@ -123,8 +123,6 @@ LOAD_ITEMS: Final = "foreach-load-items"
 # The run config: what the process's settings and catalog say about one pipeline
 # run, asked once at its start (a local activity, so the run decides from its record).
 RUN_CONFIG: Final = "run-config"
-# Its name before: runs started on older code replay it (workflows/pipeline_limits.py).
-LIMITER_PLAN: Final = "limiter-plan"  # names: keep
 LIMITER_ACQUIRE_SIGNAL: Final = "acquire"
 LIMITER_RELEASE_SIGNAL: Final = "release"
 PERMIT_SIGNAL: Final = "permit"

@@ -435,8 +435,8 @@ class ChunkInput(Model):
     )
     spec: RecordedSpec | None = Field(
         default=None,
-        description="the worker's spec as the pipeline recorded it at its start (None: a "
-        "chunk started by a pipeline from before specs were recorded reads its catalog)",
+        description="the worker's spec as the pipeline recorded it at its start (None: "
+        "refused as invalid_input; a chunk never reads a catalog)",
     )
     tolerated: int | None = Field(
         default=None,

@@ -28,7 +28,7 @@ turn. The answer is the model's last text. Deterministic code only.
 
 The specs it calls with (llm-call's, each tool's) are the ones its pipeline
 recorded at its start (``AgentInput.specs``), never the catalog of the process
-running it; only an agent of a pipeline started on older code reads that.
+running it; an agent started without them is ``invalid_input``.
 
 Tenant limits (``AgentInput.limits``, from the pipeline's run config): each
 model turn and tool call is held to what a step calling that worker is. A
@@ -38,9 +38,7 @@ rate-limited worker waits for its permit first, as a step's call does (this
 workflow asks the limiter and receives the ``permit`` signal itself), until
 the agent's deadline; a wait that reaches it ends the step ``rate_limited``
 with the transcript so far. The step's concurrency key is the parent's lease,
-held while the whole agent runs. Both are behind the ``agent-turn-permits``
-patch, recorded only by an agent that has a rate-limited worker or a refused
-tool: an agent without limits issues the commands it always did.
+held while the whole agent runs.
 """
 
 from __future__ import annotations
@@ -53,7 +51,6 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from aiworker.config import catalog
     from aiworker.schemas import messages, names, safe_schema
     from aiworker.schemas.agent import (
         MAX_TEXT_CHARS,
@@ -74,14 +71,11 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.tenants import refusal
 
 from aiworker.workflows.budget import Admission, Deadline, Ledger
-from aiworker.workflows.calls import CallContext, WorkerCall, call_worker
-from aiworker.workflows.governed import AGENT_PERMITS_PATCH, Governance, Refused, governed_call
+from aiworker.workflows.calls import CallContext, WorkerCall, call_worker, invalid_input
+from aiworker.workflows.governed import Governance, Refused, governed_call
 from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals
 
 _BUDGET = ErrorCode.BUDGET_EXCEEDED.value
-# Recorded by an agent whose tools name MCP servers, before it lists them: the
-# listing activities are commands no agent issued before.
-AGENT_MCP_PATCH = "agent-mcp-tools"
 
 
 class _Stop(Exception):
@@ -147,6 +141,12 @@ class AgentWorkflow(PermitSignals):
     @workflow.run
     async def run(self, req: AgentInput) -> StepResult:
         """The loop; every ending (answer, bound, failure) is a ``StepResult``."""
+        if req.specs is None:
+            # nothing to decide from: the process's catalog is never read in a workflow
+            raise invalid_input(
+                "agent: no recorded worker specs (AgentInput.specs); "
+                "an agent runs as a pipeline's llm-agent step"
+            )
         return await Agent(req, self._state, self._permits).run()
 
 
@@ -161,11 +161,8 @@ class Agent:
         self.permits = permits
         # the workers whose calls wait for a rate permit (decided in run, from the input)
         self.rate_limited: frozenset[str] = frozenset()
-        if req.specs is not None:  # what the pipeline recorded at its start
-            self.specs: Mapping[str, WorkerSpec] = req.specs
-        else:  # started by a pipeline from before specs were recorded
-            with workflow.unsafe.sandbox_unrestricted():
-                self.specs = catalog.current_specs()
+        # what the pipeline recorded at its start (AgentWorkflow.run refuses none)
+        self.specs: Mapping[str, WorkerSpec] = req.specs or {}
         self.llm = self.specs[names.LLM_CALL]
         a = req.allowance
         start = workflow.now().timestamp()
@@ -238,7 +235,7 @@ class Agent:
         refs, bad = mcp_refs(tools)
         if bad:
             return self._fail(ErrorCode.INVALID_INPUT.value, f"field {bad[0][0]!r}: {bad[0][1]}")
-        if not refs or not workflow.patched(AGENT_MCP_PATCH):
+        if not refs:
             return None
         spec = self.specs.get(MCP_CALL)
         if spec is None:  # agent_specs adds it whenever a tool is an MCP one
@@ -297,8 +294,7 @@ class Agent:
     def _hold_to_tenant(self, tools: list[Any]) -> StepResult | None:
         """Apply ``AgentInput.limits``: the step's failure when the tenant may not call
         llm-call or a tool (``invalid_input``, every one named), else None, with the
-        workers whose calls wait for a permit set. Only an agent that has a limit or a
-        refusal records the patch; one from before it (or without limits) asks nothing."""
+        workers whose calls wait for a permit set. An agent without limits asks nothing."""
         limits = self.req.limits
         if limits is None:
             return None
@@ -306,7 +302,7 @@ class Agent:
         refused = [
             (f, w) for f, w in agent_calls(tools) if allowed is not None and w not in allowed
         ]
-        if not (refused or limits.rate_limited) or not workflow.patched(AGENT_PERMITS_PATCH):
+        if not (refused or limits.rate_limited):
             return None
         if refused:
             turns = f" (each model turn of {names.LLM_AGENT!r} is a call of it)"

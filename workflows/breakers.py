@@ -39,6 +39,18 @@ with workflow.unsafe.imports_passed_through():
 _IDLE_SECONDS = 300.0
 _MAX_ROUNDS = 200
 _MAX_HISTORY_EVENTS = 1000
+# SharedBreakerWorkflow auto-upgrades (a run moves to the current build at its next
+# task), so its changes are patched; each patch ends as samples-python's
+# ``patching/`` ends one (docs/replay.md, "Patches and their plans"):
+#   stage 3 -- build 0.3.0, not before 2027-01-04: ``workflow.deprecate_patch``
+#     replaces ``workflow.patched``, the old branch and ``breaker-20261127.json``
+#     (the replay gate's run from before the probe lease) are deleted, once
+#     ``aiworker replay --query "WorkflowType = 'SharedBreakerWorkflow' AND
+#     ExecutionStatus = 'Running'"`` passes on it (a breaker run lives at most
+#     _MAX_ROUNDS rounds or _MAX_HISTORY_EVENTS events before it continues as new
+#     on the current build, so every run by then recorded the marker);
+#   stage 4 -- build 0.4.0, not before 2027-02-01: the deprecate_patch call and the
+#     id go, once no breaker run started on a build before 0.3.0 is running.
 # Replay: runs recorded before the memo existed did not upsert it.
 _MEMO_PATCH = "breaker-memo"
 # Replay: runs recorded before the probe lease kept no ``probe`` memo.

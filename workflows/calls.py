@@ -96,10 +96,6 @@ unknown encoding (``KeyError``), JSON the parser refuses (``invalid_input``, an
 (``RuntimeError``). A payload someone else wrote (an external worker's reply, a
 caller's header) is caught as these and only these; anything else raised while
 decoding is a bug here and fails the workflow task."""
-# The ``workflow.patched`` id of a call whose last attempt the server timed out: the
-# attempts that never reported their usage are booked at their maximum (before it,
-# such a call booked nothing).
-LOST_USAGE_PATCH = "lost-attempt-usage"
 
 
 def invalid_input(message: str, problems: list[str] | None = None) -> ApplicationError:
@@ -260,7 +256,6 @@ async def call_worker(call: WorkerCall, admission: Admission | None = None) -> S
             not local
             and isinstance(cause, TemporalTimeout)
             and cause.type in (TimeoutType.START_TO_CLOSE, TimeoutType.HEARTBEAT)
-            and workflow.patched(LOST_USAGE_PATCH)
         ):
             most = _most_per_attempt(worker, admission, request)
             usage, lost = _lost_usage(cause, attempts, most)

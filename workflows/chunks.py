@@ -28,16 +28,6 @@ with workflow.unsafe.imports_passed_through():
 FANOUT = 32
 """Children one workflow starts for a for_each (the width of the tree)."""
 
-TREE_PATCH = "foreach-chunk-tree"
-"""The ``workflow.patched`` id of a for_each over more than ``FANOUT`` leaf chunks
-(its children are groups of chunks; before, one child per leaf chunk)."""
-
-
-PAIR_PATCH = "foreach-chunk-pairs"
-"""The ``workflow.patched`` id of a for_each whose parallelism fits one leaf chunk
-(an even ``max_parallel`` from 4 up to ``chunk_size``) running two leaf chunks at once
-with half of it each (before, one chunk at a time with all of it)."""
-
 
 @dataclass(frozen=True)
 class Split:
@@ -63,18 +53,16 @@ def leaves(items: int, chunk_size: int) -> int:
     return math.ceil(items / chunk_size)
 
 
-def split(items: int, chunk_size: int, slots: int, tree: bool = True) -> Split:
+def split(items: int, chunk_size: int, slots: int) -> Split:
     """The split of ``items`` items with ``slots`` leaf chunks at once.
 
     Args:
         items: the items under this workflow.
         chunk_size: items per leaf chunk.
         slots: leaf chunks that may run at once under this workflow.
-        tree: group leaves when there are more than :data:`FANOUT` (false: one
-            child per leaf chunk, as histories recorded before the tree ran).
     """
     n = leaves(items, chunk_size)
-    per = math.ceil(n / FANOUT) if tree and n > FANOUT else 1
+    per = math.ceil(n / FANOUT) if n > FANOUT else 1
     children = math.ceil(n / per)
     at_once = max(1, min(children, slots))
     return Split(size=per * chunk_size, at_once=at_once, child_slots=max(1, slots // at_once))
@@ -95,4 +83,4 @@ def share(whole: ChunkAllowance, items: int, of: int) -> ChunkAllowance:
     )
 
 
-__all__ = ["FANOUT", "PAIR_PATCH", "TREE_PATCH", "Split", "leaves", "share", "split"]
+__all__ = ["FANOUT", "Split", "leaves", "share", "split"]

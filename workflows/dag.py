@@ -25,7 +25,6 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from aiworker.schemas import names
     from aiworker.schemas.causes import PipelineError
     from aiworker.schemas.pipeline import (
         PipelineResult,
@@ -40,10 +39,6 @@ with workflow.unsafe.imports_passed_through():
 
 from aiworker.workflows.state import PipelineRun
 from aiworker.workflows.steps import run_step
-
-# Redrives before this patch reused every step that produced outputs, partial
-# ones included; after it they follow ``plan_redrive``.
-REDRIVE_PLAN_PATCH = "redrive-plan"
 
 
 @dataclass
@@ -82,13 +77,13 @@ async def run_dag(run: PipelineRun) -> PipelineResult:
     """Run every step of the pipeline; the pipeline's result."""
     spec = run.spec
     by_id = {s.id: s for s in spec.steps}
-    # Only a pipeline with wait steps has token dependencies (older ones replay as before).
+    # Only a pipeline with wait steps has token dependencies.
     sched = Schedule(
         deps=step_dependencies(spec),
         tokens=token_dependencies(spec),
         issued=run.board.callbacks.issued,
     )
-    if spec.resume_from is not None and workflow.patched(REDRIVE_PLAN_PATCH):
+    if spec.resume_from is not None:
         run.redrive = plan_redrive(spec)
     try:
         # Each round finishes at least one step (or a wait step handed out its
@@ -171,10 +166,7 @@ def _start_ready(run: PipelineRun, sched: Schedule) -> list[str]:
         if not sched.ready(step):
             continue
         old = resume.steps.get(step.id) if resume else None
-        if run.redrive is not None:
-            reuse = step.id in run.redrive.reused
-        else:
-            reuse = old is not None and old.status in names.OK_STATUSES
+        reuse = run.redrive is not None and step.id in run.redrive.reused
         if old is not None and reuse and resume:
             run.steps[step.id] = old.model_copy(update={"reused_from": resume.workflow_id})
             reused.append(step.id)

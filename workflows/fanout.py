@@ -13,7 +13,7 @@ item count (:class:`ChunkAllowance`, with the pipeline's deadline). At most
 ``min(max_parallel, chunk_size)`` items in flight
 (``PipelineForEachWorkflow``), so no history grows with the list; an even
 ``max_parallel`` of 4 or more that one chunk would hold whole runs as two
-chunks with half of it each (``PAIR_PATCH``).
+chunks with half of it each.
 :class:`FanOut` tallies the items as chunks finish. Over the plan's
 ``inline_items`` items the outputs go by reference (:mod:`workflows.items`):
 the chunks store them, the parent keeps counts, the failed items up to
@@ -57,9 +57,9 @@ with workflow.unsafe.imports_passed_through():
         resolve,
     )
 
-from aiworker.workflows.chunks import FANOUT, PAIR_PATCH, TREE_PATCH, leaves, share, split
+from aiworker.workflows.chunks import leaves, share, split
 from aiworker.workflows.foreach import PipelineForEachWorkflow, cancel_chunk
-from aiworker.workflows.items import ITEMS_REF_PATCH, ItemsUnavailable, load_items
+from aiworker.workflows.items import ItemsUnavailable, load_items
 from aiworker.workflows.pipeline_limits import step_max_attempts
 from aiworker.workflows.state import Ended, PipelineRun
 
@@ -249,9 +249,7 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
             kept = run.redrive.kept_items(step.id, len(items))
     # Over the plan's inline_items the outputs go by reference (a redrive keeps the
     # earlier run's way: its kept outputs are where that run left them).
-    by_ref = (
-        old_parts is not None or (not kept and len(items) > run.inline_items)
-    ) and workflow.patched(ITEMS_REF_PATCH)
+    by_ref = old_parts is not None or (not kept and len(items) > run.inline_items)
     fan = FanOut(total=len(items), by_ref=by_ref)
     if step.tolerated_failures is not None:  # a share is of the step's whole item count
         fan.tolerated = tolerated_count(step.tolerated_failures, len(items))
@@ -303,8 +301,6 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
         store_outputs=by_ref,
         spec=worker,  # the run's spec of its worker: chunks never read a catalog
     )
-    # More leaf chunks than one workflow's children: groups of chunks (a tree).
-    tree = leaves(len(resolved), step.chunk_size) > FANOUT and workflow.patched(TREE_PATCH)
     at_once = math.ceil(step.max_parallel / step.chunk_size)  # leaf chunks, the whole step
     parallel = template.max_parallel
     if (
@@ -312,12 +308,12 @@ async def run_for_each(run: PipelineRun, step: Step) -> StepResult:
         and step.max_parallel >= 4
         and step.max_parallel % 2 == 0
         and leaves(len(resolved), step.chunk_size) > 1
-        and workflow.patched(PAIR_PATCH)
     ):
         # Two leaf chunks with half the parallelism each: one's start and end (its
         # last items, its result, the next chunk's start) overlap the other's work.
         at_once, parallel = 2, step.max_parallel // 2
-    plan = split(len(resolved), step.chunk_size, at_once, tree)
+    # more leaf chunks than one workflow's children: groups of chunks (a tree)
+    plan = split(len(resolved), step.chunk_size, at_once)
     template = template.model_copy(
         update={
             "chunk_size": step.chunk_size,

@@ -152,7 +152,12 @@ class FlowBook:
         start or a run's close changes anything)."""
         flow = self.flow
         if not self.pending:
-            return self.window[0] + flow.throttle.period_seconds if flow.throttle else None
+            # an empty window (no start yet, or all past the period) frees nothing later
+            return (
+                self.window[0] + flow.throttle.period_seconds
+                if flow.throttle and self.window
+                else None
+            )
         if flow.debounce is not None or flow.batch is not None:
             return self._due_at(self.pending[0])
         if flow.throttle is not None and self.window:

@@ -4,9 +4,8 @@ The pipeline splits a for_each list into chunks of ``chunk_size`` items and
 runs each chunk as a child workflow, so no history grows with the list: the
 parent records one child per chunk, a child at most ``chunk_size`` activities.
 Inside a chunk at most ``max_parallel`` items run at once, each through
-:func:`~aiworker.workflows.governed.governed_call` (permits, then the budget;
-chunks recorded before ``foreach-item-permits-before-budget`` replay budget
-first). Each item's
+:func:`~aiworker.workflows.governed.governed_call` (permits, then the budget).
+Each item's
 idempotency key is ``{key_prefix}/{item_index}``; its budget share comes from
 the parent as an allowance, spent item by item through the same ledger.
 
@@ -22,8 +21,8 @@ travel up, never an item's outputs.
 
 The worker's spec comes with the chunk (``ChunkInput.spec``: the spec the
 pipeline recorded at its start), so a chunk decides as its pipeline does
-however the catalog of the process running it has changed; only a chunk of a
-pipeline started on older code (no spec) reads the process's catalog.
+however the catalog of the process running it has changed; a chunk started
+without it is ``invalid_input``.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ from temporalio import workflow
 from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from aiworker.config import catalog
     from aiworker.schemas import names
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.limits import AcquireCall
@@ -54,10 +52,9 @@ with workflow.unsafe.imports_passed_through():
     from aiworker.schemas.spec import WorkerSpec
 
 from aiworker.workflows.budget import Admission, Deadline, Ledger
-from aiworker.workflows.calls import CallContext, WorkerCall, call_items
+from aiworker.workflows.calls import CallContext, WorkerCall, call_items, invalid_input
 from aiworker.workflows.chunks import Split, share, split
 from aiworker.workflows.governed import (
-    ITEM_PERMITS_FIRST_PATCH,
     Governance,
     Refused,
     governed_batch,
@@ -66,9 +63,6 @@ from aiworker.workflows.governed import (
 from aiworker.workflows.items import ItemsUnavailable, store_index, store_items
 from aiworker.workflows.limits import CallLimits, PermitBook, PermitSignals
 
-# The ``workflow.patched`` id of a chunk whose items go ``items_per_task`` to an
-# activity task (``<worker_id>.items``); issued only by a step with items_per_task > 1.
-ITEMS_PER_TASK_PATCH = "foreach-items-per-task"
 # The kinds of worker whose items a task may group: aiworker's runtime runs them.
 BATCHED_KINDS = ("python", "prompt")
 # The error code of a call whose activity was cancelled (``calls.error_code_of``).
@@ -104,9 +98,12 @@ class PipelineForEachWorkflow(PermitSignals):
         if chunk.chunk_size is not None and len(chunk.items) > chunk.chunk_size:
             return await self._split(chunk, chunk.chunk_size)
         worker = chunk.spec
-        if worker is None:  # started by a pipeline from before specs were recorded
-            with workflow.unsafe.sandbox_unrestricted():
-                worker = catalog.current_specs()[chunk.worker]
+        if worker is None:
+            # nothing to decide from: the process's catalog is never read in a workflow
+            raise invalid_input(
+                f"chunk of step {chunk.step_id!r}: no recorded spec of worker "
+                f"{chunk.worker!r} (ChunkInput.spec); a chunk runs as a pipeline's for_each"
+            )
         self._permits.step = chunk.step_id  # its waits are logged as the step's
         a = chunk.allowance
         # The pipeline's own deadline, as it is: a chunk started after it refuses every item.
@@ -137,16 +134,8 @@ class PipelineForEachWorkflow(PermitSignals):
             queue_suffix=chunk.queue_suffix,
             priority=priority,
         )
-        # Decided once, at the first item that asks for permits (see governed_call):
-        # items of a chunk recorded before the patch were admitted first.
-        order: list[bool] = []
 
-        def budget_first() -> bool:
-            if not order:
-                order.append(not workflow.patched(ITEM_PERMITS_FIRST_PATCH))
-            return order[0]
-
-        def governed(item: ChunkItem, ordered: bool) -> tuple[WorkerCall, Governance]:
+        def governed(item: ChunkItem) -> tuple[WorkerCall, Governance]:
             # The worker's per-tenant rate limit holds for every item, and the
             # step's concurrency key (resolved per item) across every chunk.
             limits = CallLimits(
@@ -184,8 +173,6 @@ class PipelineForEachWorkflow(PermitSignals):
                 asks=asks,
                 deadline=ledger.ends,
                 who=str(item.index),
-                # without permits both orders issue the same commands: no marker
-                budget_first=ordered and limits.any and budget_first(),
             )
             return call, gov
 
@@ -208,23 +195,18 @@ class PipelineForEachWorkflow(PermitSignals):
 
         async def one(item: ChunkItem) -> ItemResult:
             async with slots:
-                call, gov = governed(item, ordered=True)
+                call, gov = governed(item)
                 return ended(item, await governed_call(call, gov))
 
         if chunk.tolerated is not None:
             # only a step with tolerated_failures (never with items_per_task > 1)
 
             async def run_one(item: ChunkItem) -> ItemResult:
-                call, gov = governed(item, ordered=True)
+                call, gov = governed(item)
                 return ended(item, await governed_call(call, gov))
 
             results = await self._tolerating(chunk.items, chunk.tolerated, slots, run_one)
-        elif (
-            chunk.items_per_task > 1
-            and not chunk.local
-            and worker.kind in BATCHED_KINDS
-            and workflow.patched(ITEMS_PER_TASK_PATCH)
-        ):
+        elif chunk.items_per_task > 1 and not chunk.local and worker.kind in BATCHED_KINDS:
             results = await self._in_tasks(chunk, worker, governed, ended)
         else:
             results = await asyncio.gather(*(one(i) for i in chunk.items))
@@ -306,7 +288,7 @@ class PipelineForEachWorkflow(PermitSignals):
         self,
         chunk: ChunkInput,
         worker: WorkerSpec,
-        governed: Callable[[ChunkItem, bool], tuple[WorkerCall, Governance]],
+        governed: Callable[[ChunkItem], tuple[WorkerCall, Governance]],
         ended: Callable[[ChunkItem, StepResult | Refused], ItemResult],
     ) -> list[ItemResult]:
         """The chunk's items, ``items_per_task`` to an activity task (docs/foreach.md).
@@ -377,7 +359,7 @@ class PipelineForEachWorkflow(PermitSignals):
 
         async def group(items: list[ChunkItem]) -> list[ItemResult]:
             async with ready:
-                pairs = [governed(item, False) for item in items]
+                pairs = [governed(item) for item in items]
                 outs = await governed_batch(
                     [c for c, _ in pairs], [g for _, g in pairs], rounds, slot=tasks
                 )

@@ -24,13 +24,8 @@ order::
 Why permits before budget: a call that waits for a permit holds nothing of
 the budget while it waits, so its siblings' shares are not cut by calls that
 are not running, and its timeout is capped by the deadline as it stands when
-it is scheduled, not when it began to wait. Pipeline steps always ran in this
-order. For_each items ran budget first (admitted, then held the reservation
-while they waited); a chunk that asks for permits now takes the documented
-order too, gated by the ``workflow.patched`` id :data:`ITEM_PERMITS_FIRST_PATCH`
-(chunks recorded before it replay budget first: ``Governance.budget_first``).
-A chunk without limits asks for no permits, so both orders issue the same
-commands there and no patch marker is recorded.
+it is scheduled, not when it began to wait. For_each items take the same
+order.
 
 What a call may not do is a :class:`Refused` value, never an exception; each
 caller words it as its results do (a step's ``Ended``, an item's
@@ -42,9 +37,9 @@ Deterministic code only.
 
 An agent's turns and tool calls ask for the rate permit of their worker as a
 step's call does (the agent's workflow receives the ``permit`` signals itself),
-waited for until the agent's deadline, behind :data:`AGENT_PERMITS_PATCH`
-(agents recorded before it, and agents with no rate-limited worker, ask none).
-Not through permits: a step's validator (no permits, no budget, as before).
+waited for until the agent's deadline (an agent with no rate-limited worker
+asks none).
+Not through permits: a step's validator (no permits, no budget).
 """
 
 from __future__ import annotations
@@ -65,14 +60,6 @@ with workflow.unsafe.imports_passed_through():
 from aiworker.workflows.budget import Admission, BudgetRefused, Deadline, Ledger
 from aiworker.workflows.calls import CallContext, WorkerCall, call_worker
 from aiworker.workflows.limits import Lease, PermitBook, WaitExpired
-
-# The ``workflow.patched`` id of a for_each chunk whose items wait for their permits
-# before the budget admits them (before it, items were admitted first).
-ITEM_PERMITS_FIRST_PATCH = "foreach-item-permits-before-budget"
-# The ``workflow.patched`` id of an agent whose model turns and tool calls wait for
-# their rate permits and whose tools are held to the tenant's worker list (and of a
-# pipeline that refuses an agent's tools the tenant may not call).
-AGENT_PERMITS_PATCH = "agent-turn-permits"
 
 NO_DEADLINE = Deadline()
 
@@ -98,10 +85,9 @@ class Governance:
     ``asks`` what to ask it for (None or empty: no permit; ``CallLimits.calls``),
     each waited for until ``deadline``. ``asks`` is called when the call comes
     to its permits, so a ticket it draws (``workflow.uuid4``) is drawn at the
-    same point of the history as before, in either order. ``ledger`` None: no budget (a step's
-    validator). ``cut``: the call is cut when the ledger's deadline passes in
-    flight. ``budget_first``: the order of for_each chunks recorded before
-    :data:`ITEM_PERMITS_FIRST_PATCH`, kept for their replay only.
+    same point of the history on every replay. ``ledger`` None: no budget (a
+    step's validator). ``cut``: the call is cut when the ledger's deadline passes
+    in flight.
     """
 
     ledger: Ledger | None = None
@@ -110,7 +96,6 @@ class Governance:
     deadline: Deadline = NO_DEADLINE
     who: str = ""
     cut: bool = False
-    budget_first: bool = False
 
 
 async def governed_call(
@@ -126,21 +111,12 @@ async def governed_call(
     a :class:`Refused`.
     """
     run: Invoke = invoke or (lambda admission: call_worker(call, admission))
-    if gov.budget_first:
-        admission = _admit(call, gov)
-        if isinstance(admission, Refused):
-            return admission
-        leases = await _wait_for_permits(gov)
-        if isinstance(leases, Refused):
-            _settle(gov, admission, Usage())
-            return leases
-    else:
-        leases = await _wait_for_permits(gov)
-        if isinstance(leases, Refused):
-            return leases
-        admission = await _admit_holding(call, gov, leases)
-        if isinstance(admission, Refused):
-            return admission
+    leases = await _wait_for_permits(gov)
+    if isinstance(leases, Refused):
+        return leases
+    admission = await _admit_holding(call, gov, leases)
+    if isinstance(admission, Refused):
+        return admission
     try:
         result = await (_cut(run, admission, gov, call) if gov.cut else run(admission))
     finally:
@@ -170,8 +146,7 @@ async def governed_batch(
     order; ``invoke`` gets the admitted calls with their admissions and returns
     one result each, in that order; then every lease is released and every
     admission settled with its own call's usage. A call refused on the way is
-    its :class:`Refused`, the others run. Permits first, always: this form is
-    newer than :data:`ITEM_PERMITS_FIRST_PATCH`. ``slot``, when given, is entered
+    its :class:`Refused`, the others run. ``slot``, when given, is entered
     after the admissions and held around ``invoke`` (the caller's bound on tasks
     running at once), so a group waiting for it already holds its permits.
     """
@@ -268,8 +243,6 @@ async def _cut(
 
 
 __all__ = [
-    "AGENT_PERMITS_PATCH",
-    "ITEM_PERMITS_FIRST_PATCH",
     "CallContext",
     "Governance",
     "Refused",

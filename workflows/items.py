@@ -35,10 +35,6 @@ with workflow.unsafe.imports_passed_through():
 
 from aiworker.workflows.calls import error_code_of
 
-ITEMS_REF_PATCH = "foreach-items-ref"
-"""The ``workflow.patched`` id of a for_each whose outputs go by reference (runs
-recorded before it held every item's outputs inline, whatever their count)."""
-
 _TIMEOUT_SECONDS = 60
 _MAX_ATTEMPTS = 5
 _CODES = frozenset(c.value for c in ErrorCode)
@@ -172,7 +168,6 @@ def needs_items(values: list[Any], steps: dict[str, Any]) -> list[tuple[str, Ite
 
 
 __all__ = [
-    "ITEMS_REF_PATCH",
     "ItemsUnavailable",
     "load_items",
     "needs_items",

@@ -78,11 +78,19 @@ from aiworker.workflows.runs import in_run, this_run
 _MAX_HISTORY_EVENTS = 2000
 _MAX_ROUNDS = 500
 _IDLE_SECONDS = 300.0
+# LimiterWorkflow auto-upgrades (a run moves to the current build at its next
+# task), so its changes are patched; each patch ends as samples-python's
+# ``patching/`` ends one (docs/replay.md, "Patches and their plans"):
+#   stage 3 -- build 0.3.0, not before 2027-01-04: ``workflow.deprecate_patch``
+#     replaces ``workflow.patched`` and the old branch is deleted, once
+#     ``aiworker replay --query "WorkflowType = 'LimiterWorkflow' AND
+#     ExecutionStatus = 'Running'"`` passes on it (a limiter run lives at most
+#     _MAX_ROUNDS rounds or _MAX_HISTORY_EVENTS events before it continues as new
+#     on the current build, so every run by then recorded the marker);
+#   stage 4 -- build 0.4.0, not before 2027-02-01: the deprecate_patch call and the
+#     id go, once no limiter run started on a build before 0.3.0 is running.
 # Replay: limiters that ran before lease checks existed took expired leases back at once.
 _LEASE_CHECK_PATCH = "lease-check"
-# A for_each chunk asks for the permits of one workflow task in one local activity
-# (chunks before asked one ``limiter-acquire`` per item).
-_BATCH_ASK_PATCH = "limiter-acquire-many"
 # Grants of one round are signalled together (limiters before awaited each in turn:
 # one permit per workflow task, about 10 a second).
 _BATCH_PATCH = "limiter-batch-grants"
@@ -503,7 +511,6 @@ class PermitBook:
         self._told: set[tuple[str, str]] = set()
         self.run_id = this_run()  # releases act only inside this run (workflows.runs)
         self._batch = batch
-        self._batching: bool | None = None  # decided at the first ask (workflow.patched)
         self._asks: list[tuple[AcquireCall, asyncio.Future[AcquireResult], str]] = []
         self._sending: set[asyncio.Task[None]] = set()
 
@@ -561,9 +568,7 @@ class PermitBook:
     async def _ask(self, call: AcquireCall, who: str = "") -> AcquireResult:
         """The limiter's answer to ``call``: one local activity per call, or with
         ``batch`` the calls of one workflow task together (:meth:`_ask_together`)."""
-        if self._batch and self._batching is None:
-            self._batching = workflow.patched(_BATCH_ASK_PATCH)
-        if self._batching:
+        if self._batch:
             answer: asyncio.Future[AcquireResult] = asyncio.get_running_loop().create_future()
             self._asks.append((call, answer, who))
             if len(self._asks) == 1:  # the first ask of this task sends them all

@@ -46,7 +46,7 @@ run; the parts it runs each have a module and work on one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from temporalio import workflow
@@ -55,7 +55,6 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 with workflow.unsafe.imports_passed_through():
     from pydantic.main import IncEx
 
-    from aiworker.config import catalog
     from aiworker.schemas import names
     from aiworker.schemas.causes import PipelineError
     from aiworker.schemas.errors import ErrorCode
@@ -66,7 +65,6 @@ with workflow.unsafe.imports_passed_through():
         PipelineSpecError,
         cap_problems,
         check_workers,
-        parse_pipeline,
         parse_structure,
     )
     from aiworker.schemas.priority import task_priority
@@ -93,119 +91,45 @@ _STABLE_CODES = frozenset(c.value for c in ErrorCode)
 _NO_OUTPUTS: dict[str, IncEx | bool] = {"outputs": True, "cause": {"__all__": {"outputs"}}}
 
 __all__ = [
-    "CHECK_IN_RUN_CONFIG_PATCH",
-    "RECORDED_SPECS_PATCH",
     "PipelineWorkflow",
     "error_code_of",
     "invalid_input",
-    "parse_spec",
     "recorded_workers",
 ]
 
 
-def _specs() -> Mapping[str, WorkerSpec]:
-    # Only for runs started before RECORDED_SPECS_PATCH: they read the process's
-    # catalog (built-ins, plugins, spec files, installed at process start; the
-    # module is passed through, so this reads no file and imports no plugin here).
-    with workflow.unsafe.sandbox_unrestricted():
-        return catalog.current_specs()
-
-
-# Runs started before the check of each step's input against its worker's
-# contract replay without it: a run it would refuse now ran its steps then.
-# The patch is asked only when that check refuses what the older one passed,
-# so a valid pipeline records no marker event.
-STEP_INPUTS_PATCH = "pipeline-check-step-inputs"
-
-# Runs started with this marker record the specs of the workers they name in
-# their run config (``RunConfig.specs``) and decide from that record for the rest
-# of their life, on any process: the spec is parsed without the workers' specs
-# first (parse_structure), its run config taken, then checked against the
-# recorded specs. Runs without it (started on older code) replay as they ran:
-# checked against, and calling with, the replaying process's catalog.
-RECORDED_SPECS_PATCH = "pipeline-recorded-specs"
-
-# Runs started with this marker check in their workflow task only what compiles
-# nothing (structure, references, every cap, counted: schemas/compile_caps.py)
-# and leave the rest (schemas against the metaschema, patterns, selectors, each
-# step's input against its worker's contract) to the run-config local activity,
-# whose answer (RunConfig.problems) is in the history: a pipeline full of schemas
-# and patterns once held the workflow task past the SDK's deadlock detector
-# (TMPRL1101) and the task was retried for ever. Runs without it replay as they
-# ran: the whole check in the workflow task, without the caps on schemas and
-# patterns.
-CHECK_IN_RUN_CONFIG_PATCH = "pipeline-check-in-run-config"
-
-
-def _checked_spec(raw: Any, specs: Mapping[str, WorkerSpec]) -> PipelineSpec:
-    """:func:`parse_spec` with the workers' contracts; a run that started before
-    that check existed (no patch marker) keeps the older check's answer. These runs
-    check in the workflow task: against the declared output schemas only, as they
-    ran (the output shapes came later, in the run config's check)."""
-    try:
-        return parse_spec(raw, specs, compile_caps=False, output_shapes=False)
-    except ApplicationError:
-        # raises when the older check refused too
-        older = parse_spec(raw, set(specs), compile_caps=False)
-        if workflow.patched(STEP_INPUTS_PATCH):
-            raise
-        return older
-
-
-def _structure(raw: Any, offload: bool) -> PipelineSpec:
+def _structure(raw: Any) -> PipelineSpec:
     """:func:`~aiworker.schemas.pipeline_check.parse_structure` as ``invalid_input``:
-    with ``offload`` (CHECK_IN_RUN_CONFIG_PATCH) what compiles nothing, with the
-    caps on schemas and patterns; without, as runs before that marker checked."""
+    what compiles nothing, with the caps on schemas and patterns. Schemas, patterns,
+    selectors and each step's input against its worker's contract are the
+    run-config local activity's check (``RunConfig.problems``), whose answer is in
+    the history: a pipeline full of schemas and patterns once held the workflow
+    task past the SDK's deadlock detector (TMPRL1101)."""
     try:
-        return parse_structure(raw, compiled=not offload, compile_caps=offload)
+        return parse_structure(raw, compiled=False, compile_caps=True)
     except PipelineSpecError as e:
         raise invalid_input(str(e), e.problems) from None
 
 
-def recorded_workers(
-    spec: PipelineSpec, run_config: RunConfig, offload: bool = False
-) -> Mapping[str, WorkerSpec]:
+def recorded_workers(spec: PipelineSpec, run_config: RunConfig) -> Mapping[str, WorkerSpec]:
     """The specs the run config recorded, once ``spec`` passed the check against
     them: an unknown worker is ``invalid_input`` naming it and every worker the
     answering process knows, and so is a step input its worker's contract refuses.
-    With ``offload`` (CHECK_IN_RUN_CONFIG_PATCH) the workflow task checks only what
-    compiles nothing; the rest is the run config's answer (``problems``), which
-    holds references into outputs against the output shapes too. Without
-    ``offload`` they are held against the declared output schemas only, as those
-    runs checked them (the output shapes came later)."""
+    The workflow task checks only what compiles nothing; the rest is the run
+    config's answer (``problems``), which holds references into outputs against
+    the output shapes too."""
     workers = {**dict.fromkeys(run_config.known), **run_config.specs}
     try:
-        # Output shapes never here: with ``offload`` the run config's own check held
-        # the references against them (its ``problems``), so the workflow task does
-        # not work them out again on every run; without, those runs never had them.
-        check_workers(
-            spec, workers, compiled=not offload, compile_caps=offload, output_shapes=False
-        )
+        # Output shapes never here: the run config's own check held the references
+        # against them (its ``problems``), so the workflow task does not work them
+        # out again on every run.
+        check_workers(spec, workers, compiled=False, compile_caps=True, output_shapes=False)
     except PipelineSpecError as e:
         raise invalid_input(str(e), e.problems) from None
-    if offload and run_config.problems:
+    if run_config.problems:
         problems = run_config.problems
         raise invalid_input("invalid pipeline: " + "; ".join(problems), problems)
     return run_config.specs
-
-
-def parse_spec(
-    raw: Any,
-    known_workers: Collection[str] | Mapping[str, WorkerSpec | None],
-    compile_caps: bool = True,
-    output_shapes: bool = True,
-) -> PipelineSpec:
-    """Parse and check a pipeline spec; raise ``invalid_input`` naming step and field.
-
-    With the workers' specs (a mapping), each step's input is checked against
-    its worker's contract too (:mod:`~aiworker.schemas.step_inputs`).
-    """
-    try:
-        return parse_pipeline(
-            raw, known_workers, compile_caps=compile_caps, output_shapes=output_shapes
-        )
-    except PipelineSpecError as e:
-        raise invalid_input(str(e), e.problems) from None
 
 
 @workflow.defn(name=names.PIPELINE_WORKFLOW)
@@ -292,26 +216,17 @@ class PipelineWorkflow(PermitSignals):
         execution.
         """
         board = self._board
-        recording = workflow.patched(RECORDED_SPECS_PATCH)
-        offload = recording and workflow.patched(CHECK_IN_RUN_CONFIG_PATCH)
-        specs: Mapping[str, WorkerSpec] = {} if recording else _specs()
         try:
-            if recording:
-                spec = _structure(pipeline, offload)
-            else:
-                spec = _checked_spec(pipeline, specs)
+            spec = _structure(pipeline)
         except ApplicationError as e:
             board.set_status("failed", e.type)
             raise
-        run = self._run = self._start(spec, specs)
+        run = self._run = self._start(spec)
         try:
-            if recording:
-                run_config = await run.limits.load_run_config(
-                    spec, named_workers(spec), open_tools(spec), pipeline if offload else None
-                )
-                run.workers = recorded_workers(spec, run_config, offload)
-            else:
-                run_config = await run.limits.load_run_config(spec)
+            run_config = await run.limits.load_run_config(
+                spec, named_workers(spec), open_tools(spec), pipeline
+            )
+            run.workers = recorded_workers(spec, run_config)
             # The spec passed the hard ceilings at the start; now the process's caps.
             if found := cap_problems(spec, run_config.caps):
                 problems = [str(p) for p in found]
@@ -362,7 +277,7 @@ class PipelineWorkflow(PermitSignals):
             raise pipeline_failure(result)
         return result
 
-    def _start(self, spec: PipelineSpec, specs: Mapping[str, WorkerSpec]) -> PipelineRun:
+    def _start(self, spec: PipelineSpec) -> PipelineRun:
         """The run's state, its search attributes and every step pending."""
         info = workflow.info()
         # The real trace (from the SDK's tracing interceptor) when there is one,
@@ -373,7 +288,7 @@ class PipelineWorkflow(PermitSignals):
         ledger = Ledger(spec.budget, started_at=now())
         run = PipelineRun(
             spec=spec,
-            workers=specs,
+            workers={},
             board=self._board,
             ledger=ledger,
             # only a redrive that set new_keys (a new field) takes this run's id

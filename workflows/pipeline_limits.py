@@ -39,18 +39,12 @@ with workflow.unsafe.imports_passed_through():
 
 from aiworker.workflows.budget import Deadline, Ledger
 from aiworker.workflows.calls import error_code_of, invalid_input
-from aiworker.workflows.governed import AGENT_PERMITS_PATCH
 from aiworker.workflows.limits import CallLimits, Lease, PermitBook, WaitExpired
 
 # A pipeline's own concurrency lease: checked with the pipeline when it runs out,
 # kept while the pipeline lives; with a deadline it lasts the deadline and a margin.
 PIPELINE_LEASE_SECONDS = 3600.0
 PIPELINE_LEASE_MARGIN = 60.0
-
-# Runs started with this marker ask for their run config under its own name
-# (``run-config``); runs without it (older code) replay the ``limiter-plan``
-# local activity their history records. Same input, same result.
-RUN_CONFIG_PATCH = "run-config-activity"
 
 
 def step_max_attempts(step: Step) -> int | None:
@@ -74,28 +68,26 @@ class PipelineLimits:
     async def load_run_config(
         self,
         spec: PipelineSpec,
-        record: list[str] | None = None,
-        record_all: bool = False,
-        pipeline: dict[str, Any] | None = None,
+        record: list[str],
+        record_all: bool,
+        pipeline: dict[str, Any],
     ) -> RunConfig:
         """Ask once, before any step, for the run config: which of the pipeline's
         workers are rate limited, what its tenant may do, the process's caps and
         local workers and (``record``; every known worker with ``record_all``) the
         specs of the workers it calls. One local activity, so the answer is in the
         history and the run decides from it from now on, also on replay.
-        ``invalid_input`` when the tenant is refused. With ``pipeline`` the activity
-        checks it in full too (``RunConfig.problems``): what compiles stays out of
-        the workflow task."""
+        ``invalid_input`` when the tenant is refused. The activity checks
+        ``pipeline`` in full too (``RunConfig.problems``): what compiles stays out
+        of the workflow task."""
         workers = [s.worker for s in spec.steps if s.wait is None]
         workers += [s.fallback for s in spec.steps if s.fallback]
-        if record is not None:
-            # an agent's model turns and tools too: they wait for the same permits
-            workers += record
+        # an agent's model turns and tools too: they wait for the same permits
+        workers += record
         resume = spec.resume_from.workflow_id if spec.resume_from else None
-        activity = names.RUN_CONFIG if workflow.patched(RUN_CONFIG_PATCH) else names.LIMITER_PLAN
         try:
             self.run_config = await workflow.execute_local_activity(
-                activity,
+                names.RUN_CONFIG,
                 RunConfigCall(
                     tenant=spec.tenant,
                     workers=sorted(set(workers)),
@@ -126,11 +118,9 @@ class PipelineLimits:
         policy = self.run_config.tenant if self.run_config is not None else None
         if policy is None:
             return
+        # steps first, then agents' turns and tools: the order the message has always had
         problems = [str(p) for p in refused_workers(spec, policy, agents=False)]
-        agents = [str(p) for p in refused_workers(spec, policy, steps=False)]
-        # an agent's tools were not held to the tenant's list before this patch
-        if agents and workflow.patched(AGENT_PERMITS_PATCH):
-            problems += agents
+        problems += [str(p) for p in refused_workers(spec, policy, steps=False)]
         if problems:
             raise invalid_input("; ".join(problems), problems)
         ledger.hold_to(policy.budget)
@@ -151,7 +141,7 @@ class PipelineLimits:
 
     def is_local(self, worker_id: str) -> bool:
         """Whether calls of ``worker_id`` run as local activities: as the run config
-        says (none before it, and none in a run started before local activities)."""
+        says (none before it)."""
         return self.run_config is not None and worker_id in self.run_config.local
 
     async def pipeline_slot(self, spec: PipelineSpec) -> list[Lease] | str:

@@ -47,9 +47,6 @@ from aiworker.workflows.runs import in_run, this_run
 from aiworker.workflows.step_events import StepEvents
 
 MEMO_SEARCH_ATTRIBUTES = "search_attributes"
-ERROR_CODE_PATCH = "error-code-attribute"
-"""Marks a run that ended with an error code and set ``AiworkerErrorCode`` with its
-final status (older runs' final upsert carries the status alone)."""
 
 
 def now() -> float:
@@ -113,7 +110,7 @@ class Board:
     def set_status(self, status: str, error_code: str | None = None) -> None:
         """The run's status, upserted as the ``AiworkerStatus`` search attribute;
         at its end, the error code it ended with as ``AiworkerErrorCode`` in the same
-        upsert (runs whose history has no ``ERROR_CODE_PATCH`` marker set none)."""
+        upsert."""
         if not in_run(self.run_id):
             # The coroutines of a run a stopped worker dropped, closed by the
             # garbage collector, run their ``finally`` blocks (review's status
@@ -125,7 +122,7 @@ class Board:
             self.status = status
             if search_attributes_on():
                 pairs = [names.STATUS_KEY.value_set(status)]
-                if error_code is not None and workflow.patched(ERROR_CODE_PATCH):
+                if error_code is not None:
                     pairs.append(names.ERROR_CODE_KEY.value_set(error_code))
                 workflow.upsert_search_attributes(pairs)
 

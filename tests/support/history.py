@@ -55,9 +55,21 @@ async def scheduled_activities(handle: WorkflowHandle[Any, Any]) -> list[str]:
 LOCAL_ACTIVITY_MARKER = "core_local_activity"  # the SDK core's marker for a local activity
 
 
+def patch_ids(events: list[Any]) -> set[str]:
+    """The ``workflow.patched`` ids a history recorded (a pinned workflow records none)."""
+    out = set()
+    for e in events:
+        attrs = e.marker_recorded_event_attributes
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and attrs.marker_name == (
+            "core_patch"
+        ):
+            out.add(json.loads(attrs.details["patch-data"].payloads[0].data)["id"])
+    return out
+
+
 def is_worker(local_activity: str | None) -> bool:
     """Whether a local activity is a worker's call, not aiworker's own (the run
-    config, ``limiter-plan`` in older runs, and the ``limiter-*`` permit asks)."""
+    config and the ``limiter-*`` permit asks)."""
     return (
         local_activity is not None
         and not local_activity.startswith("limiter-")

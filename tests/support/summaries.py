@@ -23,7 +23,6 @@ BARE_NAMES = frozenset(
     {
         names.LIMITER_ACQUIRE,
         names.LIMITER_ACQUIRE_MANY,
-        names.LIMITER_PLAN,
         names.RUN_CONFIG,
         names.PERMIT_SIGNAL,
         "run config",

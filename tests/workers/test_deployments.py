@@ -25,7 +25,7 @@ from support.procs import WorkerProcess
 from support.standins import standin
 from support.waiting import wait_until
 from temporalio import activity
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkerDeploymentVersion
 
 from aiworker.config.settings import Settings, SettingsError, parse_rate_limits
@@ -33,15 +33,17 @@ from aiworker.schemas import names
 from aiworker.workers.devstack.devserver import free_port
 from aiworker.workers.process.deployments import (
     DeploymentError,
+    OtherBuildRun,
     build_id,
     code_hash,
     deployment_config,
     deployment_name,
     describe_deployment,
     ensure_current,
-    move_runs,
+    other_build_runs,
     running_on,
     set_current,
+    terminate_runs,
 )
 
 VALID = {"valid": True, "errors": []}
@@ -144,7 +146,7 @@ async def test_runs_finish_on_the_build_they_started_on(client: Client, tmp_path
             assert ran[-1] == f"v2:{third.id}" and await build_of(third) == "v2"
 
 
-async def test_dev_moves_runs_of_an_earlier_build_onto_its_own(
+async def test_runs_of_an_earlier_build_stay_on_it_until_terminated(
     client: Client, tmp_path: Path
 ) -> None:
     base = versioned(tmp_path, deployment_current="always")
@@ -168,14 +170,25 @@ async def test_dev_moves_runs_of_an_earlier_build_onto_its_own(
     b = built(base, "b")
     async with running_stack(client, b, replace_activities={names.VALIDATOR: recorder("b", ran)}):
         assert await ensure_current(client, b) == "b"
+        found: list[OtherBuildRun] = []
 
-        async def moved() -> bool:  # visibility may lag the run's last task
-            return await move_runs(client, b) == [run.id]
+        async def listed() -> bool:  # visibility may lag the run's last task
+            found[:] = await other_build_runs(client, b)
+            return bool(found)
 
-        await wait_until(moved, lambda: "the run of build a to be moved")
-        assert (await run.result()).status == "succeeded"
-        assert await build_of(run) == "b"
-        assert await move_runs(client, b) == []  # nothing left of other builds
+        await wait_until(listed, lambda: "the run of build a to be listed")
+        assert [(r.workflow_id, r.build_id) for r in found] == [(run.id, "a")]
+        assert found[0].workflow_type == names.PIPELINE_WORKFLOW
+        assert await build_of(run) == "a"  # never moved onto b: b never replays it
+        assert ran == ["a"]
+        assert await terminate_runs(client, found, "test") == 1
+        assert (await run.describe()).status == WorkflowExecutionStatus.TERMINATED
+        assert await terminate_runs(client, found, "test") == 0  # ended already
+
+        async def none_left() -> bool:
+            return await other_build_runs(client, b) == []
+
+        await wait_until(none_left, lambda: "no run of other builds")
 
 
 async def test_describe_names_an_unknown_deployment(client: Client) -> None:
@@ -247,7 +260,7 @@ async def _has_versions(client: Client, name: str, builds: set[str]) -> bool:
     return builds <= {v.build_id for v in state.versions}
 
 
-def _dev(tmp_path: Path, port: int, build: str) -> WorkerProcess:
+def _dev(tmp_path: Path, port: int, build: str, *flags: str) -> WorkerProcess:
     """``aiworker dev`` of build ``build`` on one data directory (headless, no model)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIWORKER_", "TEMPORAL_"))}
     env.update(
@@ -257,7 +270,9 @@ def _dev(tmp_path: Path, port: int, build: str) -> WorkerProcess:
         AIWORKER_SHUTDOWN_GRACE_SECONDS="2",
     )
     cmd = [AIWORKER, "dev", "--data-dir", str(tmp_path / "dev"), "--port", str(port)]
-    return WorkerProcess([*cmd, "--headless", "--no-model"], env, tmp_path / f"dev-{build}.out")
+    return WorkerProcess(
+        [*cmd, "--headless", "--no-model", *flags], env, tmp_path / f"dev-{build}.out"
+    )
 
 
 async def _dev_ready(dev: WorkerProcess) -> None:
@@ -270,10 +285,9 @@ async def _dev_ready(dev: WorkerProcess) -> None:
 
 
 @pytest.mark.timeout(180)
-async def test_dev_restarted_on_edited_code_moves_the_open_run_and_says_so(
+async def test_dev_restarted_on_edited_code_leaves_the_open_run_and_terminates_it_when_asked(
     tmp_path: Path,
 ) -> None:
-    from aiworker.workers.client.client import send_review
     from aiworker.workers.client.temporal_client import data_converter
 
     port = free_port()
@@ -312,16 +326,28 @@ async def test_dev_restarted_on_edited_code_moves_the_open_run_and_says_so(
     after = _dev(tmp_path, port, "b")  # the code changed: another build
     try:
         await _dev_ready(after)
-        said = "moved 1 open run(s) of earlier builds onto build b"
+        said = "1 running run(s) belong to other builds"
         await wait_until(lambda: said in after.output(), lambda: f"{said!r} in {after.output()}")
-        assert "edited-run" in after.output()
+        assert "edited-run (PipelineWorkflow, build a)" in after.output()
+        assert "--terminate-other-builds" in after.output()
         client = await Client.connect(f"127.0.0.1:{port}", data_converter=data_converter(None))
-        await send_review(client, "edited-run", "reject", reviewer="dev")
-        result = await pipeline_result(client.get_workflow_handle("edited-run"))
-        assert result.status == "rejected"
-        assert await build_of(client.get_workflow_handle("edited-run")) == "b"
+        handle = client.get_workflow_handle("edited-run")
+        assert await build_of(handle) == "a"  # left on its build: b never replays it
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        await asyncio.to_thread(after.terminate)
     finally:
         after.close()
+    again = _dev(tmp_path, port, "c", "--terminate-other-builds")
+    try:
+        await _dev_ready(again)
+        said = "terminated 1 run(s) of other builds: edited-run (PipelineWorkflow, build a)"
+        await wait_until(lambda: said in again.output(), lambda: f"{said!r} in {again.output()}")
+        client = await Client.connect(f"127.0.0.1:{port}", data_converter=data_converter(None))
+        handle = client.get_workflow_handle("edited-run")
+        assert (await handle.describe()).status == WorkflowExecutionStatus.TERMINATED
+        await asyncio.to_thread(again.terminate)  # graceful: it stops its server too
+    finally:
+        again.close()
 
 
 async def test_the_limiter_follows_the_current_build(client: Client, tmp_path: Path) -> None:

@@ -11,12 +11,18 @@ Each recording runs one pipeline shape on the current code and writes the
 history of the pipeline (and of the child workflows named) as
 ``tests/workflows/histories/<name>.json``, the JSON ``temporal workflow show
 --output json`` writes; the workflow id a replay needs is in its first event.
-It overwrites only the files it records; every other file there stays. The
-histories of older code are the point of the gate: before re-recording after a
-workflow change, keep the committed files that guard running workflows under a
-name of their own (``git mv dag.json dag-v0.json``), then record, then commit
-both. Record only with a deliberate, versioned workflow change, never to make
-a failing replay pass.
+It overwrites only the files it records; every other file there stays.
+
+Record again with every change to a pinned workflow's code (pipeline, chunk,
+agent, eval) and commit the new files in the same change: a pinned run ends on
+the build it started on and never replays on newer code, so no copy of an older
+shape is kept; from then on the replay gate guards that change. An auto-upgrade
+workflow (limiter, breaker, registry, flow) does replay on newer code: change it
+behind ``workflow.patched`` with its plan (docs/replay.md), and keep a history
+that takes a patch's old branch (``breaker-20261127.json``) until the plan
+removes that branch. Never record to make a failing replay pass.
+``recorded-specs.json`` comes from ``test_recorded_specs.py`` instead
+(``AIWORKER_RECORD_HISTORIES=1``).
 
 Shapes: DAG with gates, a skipped ``when`` and local activities (validator and
 aggregator run as local activities), for_each (chunk children; a tree of
@@ -32,10 +38,6 @@ and a for_each whose ``tolerated_failures`` was passed (a chunk and its items ca
 the keyed flow workflow in each mode (``flow``), a schedule's start of a flow
 pipeline (``flow-scheduled``), and an eval run (``EvalWorkflow``: items through a
 worker's own queue).
-``limited*``, ``review-cancelled`` and
-``slot-expired`` came from code before the pipeline split (commit 8a3581a);
-``*-budget-first`` from code before for_each items took their permits before
-the budget (``foreach-item-permits-before-budget``).
 """
 
 from __future__ import annotations
@@ -464,7 +466,7 @@ async def rec_agent(client: Client, tmp: Path) -> Saved:
 async def rec_agent_mcp(client: Client, tmp: Path) -> Saved:
     """An llm-agent step whose tool is an MCP server's (a stdio ``MCPServer`` of
     ``support/mcp_server.py``): the listing and the tool call are ``mcp-call``
-    activities, behind the ``agent-mcp-tools`` patch."""
+    activities."""
     from aiworker.schemas.mcp import McpServersFile
 
     model = start_scripted_model()
@@ -683,7 +685,7 @@ async def rec_eval(client: Client, tmp: Path) -> Saved:
 
 
 async def rec_items_per_task(client: Client, tmp: Path) -> Saved:
-    """A for_each with ``items_per_task`` (``foreach-items-per-task``): web-scrape items
+    """A for_each with ``items_per_task``: web-scrape items
     three to a task against a loopback site whose page 1 fails its first request
     (one retry round), under a rate limit (each item's permit)."""
     import threading

@@ -48,7 +48,6 @@ from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.tenants import TenantRegistry
 from aiworker.workers.process.resources import build_language_model, build_tools
-from aiworker.workflows.governed import AGENT_PERMITS_PATCH
 
 CHECK = {"data": {"n": 1}, "schema": {"type": "object"}}
 REGISTRY = {
@@ -121,18 +120,6 @@ async def child_calls(client: Client, workflow_id: str) -> list[tuple[str, float
     ]
 
 
-def patches(events: list[Any]) -> set[str]:
-    """The ``workflow.patched`` ids a history recorded."""
-    out = set()
-    for e in events:
-        attrs = e.marker_recorded_event_attributes
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and attrs.marker_name == (
-            "core_patch"
-        ):
-            out.add(json.loads(attrs.details["patch-data"].payloads[0].data)["id"])
-    return out
-
-
 @pytest.mark.timeout(90)
 async def test_tool_calls_wait_for_the_tenants_rate_permit_and_end_rate_limited_at_the_deadline(
     agents: Agents,
@@ -159,7 +146,7 @@ async def test_tool_calls_wait_for_the_tenants_rate_permit_and_end_rate_limited_
     assert step.outputs is not None and step.outputs["stopped"] == "rate_limited"
     assert step.reasons[0]["worker"] == "validator"
     child = agents.stack.client.get_workflow_handle(f"{handle.id}/agent")
-    assert AGENT_PERMITS_PATCH in patches(await history.events(child))
+    assert history.patch_ids(await history.events(child)) == set()  # pinned: no patch
     assert await history.workflow_task_failures(child) == 0
 
 
@@ -221,7 +208,7 @@ async def test_an_agent_whose_tools_the_tenant_may_not_call_is_refused_before_an
         await history.count(handle, EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED)
         == 0
     )
-    assert AGENT_PERMITS_PATCH in patches(await history.events(handle))
+    assert history.patch_ids(await history.events(handle)) == set()  # pinned: no patch
 
     err, handle = await refused(agents.stack, agents.pipeline("nomodel", ["validator"]))
     assert err.type == "invalid_input"

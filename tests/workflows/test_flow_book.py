@@ -238,6 +238,19 @@ def test_singleton_cancel_running_cancels_once_and_the_latest_start_runs_next() 
 THROTTLE = {"throttle": {"max_starts": 2, "period_seconds": 60}}
 
 
+def test_a_throttle_with_an_empty_window_has_nothing_to_wake_for() -> None:
+    """Before any start, and once every start left the period (its window pruned):
+    no time to wake at, never an index into the empty window (found by
+    test_cross_build.py: a flow workflow started before its first start failed its
+    workflow task)."""
+    b = book(THROTTLE)
+    assert b.wake_at(T0) is None
+    b.submit(request(THROTTLE, n=0), T0)
+    assert b.wake_at(T0 + 1) == T0 + 60
+    b.idle(T0 + 100)  # prunes the window
+    assert b.wake_at(T0 + 100) is None
+
+
 def test_throttle_starts_at_most_n_per_period_and_queues_the_rest_in_order() -> None:
     b = book(THROTTLE)
     answers = [b.submit(request(THROTTLE, n=n), T0 + n) for n in range(5)]

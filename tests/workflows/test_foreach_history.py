@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import running_stack
+from support.history import patch_ids
 from support.payloads import client_for, history_bytes, stack_settings, workflow_tree
 from support.standins import fail, standin
 from temporalio.api.common.v1 import Payload
@@ -20,7 +21,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from aiworker.workers.client.client import PipelineClient
-from aiworker.workflows.chunks import FANOUT, TREE_PATCH
+from aiworker.workflows.chunks import FANOUT
 
 # Failed items listed in a for_each step's outputs (workflows/fanout.py MAX_ITEM_ERRORS).
 ERRORS_KEPT = 20
@@ -181,12 +182,7 @@ async def test_a_for_each_over_many_chunks_runs_as_a_tree_and_redrives(
 
     parent = workflows[first.id]
     assert _children(parent) <= FANOUT
-    markers = [
-        str(e.marker_recorded_event_attributes)
-        for e in parent.events
-        if e.HasField("marker_recorded_event_attributes")
-    ]
-    assert any(TREE_PATCH in m for m in markers)
+    assert patch_ids(list(parent.events)) == set()  # pinned: one way to run, no patch
     # groups under the pipeline, leaf chunks of at most 10 items under them
     assert len(workflows) == 1 + 20 + 40
     for wid, history in workflows.items():

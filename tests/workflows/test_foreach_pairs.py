@@ -1,5 +1,5 @@
 """A for_each whose parallelism one chunk would hold runs two chunks with half of
-it each (``PAIR_PATCH``): as many items in flight, and one chunk's start and end
+it each: as many items in flight, and one chunk's start and end
 overlap the other's work."""
 
 from __future__ import annotations
@@ -8,14 +8,13 @@ import asyncio
 from typing import Any
 
 from conftest import running_stack
+from support.history import patch_ids
 from support.standins import standin
 from support.waiting import wait_until
 from temporalio import activity
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from aiworker.config.settings import Settings
-from aiworker.workflows.chunks import PAIR_PATCH
 
 
 class PerChunk:
@@ -82,10 +81,4 @@ async def test_two_chunks_share_a_parallelism_one_chunk_would_hold(
     assert each.status == "succeeded" and each.outputs["succeeded"] == 12, each
     assert seen.total_peak == 4 and max(seen.peak.values()) == 2, (seen.total_peak, seen.peak)
     assert len(seen.peak) == 3  # every chunk ran
-    markers = [
-        e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
-        and "patch-data" in e.marker_recorded_event_attributes.details
-    ]
-    assert any(PAIR_PATCH.encode() in m for m in markers)  # new runs only: old ones replay
+    assert patch_ids(history.events) == set()  # pinned: one way to run, no patch

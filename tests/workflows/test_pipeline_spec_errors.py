@@ -165,24 +165,15 @@ async def test_a_misspelled_extraction_key_started_straight_through_temporal_run
     assert "step 'scrape': field 'input.url': inputs.sitee: inputs has no 'sitee'" in err.message
     assert await history.workflow_task_failures(h) == 0
     assert await history.count(h, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED) == 0
-    # A run that records its specs checks step inputs against the recorded specs
-    # after its run config: four markers (the recorded-specs patch, the
-    # check-in-run-config patch, the run-config-activity patch, the run config's
-    # local activity, which checked the inputs) and no step-input patch, then the
-    # error-code-attribute patch as it ends with its code; its history replays to
-    # the same refusal.
+    # The step inputs are checked against the recorded specs by the run config's
+    # local activity: its marker is the only one (a pinned run records no patch);
+    # its history replays to the same refusal.
     markers = [
         e.marker_recorded_event_attributes.marker_name
         for e in await history.events(h)
         if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
     ]
-    assert markers == [
-        "core_patch",
-        "core_patch",
-        "core_patch",
-        history.LOCAL_ACTIVITY_MARKER,
-        "core_patch",
-    ]
+    assert markers == [history.LOCAL_ACTIVITY_MARKER]
     replayed = await Replayer(
         workflows=[PipelineWorkflow], data_converter=data_converter(None)
     ).replay_workflow(await h.fetch_history())

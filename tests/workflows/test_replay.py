@@ -2,42 +2,31 @@
 ``aiworker replay`` (the CLI, as CI and a deploy pipeline run it) and in process
 with the SDK's default sandbox, which passes none of aiworker's modules through.
 
-The histories come from ``record_histories.py``; re-record them only with a
-deliberate, versioned workflow change (``workflow.patched`` or a new type), and
-keep the files that guard older code (``*-20261127.json``: every shape recorded
-before runs recorded their specs; ``*-20261122.json``: recorded before the
-current step path; ``limited*``, ``review-cancelled`` and ``slot-expired``:
-recorded before the pipeline workflow was split into modules, commit 8a3581a;
-``*-budget-first.json``: rate-limited for_each items admitted before their
-permits, recorded before the ``foreach-item-permits-before-budget`` patch).
+The histories come from ``record_histories.py`` (``recorded-specs`` from
+``test_recorded_specs.py`` with ``AIWORKER_RECORD_HISTORIES=1``: a run that
+recorded its workers' specs on a catalog of spec files and a plugin this replay
+never installs), every shape recorded on the current code. A pinned workflow
+(pipeline, chunk, agent, eval) never meets newer code, so its histories are
+re-recorded with each change of its code and guard that change from then on;
+they record no patch marker. The auto-upgrade workflows (limiter, breaker,
+registry, flow) do meet newer code: their patches stay until their plan removes
+them, and ``breaker-20261127`` (a ``SharedBreakerWorkflow`` from before the
+``breaker-probe-lease`` patch) guards that patch's old branch until then.
 A history's workflow id (permit tickets carry it) is read from its first event.
 ``agent-limited`` (and its ``-child``) is an agent under a tenant's rate limits,
-its turns and tool calls waiting for permits (the ``agent-turn-permits`` patch).
-``agent-mcp`` (and its ``-child``) is an agent whose tool is an MCP server's, listed
-and called through ``mcp-call`` activities (the ``agent-mcp-tools`` patch).
-``recorded-specs`` is a run that recorded its workers' specs (``RunConfig.specs``,
-the ``pipeline-recorded-specs`` patch) on a catalog of spec files and a plugin
-this replay never installs; ``test_recorded_specs.py`` records it
-(``AIWORKER_RECORD_HISTORIES=1``). ``dag-run-config`` is the ``dag`` shape with
-the ``run-config-activity`` patch (``record_histories.py basic``, its
-``dag.json``); ``dag`` itself is older: a run that asked ``limiter-plan``.
-``dag-check-in-run-config`` is the ``dag`` shape recorded with the
-``pipeline-check-in-run-config`` patch (what compiles checked by the run-config
-local activity, not the workflow task); the other files guard runs from before it.
-``breaker`` is a ``SharedBreakerWorkflow`` granting and refusing the half-open
-probe lease (the ``breaker-probe-lease`` patch); ``breaker-20261127`` the same
-recording on the code before the lease (openings only). ``lost-usage`` is a call
-whose two attempts the server timed out, booked at their maximum (the
-``lost-attempt-usage`` patch); the committed histories with timed-out calls from
-before it carry no marker. ``tolerated`` (and ``-chunk``, ``-chunk-cancelled``) is
-a for_each whose ``tolerated_failures`` was passed: a chunk that stopped on its own
-failures, and one the pipeline cancelled, its activities cancelled in flight (no
-marker: only a step with the field reaches that code).
-before it carry no marker. ``flow-*`` are ``PipelineFlowWorkflow`` histories, one
-per mode (debounce, singleton wait, batch, throttle): the flow workflow's own
-history (its updates, timers and child starts); the runs it started are plain
-pipelines. ``flow-scheduled`` is a schedule's ``ScheduledFlowStart``: one
-``flow-submit`` activity that sends the start through the key's flow.
+its turns and tool calls waiting for permits; ``agent-mcp`` (and its ``-child``)
+an agent whose tool is an MCP server's, listed and called through ``mcp-call``
+activities. ``breaker`` is a ``SharedBreakerWorkflow`` granting and refusing the
+half-open probe lease. ``lost-usage`` is a call whose two attempts the server
+timed out, booked at their maximum. ``tolerated`` (and ``-chunk``,
+``-chunk-cancelled``) is a for_each whose ``tolerated_failures`` was passed: a
+chunk that stopped on its own failures, and one the pipeline cancelled, its
+activities cancelled in flight. ``flow-*`` are ``PipelineFlowWorkflow``
+histories, one per mode (debounce, singleton wait, batch, throttle): the flow
+workflow's own history (its updates, timers and child starts); the runs it
+started are plain pipelines. ``flow-scheduled`` is a schedule's
+``ScheduledFlowStart``: one ``flow-submit`` activity that sends the start
+through the key's flow.
 """
 
 from __future__ import annotations
@@ -73,7 +62,6 @@ HISTORIES = sorted(FOLDER.glob("*.json"))
 # Every pipeline shape the recorder covers (record_histories.RECORDINGS).
 SHAPES = {
     "dag",
-    "dag-check-in-run-config",
     "recorded-specs",
     "foreach",
     "foreach-chunk",
@@ -119,60 +107,28 @@ SHAPES = {
     "flow-scheduled",
     "eval",
 }
-OLDER_CODE = {
-    "dag-20261122",
-    "foreach-20261122",
-    "foreach-chunk-20261122",
-    "loop-20261122",
-    "review-20261122",
-    "limited",
-    "limited-chunk0",
-    "limited-chunk1",
-    "review-cancelled",
-    "slot-expired",
-    # a shared breaker as the code before the half-open probe lease ran it
-    "breaker-20261127",
-}
-# Rate-limited for_each items as chunks ran them before the governed call
-# (``foreach-item-permits-before-budget``): admitted by the budget, then waiting
-# for their permits; their pipeline and limiters recorded in the same runs.
-OLDER_CODE |= {
-    f"{shape}-budget-first"
-    for shape in (
-        "limited-blocks",
-        "limited-blocks-chunk",
-        "limiter-blocks",
-        "limited-queued-chunk",
-        "limiter-queued",
-    )
-}
-# Every shape as the code before runs recorded their specs (the last main before
-# the ``pipeline-recorded-specs`` patch) ran it: what runs in flight during that
-# deploy replay.
-OLDER_CODE |= {
-    f"{shape}-20261127"
-    for shape in SHAPES
-    - {
-        "recorded-specs",
-        "registry",
-        "dag-check-in-run-config",
-        "items-per-task",
-        "items-per-task-chunk",
-        "breaker",
-        "lost-usage",
-        "wait",
-        "wait-review",
-        "tolerated",
-        "tolerated-chunk",
-        "tolerated-chunk-cancelled",
-        "eval",
-    }
-    if not shape.startswith(("limited-", "limiter-", "agent-limited", "agent-mcp", "flow-"))
+# Histories of older code kept on purpose: only an auto-upgrade workflow's, while a
+# patch of its still has the old branch they take (workflows/breakers.py's plan).
+OLDER_CODE = {"breaker-20261127"}
+# The workflow types that run pinned: their histories record no patch marker.
+PINNED = {
+    names.PIPELINE_WORKFLOW,
+    names.FOREACH_WORKFLOW,
+    names.AGENT_WORKFLOW,
+    names.EVAL_WORKFLOW,
+    "ScheduledFlowStart",
 }
 
 
 def test_histories_are_committed() -> None:
-    assert SHAPES | OLDER_CODE <= {p.stem for p in HISTORIES}
+    assert SHAPES | OLDER_CODE == {p.stem for p in HISTORIES}
+
+
+def test_no_pinned_history_records_a_patch() -> None:
+    """A pinned run never meets newer code: what it records is one way to run."""
+    pinned = [p.stem for p in HISTORIES if _workflow_type(p.stem) in PINNED]
+    assert len(pinned) > len(HISTORIES) // 2  # the types above name what is recorded
+    assert {name: _patches(name) for name in pinned if _patches(name)} == {}
 
 
 def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -391,29 +347,6 @@ def _patches(name: str) -> set[str]:
     return found
 
 
-def test_limited_items_take_permits_before_budget_only_behind_the_patch() -> None:
-    """The governed call's order for for_each items is recorded behind its patch;
-    the chunks recorded before it (budget first) carry no marker and still replay."""
-    from aiworker.workflows.governed import ITEM_PERMITS_FIRST_PATCH
-
-    for shape in ("limited-blocks-chunk", "limited-queued-chunk"):
-        assert ITEM_PERMITS_FIRST_PATCH in _patches(shape)
-        assert ITEM_PERMITS_FIRST_PATCH not in _patches(f"{shape}-budget-first")
-
-
-def test_an_agents_permits_are_recorded_only_behind_their_patch() -> None:
-    """An agent under rate limits records ``agent-turn-permits`` and asks the limiter
-    before each call; an agent without limits records neither, as before the patch."""
-    from aiworker.workflows.governed import AGENT_PERMITS_PATCH
-
-    assert AGENT_PERMITS_PATCH in _patches("agent-limited-child")
-    for name in ("agent-child", "agent-child-20261127", "agent-limited"):
-        assert AGENT_PERMITS_PATCH not in _patches(name)
-    # one permit asked before each of its four calls (two turns, two tool calls)
-    assert _local_activities("agent-limited-child") == [names.LIMITER_ACQUIRE] * 4
-    assert _local_activities("agent-child") == []
-
-
 def test_the_probe_lease_is_recorded_only_behind_its_patch() -> None:
     """A breaker that granted a probe lease records ``breaker-probe-lease``; one from
     before the lease carries no marker and still replays (the gate above)."""
@@ -423,12 +356,17 @@ def test_the_probe_lease_is_recorded_only_behind_its_patch() -> None:
     assert PROBE_LEASE_PATCH not in _patches("breaker-20261127")
 
 
-def test_lost_attempts_are_booked_only_behind_their_patch() -> None:
-    """A call whose last attempt the server timed out records ``lost-attempt-usage``."""
-    from aiworker.workflows.calls import LOST_USAGE_PATCH
+def test_an_agent_under_rate_limits_asks_a_permit_before_each_call() -> None:
+    """One permit asked before each of its four calls (two turns, two tool calls);
+    an agent without limits asks none."""
+    assert _local_activities("agent-limited-child") == [names.LIMITER_ACQUIRE] * 4
+    assert _local_activities("agent-child") == []
 
-    assert LOST_USAGE_PATCH in _patches("lost-usage")
-    assert LOST_USAGE_PATCH not in _patches("dag")
+
+def _workflow_type(name: str) -> str:
+    history = json.loads((FOLDER / f"{name}.json").read_text("utf-8"))
+    started = history["events"][0]["workflowExecutionStartedEventAttributes"]
+    return str(started["workflowType"]["name"])
 
 
 def _local_activities(name: str) -> list[str]:

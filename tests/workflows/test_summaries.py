@@ -7,6 +7,7 @@ of older code, which the check must flag."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -21,17 +22,26 @@ from aiworker.schemas import names
 HISTORIES = Path(__file__).parent / "histories"
 
 
-def test_histories_recorded_before_summaries_are_flagged() -> None:
-    """The check can fail: code before this change asked limiters with bare
-    ``limiter-acquire`` local activities and waited on numbered timers."""
-    text = (HISTORIES / "limited-queued-chunk.json").read_text("utf-8")
-    found = unexplained(WorkflowHistory.from_json("w", text).events)
+def _without_summaries(name: str) -> WorkflowHistory:
+    """A committed history with every summary taken out: what code that wrote none
+    (bare ``limiter-acquire-many`` asks, numbered timers) would have recorded."""
+    history = json.loads((HISTORIES / f"{name}.json").read_text("utf-8"))
+    for event in history["events"]:
+        event.pop("userMetadata", None)
+    return WorkflowHistory.from_json(name, history)
+
+
+def test_histories_without_summaries_are_flagged() -> None:
+    """The check can fail: a local activity or timer with no summary is named."""
+    found = unexplained(_without_summaries("limited-queued-chunk").events)
     assert any("local activity 'limiter-acquire-many' has no summary" in f for f in found), found
-    limiter = (HISTORIES / "limiter-queued.json").read_text("utf-8")
     assert any(
         "timer" in f and "has no summary" in f
-        for f in unexplained(WorkflowHistory.from_json("l", limiter).events)
+        for f in unexplained(_without_summaries("limiter-queued").events)
     )
+    # the committed ones, recorded with summaries, are not
+    text = (HISTORIES / "limited-queued-chunk.json").read_text("utf-8")
+    assert unexplained(WorkflowHistory.from_json("w", text).events) == []
 
 
 async def test_a_limited_run_explains_every_timer_and_activity(

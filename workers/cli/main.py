@@ -356,6 +356,7 @@ def _dev_options(args: argparse.Namespace) -> DevOptions:
         json_result=getattr(args, "json", False),
         local_model=not args.no_model,
         site_port=getattr(args, "site", None),
+        terminate_other_builds=getattr(args, "terminate_other_builds", False),
     )
 
 

@@ -211,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
                 help="also serve the bundled sample shop on http://127.0.0.1:PORT "
                 f"(default {DEFAULT_SITE_PORT}; 0: any free port)",
             )
+            d.add_argument(
+                "--terminate-other-builds",
+                action="store_true",
+                help="terminate the running runs of earlier builds (the code before an "
+                "edit) at start; default: say which, and leave them to their build",
+            )
         if name == "demo":
             d.add_argument("--pipeline", help="pipeline file (default: the bundled sample)")
             d.add_argument("--exit", action="store_true", help="stop after the pipeline ends")

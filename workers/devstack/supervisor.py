@@ -31,7 +31,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from temporalio.client import Client
 
@@ -72,7 +72,7 @@ async def run_worker_process(
     on_ready: Callable[[], None] | None = None,
     telemetry: Telemetry | None = None,
     connect_wait: float = CONNECT_WAIT_SECONDS,
-    move_runs: bool = False,
+    other_builds: Literal["drain", "terminate"] | None = None,
 ) -> None:
     """Connect, register search attributes, serve metrics, poll until stopped.
 
@@ -90,8 +90,10 @@ async def run_worker_process(
             its runtime and tracing interceptors.
         connect_wait: seconds to wait for the frontend to be healthy when
             connecting here (a worker pod may start before its server).
-        move_runs: with versioning, pin the open runs of this deployment's other
-            builds to this one once it polls, and say which (``aiworker dev``).
+        other_builds: with versioning, once it polls, say which running pinned runs
+            of this deployment belong to another build (``aiworker dev``): they wait
+            for a worker of their build (``drain``) or are terminated
+            (``terminate``); never replayed on this code.
 
     Raises:
         StartupError: a broken plugin, the metrics port taken, a search
@@ -151,7 +153,7 @@ async def run_worker_process(
         freeze_startup_heap()  # everything is imported and built: it lives as long as we do
         # With versioning, "ready" waits until the build is current (or said not to be)
         settle = (
-            asyncio.create_task(_settle_version(client, settings, move_runs, on_ready))
+            asyncio.create_task(_settle_version(client, settings, other_builds, on_ready))
             if settings.versioning
             else None
         )
@@ -185,25 +187,21 @@ async def run_worker_process(
 
 
 async def _settle_version(
-    client: Client, settings: Settings, move: bool, on_ready: Callable[[], None] | None
+    client: Client,
+    settings: Settings,
+    other_builds: Literal["drain", "terminate"] | None,
+    on_ready: Callable[[], None] | None,
 ) -> None:
     """Once this process polls: make its build current as the settings say (or say
-    that it is not), then, for ``aiworker dev``, move other builds' open runs onto it.
-    A failure here is said, never fatal: the process still polls its version."""
+    that it is not), then, for ``aiworker dev``, say which running runs belong to
+    another build and drain or terminate them (:func:`_other_builds`). A failure
+    here is said, never fatal: the process still polls its version."""
     from aiworker.workers.process import deployments as deployments
 
     try:
         await deployments.ensure_current(client, settings)
-        if move:
-            moved = await deployments.move_runs(client, settings)
-            if moved:
-                first = ", ".join(moved[:5]) + (", ..." if len(moved) > 5 else "")
-                print(
-                    f"aiworker: moved {len(moved)} open run(s) of earlier builds onto build "
-                    f"{deployments.build_id(settings)}; they replay on this code: {first}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        if other_builds is not None:
+            await _other_builds(client, settings, other_builds)
     except Exception as e:
         deployments.log.warning(
             "deployment.settle_failed",
@@ -213,6 +211,43 @@ async def _settle_version(
     finally:
         if on_ready:
             on_ready()
+
+
+async def _other_builds(
+    client: Client, settings: Settings, what: Literal["drain", "terminate"]
+) -> None:
+    """Say which running pinned runs of this deployment belong to another build
+    (the code before an edit): a pinned run replays only on its own build's
+    workers, so this process never runs them. ``drain`` leaves them waiting for a
+    worker of their build; ``terminate`` ends them."""
+    from aiworker.workers.process import deployments as deployments
+
+    runs = await deployments.other_build_runs(client, settings)
+    if not runs:
+        return
+    shown = ", ".join(f"{r.workflow_id} ({r.workflow_type}, build {r.build_id})" for r in runs[:5])
+    shown += ", ..." if len(runs) > 5 else ""
+    if what == "terminate":
+        ended = await deployments.terminate_runs(
+            client,
+            runs,
+            f"aiworker dev --terminate-other-builds: build {deployments.build_id(settings)}",
+        )
+        print(
+            f"aiworker: terminated {ended} run(s) of other builds: {shown}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    print(
+        f"aiworker: {len(runs)} running run(s) belong to other builds and wait for a worker "
+        f"of their build (this build, {deployments.build_id(settings)}, never replays them): "
+        f"{shown}; "
+        "run their build's code to let them finish, or restart with "
+        "`aiworker dev --terminate-other-builds` to terminate them",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -230,6 +265,9 @@ class DevOptions:
             is configured (``--no-model`` turns it off, as ``AIWORKER_LOCAL_MODEL=false``).
         site_port: serve the bundled sample site on this loopback port (0: any
             free one; ``dev --site``); ``None`` serves none.
+        terminate_other_builds: terminate the running runs of other builds of
+            this deployment at start instead of leaving them to drain
+            (``dev --terminate-other-builds``).
     """
 
     port: int = 7233
@@ -239,6 +277,7 @@ class DevOptions:
     json_result: bool = False
     local_model: bool = True
     site_port: int | None = None
+    terminate_other_builds: bool = False
 
 
 def dev_log_file(data_dir: Path) -> IO[str]:
@@ -339,7 +378,7 @@ async def run_dev_stack(
         except TemporalUnreachableError as e:
             raise DevServerError(f"{e}; the server's log is {server.log_path}") from None
         worker = await stack.enter_async_context(
-            _background_worker(settings, client, stop, telemetry)
+            _background_worker(settings, client, stop, telemetry, options.terminate_other_builds)
         )
         # A worker that ended before it polled failed to start, or was stopped starting.
         if not worker.done():
@@ -399,7 +438,11 @@ def _say_summary(outcome: dict[str, Any]) -> None:
 
 @contextlib.asynccontextmanager
 async def _background_worker(
-    settings: Settings, client: Client, stop: asyncio.Event, telemetry: Telemetry
+    settings: Settings,
+    client: Client,
+    stop: asyncio.Event,
+    telemetry: Telemetry,
+    terminate_other_builds: bool = False,
 ) -> AsyncIterator[asyncio.Task[None]]:
     """This process as a worker of every queue, running beside the caller's code.
 
@@ -407,8 +450,8 @@ async def _background_worker(
     out, sets ``stop`` and waits for the drain, bounded by the grace period.
     """
     ready = asyncio.Event()
-    # The dev stack is one process: its build takes every new run and the open runs
-    # of the code before an edit (which no process polls any more).
+    # The dev stack is one process: its build takes every new run; the open runs of
+    # the code before an edit stay on their build (said, drained or terminated).
     task = asyncio.create_task(
         run_worker_process(
             settings.model_copy(update={"deployment_current": "always"}),
@@ -417,7 +460,7 @@ async def _background_worker(
             stop=stop,
             on_ready=ready.set,
             telemetry=telemetry,
-            move_runs=True,
+            other_builds="terminate" if terminate_other_builds else "drain",
         )
     )
     try:

@@ -44,19 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.field_mask_pb2 import FieldMask
-from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.workflow.v1 import WorkflowExecutionOptions
 from temporalio.api.workflowservice.v1 import (
     DescribeWorkerDeploymentRequest,
     ListWorkerDeploymentsRequest,
     SetWorkerDeploymentCurrentVersionRequest,
     SetWorkerDeploymentRampingVersionRequest,
-    UpdateWorkflowExecutionOptionsRequest,
 )
 from temporalio.client import Client
 from temporalio.common import (
-    PinnedVersioningOverride,
     VersioningBehavior,
     WorkerDeploymentVersion,
 )
@@ -455,36 +450,59 @@ async def ensure_current(
     return state.current
 
 
-async def move_runs(client: Client, settings: Settings, *, limit: int = 10_000) -> list[str]:
-    """Pin every open run of this deployment's other builds to this process's build.
+@dataclass(frozen=True)
+class OtherBuildRun:
+    """A run of this deployment pinned to another build, still running."""
 
-    ``aiworker dev`` calls it at start: a run started by the code before an edit
-    would otherwise wait for a build that no longer polls. Each run gets a
-    versioning override (UpdateWorkflowExecutionOptions) pinned to this build; it
-    replays on the new code, which is what a developer restarting ``dev`` expects,
-    and it is said (the workflow ids moved are returned).
+    workflow_id: str
+    run_id: str
+    workflow_type: str
+    build_id: str
+
+
+async def other_build_runs(
+    client: Client, settings: Settings, *, limit: int = 10_000
+) -> list[OtherBuildRun]:
+    """The running pinned runs of this deployment's other builds.
+
+    ``aiworker dev`` lists them at start: a run started by the code before an edit
+    waits for a worker of its own build, and this process never replays it on
+    code it did not start (a pinned run's next workflow task goes to its build
+    only). Auto-upgrade workflows (limiter, breaker, registry, flow) are not
+    among them: they move to the current build themselves.
     """
     version = deployment_version(settings)
     query = (
         f"TemporalWorkerDeployment = '{version.deployment_name}' "
         "AND ExecutionStatus = 'Running' "
         f"AND TemporalWorkerDeploymentVersion != '{version_key(version)}' "
-        # auto-upgrade workflows (limiter, breaker) move on their own
         "AND TemporalWorkflowVersioningBehavior = 'Pinned'"
     )
-    override = PinnedVersioningOverride(version)._to_proto()
-    moved: list[str] = []
+    found: list[OtherBuildRun] = []
     async for wf in client.list_workflows(query, limit=limit):
-        request = UpdateWorkflowExecutionOptionsRequest(
-            namespace=client.namespace,
-            workflow_execution=WorkflowExecution(workflow_id=wf.id, run_id=wf.run_id),
-            workflow_execution_options=WorkflowExecutionOptions(versioning_override=override),
-            update_mask=FieldMask(paths=["versioning_override"]),
-            identity=client.identity,
-        )
-        await _until_registered(client.workflow_service.update_workflow_execution_options, request)
-        moved.append(wf.id)
-    return moved
+        # a listing carries no versioning info: the run's own description does
+        described = await client.get_workflow_handle(wf.id, run_id=wf.run_id).describe()
+        versioning = described.raw_description.workflow_execution_info.versioning_info
+        build = versioning.deployment_version.build_id
+        if versioning.versioning_override.HasField("pinned"):
+            build = versioning.versioning_override.pinned.version.build_id
+        found.append(OtherBuildRun(wf.id, wf.run_id, wf.workflow_type, build))
+    return found
+
+
+async def terminate_runs(client: Client, runs: list[OtherBuildRun], reason: str) -> int:
+    """Terminate ``runs``; how many were still running to terminate."""
+    ended = 0
+    for run in runs:
+        handle = client.get_workflow_handle(run.workflow_id, run_id=run.run_id)
+        try:
+            await handle.terminate(reason=reason)
+        except RPCError as e:
+            if e.status != RPCStatusCode.NOT_FOUND:  # ended meanwhile: nothing to do
+                raise
+            continue
+        ended += 1
+    return ended
 
 
 #: What a busy server answers a read it could not finish in time (the deployment's

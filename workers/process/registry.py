@@ -138,7 +138,6 @@ def activities_for(
             limiter.acquire,
             limiter.acquire_many,
             limiter.run_config,
-            limiter.run_config_under_old_name,
         ]
         # a large for_each's item outputs, stored by its chunks and loaded where needed
         store = runtime.tools.get("artifact_store") or artifact_store(runtime.settings)
