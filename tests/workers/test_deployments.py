@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import running_stack
 from support.payloads import stack_settings
-from support.pipelines import one_step_pipeline, pipeline_result
+from support.pipelines import one_step_pipeline
 from support.procs import WorkerProcess
 from support.standins import standin
 from support.waiting import wait_until
