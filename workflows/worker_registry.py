@@ -55,11 +55,17 @@ _MAX_ROUNDS = 250
 _MAX_HISTORY_EVENTS = 2000
 
 # Owners are kept (and withdraws held to them) only in runs that have this marker:
-# a run an earlier build began replays its withdraws as it ran them. Plan: once
-# every registry run has continued as new on a build with this patch (a run ends
-# within _MAX_ROUNDS rounds or _MAX_HISTORY_EVENTS events of the deploy), the next
-# release calls workflow.deprecate_patch(OWNERS_PATCH) instead, and the release
-# after it drops the call and keeps the owners unconditionally.
+# a run an earlier build began replays its withdraws as it ran them. The registry
+# auto-upgrades, so the patch ends as samples-python's ``patching/`` ends one
+# (docs/replay.md, "Patches and their plans"):
+#   stage 3 -- build 0.3.0, not before 2027-01-04: ``workflow.deprecate_patch``
+#     replaces ``workflow.patched`` and the old branch is deleted, once
+#     ``aiworker replay --query "WorkflowType = 'WorkerRegistryWorkflow' AND
+#     ExecutionStatus = 'Running'"`` passes on it (a registry run continues as new
+#     within _MAX_ROUNDS rounds or _MAX_HISTORY_EVENTS events of the deploy, so
+#     every run by then recorded the marker);
+#   stage 4 -- build 0.4.0, not before 2027-02-01: the deprecate_patch call and the
+#     id go, and owners are kept unconditionally.
 OWNERS_PATCH = "registry-owners"
 
 
