@@ -8,7 +8,7 @@ runs it through the process's :class:`~aiworker.activities.runtime.WorkerRuntime
 so the call has the candidate's own contract (its input and output schemas),
 constraints and error codes, and the process's tools (the model registry, its
 endpoint rate limits and breakers). It is registered on every task queue that
-serves a prompt worker or ``llm-call`` (workers/process/registry.py), so the
+serves a prompt worker or ``llm-call`` (workers/process/task_queues.py), so the
 candidate runs where the worker it replaces runs.
 """
 

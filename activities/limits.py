@@ -2,7 +2,7 @@
 provider endpoint's own request and token rates. The limiter's workflow is
 ``workflows/limits.py``, its models ``schemas/limits.py``.
 
-1. The ``limiter-acquire``/``run-config`` activities (:class:`LimiterActivities`).
+1. The ``limiter-acquire`` activities (:class:`LimiterActivities`).
    They hand a permit request to the key's limiter. They run in a worker
    process, where the settings live: they work out which limit
    applies (the worker spec's ``rate_limit`` per tenant, overridden by
@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -40,8 +40,7 @@ from temporalio import activity
 from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import AutoUpgradeVersioningOverride, Priority, WorkflowIDConflictPolicy
 
-from aiworker.activities.errors import BudgetExceededError, InvalidInputError, RateLimitedError
-from aiworker.activities.tenancy import check_redrive_tenant
+from aiworker.activities.errors import BudgetExceededError, RateLimitedError
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.limits import (
@@ -54,11 +53,8 @@ from aiworker.schemas.limits import (
     BlockRequest,
     ConcurrencyCall,
     LimiterState,
-    RunConfig,
-    RunConfigCall,
 )
-from aiworker.schemas.pipeline_check import PipelineSpecError, parse_pipeline
-from aiworker.schemas.spec import WorkerSpec, parse_rate, recorded
+from aiworker.schemas.spec import WorkerSpec, parse_rate
 from aiworker.schemas.tenants import tighter_rate
 
 WINDOW_SECONDS = 60.0
@@ -243,28 +239,6 @@ class PermitPool:
         return keyed.leasing
 
 
-def full_check(pipeline: dict[str, Any], workers: Mapping[str, WorkerSpec | None]) -> list[str]:
-    """Every problem of ``pipeline`` against ``workers`` (the recorded specs), with
-    what compiles: what a run's workflow task leaves to its ``run-config`` local
-    activity (``RunConfigCall.pipeline``), so that no pipeline holds a workflow task
-    past the SDK's deadlock detector. An unknown worker is left to the workflow,
-    which names the workers the answering process knows."""
-    try:
-        parse_pipeline(pipeline, {**dict.fromkeys(_named(pipeline)), **workers})
-    except PipelineSpecError as e:
-        return e.problems
-    return []
-
-
-def _named(pipeline: dict[str, Any]) -> set[str]:
-    steps = pipeline.get("steps")
-    found = set()
-    for step in steps if isinstance(steps, list) else []:
-        if isinstance(step, dict):
-            found |= {w for w in (step.get("worker"), step.get("fallback")) if isinstance(w, str)}
-    return found
-
-
 class LimiterActivities:
     """Activities of the cross-process limiter."""
 
@@ -272,113 +246,15 @@ class LimiterActivities:
         self,
         settings: Settings,
         specs: Mapping[str, WorkerSpec],
-        local: Iterable[str] = (),
         live_specs: LiveSpecs | None = None,
     ) -> None:
-        """``local``: the workers this process can run as local activities (registered
-        beside the pipeline workflows), which every run config it answers names.
-        ``live_specs``: what the live worker registry knows (the worker process
-        passes it), asked only when a run names a worker this process does not know.
-        """
+        """``specs``: this process's catalog, for the workers' own ``rate_limit``.
+        ``live_specs``: what the live worker registry knows, read for a worker this
+        process does not serve (its published ``rate_limit``)."""
         self._settings = settings
         self._specs = specs
-        self._local = sorted(set(local))
         self._live_specs = live_specs
         self.pool = PermitPool()
-
-    def specs_for(
-        self, worker_ids: Iterable[str], live: Mapping[str, WorkerSpec] | None = None
-    ) -> dict[str, WorkerSpec]:
-        """The specs a run records of ``worker_ids``: those this process knows, else
-        those the live registry publishes (``live``), each as
-        :func:`~aiworker.schemas.spec.recorded` (without examples); an unknown id is
-        left out (the run refuses it, naming :meth:`known_workers`).
-
-        The one place a run's specs come from: this process's catalog (built-ins,
-        plugins, spec files: ``WorkerSet.specs``) first, so a process that has a
-        worker decides as it would call it; the registry only fills in workers
-        other processes serve. Every run records whatever this returns.
-        """
-        more = live or {}
-        out = {}
-        for w in sorted(set(worker_ids)):
-            spec = self._specs.get(w) or more.get(w)
-            if spec is not None:
-                out[w] = recorded(spec)
-        return out
-
-    def known_workers(self, live: Mapping[str, WorkerSpec] | None = None) -> list[str]:
-        """Every worker id :meth:`specs_for` could answer: for a refusal's message,
-        and what a run records whose agent's tools are known only as it runs
-        (``RunConfigCall.record_all``)."""
-        return sorted({*self._specs, *(live or {})})
-
-    async def _live(self, wanted: Iterable[str], everything: bool) -> Mapping[str, WorkerSpec]:
-        """The live registry's specs, read only when a run names a worker this process
-        does not know (or records every worker); none when there is no registry."""
-        if self._live_specs is None:
-            return {}
-        if not everything and all(w in self._specs for w in wanted):
-            return {}
-        return await self._live_specs()
-
-    @activity.defn(name=names.RUN_CONFIG)
-    async def run_config(self, call: RunConfigCall) -> RunConfig:
-        """Which of a pipeline's workers have a rate limit for its tenant, the
-        tenant's registry entry, the process's caps and, when the call names
-        them (``record``), the specs of the workers the run calls (asked once,
-        before any step; the run decides from these recorded specs).
-
-        Raises ``invalid_input`` (not retried) when a registry is configured and
-        does not know the tenant, or when the run redrives another tenant's run.
-        """
-        registry = self._settings.tenants
-        policy = registry.policy(call.tenant) if registry is not None else None
-        try:
-            if registry is not None and policy is None:
-                raise InvalidInputError(
-                    f"tenant {call.tenant!r} is not configured "
-                    f"(AIWORKER_TENANTS_FILE lists {len(registry.tenants)} tenants)",
-                    field="tenant",
-                )
-            if call.resume_from is not None:
-                await check_redrive_tenant(activity.client(), call.resume_from, call.tenant)
-        except InvalidInputError as e:
-            raise e.to_application_error(activity.info().activity_type) from None
-        specs: dict[str, WorkerSpec] = {}
-        known: list[str] = []
-        local = self._local
-        if call.record is not None:
-            live = await self._live(call.record, call.record_all)
-            wanted = self.known_workers(live) if call.record_all else call.record
-            specs = self.specs_for(wanted, live)
-            if any(w not in specs for w in call.record):
-                known = self.known_workers(live)
-            # local only as the recorded specs say (execution "local")
-            local = [w for w in local if w in specs and specs[w].execution == "local"]
-        problems = None
-        if call.pipeline is not None:
-            workers = {**dict.fromkeys(known), **specs}
-            # in a thread: the check is CPU work (bounded by the caps on schemas and
-            # patterns), and this activity shares its event loop with the process's others
-            problems = await asyncio.to_thread(full_check, call.pipeline, workers)
-        return RunConfig(
-            rate_limited=sorted(
-                w
-                # a run whose agent's tools are known only as it runs records every
-                # worker: any of them may be a tool, which waits for its permit
-                for w in set(call.workers) | (set(specs) if call.record_all else set())
-                if rate_limit_for(self._settings, {**specs, **self._specs}, w, call.tenant)
-                is not None
-            ),
-            tenant=policy,
-            caps=self._settings.caps,
-            local=local,
-            inline_items=self._settings.foreach_inline_items,
-            specs=specs,
-            known=known,
-            problems=problems,
-        )
 
     @activity.defn(name=names.LIMITER_ACQUIRE)
     async def acquire(self, call: AcquireCall) -> AcquireResult:
@@ -407,8 +283,8 @@ class LimiterActivities:
             result = AcquireResult(limited=True, key=key, limit=call.limit)
         else:
             specs = self._specs
-            if call.worker_id not in specs:  # served by another process: its published spec
-                specs = await self._live([call.worker_id], everything=False)
+            if call.worker_id not in specs and self._live_specs is not None:
+                specs = await self._live_specs()  # served by another process: its published spec
             rate = rate_limit_for(self._settings, specs, call.worker_id, call.tenant)
             if rate is None:
                 return AcquireResult(limited=False)

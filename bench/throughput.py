@@ -30,8 +30,8 @@ from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workers.process.plugin import workflow_runner
-from aiworker.workers.process.plugins import builtin_set
-from aiworker.workers.process.registry import activities_for
+from aiworker.workers.process.task_queues import activities_for
+from aiworker.workers.process.worker_set import builtin_set
 from aiworker.workflows.pipeline import PipelineWorkflow
 from bench.bare_workflow import BareBenchWorkflow, noop
 from bench.common import embedded_server, percentiles, process_cpu_seconds

@@ -6,7 +6,7 @@ on first use, never on import.
 
 A worker process builds its catalog once at start (built-ins, plugins from
 the ``aiworker.plugins`` entry points and ``AIWORKER_WORKER_MODULES``, spec
-files from ``AIWORKER_WORKER_SPECS``; see ``aiworker.workers.process.plugins``) and
+files from ``AIWORKER_WORKER_SPECS``; see ``aiworker.workers.process.worker_set``) and
 installs it here. Workflows read it through :func:`current_specs`: this
 module is passed through the workflow sandbox, so they see the process's
 one catalog and never read a file or import a plugin inside a workflow task.

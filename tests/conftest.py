@@ -35,9 +35,9 @@ from aiworker.workers.devstack.devserver import (
     temporal_cli_path,
     test_server_path,
 )
-from aiworker.workers.process.plugins import WorkerSet, install, load_workers
-from aiworker.workers.process.registry import all_queues
+from aiworker.workers.process.task_queues import all_queues
 from aiworker.workers.process.worker import build_workers
+from aiworker.workers.process.worker_set import WorkerSet, install, load_workers
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -28,7 +28,7 @@ from aiworker.config import catalog
 from aiworker.config.settings import Settings
 from aiworker.schemas.spec import FEEDBACK_SCHEMA, WorkerSpec
 from aiworker.testing import run_worker
-from aiworker.workers.process.plugins import PluginError, load_workers
+from aiworker.workers.process.worker_set import PluginError, load_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "prompts"

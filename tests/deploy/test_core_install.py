@@ -32,9 +32,9 @@ EXTRA_MODULES = (
 CHECK = f"""
 import sys
 import aiworker.workers.cli.main, aiworker.workers.client.client, aiworker.workers.process.worker
-import aiworker.workflows.pipeline, aiworker.workers.process.registry
+import aiworker.workflows.pipeline, aiworker.workers.process.task_queues
 from aiworker.config.settings import Settings
-from aiworker.workers.process.plugins import load_workers
+from aiworker.workers.process.worker_set import load_workers
 ws = load_workers(Settings())
 ws.served["validator"], ws.served["aggregator"], ws.served["publish"], ws.served["llm-call"]
 print(sorted(m for m in sys.modules if m.split(".")[0] in {EXTRA_MODULES!r}))

@@ -42,7 +42,7 @@ WORKER_SCRIPT = textwrap.dedent(
     from prometheus_client import CollectorRegistry
     from temporalio import activity
 
-    import aiworker.workers.process.registry as registry
+    import aiworker.workers.process.task_queues as registry
     from aiworker.activities.metrics import WorkerMetrics
     from aiworker.schemas import names
     from aiworker.config.settings import Settings

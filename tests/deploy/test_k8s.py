@@ -30,7 +30,7 @@ from aiworker.config.catalog import load_specs
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.options import activity_options
-from aiworker.workers.process.plugins import load_workers
+from aiworker.workers.process.worker_set import load_workers
 
 OVERLAYS = ("dev", "prod")
 QUEUES = {

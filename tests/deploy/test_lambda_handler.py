@@ -3,7 +3,7 @@
 A fake Lambda context gives the invocation a deadline; the handler polls the
 queue as a versioned worker (temporalio.contrib.aws.lambda_worker), the probe
 workflow sends it one ``validator`` call (the queue's activities come from
-``workers.process.registry.activities_for``, so the llm queue picks up llm-call the
+``workers.process.task_queues.activities_for``, so the llm queue picks up llm-call the
 same way), and the activity completes before the deadline.
 """
 

@@ -14,7 +14,7 @@ from support.loopback import upstream
 from aiworker.config.catalog import builtin_spec
 from aiworker.config.settings import Settings
 from aiworker.schemas import names, safe_schema
-from aiworker.workers.process.plugins import PluginError, load_workers
+from aiworker.workers.process.worker_set import PluginError, load_workers
 
 
 def _external(worker_id: str, **schemas: Any) -> dict[str, Any]:

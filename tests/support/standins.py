@@ -126,7 +126,7 @@ def registered(worker: Worker) -> Iterator[None]:
     a worker process started inside the block (``aiworker worker``) serves
     the stand-in and nothing else changes.
     """
-    from aiworker.workers.process import plugins as plugins
+    from aiworker.workers.process import worker_set as plugins
 
     shipped = plugins.builtin_entries
 

@@ -45,8 +45,8 @@ from aiworker.workers.conformance.run import (
     other_major,
 )
 from aiworker.workers.devstack.devserver import free_port
-from aiworker.workers.process.plugins import WorkerSet
 from aiworker.workers.process.resources import build_language_model, build_tools
+from aiworker.workers.process.worker_set import WorkerSet
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

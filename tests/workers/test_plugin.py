@@ -21,8 +21,8 @@ from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.workers.client.temporal_client import CheckedPayloadConverter
 from aiworker.workers.process.plugin import AiworkerPlugin
-from aiworker.workers.process.plugins import builtin_set
-from aiworker.workers.process.registry import all_queues
+from aiworker.workers.process.task_queues import all_queues
+from aiworker.workers.process.worker_set import builtin_set
 
 
 class UserInterceptor(Interceptor):

@@ -59,8 +59,8 @@ from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.workers.devstack.devserver import temporal_cli_path
 from aiworker.workers.errors import StartupError
-from aiworker.workers.process.plugins import ENTRY_POINT_GROUP, PluginError, load_workers
 from aiworker.workers.process.worker import load_process_workers
+from aiworker.workers.process.worker_set import ENTRY_POINT_GROUP, PluginError, load_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_SRC = ROOT / "examples" / "plugin"

@@ -24,7 +24,7 @@ from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.process.live_registry import publishing
-from aiworker.workers.process.plugins import WorkerSet
+from aiworker.workers.process.worker_set import WorkerSet
 
 REMOTE_QUEUE = "aiworker-remote"
 REMOTE_SPEC = WORD_COUNT | {

@@ -38,8 +38,8 @@ from temporalio.worker import Worker as TemporalWorker
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.pipeline import PipelineResult
-from aiworker.workers.process.plugins import load_workers
-from aiworker.workers.process.registry import all_queues
+from aiworker.workers.process.task_queues import all_queues
+from aiworker.workers.process.worker_set import load_workers
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "external"
 SPECS = EXAMPLE / "specs"

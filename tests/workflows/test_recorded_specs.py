@@ -30,7 +30,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 from temporalio.worker import Worker as TemporalWorker
 
-from aiworker.activities.limits import LimiterActivities
+from aiworker.activities.run_config import RunConfigActivities
 from aiworker.config import catalog
 from aiworker.config.catalog import load_specs
 from aiworker.config.settings import Settings
@@ -254,7 +254,7 @@ async def test_the_plan_records_only_the_named_specs_without_examples(
     settings: Settings,
 ) -> None:
     specs = load_specs()
-    limiter = LimiterActivities(settings, specs, local=["validator"])
+    limiter = RunConfigActivities(settings, specs, local=["validator"])
     found = limiter.specs_for(["validator", "no-such-worker", "validator"])
     assert list(found) == ["validator"]
     assert specs["validator"].examples and found["validator"].examples == []

@@ -53,8 +53,8 @@ from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.workers.client.temporal_client import data_converter
 from aiworker.workers.devstack.devserver import temporal_cli_path
-from aiworker.workers.process.registry import WORKFLOWS_BY_QUEUE
 from aiworker.workers.process.replay import MAX_HISTORY_FILE_BYTES, load_history
+from aiworker.workers.process.task_queues import WORKFLOWS_BY_QUEUE
 
 FOLDER = Path(__file__).parent / "histories"
 HISTORIES = sorted(FOLDER.glob("*.json"))

@@ -1,7 +1,7 @@
 """The pipeline client: start, watch, review, list and redrive pipelines from Python.
 
-Long on purpose (a little over 400 lines): the one public class users drive
-pipelines with, each operation with its full docstring.
+Long on purpose (close to 1,000 lines): the one public class users drive
+pipelines with, each operation with its full docstring, and the handle it returns.
 
 One typed layer over ``temporalio.client.Client`` that the ``aiworker`` CLI,
 the dev stack and users' code share::

@@ -106,8 +106,8 @@ async def run_worker_process(
     from aiworker.workers.client.temporal_client import connect
     from aiworker.workers.process.live_registry import live_entry, publishing
     from aiworker.workers.process.probes import Health, MetricsServer
-    from aiworker.workers.process.registry import default_queues
     from aiworker.workers.process.resources import build_runtime, close_connections
+    from aiworker.workers.process.task_queues import default_queues
     from aiworker.workers.process.worker import (
         build_workers,
         ensure_search_attributes,

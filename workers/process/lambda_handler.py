@@ -74,8 +74,8 @@ def make_handler(env: Mapping[str, str] | None = None) -> LambdaHandler:
     from temporalio.contrib.opentelemetry import TracingInterceptor
 
     from aiworker.workers.client.temporal_client import data_converter
-    from aiworker.workers.process.registry import activities_for
     from aiworker.workers.process.resources import build_runtime
+    from aiworker.workers.process.task_queues import activities_for
     from aiworker.workers.process.telemetry import install_tracer_provider, tracer_provider_from_env
     from aiworker.workers.process.worker import load_process_workers
 

@@ -40,7 +40,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.workers.process.plugins import WorkerSet, builtin_set
+from aiworker.workers.process.worker_set import WorkerSet, builtin_set
 
 PLUGIN_NAME = "aiworker.AiworkerPlugin"
 
@@ -156,7 +156,11 @@ class AiworkerPlugin(SimplePlugin):
         omitted); ``runtime``: the activities' shared runtime (built from
         ``settings`` when omitted, as a worker process builds it); ``replace``: worker
         ids to same-name stand-in activities (tests, local development)."""
-        from aiworker.workers.process.registry import WORKFLOWS_BY_QUEUE, activities_for, all_queues
+        from aiworker.workers.process.task_queues import (
+            WORKFLOWS_BY_QUEUE,
+            activities_for,
+            all_queues,
+        )
 
         self.settings = settings if settings is not None else Settings()
         served = workers if workers is not None else builtin_set()

@@ -221,7 +221,7 @@ def _first_line(e: BaseException) -> str:
 
 def aiworker_workflows() -> list[type]:
     """Every workflow class aiworker runs: the pipelines queue's and the conformance kit's."""
-    from aiworker.workers.process.registry import WORKFLOWS_BY_QUEUE
+    from aiworker.workers.process.task_queues import WORKFLOWS_BY_QUEUE
     from aiworker.workflows.conformance import ConformanceWorkflow
 
     out: list[type] = [ConformanceWorkflow]

@@ -31,7 +31,7 @@ from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.spec import PromptImplementation
 from aiworker.workers.errors import StartupError
-from aiworker.workers.process.plugins import WorkerSet
+from aiworker.workers.process.worker_set import WorkerSet
 
 if TYPE_CHECKING:
     # The AWS SDK loads only in processes configured for S3.

@@ -33,15 +33,15 @@ from aiworker.schemas import names
 from aiworker.workers.errors import StartupError
 from aiworker.workers.process.deployments import deployment_config
 from aiworker.workers.process.plugin import AiworkerPlugin
-from aiworker.workers.process.plugins import (
+from aiworker.workers.process.probes import Health
+from aiworker.workers.process.task_queues import all_queues
+from aiworker.workers.process.worker_set import (
     PluginError,
     WorkerSet,
     builtin_set,
     install,
     load_workers,
 )
-from aiworker.workers.process.probes import Health
-from aiworker.workers.process.registry import all_queues
 
 log = logging.getLogger("aiworker.process")
 

@@ -9,7 +9,7 @@ not served here: another process polls their queue.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from temporalio import activity
@@ -18,14 +18,15 @@ from aiworker.activities.callbacks import CallbackActivities
 from aiworker.activities.evals import EvalActivities
 from aiworker.activities.items import ItemsActivities
 from aiworker.activities.limits import LimiterActivities
+from aiworker.activities.run_config import RunConfigActivities
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.config.extras import MissingExtraError
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.process.live_registry import live_specs
-from aiworker.workers.process.plugins import ServedWorkers, WorkerSet
 from aiworker.workers.process.resources import artifact_store
+from aiworker.workers.process.worker_set import ServedWorkers, WorkerSet
 from aiworker.workers.schedules.flow_starts import ScheduledFlowActivities
 from aiworker.workflows.agent import AgentWorkflow
 from aiworker.workflows.breakers import SharedBreakerWorkflow
@@ -126,19 +127,18 @@ def activities_for(
         # names the workers whose calls run as local activities here too
         # a run naming a worker this process lacks records the live registry's spec
         suffix = runtime.settings.task_queue_suffix
-        limiter = LimiterActivities(
+
+        def published() -> Awaitable[Mapping[str, WorkerSpec]]:
+            return live_specs(activity.client(), suffix, secret=runtime.settings.registry_secret)
+
+        limiter = LimiterActivities(runtime.settings, runtime.specs, live_specs=published)
+        run_config = RunConfigActivities(
             runtime.settings,
             runtime.specs,
             local_workers(runtime.settings, workers),
-            live_specs=lambda: live_specs(
-                activity.client(), suffix, secret=runtime.settings.registry_secret
-            ),
+            live_specs=published,
         )
-        out += [
-            limiter.acquire,
-            limiter.acquire_many,
-            limiter.run_config,
-        ]
+        out += [limiter.acquire, limiter.acquire_many, run_config.run_config]
         # a large for_each's item outputs, stored by its chunks and loaded where needed
         store = runtime.tools.get("artifact_store") or artifact_store(runtime.settings)
         items = ItemsActivities(store)
