@@ -4,6 +4,7 @@ Temporal dev server and a worker stack, driven with httpx."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
@@ -12,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -406,7 +408,7 @@ async def test_a_debounced_start_answers_202_with_what_flow_control_did(
         assert again.json()["workflow_id"] == doc["workflow_id"]
         assert again.json()["flow"]["status"] == "collapsed"
         assert again.json()["flow"]["starts"] == 2
-        assert again.headers["location"] == f"/v1/pipelines/{doc['workflow_id']}"
+        assert again.headers["location"] == "/v1/pipelines/" + quote(doc["workflow_id"], safe="")
         # a retried request with the same Idempotency-Key is the same start, answered once
         keyed = bearer("ci") | {"Idempotency-Key": f"order-{uuid.uuid4()}"}
         once = await http.post("/v1/pipelines", json=pipeline, headers=keyed)
@@ -415,3 +417,64 @@ async def test_a_debounced_start_answers_202_with_what_flow_control_did(
         assert once.json()["flow"]["starts"] == retry.json()["flow"]["starts"] == 3
     finally:
         await stack.client.get_workflow_handle(flow["flow_workflow_id"]).terminate("test over")
+
+
+async def test_a_flow_run_answers_on_every_route_by_its_encoded_id(
+    http: httpx.AsyncClient, stack: Stack
+) -> None:
+    """A flow run's id holds ``/`` (``flow<suffix>/acme/review/<key>``): each
+    ``{workflow_id}`` route reaches it as one percent-encoded segment, starting
+    from the ``Location`` header the start answered; the held run awaits review."""
+    customer = f"c-{uuid.uuid4().hex[:8]}"
+    pipeline = {
+        **review_pipeline(),
+        "inputs": {"customer": customer},
+        "flow": {"key": "${{ inputs.customer }}", "singleton": "refuse"},
+    }
+    started = await http.post("/v1/pipelines", json=pipeline, headers=bearer("ci"))
+    assert started.status_code == 201, started.text
+    wid = started.json()["workflow_id"]
+    assert wid.startswith("flow") and wid.endswith(f"/acme/review/{customer}")
+    base = started.headers["location"]
+    assert base == "/v1/pipelines/" + quote(wid, safe="") and "%2F" in base
+    try:
+
+        async def awaiting() -> dict[str, Any] | None:
+            r = await http.get(base, headers=bearer("ci"))
+            assert r.status_code == 200, r.text
+            doc: dict[str, Any] = r.json()
+            waiting = (doc.get("progress") or {}).get("awaiting_review") == ["draft"]
+            return doc if waiting and doc["status"] == "awaiting_review" else None
+
+        status = await wait_until(awaiting, "the flow run to await review")
+        assert status["workflow_id"] == wid
+        pending = await http.get(f"{base}/result", params={"timeout": 0}, headers=bearer("ci"))
+        assert pending.status_code == 202 and pending.json()["workflow_id"] == wid, pending.text
+        running = await http.get(f"{base}/steps/draft/items", headers=bearer("ci"))
+        assert wid in error(running, 409, "invalid_input")
+        page = await http.get(f"{base}/live")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        # a method the route lacks is 405, not the status of an id ending in "/review"
+        assert (await http.get(f"{base}/review", headers=bearer("ci"))).status_code == 405
+        error(await http.get(base, headers=bearer("beta")), 404, "not_found")
+
+        answer = await http.post(
+            f"{base}/review", json={"decision": "approve", "outputs": GOOD}, headers=bearer("ci")
+        )
+        assert answer.status_code == 200, answer.text
+        done = await http.get(f"{base}/result", params={"timeout": 30}, headers=bearer("ci"))
+        assert done.status_code == 200 and done.json()["status"] == "succeeded", done.text
+
+        types = []
+        async with http.stream("GET", f"{base}/events", headers=bearer("ci")) as stream:
+            assert stream.status_code == 200
+            async for line in stream.aiter_lines():
+                if line.startswith("event: "):
+                    types.append(line.removeprefix("event: "))
+        assert "review_awaited" in types and types[-1] == "run_ended", types
+
+        again = await http.post(f"{base}/redrive", json={}, headers=bearer("ci"))
+        assert "succeeded" in error(again, 409, "invalid_input")
+    finally:
+        with contextlib.suppress(Exception):  # it may have ended already
+            await stack.client.get_workflow_handle(wid).terminate("test over")

@@ -55,7 +55,7 @@ from starlette.types import Message, Receive, Scope, Send
 from aiworker.schemas.errors import ErrorCode
 from aiworker.workers.client.events import END_ID, POLL_SECONDS, Cursor, Event, follow
 from aiworker.workers.frontdoor.auth import ApiKey
-from aiworker.workers.frontdoor.http import ApiError
+from aiworker.workers.frontdoor.http import ApiError, WorkflowId
 
 if TYPE_CHECKING:
     from aiworker.workers.frontdoor.service import Service
@@ -252,7 +252,7 @@ def install_event_routes(app: FastAPI, service: Service, limits: StreamLimits) -
         summary="The run's live events (server-sent events; Last-Event-ID resumes)",
     )
     async def events(
-        workflow_id: str,
+        workflow_id: WorkflowId,
         request: Request,
         key: StreamCaller,
         last_event_id: Annotated[
@@ -277,7 +277,7 @@ def install_event_routes(app: FastAPI, service: Service, limits: StreamLimits) -
         response_class=HTMLResponse,
         summary="A page that shows the run live (the key goes in the URL's #fragment)",
     )
-    async def live(workflow_id: str) -> HTMLResponse:
+    async def live(workflow_id: WorkflowId) -> HTMLResponse:
         # Static: the page holds no data; its script reads the key from the
         # fragment (never sent to the server) and opens the event stream.
         html = live_page()

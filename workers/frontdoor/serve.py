@@ -68,7 +68,13 @@ from aiworker.workers.frontdoor.auth import (
     load_hooks,
 )
 from aiworker.workers.frontdoor.events import StreamLimits, install_event_routes
-from aiworker.workers.frontdoor.http import install_error_handlers, read_body, unavailable
+from aiworker.workers.frontdoor.http import (
+    RawWorkflowIds,
+    WorkflowId,
+    install_error_handlers,
+    read_body,
+    unavailable,
+)
 from aiworker.workers.frontdoor.service import (
     MAX_RESULT_WAIT_SECONDS,
     FrontDoor,
@@ -133,6 +139,7 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
     app.state.service = service
     app.state.temporal_target = door.pipelines.temporal.service_client.config.target_host
     install_error_handlers(app)
+    app.add_middleware(RawWorkflowIds)
     errors: dict[int | str, dict[str, Any]] = {
         s: {"description": d}
         for s, d in ((400, "invalid_input"), (401, "access_denied"), (429, "rate_limited"))
@@ -159,7 +166,7 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
         return await service.start(body, key, request.headers.get("idempotency-key"))
 
     @app.get("/v1/pipelines/{workflow_id}", responses=errors, summary="Status and progress")
-    async def get_pipeline(workflow_id: str, key: Caller) -> dict[str, Any]:
+    async def get_pipeline(workflow_id: WorkflowId, key: Caller) -> dict[str, Any]:
         return await service.status(workflow_id, key)
 
     @app.get(
@@ -168,7 +175,7 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
         summary="The outcome, waiting at most `timeout` seconds",
     )
     async def get_result(
-        workflow_id: str,
+        workflow_id: WorkflowId,
         key: Caller,
         wait: Annotated[
             float,
@@ -191,7 +198,7 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
         },
         summary="A for_each step's items (inline or by reference), once the pipeline ended",
     )
-    async def get_items(workflow_id: str, step: str, key: Caller) -> dict[str, Any]:
+    async def get_items(workflow_id: WorkflowId, step: str, key: Caller) -> dict[str, Any]:
         return await service.items(workflow_id, step, key)
 
     @app.post(
@@ -205,7 +212,7 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
         },
         summary="Decide on a step awaiting review",
     )
-    async def review(workflow_id: str, request: Request, key: Caller) -> dict[str, Any]:
+    async def review(workflow_id: WorkflowId, request: Request, key: Caller) -> dict[str, Any]:
         body = await read_body(request, door.settings.serve_max_body_bytes)
         return await service.review(workflow_id, key, body)
 
@@ -227,7 +234,7 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
         summary="Run a pipeline again, from a chosen step (with a corrected input) or "
         "its failed steps",
     )
-    async def redrive(workflow_id: str, request: Request, key: Caller) -> JSONResponse:
+    async def redrive(workflow_id: WorkflowId, request: Request, key: Caller) -> JSONResponse:
         body = await read_body(request, door.settings.serve_max_body_bytes)
         return await service.redrive(workflow_id, key, body)
 

@@ -56,6 +56,7 @@ from aiworker.workers.frontdoor.http import (
     ApiError,
     canonical,
     parse_json,
+    pipeline_path,
     read_body,
     validation_error,
 )
@@ -610,5 +611,5 @@ class Service:
 
 
 def _started(doc: dict[str, Any], status: int) -> JSONResponse:
-    location = f"/v1/pipelines/{doc['workflow_id']}"
+    location = pipeline_path(doc["workflow_id"])
     return JSONResponse(doc, status_code=status, headers={"Location": location})
