@@ -478,3 +478,64 @@ async def test_a_flow_run_answers_on_every_route_by_its_encoded_id(
     finally:
         with contextlib.suppress(Exception):  # it may have ended already
             await stack.client.get_workflow_handle(wid).terminate("test over")
+
+
+async def test_a_key_holds_at_most_its_cap_of_event_streams(stack: Stack, tmp_path: Path) -> None:
+    """A door of 8 connections, 3 streams per key and 4 per tenant: the key's fourth
+    stream and the tenant's fifth are 429 with Retry-After, another tenant's start
+    still succeeds, and a closed stream frees its slot. (Before the caps, a key's
+    streams took every connection and the other tenant's start answered 503.)"""
+    env = worker_env(stack.client, stack.settings, tmp_path / "data") | write_config(tmp_path)
+    env |= {
+        "AIWORKER_SERVE_MAX_CONNECTIONS": "8",
+        "AIWORKER_SERVE_MAX_STREAMS_PER_KEY": "3",
+        "AIWORKER_SERVE_MAX_STREAMS_PER_TENANT": "4",
+    }
+    async with (
+        running_door(env, tmp_path / "serve.log") as capped,
+        httpx.AsyncClient(base_url=capped.url, timeout=30) as http,
+        contextlib.AsyncExitStack() as streams,
+    ):
+        started = await http.post("/v1/pipelines", json=review_pipeline(), headers=bearer("ci"))
+        assert started.status_code == 201, started.text
+        events = started.headers["location"] + "/events"
+        wid = started.json()["workflow_id"]
+        try:
+            held = []
+            for _ in range(3):
+                r = await streams.enter_async_context(
+                    http.stream("GET", events, headers=bearer("ci"))
+                )
+                assert r.status_code == 200, await r.aread()
+                held.append(r)
+            over = await http.get(events, headers=bearer("ci"))
+            assert "this API key holds 3 open event streams" in error(over, 429, "rate_limited")
+            assert 1 <= int(over.headers["retry-after"]) <= 600
+            # the tenant's cap counts its other keys' streams too
+            other_key = await streams.enter_async_context(
+                http.stream("GET", events, headers=bearer("slow"))
+            )
+            assert other_key.status_code == 200
+            tenant_over = await http.get(events, headers=bearer("slow"))
+            assert "this tenant holds 4" in error(tenant_over, 429, "rate_limited")
+            assert int(tenant_over.headers["retry-after"]) >= 1
+
+            pipeline = {**one_step_pipeline("other-tenant"), "tenant": "beta"}
+            other = await http.post("/v1/pipelines", json=pipeline, headers=bearer("beta"))
+            assert other.status_code == 201, other.text
+
+            await held[0].aclose()  # the client leaves: the door sees it and frees the slot
+
+            async def reopened() -> httpx.Response | None:
+                r = await streams.enter_async_context(
+                    http.stream("GET", events, headers=bearer("ci"))
+                )
+                if r.status_code == 429:
+                    await r.aclose()
+                    return None
+                return r
+
+            again = await wait_until(reopened, "a closed stream's slot to free")
+            assert again.status_code == 200
+        finally:
+            await stack.client.get_workflow_handle(wid).terminate("test over")

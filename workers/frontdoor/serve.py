@@ -124,7 +124,8 @@ def instrument_requests(app: FastAPI, telemetry: Telemetry) -> None:
 
 def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> FastAPI:
     """The front door's ASGI app over ``door`` (served by :func:`serve`); its event
-    streams bounded by ``stream_limits`` (:mod:`~aiworker.workers.frontdoor.events`)."""
+    streams bounded by ``stream_limits`` (:mod:`~aiworker.workers.frontdoor.events`;
+    default: the door's settings)."""
     from importlib.metadata import version
 
     app = FastAPI(
@@ -298,7 +299,7 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
             raise unavailable()
         return {"status": "ready"}
 
-    install_event_routes(app, service, stream_limits or StreamLimits())
+    install_event_routes(app, service, stream_limits or StreamLimits.of(door.settings))
     return app
 
 
