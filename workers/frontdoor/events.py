@@ -78,6 +78,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("aiworker.serve")
 
 KEEPALIVE = b": keep-alive\n\n"
+# What Cursor.parse takes, as the document states it (the server also strips spaces).
+EVENT_ID_PATTERN = r"^(end|[0-9]{1,18}\.[0-9]{1,20})?$"
 _bearer = HTTPBearer(auto_error=False, description="an API key (aiworker keys add)")
 
 
@@ -367,7 +369,12 @@ def install_event_routes(app: FastAPI, service: Service, limits: StreamLimits) -
         request: Request,
         key: StreamCaller,
         last_event_id: Annotated[
-            str | None, Query(description="resume after this id (as the Last-Event-ID header)")
+            str | None,
+            Query(
+                description="resume after this id (as the Last-Event-ID header): an event's "
+                "id, `end`, or empty (from the start)",
+                pattern=EVENT_ID_PATTERN,
+            ),
         ] = None,
     ) -> Response:
         last = _cursor(request, last_event_id)

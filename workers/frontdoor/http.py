@@ -192,7 +192,9 @@ def install_error_handlers(app: FastAPI) -> None:
             return ApiError(404, ErrorCode.NOT_FOUND, f"no route {request.url.path}").response()
         if e.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}"
-            return ApiError(405, ErrorCode.INVALID_INPUT, message).response()
+            # the router names the methods the path has (RFC 9110 §15.5.6 asks for Allow)
+            allow = {k: v for k, v in (e.headers or {}).items() if k.lower() == "allow"}
+            return ApiError(405, ErrorCode.INVALID_INPUT, message, headers=allow).response()
         return ApiError(e.status_code, ErrorCode.INVALID_INPUT, str(e.detail)).response()
 
     async def request_error(request: Request, e: Exception) -> JSONResponse:
