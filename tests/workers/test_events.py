@@ -514,8 +514,10 @@ async def test_a_stream_ends_at_its_max_life_and_resumes_with_last_event_id(
                 assert review.status_code == 200, review.text
                 approved = True
     assert approved and got and got[-1].type == "run_ended", [e.type for e in got]
-    # every life but the last ended by its age, cleanly (the client read to the end)
-    assert lives >= 2 and stats.expired == lives - 1 and stats.dropped == 0, (lives, stats)
+    # every life but the last ended by its age, cleanly (the client read to the end);
+    # the last may too, when its age came right after it sent run_ended
+    assert lives >= 2 and lives - 1 <= stats.expired <= lives, (lives, stats)
+    assert stats.dropped == 0, stats
     assert stats.open == 0 and app.state.stream_slots.open(keys.keys[0]) == 0
     whole = [e async for e in live.pipelines.events(handle.id)]
     assert [(e.id, e.type, dict(e.data)) for e in got] == [
