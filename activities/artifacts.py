@@ -6,6 +6,18 @@ tenant's is ``access_denied``, whatever the URI says). :class:`ArtifactStore`
 is the interface; :class:`FileArtifactStore` (``file://`` under
 ``<data_dir>/artifacts/<tenant>/<sha256[:2]>/<sha256>``) the default backend.
 An S3-compatible backend implements the same two methods.
+
+**A URI this store does not hold.** ``access_denied`` is for a URI inside this
+store that is another tenant's; a URI outside it (another data directory,
+another bucket) is not a question of tenancy: it is ``not_found`` naming the
+store this process has and the setting that chooses it, never a tenancy error.
+A client that reads a run's results (``aiworker items`` from another folder
+than the dev stack's) may read such a ``file://`` artifact where it is
+(:class:`FileArtifactStore` with ``elsewhere=True``), and only there: the path must
+be ``…/artifacts/<the run's tenant>/<sha256[:2]>/<sha256>``, and the bytes must
+hash to that name, so it reads only an artifact of that tenant whose address the
+run's own result gave. A worker's store never does (``elsewhere`` is off): a
+step's input could name any path.
 """
 
 from __future__ import annotations
@@ -122,8 +134,11 @@ class FileArtifactStore:
             from tenants', e.g. the SDK's external payloads).
     """
 
-    def __init__(self, root: Path, *, area: str = "artifacts") -> None:
+    def __init__(self, root: Path, *, area: str = "artifacts", elsewhere: bool = False) -> None:
+        self.root = Path(root)
+        self.area = area
         self.base = (Path(root) / area).resolve()
+        self.elsewhere = elsewhere
 
     def path_for(self, tenant: str, sha256: str) -> Path:
         return self.base / tenant_dir(tenant) / sha256[:2] / sha256
@@ -145,14 +160,36 @@ class FileArtifactStore:
             raise InvalidInputError(f"not a file:// artifact: {uri}", field="artifact")
         path = Path(unquote(parts.path)).resolve()
         own = self.base / tenant_dir(tenant)
-        if not path.is_relative_to(own):
+        if path.is_relative_to(self.base) and not path.is_relative_to(own):
             raise AccessDeniedError(
                 f"artifact {uri} does not belong to tenant {tenant!r}", uri=uri, tenant=tenant
             )
         digest = path.name
         if not _SHA256.match(digest) or path.parent.name != digest[:2]:
             raise InvalidInputError(f"not an artifact address: {uri}", field="artifact")
+        if not path.is_relative_to(own):
+            self._elsewhere(path, tenant, uri)
         return path, digest
+
+    def _elsewhere(self, path: Path, tenant: str, uri: str) -> None:
+        """Refuse an artifact address outside this store, unless it may be read where it is."""
+        segment = path.parent.parent
+        if segment.parent.name == self.area and segment.name != tenant_dir(tenant):
+            raise AccessDeniedError(
+                f"artifact {uri} is in tenant {unquote(segment.name)!r}'s folder of another "
+                f"artifact store, not tenant {tenant!r}'s",
+                uri=uri,
+                tenant=tenant,
+            )
+        if self.elsewhere and segment.parent.name == self.area and path.is_file():
+            return
+        raise NotFoundError(
+            f"artifact {uri} is not in this process's artifact store (the file store under "
+            f"{self.base}, from AIWORKER_DATA_DIR={self.root}) and cannot be read where it "
+            "is: run from the folder of the stack that wrote it, or set AIWORKER_DATA_DIR "
+            "to its data directory (or AIWORKER_ARTIFACT_STORE to the S3 store it shares)",
+            uri=uri,
+        )
 
     async def get(self, tenant: str, ref: ArtifactRef | str) -> bytes:
         path, digest = self._resolve(tenant, ref)

@@ -238,7 +238,15 @@ class S3ArtifactStore:
         bucket, _, raw_key = uri[len("s3://") :].partition("/")
         key = unquote(raw_key)
         own = self._join(tenant_dir(tenant)) + "/"
-        if bucket != self.bucket or not key.startswith(own) or "/../" in f"/{key}/":
+        ours = f"{self.prefix}/" if self.prefix else ""
+        if bucket != self.bucket or not key.startswith(ours):
+            # a store this process does not have: not a question of tenancy
+            raise NotFoundError(
+                f"artifact {uri} is not in this process's artifact store "
+                f"(s3://{self.bucket}/{ours}, from AIWORKER_ARTIFACT_STORE)",
+                uri=uri,
+            )
+        if not key.startswith(own) or "/../" in f"/{key}/":
             raise AccessDeniedError(
                 f"artifact {uri} does not belong to tenant {tenant!r}", uri=uri, tenant=tenant
             )

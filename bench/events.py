@@ -247,6 +247,9 @@ async def run(quick: bool = False) -> dict[str, Any]:
             AIWORKER_ALLOW_PRIVATE_NETWORKS="true",
             AIWORKER_API_KEYS_FILE=str(folder / "keys.json"),
             AIWORKER_SERVE_RATE_LIMIT="100000/min",
+            # the streams part holds n streams of one key: what a stream costs, not the caps
+            AIWORKER_SERVE_MAX_STREAMS_PER_KEY=str(n + 10),
+            AIWORKER_SERVE_MAX_STREAMS_PER_TENANT=str(n + 10),
         )
         cli = [sys.executable, "-m", "aiworker.workers.cli.main"]
         log = folder / "serve.log"

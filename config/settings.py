@@ -163,6 +163,12 @@ class Settings(BaseModel):
     serve_header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600, allow_inf_nan=False)
     serve_body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
     serve_max_connections: int = Field(default=512, ge=1, le=100_000)
+    # Event streams (workers/frontdoor/events.py) a key and a tenant hold open at once (one
+    # more is 429 with Retry-After), and how long one lives before the door ends it and
+    # the client resumes with Last-Event-ID: a run (a wait step) may last a year.
+    serve_max_streams_per_key: int = Field(default=16, ge=1, le=100_000)
+    serve_max_streams_per_tenant: int = Field(default=64, ge=1, le=100_000)
+    serve_stream_max_seconds: float = Field(default=600.0, gt=0, le=86_400, allow_inf_nan=False)
     # Where callers reach `aiworker serve` (https://api.example.com): a wait step's
     # `callback_url` is built on it by the worker process that runs the pipeline; unset,
     # the callback_url is the path alone (/v1/callbacks/<token>).
@@ -282,6 +288,9 @@ class Settings(BaseModel):
             "SERVE_HEADER_TIMEOUT_SECONDS",
             "SERVE_BODY_TIMEOUT_SECONDS",
             "SERVE_MAX_CONNECTIONS",
+            "SERVE_MAX_STREAMS_PER_KEY",
+            "SERVE_MAX_STREAMS_PER_TENANT",
+            "SERVE_STREAM_MAX_SECONDS",
             "SCRAPE_MIN_DELAY_SECONDS",
             "SCRAPE_MAX_DELAY_SECONDS",
             "AUTOTHROTTLE",
@@ -324,6 +333,9 @@ class Settings(BaseModel):
             ("SERVE_HEADER_TIMEOUT_SECONDS", "serve_header_timeout_seconds"),
             ("SERVE_BODY_TIMEOUT_SECONDS", "serve_body_timeout_seconds"),
             ("SERVE_MAX_CONNECTIONS", "serve_max_connections"),
+            ("SERVE_MAX_STREAMS_PER_KEY", "serve_max_streams_per_key"),
+            ("SERVE_MAX_STREAMS_PER_TENANT", "serve_max_streams_per_tenant"),
+            ("SERVE_STREAM_MAX_SECONDS", "serve_stream_max_seconds"),
             ("SCRAPE_MIN_DELAY_SECONDS", "scrape_min_delay_seconds"),
             ("SCRAPE_MAX_DELAY_SECONDS", "scrape_max_delay_seconds"),
             ("AUTOTHROTTLE_TARGET_CONCURRENCY", "autothrottle_target_concurrency"),

@@ -232,6 +232,12 @@ SETTINGS: dict[str, str] = {
     "(unset: the path alone, /v1/callbacks/<token>; docs/callbacks.md)",
     "serve_max_connections": "connections the front door holds at once; one more is "
     "answered 503 and closed",
+    "serve_max_streams_per_key": "event streams one API key holds open at once; one more is "
+    "answered 429 with Retry-After",
+    "serve_max_streams_per_tenant": "event streams one tenant's keys hold open at once; one "
+    "more is answered 429 with Retry-After",
+    "serve_stream_max_seconds": "how long an event stream lives; then the front door ends it "
+    "and the client resumes with Last-Event-ID (an EventSource does so by itself)",
     "browser_executable": 'the Chromium that web-scrape\'s `render: "browser"` drives '
     "(Debian's `chromium` package; launched on first use, never downloaded)",
 }

@@ -82,12 +82,14 @@ class WorkerProcess:
 
 
 def run_cli_module(
-    args: list[str], env: dict[str, str], *, timeout: float = 90
+    args: list[str], env: dict[str, str], *, timeout: float = 90, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m aiworker.workers.cli.main ARGS`` as a user runs it, output captured."""
+    """``python -m aiworker.workers.cli.main ARGS`` as a user runs it (in ``cwd``),
+    output captured."""
     return subprocess.run(
         [sys.executable, "-m", "aiworker.workers.cli.main", *args],
         env=env,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -473,3 +473,54 @@ async def test_a_wait_step_streams_its_wait_and_its_timeout(live: Live) -> None:
         ("run_ended", None, result.status),
     ]
     assert result.steps["sign"].status == "failed"
+
+
+async def test_a_stream_ends_at_its_max_life_and_resumes_with_last_event_id(
+    live: Live, tmp_path: Path
+) -> None:
+    """``StreamLimits.max_seconds`` (``AIWORKER_SERVE_STREAM_MAX_SECONDS``): a stream
+    ends cleanly before its run does (no ``run_ended``), and each reconnect with the
+    last id it got continues where it stopped: the events of all its lives are the
+    run's, none missing, none twice. The run awaits review until a stream has ended
+    by its life, so at least one stream must expire."""
+    keys = KeyRing.load(tmp_path / "keys.json")
+    door = FrontDoor(
+        live.pipelines, keys, {}, live.pipelines.settings, FrontDoorRateLimiter("10000/min")
+    )
+    limits = StreamLimits(keepalive_seconds=0.3, poll_seconds=0.2, max_seconds=1.0)
+    app = create_app(door, limits)
+    stats: StreamStats = app.state.event_streams
+    handle = await live.pipelines.start(pipeline(review=True), check=False)
+    got: list[Event] = []
+    lives = 0
+    approved = False
+    async with serving(app) as url, httpx.AsyncClient(timeout=60) as http:
+        for _ in range(300):  # each life is a second; the run ends soon after the review
+            headers = bearer("ci") | ({"Last-Event-ID": got[-1].id} if got else {})
+            async with http.stream(
+                "GET", f"{url}/v1/pipelines/{handle.id}/events", headers=headers
+            ) as r:
+                assert r.status_code == 200, await r.aread()
+                events, _ = await read_sse(r)
+            lives += 1
+            got += events
+            if got and got[-1].type == "run_ended":
+                break
+            if not approved and any(e.type == "review_awaited" for e in got):
+                review = await http.post(
+                    f"{url}/v1/pipelines/{handle.id}/review",
+                    headers=bearer("ci"),
+                    json={"decision": "approve", "outputs": GOOD},
+                )
+                assert review.status_code == 200, review.text
+                approved = True
+    assert approved and got and got[-1].type == "run_ended", [e.type for e in got]
+    # every life but the last ended by its age, cleanly (the client read to the end);
+    # the last may too, when its age came right after it sent run_ended
+    assert lives >= 2 and lives - 1 <= stats.expired <= lives, (lives, stats)
+    assert stats.dropped == 0, stats
+    assert stats.open == 0 and app.state.stream_slots.open(keys.keys[0]) == 0
+    whole = [e async for e in live.pipelines.events(handle.id)]
+    assert [(e.id, e.type, dict(e.data)) for e in got] == [
+        (e.id, e.type, dict(e.data)) for e in whole
+    ]

@@ -4,6 +4,7 @@ Temporal dev server and a worker stack, driven with httpx."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
@@ -12,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -406,7 +408,7 @@ async def test_a_debounced_start_answers_202_with_what_flow_control_did(
         assert again.json()["workflow_id"] == doc["workflow_id"]
         assert again.json()["flow"]["status"] == "collapsed"
         assert again.json()["flow"]["starts"] == 2
-        assert again.headers["location"] == f"/v1/pipelines/{doc['workflow_id']}"
+        assert again.headers["location"] == "/v1/pipelines/" + quote(doc["workflow_id"], safe="")
         # a retried request with the same Idempotency-Key is the same start, answered once
         keyed = bearer("ci") | {"Idempotency-Key": f"order-{uuid.uuid4()}"}
         once = await http.post("/v1/pipelines", json=pipeline, headers=keyed)
@@ -415,3 +417,125 @@ async def test_a_debounced_start_answers_202_with_what_flow_control_did(
         assert once.json()["flow"]["starts"] == retry.json()["flow"]["starts"] == 3
     finally:
         await stack.client.get_workflow_handle(flow["flow_workflow_id"]).terminate("test over")
+
+
+async def test_a_flow_run_answers_on_every_route_by_its_encoded_id(
+    http: httpx.AsyncClient, stack: Stack
+) -> None:
+    """A flow run's id holds ``/`` (``flow<suffix>/acme/review/<key>``): each
+    ``{workflow_id}`` route reaches it as one percent-encoded segment, starting
+    from the ``Location`` header the start answered; the held run awaits review."""
+    customer = f"c-{uuid.uuid4().hex[:8]}"
+    pipeline = {
+        **review_pipeline(),
+        "inputs": {"customer": customer},
+        "flow": {"key": "${{ inputs.customer }}", "singleton": "refuse"},
+    }
+    started = await http.post("/v1/pipelines", json=pipeline, headers=bearer("ci"))
+    assert started.status_code == 201, started.text
+    wid = started.json()["workflow_id"]
+    assert wid.startswith("flow") and wid.endswith(f"/acme/review/{customer}")
+    base = started.headers["location"]
+    assert base == "/v1/pipelines/" + quote(wid, safe="") and "%2F" in base
+    try:
+
+        async def awaiting() -> dict[str, Any] | None:
+            r = await http.get(base, headers=bearer("ci"))
+            assert r.status_code == 200, r.text
+            doc: dict[str, Any] = r.json()
+            waiting = (doc.get("progress") or {}).get("awaiting_review") == ["draft"]
+            return doc if waiting and doc["status"] == "awaiting_review" else None
+
+        status = await wait_until(awaiting, "the flow run to await review")
+        assert status["workflow_id"] == wid
+        pending = await http.get(f"{base}/result", params={"timeout": 0}, headers=bearer("ci"))
+        assert pending.status_code == 202 and pending.json()["workflow_id"] == wid, pending.text
+        running = await http.get(f"{base}/steps/draft/items", headers=bearer("ci"))
+        assert wid in error(running, 409, "invalid_input")
+        page = await http.get(f"{base}/live")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        # a method the route lacks is 405, not the status of an id ending in "/review"
+        assert (await http.get(f"{base}/review", headers=bearer("ci"))).status_code == 405
+        error(await http.get(base, headers=bearer("beta")), 404, "not_found")
+
+        answer = await http.post(
+            f"{base}/review", json={"decision": "approve", "outputs": GOOD}, headers=bearer("ci")
+        )
+        assert answer.status_code == 200, answer.text
+        done = await http.get(f"{base}/result", params={"timeout": 30}, headers=bearer("ci"))
+        assert done.status_code == 200 and done.json()["status"] == "succeeded", done.text
+
+        types = []
+        async with http.stream("GET", f"{base}/events", headers=bearer("ci")) as stream:
+            assert stream.status_code == 200
+            async for line in stream.aiter_lines():
+                if line.startswith("event: "):
+                    types.append(line.removeprefix("event: "))
+        assert "review_awaited" in types and types[-1] == "run_ended", types
+
+        again = await http.post(f"{base}/redrive", json={}, headers=bearer("ci"))
+        assert "succeeded" in error(again, 409, "invalid_input")
+    finally:
+        with contextlib.suppress(Exception):  # it may have ended already
+            await stack.client.get_workflow_handle(wid).terminate("test over")
+
+
+async def test_a_key_holds_at_most_its_cap_of_event_streams(stack: Stack, tmp_path: Path) -> None:
+    """A door of 8 connections, 3 streams per key and 4 per tenant: the key's fourth
+    stream and the tenant's fifth are 429 with Retry-After, another tenant's start
+    still succeeds, and a closed stream frees its slot. (Before the caps, a key's
+    streams took every connection and the other tenant's start answered 503.)"""
+    env = worker_env(stack.client, stack.settings, tmp_path / "data") | write_config(tmp_path)
+    env |= {
+        "AIWORKER_SERVE_MAX_CONNECTIONS": "8",
+        "AIWORKER_SERVE_MAX_STREAMS_PER_KEY": "3",
+        "AIWORKER_SERVE_MAX_STREAMS_PER_TENANT": "4",
+    }
+    async with (
+        running_door(env, tmp_path / "serve.log") as capped,
+        httpx.AsyncClient(base_url=capped.url, timeout=30) as http,
+        contextlib.AsyncExitStack() as streams,
+    ):
+        started = await http.post("/v1/pipelines", json=review_pipeline(), headers=bearer("ci"))
+        assert started.status_code == 201, started.text
+        events = started.headers["location"] + "/events"
+        wid = started.json()["workflow_id"]
+        try:
+            held = []
+            for _ in range(3):
+                r = await streams.enter_async_context(
+                    http.stream("GET", events, headers=bearer("ci"))
+                )
+                assert r.status_code == 200, await r.aread()
+                held.append(r)
+            over = await http.get(events, headers=bearer("ci"))
+            assert "this API key holds 3 open event streams" in error(over, 429, "rate_limited")
+            assert 1 <= int(over.headers["retry-after"]) <= 600
+            # the tenant's cap counts its other keys' streams too
+            other_key = await streams.enter_async_context(
+                http.stream("GET", events, headers=bearer("slow"))
+            )
+            assert other_key.status_code == 200
+            tenant_over = await http.get(events, headers=bearer("slow"))
+            assert "this tenant holds 4" in error(tenant_over, 429, "rate_limited")
+            assert int(tenant_over.headers["retry-after"]) >= 1
+
+            pipeline = {**one_step_pipeline("other-tenant"), "tenant": "beta"}
+            other = await http.post("/v1/pipelines", json=pipeline, headers=bearer("beta"))
+            assert other.status_code == 201, other.text
+
+            await held[0].aclose()  # the client leaves: the door sees it and frees the slot
+
+            async def reopened() -> httpx.Response | None:
+                r = await streams.enter_async_context(
+                    http.stream("GET", events, headers=bearer("ci"))
+                )
+                if r.status_code == 429:
+                    await r.aclose()
+                    return None
+                return r
+
+            again = await wait_until(reopened, "a closed stream's slot to free")
+            assert again.status_code == 200
+        finally:
+            await stack.client.get_workflow_handle(wid).terminate("test over")

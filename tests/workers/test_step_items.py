@@ -22,6 +22,8 @@ from support.standins import fail, standin
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from aiworker.activities.artifacts import FileArtifactStore
+from aiworker.activities.errors import AccessDeniedError, InvalidInputError, NotFoundError
 from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import ItemsRef
 from aiworker.workers.client.client import PipelineClient
@@ -237,3 +239,66 @@ async def test_the_front_door_serves_a_steps_items(
         assert gone.json()["error"]["code"] == "not_found"
         message = gone.json()["error"]["message"]
         assert "step 'each'" in message and str(tmp_path) not in message
+
+
+async def test_aiworker_items_from_another_folder_reads_the_runs_own_store(
+    env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """``aiworker items`` run in a folder beside the stack's (TEMPORAL_ADDRESS set, no
+    AIWORKER_DATA_DIR: its own ``./.aiworker``) reads the parts where the run's
+    result says they are; when they are not there, the error names the store it
+    has and the setting to change, and never blames tenancy."""
+    client, settings, wid, result = await _run(env, tmp_path)
+    ref = ItemsRef.of(result.steps["each"].outputs["items"])
+    assert ref is not None
+    beside = tmp_path / "beside"
+    beside.mkdir()
+    cli_env = _cli_env(client, settings)
+    del cli_env["AIWORKER_DATA_DIR"]
+
+    proc = await asyncio.to_thread(run_cli_module, ["items", wid, "each"], cli_env, cwd=beside)
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line) for line in proc.stdout.splitlines()] == EXPECTED
+
+    # the stack's store is gone from this machine: a part it names cannot be read
+    artifacts = _part_file(ref, 0).parents[2]
+    artifacts.rename(artifacts.with_name("moved"))
+    proc = await asyncio.to_thread(run_cli_module, ["items", wid, "each"], cli_env, cwd=beside)
+    assert proc.returncode == 1, proc.stderr
+    assert "is not in this process's artifact store" in proc.stderr
+    assert str(beside / ".aiworker" / "artifacts") in proc.stderr
+    assert "AIWORKER_DATA_DIR" in proc.stderr and "(not_found)" in proc.stderr
+    assert "belong" not in proc.stderr and "access_denied" not in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+async def test_a_workers_store_reads_only_its_own_and_blames_tenancy_only_inside_it(
+    tmp_path: Path,
+) -> None:
+    """The artifact store itself: another tenant's artifact in this store is
+    ``access_denied``; one in another data directory is ``not_found`` naming this
+    store for a worker (``elsewhere`` off: a step's input could name any path),
+    and read where it is by a client that reads results (``elsewhere``), only
+    when it is that tenant's and its bytes hash to its name."""
+    other = FileArtifactStore(tmp_path / "other-stack")
+    mine = FileArtifactStore(tmp_path / "here")
+    reader = FileArtifactStore(tmp_path / "here", elsewhere=True)
+    theirs = await other.put("acme", b"a part")
+    own = await mine.put("acme", b"my part")
+
+    with pytest.raises(AccessDeniedError, match="does not belong to tenant 'globex'"):
+        await mine.get("globex", own)
+    with pytest.raises(NotFoundError) as foreign:
+        await mine.get("acme", theirs)
+    assert "not in this process's artifact store" in foreign.value.message
+    assert str(tmp_path / "here") in foreign.value.message
+    assert await reader.get("acme", theirs) == b"a part"
+    with pytest.raises(AccessDeniedError, match="tenant 'acme''s folder of another"):
+        await reader.get("globex", theirs)
+    not_an_artifact = tmp_path / "secret.txt"
+    not_an_artifact.write_text("x")
+    with pytest.raises(InvalidInputError):
+        await reader.get("acme", not_an_artifact.as_uri())
+    await asyncio.to_thread(Path(urlsplit(theirs.uri).path).write_bytes, b"changed")
+    with pytest.raises(InvalidInputError, match="corrupt"):
+        await reader.get("acme", theirs)

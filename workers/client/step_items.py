@@ -9,6 +9,13 @@ the store and the loader the workflow's ``foreach-load-items`` uses
 (:func:`aiworker.activities.items.load_items`). The tenant is always the run's
 (its spec's), never one the caller names: the store refuses another tenant's
 parts (``access_denied``).
+
+A client run from another folder than the stack that wrote the parts (a
+``file://`` store under another data directory) reads them where the result
+says they are, as long as they are that tenant's artifacts
+(``FileArtifactStore(elsewhere=True)``, whose docstring says why that is safe);
+when they are not on this machine, the error names the store this process has
+and the setting to change (``not_found``), not tenancy.
 """
 
 from __future__ import annotations
@@ -123,7 +130,7 @@ async def read_items(
     # The process's S3 connection (when the store is S3) stays open for the next
     # read; a command closes it as it ends (resources.close_connections).
     try:
-        return await load_items(artifact_store(settings), tenant, ref)
+        return await load_items(artifact_store(settings, elsewhere=True), tenant, ref)
     except WorkerError as e:
         raise ItemsPartError(
             f"step {step_id!r}: an items part could not be read: {e.message}",

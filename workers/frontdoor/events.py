@@ -28,6 +28,18 @@ read. So a stream costs at most its queue plus the transport's write buffer
 (uvicorn pauses above 64 KiB), and ``AIWORKER_SERVE_MAX_CONNECTIONS`` caps how
 many are open. A client that reconnects with the last id it got misses nothing.
 
+**A key that holds every connection.** A stream lives as long as its run, and a
+run may wait a year, so streams are capped per API key
+(:attr:`StreamLimits.max_per_key`) and per tenant (:attr:`StreamLimits.max_per_tenant`)
+in this process (:class:`StreamSlots`): one more is ``429 rate_limited`` with
+``Retry-After`` (when the oldest of those streams reaches its end of life), and
+another tenant's requests find connections left. Each stream ends after
+:attr:`StreamLimits.max_seconds`: the door finishes the response cleanly (no
+``run_ended``), and the client reconnects with ``Last-Event-ID``, as an
+``EventSource`` does by itself. A frame is sent whole or not at all, and a frame
+the reader took from Temporal but never sent is read again on the resume (ids
+are positions in the run's own numbering, not in the stream), so nothing is lost.
+
 Our own framing rather than a library's (sse-starlette): its response has no
 per-stream bound nor write deadline, which are the point here, and the format
 is four lines.
@@ -41,8 +53,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import re
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import TYPE_CHECKING, Annotated
@@ -55,14 +69,17 @@ from starlette.types import Message, Receive, Scope, Send
 from aiworker.schemas.errors import ErrorCode
 from aiworker.workers.client.events import END_ID, POLL_SECONDS, Cursor, Event, follow
 from aiworker.workers.frontdoor.auth import ApiKey
-from aiworker.workers.frontdoor.http import ApiError
+from aiworker.workers.frontdoor.http import ApiError, WorkflowId
 
 if TYPE_CHECKING:
+    from aiworker.config.settings import Settings
     from aiworker.workers.frontdoor.service import Service
 
 log = logging.getLogger("aiworker.serve")
 
 KEEPALIVE = b": keep-alive\n\n"
+# What Cursor.parse takes, as the document states it (the server also strips spaces).
+EVENT_ID_PATTERN = r"^(end|[0-9]{1,18}\.[0-9]{1,20})?$"
 _bearer = HTTPBearer(auto_error=False, description="an API key (aiworker keys add)")
 
 
@@ -79,6 +96,22 @@ class StreamLimits:
     """A write the client has not taken in this long drops the stream."""
     poll_seconds: float = POLL_SECONDS
     """How often a running step's heartbeat (its partial text) is read."""
+    max_per_key: int = 16
+    """Streams one API key holds open at once (``AIWORKER_SERVE_MAX_STREAMS_PER_KEY``)."""
+    max_per_tenant: int = 64
+    """Streams one tenant's keys hold open at once (``AIWORKER_SERVE_MAX_STREAMS_PER_TENANT``)."""
+    max_seconds: float = 600.0
+    """A stream's life; then it ends and the client resumes
+    (``AIWORKER_SERVE_STREAM_MAX_SECONDS``)."""
+
+    @classmethod
+    def of(cls, settings: Settings) -> StreamLimits:
+        """The limits ``aiworker serve`` runs with: the defaults and the settings' caps."""
+        return cls(
+            max_per_key=settings.serve_max_streams_per_key,
+            max_per_tenant=settings.serve_max_streams_per_tenant,
+            max_seconds=settings.serve_stream_max_seconds,
+        )
 
 
 @dataclass
@@ -88,9 +121,64 @@ class StreamStats:
     open: int = 0
     opened: int = 0
     ended: int = 0
+    expired: int = 0
     dropped: int = 0
     gone: int = 0
     drops: list[str] = field(default_factory=list)
+
+
+class StreamSlots:
+    """The open streams of each API key and tenant in this process (the caps of
+    :class:`StreamLimits`): :meth:`take` one before a stream starts, release it
+    when the stream ends, whichever way."""
+
+    def __init__(self, limits: StreamLimits) -> None:
+        self.limits = limits
+        # start times (monotonic) of the open streams, per key and per tenant
+        self._keys: dict[str, list[float]] = {}
+        self._tenants: dict[str, list[float]] = {}
+
+    def take(self, key: ApiKey) -> Callable[[], None]:
+        """A slot for one stream of ``key``; call the result once when it ends.
+
+        Raises:
+            ApiError: 429 ``rate_limited``: the key or its tenant holds its cap.
+        """
+        limits, now = self.limits, time.monotonic()
+        for opened, cap, who in (
+            (self._keys.get(key.name, []), limits.max_per_key, "this API key"),
+            (self._tenants.get(key.tenant, []), limits.max_per_tenant, "this tenant"),
+        ):
+            if len(opened) >= cap:
+                # a slot frees at the latest when the oldest stream reaches its end of life
+                wait = max(1, math.ceil(min(opened) + limits.max_seconds - now))
+                raise ApiError(
+                    429,
+                    ErrorCode.RATE_LIMITED,
+                    f"{who} holds {cap} open event streams (the cap); close one or "
+                    f"retry in {wait}s",
+                    headers={"Retry-After": str(wait)},
+                )
+        self._keys.setdefault(key.name, []).append(now)
+        self._tenants.setdefault(key.tenant, []).append(now)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            for table, name in ((self._keys, key.name), (self._tenants, key.tenant)):
+                opened = table[name]
+                opened.remove(now)
+                if not opened:
+                    del table[name]
+
+        return release
+
+    def open(self, key: ApiKey) -> int:
+        """How many streams ``key`` holds open now."""
+        return len(self._keys.get(key.name, ()))
 
 
 def frame(event: Event) -> bytes:
@@ -107,7 +195,12 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
     def __init__(
-        self, events: AsyncIterator[Event], limits: StreamLimits, stats: StreamStats, name: str
+        self,
+        events: AsyncIterator[Event],
+        limits: StreamLimits,
+        stats: StreamStats,
+        name: str,
+        release: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(status_code=200)
         # no content-length (Response's init would say 0): the body streams, chunked
@@ -117,6 +210,7 @@ class EventStream(Response):
             (b"x-accel-buffering", b"no"),
         ]
         self.events, self.limits, self.stats, self.name = events, limits, stats, name
+        self.release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         stats = self.stats
@@ -157,6 +251,8 @@ class EventStream(Response):
                 outcome = "gone"
         finally:
             stats.open -= 1
+            if self.release is not None:
+                self.release()
             for task in (producer, leaving, writer):
                 task.cancel()
             for task in (producer, leaving, writer):
@@ -170,6 +266,8 @@ class EventStream(Response):
                     await aclose()
         if outcome == "ended":
             stats.ended += 1
+        elif outcome == "expired":
+            stats.expired += 1
         elif outcome == "gone":
             stats.gone += 1
         else:
@@ -182,13 +280,22 @@ class EventStream(Response):
     ) -> str:
         """Send frames until the end: ``ended``, or why the stream was dropped."""
         limits = self.limits
+        loop = asyncio.get_running_loop()
+        end_of_life = loop.time() + limits.max_seconds
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        for _ in range(10**9):  # bounded only by the run's life and the deadlines below
+        for _ in range(10**9):  # bounded by max_seconds and the deadlines below
+            left = end_of_life - loop.time()
+            if left <= 0:
+                # a clean end: the client resumes after the last id it got
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return "expired"
             try:
-                chunk = await asyncio.wait_for(queue.get(), limits.keepalive_seconds)
+                chunk = await asyncio.wait_for(queue.get(), min(limits.keepalive_seconds, left))
             except TimeoutError:
                 if full.is_set():
                     return "its buffer filled"
+                if end_of_life - loop.time() <= 0:
+                    continue
                 chunk = KEEPALIVE
             if chunk is None:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -203,7 +310,7 @@ class EventStream(Response):
                 return f"the client took no data for {limits.send_timeout_seconds:g}s"
             if full.is_set() and queue.empty():
                 return "its buffer filled"
-        return "too long"
+        return "too long"  # not reached: max_seconds ends it first
 
 
 def _cursor(request: Request, given: str | None) -> str | None:
@@ -237,7 +344,9 @@ StreamCaller = Annotated[ApiKey, Depends(_stream_caller)]
 def install_event_routes(app: FastAPI, service: Service, limits: StreamLimits) -> StreamStats:
     """Add the event stream and the live page to ``app``; the streams' stats."""
     stats = StreamStats()
+    slots = StreamSlots(limits)
     app.state.event_streams = stats
+    app.state.stream_slots = slots
 
     @app.get(
         "/v1/pipelines/{workflow_id}/events",
@@ -247,22 +356,32 @@ def install_event_routes(app: FastAPI, service: Service, limits: StreamLimits) -
             400: {"description": "invalid_input"},
             401: {"description": "access_denied"},
             404: {"description": "not_found"},
+            429: {
+                "description": "rate_limited: the key's rate, or the key or its tenant holds "
+                "its cap of open streams (Retry-After)"
+            },
         },
         response_class=Response,
         summary="The run's live events (server-sent events; Last-Event-ID resumes)",
     )
     async def events(
-        workflow_id: str,
+        workflow_id: WorkflowId,
         request: Request,
         key: StreamCaller,
         last_event_id: Annotated[
-            str | None, Query(description="resume after this id (as the Last-Event-ID header)")
+            str | None,
+            Query(
+                description="resume after this id (as the Last-Event-ID header): an event's "
+                "id, `end`, or empty (from the start)",
+                pattern=EVENT_ID_PATTERN,
+            ),
         ] = None,
     ) -> Response:
         last = _cursor(request, last_event_id)
         desc = await service.owned(workflow_id, key)
         if last is not None and last.strip() == END_ID:
             return Response(status_code=204)
+        release = slots.take(key)
         source = follow(
             service.door.pipelines.temporal,
             workflow_id,
@@ -270,14 +389,14 @@ def install_event_routes(app: FastAPI, service: Service, limits: StreamLimits) -
             last_event_id=last,
             poll_seconds=limits.poll_seconds,
         )
-        return EventStream(source, limits, stats, workflow_id)
+        return EventStream(source, limits, stats, workflow_id, release)
 
     @app.get(
         "/v1/pipelines/{workflow_id}/live",
         response_class=HTMLResponse,
         summary="A page that shows the run live (the key goes in the URL's #fragment)",
     )
-    async def live(workflow_id: str) -> HTMLResponse:
+    async def live(workflow_id: WorkflowId) -> HTMLResponse:
         # Static: the page holds no data; its script reads the key from the
         # fragment (never sent to the server) and opens the event stream.
         html = live_page()
@@ -309,6 +428,7 @@ def page_headers(html: str) -> dict[str, str]:
 __all__ = [
     "EventStream",
     "StreamLimits",
+    "StreamSlots",
     "StreamStats",
     "frame",
     "install_event_routes",

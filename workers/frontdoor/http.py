@@ -8,6 +8,16 @@ FastAPI's own refusals (a bad query parameter, an unknown route) are
 ``invalid_input`` / ``not_found``; Temporal not answering (a lazy client's
 failed connect, ``UNAVAILABLE``, a timeout) is 503 ``upstream_error`` with
 ``Retry-After``; anything else is 500 ``internal``, logged with its traceback.
+
+**Workflow ids in paths.** A flow run's id holds ``/`` (``flow/acme/<pipeline>/<key>``),
+so a ``{workflow_id}`` is one percent-encoded path segment (``flow%2Facme%2F...``)
+and every ``Location`` header is built that way (:func:`pipeline_path`). The ASGI
+server decodes ``%2F`` before routing, which would split the id into segments;
+:class:`RawWorkflowIds` hands the router the id's segment as it was sent, and
+:data:`WorkflowId` decodes it once for the route. Not Starlette's ``{id:path}``
+converter: with it ``GET /v1/pipelines/<id>/review`` reads as the status of an id
+ending in ``/review`` (a 404 where a 405 belongs), and a flow key named
+``result`` or ``events`` would route to another operation.
 """
 
 from __future__ import annotations
@@ -15,13 +25,15 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import quote, unquote
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 from temporalio.client import RPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -33,6 +45,42 @@ from aiworker.workers.client.temporal_client import TemporalUnreachableError
 log = logging.getLogger("aiworker.serve")
 
 RETRY_AFTER_UNAVAILABLE = "5"
+PIPELINES_PREFIX = "/v1/pipelines/"
+
+
+def pipeline_path(workflow_id: str) -> str:
+    """The path of a pipeline's status: its id as one percent-encoded segment."""
+    return PIPELINES_PREFIX + quote(workflow_id, safe="")
+
+
+class RawWorkflowIds:
+    """ASGI middleware: under ``/v1/pipelines/``, the router sees the id's segment as
+    the client sent it (``%2F`` kept), the rest of the path decoded as usual."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw and scope["path"].startswith(PIPELINES_PREFIX) and not scope.get("root_path"):
+            text = raw.decode("latin-1").split("?", 1)[0]
+            if text.startswith(PIPELINES_PREFIX):
+                segment, slash, rest = text[len(PIPELINES_PREFIX) :].partition("/")
+                scope = {**scope, "path": PIPELINES_PREFIX + segment + slash + unquote(rest)}
+        await self.app(scope, receive, send)
+
+
+def _workflow_id(
+    workflow_id: Annotated[
+        str,
+        Path(description="the workflow id, percent-encoded (a flow run's holds `/`: `%2F`)"),
+    ],
+) -> str:
+    return unquote(workflow_id)
+
+
+WorkflowId = Annotated[str, Depends(_workflow_id)]
+"""A route's ``{workflow_id}``, decoded once (:class:`RawWorkflowIds` kept it encoded)."""
 
 
 class ApiError(Exception):
@@ -144,7 +192,9 @@ def install_error_handlers(app: FastAPI) -> None:
             return ApiError(404, ErrorCode.NOT_FOUND, f"no route {request.url.path}").response()
         if e.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}"
-            return ApiError(405, ErrorCode.INVALID_INPUT, message).response()
+            # the router names the methods the path has (RFC 9110 §15.5.6 asks for Allow)
+            allow = {k: v for k, v in (e.headers or {}).items() if k.lower() == "allow"}
+            return ApiError(405, ErrorCode.INVALID_INPUT, message, headers=allow).response()
         return ApiError(e.status_code, ErrorCode.INVALID_INPUT, str(e.detail)).response()
 
     async def request_error(request: Request, e: Exception) -> JSONResponse:

@@ -68,10 +68,18 @@ from aiworker.workers.frontdoor.auth import (
     load_hooks,
 )
 from aiworker.workers.frontdoor.events import StreamLimits, install_event_routes
-from aiworker.workers.frontdoor.http import install_error_handlers, read_body, unavailable
+from aiworker.workers.frontdoor.http import (
+    RawWorkflowIds,
+    WorkflowId,
+    install_error_handlers,
+    read_body,
+    unavailable,
+)
+from aiworker.workers.frontdoor.openapi import conforming
 from aiworker.workers.frontdoor.service import (
     MAX_RESULT_WAIT_SECONDS,
     FrontDoor,
+    HeartbeatRequest,
     RedriveRequest,
     ReviewRequest,
     Service,
@@ -118,7 +126,8 @@ def instrument_requests(app: FastAPI, telemetry: Telemetry) -> None:
 
 def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> FastAPI:
     """The front door's ASGI app over ``door`` (served by :func:`serve`); its event
-    streams bounded by ``stream_limits`` (:mod:`~aiworker.workers.frontdoor.events`)."""
+    streams bounded by ``stream_limits`` (:mod:`~aiworker.workers.frontdoor.events`;
+    default: the door's settings)."""
     from importlib.metadata import version
 
     app = FastAPI(
@@ -133,12 +142,30 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
     app.state.service = service
     app.state.temporal_target = door.pipelines.temporal.service_client.config.target_host
     install_error_handlers(app)
+    app.add_middleware(RawWorkflowIds)
     errors: dict[int | str, dict[str, Any]] = {
         s: {"description": d}
-        for s, d in ((400, "invalid_input"), (401, "access_denied"), (429, "rate_limited"))
+        for s, d in (
+            (400, "invalid_input"),
+            (401, "access_denied"),
+            (429, "rate_limited (Retry-After)"),
+            (503, "upstream_error: Temporal did not answer (Retry-After)"),
+        )
+    }
+    # every route that names a pipeline, a token or a hook: unknown (or another tenant's)
+    errors_of_one = {**errors, 404: {"description": "not_found"}}
+    too_large: dict[int | str, dict[str, Any]] = {
+        413: {"description": "payload_too_large: the body is over the cap"}
     }
 
     json_body = {"requestBody": {"required": True, "content": {"application/json": {}}}}
+    # a pipeline (docs/pipelines.md), checked whole by the pipeline check (400)
+    pipeline_body = {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        }
+    }
 
     @app.post(
         "/v1/pipelines",
@@ -149,26 +176,32 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
                 "description": "quote_not_accepted: the cost quote is above the tenant's "
                 "quote_accept_above_usd (send accept_quote: true)"
             },
+            403: {"description": "access_denied: the body names another tenant"},
+            409: {
+                "description": "invalid_input: another body under this Idempotency-Key; "
+                "flow_refused: a singleton flow's key is held"
+            },
             **errors,
+            **too_large,
         },
-        openapi_extra=json_body,
+        openapi_extra=pipeline_body,
         summary="Start a pipeline (the body is the pipeline spec, plus accept_quote)",
     )
     async def start_pipeline(request: Request, key: Caller) -> JSONResponse:
         body = await read_body(request, door.settings.serve_max_body_bytes)
         return await service.start(body, key, request.headers.get("idempotency-key"))
 
-    @app.get("/v1/pipelines/{workflow_id}", responses=errors, summary="Status and progress")
-    async def get_pipeline(workflow_id: str, key: Caller) -> dict[str, Any]:
+    @app.get("/v1/pipelines/{workflow_id}", responses=errors_of_one, summary="Status and progress")
+    async def get_pipeline(workflow_id: WorkflowId, key: Caller) -> dict[str, Any]:
         return await service.status(workflow_id, key)
 
     @app.get(
         "/v1/pipelines/{workflow_id}/result",
-        responses={202: {"description": "still running: the status"}, **errors},
+        responses={202: {"description": "still running: the status"}, **errors_of_one},
         summary="The outcome, waiting at most `timeout` seconds",
     )
     async def get_result(
-        workflow_id: str,
+        workflow_id: WorkflowId,
         key: Caller,
         wait: Annotated[
             float,
@@ -187,16 +220,20 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
         responses={
             409: {"description": "still running"},
             500: {"description": "a stored part is missing or damaged"},
-            **errors,
+            **errors_of_one,
         },
         summary="A for_each step's items (inline or by reference), once the pipeline ended",
     )
-    async def get_items(workflow_id: str, step: str, key: Caller) -> dict[str, Any]:
+    async def get_items(workflow_id: WorkflowId, step: str, key: Caller) -> dict[str, Any]:
         return await service.items(workflow_id, step, key)
 
     @app.post(
         "/v1/pipelines/{workflow_id}/review",
-        responses={409: {"description": "refused, or nothing awaits review"}, **errors},
+        responses={
+            409: {"description": "refused, or nothing awaits review"},
+            **errors_of_one,
+            **too_large,
+        },
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -205,7 +242,7 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
         },
         summary="Decide on a step awaiting review",
     )
-    async def review(workflow_id: str, request: Request, key: Caller) -> dict[str, Any]:
+    async def review(workflow_id: WorkflowId, request: Request, key: Caller) -> dict[str, Any]:
         body = await read_body(request, door.settings.serve_max_body_bytes)
         return await service.review(workflow_id, key, body)
 
@@ -214,7 +251,8 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
         status_code=201,
         responses={
             409: {"description": "still running, or succeeded and no `from` given"},
-            **errors,
+            **errors_of_one,
+            **too_large,
         },
         openapi_extra={
             "requestBody": {
@@ -227,7 +265,7 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
         summary="Run a pipeline again, from a chosen step (with a corrected input) or "
         "its failed steps",
     )
-    async def redrive(workflow_id: str, request: Request, key: Caller) -> JSONResponse:
+    async def redrive(workflow_id: WorkflowId, request: Request, key: Caller) -> JSONResponse:
         body = await read_body(request, door.settings.serve_max_body_bytes)
         return await service.redrive(workflow_id, key, body)
 
@@ -237,7 +275,7 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
         410: {"description": "the wait timed out or ended"},
         413: {"description": "payload_too_large"},
         422: {"description": "the body fails the step's wait.schema (names the field)"},
-        **errors,
+        **errors_of_one,
     }
 
     @app.post(
@@ -258,6 +296,12 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
     @app.post(
         "/v1/callbacks/{token}/heartbeat",
         responses=callback_errors,
+        openapi_extra={
+            "requestBody": {
+                "required": False,
+                "content": {"application/json": {"schema": HeartbeatRequest.model_json_schema()}},
+            }
+        },
         summary="Extend a wait step's timeout (body empty or {extend_seconds})",
     )
     async def callback_heartbeat(token: str, request: Request, key: Caller) -> dict[str, Any]:
@@ -267,7 +311,12 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
     @app.post(
         "/v1/hooks/{name}",
         status_code=201,
-        responses={200: {"description": "a redelivery: the first run"}, **errors},
+        responses={
+            200: {"description": "a redelivery: the first run"},
+            409: {"description": "flow_refused: a singleton flow's key is held"},
+            **errors_of_one,
+            **too_large,
+        },
         openapi_extra=json_body,
         summary="Start a hook's pipeline from a signed webhook",
     )
@@ -291,7 +340,18 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
             raise unavailable()
         return {"status": "ready"}
 
-    install_event_routes(app, service, stream_limits or StreamLimits())
+    install_event_routes(app, service, stream_limits or StreamLimits.of(door.settings))
+    document = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        # FastAPI's document, once, as the server answers (frontdoor/openapi.py)
+        if not getattr(app.state, "openapi_ready", False):
+            app.openapi_schema = conforming(document())
+            app.state.openapi_ready = True
+        assert app.openapi_schema is not None
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 

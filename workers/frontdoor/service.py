@@ -56,6 +56,7 @@ from aiworker.workers.frontdoor.http import (
     ApiError,
     canonical,
     parse_json,
+    pipeline_path,
     read_body,
     validation_error,
 )
@@ -465,7 +466,9 @@ class Service:
         (:meth:`PipelineClient.redrive_input`), for the key's tenant only; 201 with
         the new run, 400 for a bad ``from`` or ``input`` (nothing started), 409 when
         the run is running or succeeded without ``from``."""
-        raw = parse_json(body, self.max_depth) if body.strip() else {}
+        raw = parse_json(body, self.max_depth) if body.strip() else None
+        if raw is None:  # no body, or JSON null: the defaults
+            raw = {}
         try:
             req = RedriveRequest.model_validate(raw)
         except ValidationError as e:
@@ -523,6 +526,8 @@ class Service:
         raw: Any = {}
         if body.strip() or not heartbeat:
             raw = parse_json(body, self.door.settings.caps.max_json_depth + CALLBACK_LEVELS)
+        if heartbeat and raw is None:  # JSON null, as no body: the step's own timeout
+            raw = {}
         try:
             if heartbeat:
                 beat = HeartbeatRequest.model_validate(raw)
@@ -610,5 +615,5 @@ class Service:
 
 
 def _started(doc: dict[str, Any], status: int) -> JSONResponse:
-    location = f"/v1/pipelines/{doc['workflow_id']}"
+    location = pipeline_path(doc["workflow_id"])
     return JSONResponse(doc, status_code=status, headers={"Location": location})

@@ -73,8 +73,11 @@ async def close_connections() -> None:
         await c.aclose()
 
 
-def artifact_store(settings: Settings) -> RecordingArtifactStore:
-    """The configured artifact store, recording lineage."""
+def artifact_store(settings: Settings, *, elsewhere: bool = False) -> RecordingArtifactStore:
+    """The configured artifact store, recording lineage; ``elsewhere``: a file store
+    also reads a run's artifacts from another data directory on this machine
+    (:class:`~aiworker.activities.artifacts.FileArtifactStore`; for clients that
+    read results, never for workers)."""
     if settings.artifact_store.startswith("s3://"):
         require("s3", S3_FEATURE)
         from aiworker.activities.artifacts_s3 import S3ArtifactStore, S3LineageIndex, parse_s3_url
@@ -85,7 +88,8 @@ def artifact_store(settings: Settings) -> RecordingArtifactStore:
             S3ArtifactStore(conn, bucket, prefix), S3LineageIndex(conn, bucket, prefix)
         )
     return RecordingArtifactStore(
-        FileArtifactStore(settings.data_dir), FileLineageIndex(settings.data_dir)
+        FileArtifactStore(settings.data_dir, elsewhere=elsewhere),
+        FileLineageIndex(settings.data_dir),
     )
 
 
