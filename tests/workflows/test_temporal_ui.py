@@ -90,9 +90,26 @@ async def _open(page: Page, url: str, shows: str, shot: Path) -> str:
     return await page.inner_text("body")
 
 
+@asynccontextmanager
+async def chromium_page() -> AsyncIterator[Page]:
+    """A page of Debian's headless Chromium (1600x1200), closed with its browser."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            # Chromium refuses its sandbox as root (tests in containers run as root)
+            chromium_sandbox=os.geteuid() != 0,
+        )
+        try:
+            yield await browser.new_page(viewport={"width": 1600, "height": 1200})
+        finally:
+            await browser.close()
+
+
 async def test_the_ui_names_each_wait_and_lists_the_steps(tmp_path: Path) -> None:
     pytest.importorskip("playwright.async_api", reason="playwright is not installed")
-    from playwright.async_api import async_playwright
 
     tenant = f"t{uuid.uuid4().hex[:6]}"
     settings = stack_settings(tmp_path, rate_limits=tuple(parse_rate_limits(limited_rate(tenant))))
@@ -109,33 +126,21 @@ async def test_the_ui_names_each_wait_and_lists_the_steps(tmp_path: Path) -> Non
                 f"wait for a validator permit (tenant {tenant}, limit 2 per 2s) for step summarize"
             )
             ask = f"ask for a validator permit (tenant {tenant}) for step summarize"
-            async with async_playwright() as p:
-                browser = await p.chromium.launch(
-                    executable_path=str(CHROMIUM),
-                    headless=True,
-                    # Chromium refuses its sandbox as root (tests in containers run as root)
-                    chromium_sandbox=os.geteuid() != 0,
+            async with chromium_page() as page:
+                history = await _open(page, f"{base}/history", ask, tmp_path / "history.png")
+                timeline = await _open(page, f"{base}/timeline", wait, tmp_path / "timeline.png")
+                # a local activity's row shows its type; a click opens its summary
+                await page.get_by_role("button", name="Event limiter-acquire").first.click()
+                await page.get_by_text("ask for a concurrency slot of c1").first.wait_for(
+                    timeout=PAGE_WAIT_MS
                 )
-                try:
-                    page = await browser.new_page(viewport={"width": 1600, "height": 1200})
-                    history = await _open(page, f"{base}/history", ask, tmp_path / "history.png")
-                    timeline = await _open(
-                        page, f"{base}/timeline", wait, tmp_path / "timeline.png"
-                    )
-                    # a local activity's row shows its type; a click opens its summary
-                    await page.get_by_role("button", name="Event limiter-acquire").first.click()
-                    await page.get_by_text("ask for a concurrency slot of c1").first.wait_for(
-                        timeout=PAGE_WAIT_MS
-                    )
-                    await page.screenshot(path=str(tmp_path / "clicked.png"), full_page=True)
-                    await page.goto(f"{base}/user-metadata")
-                    details = page.frame_locator("iframe#user-metadata-current-details")
-                    await details.get_by_text("steps done").wait_for(timeout=PAGE_WAIT_MS)
-                    await page.screenshot(path=str(tmp_path / "details.png"), full_page=True)
-                    metadata = await page.inner_text("body")
-                    steps = await details.locator("body").inner_text()
-                finally:
-                    await browser.close()
+                await page.screenshot(path=str(tmp_path / "clicked.png"), full_page=True)
+                await page.goto(f"{base}/user-metadata")
+                details = page.frame_locator("iframe#user-metadata-current-details")
+                await details.get_by_text("steps done").wait_for(timeout=PAGE_WAIT_MS)
+                await page.screenshot(path=str(tmp_path / "details.png"), full_page=True)
+                metadata = await page.inner_text("body")
+                steps = await details.locator("body").inner_text()
     for shot in ("history.png", "timeline.png", "details.png"):
         assert (tmp_path / shot).stat().st_size > 0
     # Event History: each local activity and timer row shows its summary
@@ -160,7 +165,6 @@ async def test_the_ui_names_each_wait_and_lists_the_steps(tmp_path: Path) -> Non
 
 async def test_the_ui_lists_a_failed_pipeline_as_failed(tmp_path: Path) -> None:
     pytest.importorskip("playwright.async_api", reason="playwright is not installed")
-    from playwright.async_api import async_playwright
     from support.standins import fail, standin
 
     async def unavailable(request: dict[str, object]) -> dict[str, object]:
@@ -188,31 +192,22 @@ async def test_the_ui_lists_a_failed_pipeline_as_failed(tmp_path: Path) -> None:
             with pytest.raises(WorkflowFailureError):
                 await handle.result()
         lists = f"{server.ui_url}/namespaces/{client.namespace}/workflows"
-        async with async_playwright() as p:
-            browser = await p.chromium.launch(
-                executable_path=str(CHROMIUM),
-                headless=True,
-                chromium_sandbox=os.geteuid() != 0,
-            )
-            try:
-                page = await browser.new_page(viewport={"width": 1600, "height": 1200})
-                query = urllib.parse.quote(f'WorkflowId="{handle.id}"')
-                listed = f"{lists}?query={query}"
-                await page.goto(listed)
-                row = page.locator("tr", has_text=handle.id).first
-                # visibility is eventual: reload (bounded) until the row shows it ended
-                for _ in range(20):
-                    try:
-                        await row.get_by_text("Failed", exact=True).wait_for(timeout=3_000)
-                        break
-                    except PlaywrightTimeout:
-                        await page.reload()
-                # the row itself: a page screenshot of the list comes out blank here
-                await row.screenshot(path=str(tmp_path / "row.png"))
-                text = await row.inner_text()
-                badge = await row.get_by_text("Failed", exact=True).all_text_contents()
-            finally:
-                await browser.close()
+        async with chromium_page() as page:
+            query = urllib.parse.quote(f'WorkflowId="{handle.id}"')
+            listed = f"{lists}?query={query}"
+            await page.goto(listed)
+            row = page.locator("tr", has_text=handle.id).first
+            # visibility is eventual: reload (bounded) until the row shows it ended
+            for _ in range(20):
+                try:
+                    await row.get_by_text("Failed", exact=True).wait_for(timeout=3_000)
+                    break
+                except PlaywrightTimeout:
+                    await page.reload()
+            # the row itself: a page screenshot of the list comes out blank here
+            await row.screenshot(path=str(tmp_path / "row.png"))
+            text = await row.inner_text()
+            badge = await row.get_by_text("Failed", exact=True).all_text_contents()
     assert (tmp_path / "row.png").stat().st_size > 0
     # the status badge says Failed (the UI renders it in capitals)
     assert badge == ["Failed"], (badge, text)

@@ -53,7 +53,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -151,13 +150,9 @@ class StreamSlots:
         ):
             if len(opened) >= cap:
                 # a slot frees at the latest when the oldest stream reaches its end of life
-                wait = max(1, math.ceil(min(opened) + limits.max_seconds - now))
-                raise ApiError(
-                    429,
-                    ErrorCode.RATE_LIMITED,
-                    f"{who} holds {cap} open event streams (the cap); close one or "
-                    f"retry in {wait}s",
-                    headers={"Retry-After": str(wait)},
+                raise ApiError.rate_limited(
+                    f"{who} holds {cap} open event streams (the cap); close one or wait",
+                    min(opened) + limits.max_seconds - now,
                 )
         self._keys.setdefault(key.name, []).append(now)
         self._tenants.setdefault(key.tenant, []).append(now)

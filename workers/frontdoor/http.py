@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 from urllib.parse import quote, unquote
@@ -99,6 +100,18 @@ class ApiError(Exception):
         self.status, self.code, self.message = status, code, message
         self.headers = dict(headers or {})
         self.extra = extra
+
+    @classmethod
+    def rate_limited(cls, message: str, wait_seconds: float) -> ApiError:
+        """``429 rate_limited`` with ``Retry-After`` (whole seconds, at least 1),
+        the message ending ``retry in Ns``."""
+        seconds = max(1, math.ceil(wait_seconds))
+        return cls(
+            429,
+            ErrorCode.RATE_LIMITED,
+            f"{message}; retry in {seconds}s",
+            headers={"Retry-After": str(seconds)},
+        )
 
     def response(self) -> JSONResponse:
         """The ``{"error": {"code", "message", ...}}`` response."""

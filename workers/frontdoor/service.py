@@ -215,13 +215,8 @@ class Service:
         """Take a token from ``bucket``'s rate; 429 with Retry-After when none is left."""
         wait = self.door.limiter.take(bucket, rate)
         if wait > 0:
-            seconds = max(1, math.ceil(wait))
-            raise ApiError(
-                429,
-                ErrorCode.RATE_LIMITED,
-                f"rate limit of {rate or self.door.settings.serve_rate_limit} reached; "
-                f"retry in {seconds}s",
-                headers={"Retry-After": str(seconds)},
+            raise ApiError.rate_limited(
+                f"rate limit of {rate or self.door.settings.serve_rate_limit} reached", wait
             )
 
     def hold(self, bucket: str) -> None:
