@@ -25,6 +25,7 @@ from conftest import Stack, running_stack
 from prometheus_client import CollectorRegistry
 from support.bodies import metered_scrape, send_encoded
 from support.loopback import HTML, Exchange, serve
+from support.pipelines import pipeline_result
 from temporalio.client import Client
 
 from aiworker.activities.bodies import (
@@ -130,7 +131,7 @@ async def scrape(client: Client, tmp_path: Path) -> AsyncIterator[tuple[Stack, B
 
 async def run(stack: Stack, steps: list[dict[str, Any]]) -> PipelineResult:
     handle = await stack.start({"name": "bodies", "tenant": "acme", "steps": steps})
-    result: PipelineResult = await handle.result()
+    result: PipelineResult = await pipeline_result(handle)
     return result
 
 
@@ -268,7 +269,7 @@ async def test_a_model_provider_bomb_is_upstream_error_at_the_cap(
                         "output": {},
                     }
                 )
-                result: PipelineResult = await handle.result()
+                result: PipelineResult = await pipeline_result(handle)
         finally:
             await lm.aclose()
     ask = result.steps["ask"]

@@ -21,6 +21,7 @@ from conftest import Stack, running_stack
 from fixtures.llm_fakes import BAD, GOOD, PERSON_SCHEMA, FakeProvider, fake  # noqa: F401  (module fixture)
 from prometheus_client import CollectorRegistry
 from support.loopback import upstream
+from support.pipelines import pipeline_result
 from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
@@ -129,7 +130,7 @@ async def run_step(
         "output": {},
     }
     handle = await stack.start(pipeline)
-    return await handle.result(), handle
+    return await pipeline_result(handle), handle
 
 
 async def last_failure(handle: WorkflowHandle[Any, Any]) -> tuple[int, Failure]:

@@ -29,6 +29,7 @@ from fixtures.llm_fakes import (  # noqa: F401  (fake: the module fixture)
     fake,
     words,
 )
+from support.pipelines import pipeline_result
 from support.waiting import wait_until
 from temporalio.client import Client, WorkflowHandle
 
@@ -101,7 +102,7 @@ async def start(
 
 
 async def run(stack: Stack, worker_input: dict[str, Any], **step: Any) -> PipelineResult:
-    result: PipelineResult = await (await start(stack, worker_input, **step)).result()
+    result: PipelineResult = await pipeline_result(await start(stack, worker_input, **step))
     return result
 
 

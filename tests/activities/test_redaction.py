@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.loopback import Exchange, serve
 from support.payloads import stack_settings
+from support.pipelines import pipeline_result
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
@@ -128,7 +129,7 @@ async def test_a_failing_webhook_keeps_its_credentials_out_of_history(
             ]
             async with running_stack(client, settings, tools={"http_post": poster}) as stack:
                 handle = await stack.start({"name": "hook", "tenant": "acme", "steps": steps})
-                result: PipelineResult = await handle.result()
+                result: PipelineResult = await pipeline_result(handle)
                 history = await handle.fetch_history()
     finally:
         await poster.aclose()
@@ -179,7 +180,7 @@ async def test_a_user_agent_with_control_characters_is_invalid_input_and_no_host
                         ],
                     }
                 )
-                result: PipelineResult = await handle.result()
+                result: PipelineResult = await pipeline_result(handle)
                 state = breakers.state(f"127.0.0.1:{server.port}")
     finally:
         await tools["fetch_url"].aclose()

@@ -30,7 +30,10 @@ SDK_METER_METRICS = {
 }
 # The SDK's own metrics the rules and dashboard query, as a worker serves them on
 # its /metrics (tests/workers/test_metrics.py reads each from a real worker).
-SDK_METRICS = {"temporal_workflow_task_execution_failed_total"}
+SDK_METRICS = {
+    "temporal_workflow_task_execution_failed_total",
+    "temporal_workflow_failed_total",  # what the UI counts under Failures
+}
 
 # Debian's promtool (`apt-get install -y --no-install-recommends prometheus`).
 promtool = shutil.which("promtool")

@@ -52,7 +52,7 @@ from aiworker.workers.schedules.schedules import create_schedule
 from aiworker.workers.schedules.specs import ScheduleOptions, parse_interval
 
 REPO = Path(__file__).resolve().parents[2]
-HISTORY = REPO / "tests" / "workflows" / "histories" / "dag-20261127.json"
+HISTORY = REPO / "tests" / "workflows" / "histories" / "dag.json"
 
 OK = {
     "name": "exit-ok",

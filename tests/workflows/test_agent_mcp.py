@@ -32,6 +32,7 @@ from fixtures.agent_model import (  # noqa: F401  (module fixture)
 )
 from prometheus_client import CollectorRegistry
 from support.mcp_http import running_mcp_http
+from support.pipelines import pipeline_result
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
@@ -90,7 +91,7 @@ class McpStack:
         spec = {"name": "mcp-agent", "tenant": tenant, "steps": [step], "output": {}}
         handle = await self.stack.start(spec)
         self.last_id = handle.id
-        result: PipelineResult = await asyncio.wait_for(handle.result(), 90)
+        result: PipelineResult = await asyncio.wait_for(pipeline_result(handle), 90)
         return result
 
     def left_running(self) -> list[int]:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import running_stack
 from support import history
-from support.pipelines import lost_call_pipeline
+from support.pipelines import lost_call_pipeline, pipeline_result
 from support.standins import never_ends
 from temporalio.client import Client
 
@@ -47,7 +47,7 @@ async def test_a_timed_out_last_attempt_is_booked_at_its_maximum(
     act = never_ends(names.LLM_CALL, first_attempt_beats)
     async with running_stack(client, settings, replace_activities={names.LLM_CALL: act}) as s:
         handle = await s.start(LOST)
-        result = await handle.result()
+        result = await pipeline_result(handle)
     step = result.steps["ask"]
     assert (result.status, step.error_code, step.attempts) == ("failed", "timeout", 2)
     # the prompt's bound: one token per byte of the input (no tokenizer makes more)

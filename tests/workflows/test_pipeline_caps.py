@@ -15,6 +15,7 @@ from conftest import Stack, running_stack
 from support import history
 from support.loopback import Exchange, serve
 from support.payloads import stack_settings
+from support.pipelines import pipeline_result
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
@@ -123,7 +124,7 @@ async def test_a_resolved_input_nested_over_the_cap_fails_its_step(stack: Stack)
             ],
         }
     )
-    result: PipelineResult = await h.result()
+    result: PipelineResult = await pipeline_result(h)
     step = result.steps["a"]
     assert (step.status, step.error_code) == ("failed", "invalid_input")
     assert "step 'a': field 'input': JSON nested deeper than 64" in (step.error_message or "")
@@ -145,7 +146,7 @@ async def test_a_template_amplifying_a_big_input_is_payload_too_large(stack: Sta
             ],
         }
     )
-    result: PipelineResult = await h.result()
+    result: PipelineResult = await pipeline_result(h)
     step = result.steps["s"]
     assert (result.status, step.status, step.error_code) == (
         "failed",
@@ -176,7 +177,7 @@ async def test_for_each_over_the_item_cap_fails_before_any_child(
         )
         ok = await stack.start({"name": "fe", "inputs": {"items": list(range(5))}, "steps": [each]})
         literal = await stack.start({"name": "fe", "steps": [{**each, "for_each": list(range(6))}]})
-        result: PipelineResult = await over.result()
+        result: PipelineResult = await pipeline_result(over)
         step = result.steps["each"]
         assert (step.status, step.error_code) == ("failed", "invalid_input")
         assert step.error_message == (
@@ -239,7 +240,7 @@ async def test_json_ld_nested_5000_deep_is_skipped_with_a_warning_not_internal(
                         ],
                     }
                 )
-                result: PipelineResult = await h.result()
+                result: PipelineResult = await pipeline_result(h)
     finally:
         await tools["fetch_url"].aclose()
     step = result.steps["s"]

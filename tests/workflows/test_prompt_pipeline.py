@@ -26,6 +26,7 @@ from conftest import Stack, installed_workers, running_stack
 # The loopback model provider lives beside the llm-call tests.
 from fixtures.llm_fakes import FakeProvider, Recorded, fake  # noqa: F401  (module fixture)
 from prometheus_client import CollectorRegistry
+from support.pipelines import pipeline_result
 from temporalio.client import Client, WorkflowHandle
 
 from aiworker.activities.llm import LlmMetrics
@@ -63,7 +64,7 @@ class PromptStack:
             **pipeline,
         }
         handle = await self.stack.start(spec)
-        return await handle.result(), handle
+        return await pipeline_result(handle), handle
 
 
 @pytest_asyncio.fixture
