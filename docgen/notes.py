@@ -2,7 +2,7 @@
 happens and what to do, what each setting means, the errors each built-in
 worker raises and an example of its outputs.
 
-Long on purpose (a little over 400 lines): tables of prose, one entry per
+Long on purpose (about 600 lines): tables of prose, one entry per
 code, setting and worker, kept in one place so that none ships undocumented.
 
 Kept beside the generator so that a new error code, setting, cap or built-in

@@ -4,7 +4,7 @@ The models of a spec file (JSON Schema 2020-12 for ``input_schema`` and
 ``output_schema``), checked as a whole: a spec that could only fail at run
 time is refused when it is read. :meth:`WorkerSpec.from_file` reads one file;
 ``aiworker.config.catalog`` reads the built-ins' folder and spec directories.
-Long on purpose (a little over 400 lines): the model and the checks that refuse
+Long on purpose (about 480 lines): the model and the checks that refuse
 a spec when it is read stay together (``execution``'s in ``schemas/execution.py``).
 
 ``implementation.kind`` says who runs a worker:

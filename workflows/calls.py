@@ -1,6 +1,6 @@
 """One worker call from a workflow, and the bounded validation loop around it.
 
-Long on purpose (a little over 400 lines): one call's whole path, as an activity
+Long on purpose (about 650 lines): one call's whole path, as an activity
 or a local activity, and every way it can end, checked in one place.
 
 Shared by ``PipelineWorkflow`` and its for_each chunks. A call goes by

@@ -1,7 +1,7 @@
 """Limits on the workflow side: the limiter workflow that owns a limit key, and
 the pipeline's way of asking it for permits.
 
-Long on purpose (about 650 lines): both ends of one protocol (acquire, permit,
+Long on purpose (about 700 lines): both ends of one protocol (acquire, permit,
 release, lease-check signals, the lease-block update) live here, so that a
 change to one end is made beside the other.
 

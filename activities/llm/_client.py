@@ -1,6 +1,6 @@
 """The ``language_model`` tool: one model call under limits, breaker and span.
 
-Long on purpose (a little over 400 lines): one call's whole path, from the
+Long on purpose (about 450 lines): one call's whole path, from the
 limits to the error table, reads top to bottom in one place.
 
 Order of one call: resolve the alias -> fit ``max_tokens`` to the model's
