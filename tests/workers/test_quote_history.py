@@ -27,6 +27,7 @@ import pytest_asyncio
 from conftest import Stack, installed_workers, running_stack
 from prometheus_client import CollectorRegistry
 from support.front_door import running_door
+from support.pipelines import pipeline_result
 from support.procs import run_cli_module, worker_env
 from support.waiting import wait_until
 from temporalio.client import Client
@@ -166,8 +167,8 @@ async def record(q: QuoteStack) -> list[int]:
 
 async def ended(client: Client, workflow_id: str) -> None:
     """The run a start began ends (its status is the model's business, not the quote's)."""
-    result = await client.get_workflow_handle(workflow_id).result()
-    assert result["status"] in ("succeeded", "failed"), result
+    result = await pipeline_result(client.get_workflow_handle(workflow_id))
+    assert result.status in ("succeeded", "failed"), result
 
 
 async def test_quote_from_history_multiplies_and_names_what_it_cannot_estimate(
