@@ -14,7 +14,6 @@ import asyncio
 import copy
 import hashlib
 import logging
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -223,13 +222,7 @@ class Service:
         """429 when ``bucket`` (at the default rate) has no token left, taking none."""
         wait = self.door.limiter.wait(bucket)
         if wait > 0:
-            seconds = max(1, math.ceil(wait))
-            raise ApiError(
-                429,
-                ErrorCode.RATE_LIMITED,
-                f"too many refused requests; retry in {seconds}s",
-                headers={"Retry-After": str(seconds)},
-            )
+            raise ApiError.rate_limited("too many refused requests", wait)
 
     async def start(self, body: bytes, key: ApiKey, idempotency_key: str | None) -> JSONResponse:
         """``POST /v1/pipelines``: the body's pipeline for the key's tenant."""
