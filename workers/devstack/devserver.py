@@ -14,6 +14,7 @@ its PID; on Linux it also dies with its parent (``PR_SET_PDEATHSIG``), so an
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import fcntl
@@ -217,6 +218,31 @@ def stop_child(p: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
             p.wait(5)
 
 
+def _frontend_serving(address: str) -> bool:
+    """Whether the Temporal frontend at ``address`` accepts a client (the SDK's
+    connect asks for its system info) and reports SERVING to the gRPC health
+    check. Run on a loop of its own in a thread of its own, so it is safe to call
+    from synchronous code that is itself inside a running event loop."""
+    from datetime import timedelta
+
+    from temporalio.service import ConnectConfig, RPCError, ServiceClient
+
+    async def check() -> bool:
+        try:
+            service = await ServiceClient.connect(
+                ConnectConfig(target_host=address, identity="aiworker-dev-ready")
+            )
+            return await service.check_health(timeout=timedelta(seconds=2))
+        except (RuntimeError, RPCError):
+            return False
+
+    answer: list[bool] = []
+    worker = threading.Thread(target=lambda: answer.append(asyncio.run(check())), daemon=True)
+    worker.start()
+    worker.join(10)
+    return bool(answer and answer[0])
+
+
 class ChildServer:
     """What the embedded servers share: one child process (:func:`spawn_child`)
     whose output is appended to ``log_path``, a bounded wait until it is ready,
@@ -361,8 +387,13 @@ class DevServer(ChildServer):
             return True
         return False
 
+    def _serving(self) -> bool:
+        """True once the frontend answers: listening is not enough, a client that
+        connects then may still be told "Frontend is not healthy yet"."""
+        return self._listening() and _frontend_serving(self.address)
+
     def _wait_ready(self, timeout: float) -> None:
-        if self._await_ready(self._listening, timeout):
+        if self._await_ready(self._serving, timeout):
             return
         if self.process is not None and self.process.poll() is not None:
             raise DevServerError(
