@@ -6,8 +6,10 @@ record on any process and on replay: which of its workers have a rate limit for
 its tenant, the tenant's registry entry, the process's caps and local workers,
 the specs of every worker it names (this process's catalog first, the live
 registry's for workers other processes serve), and every problem of the
-pipeline found with what compiles (schemas, patterns, selectors, each step's
-input against its worker's contract), which a workflow task must not compile.
+pipeline (:func:`full_check`): the run's one check, with what compiles (schemas,
+patterns, selectors, each step's input against its worker's contract), which a
+workflow task must not compile; the workflow task itself only parses the model
+within the hard ceilings.
 The workflow side is ``workflows/pipeline_limits.py`` (``load_run_config``); the
 models are ``schemas/limits.py`` (``RunConfig``, ``RunConfigCall``).
 """
@@ -25,31 +27,26 @@ from aiworker.activities.limits import LiveSpecs, rate_limit_for
 from aiworker.activities.tenancy import check_redrive_tenant
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
+from aiworker.schemas.caps import Caps
 from aiworker.schemas.limits import RunConfig, RunConfigCall
 from aiworker.schemas.pipeline_check import PipelineSpecError, parse_pipeline
 from aiworker.schemas.spec import WorkerSpec, recorded
 
 
-def full_check(pipeline: dict[str, Any], workers: Mapping[str, WorkerSpec | None]) -> list[str]:
-    """Every problem of ``pipeline`` against ``workers`` (the recorded specs), with
-    what compiles: what a run's workflow task leaves to its ``run-config`` local
-    activity (``RunConfigCall.pipeline``), so that no pipeline holds a workflow task
-    past the SDK's deadlock detector. An unknown worker is left to the workflow,
-    which names the workers the answering process knows."""
+def full_check(
+    pipeline: dict[str, Any], workers: Mapping[str, WorkerSpec | None], caps: Caps
+) -> list[str]:
+    """Every problem of ``pipeline`` against ``workers`` (the recorded specs, and
+    the ids the answering process knows as ``None``) and the process's ``caps``:
+    the one check of a run, made by its ``run-config`` local activity
+    (``RunConfigCall.pipeline``) so that what compiles never holds a workflow task
+    past the SDK's deadlock detector. An unknown worker is a problem naming every
+    worker in ``workers``."""
     try:
-        parse_pipeline(pipeline, {**dict.fromkeys(_named(pipeline)), **workers})
+        parse_pipeline(pipeline, workers, caps)
     except PipelineSpecError as e:
         return e.problems
     return []
-
-
-def _named(pipeline: dict[str, Any]) -> set[str]:
-    steps = pipeline.get("steps")
-    found = set()
-    for step in steps if isinstance(steps, list) else []:
-        if isinstance(step, dict):
-            found |= {w for w in (step.get("worker"), step.get("fallback")) if isinstance(w, str)}
-    return found
 
 
 class RunConfigActivities:
@@ -148,7 +145,9 @@ class RunConfigActivities:
             workers = {**dict.fromkeys(known), **specs}
             # in a thread: the check is CPU work (bounded by the caps on schemas and
             # patterns), and this activity shares its event loop with the process's others
-            problems = await asyncio.to_thread(full_check, call.pipeline, workers)
+            problems = await asyncio.to_thread(
+                full_check, call.pipeline, workers, self._settings.caps
+            )
         return RunConfig(
             rate_limited=sorted(
                 w

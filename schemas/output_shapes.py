@@ -110,20 +110,17 @@ class Shapes:
     Args:
         steps: the pipeline's steps by id.
         workers: the workers' specs by id (None: known by name only).
-        derive: narrow the built-in workers' shapes by the steps' inputs; False:
-            each worker's declared output_schema only.
+
+    The built-in workers' shapes are narrowed by the steps' inputs.
     """
 
     def __init__(
         self,
         steps: Mapping[str, Step],
         workers: Mapping[str, WorkerSpec | None],
-        *,
-        derive: bool = True,
     ) -> None:
         self._steps = steps
         self._workers = workers
-        self._derive_shapes = derive
         self._done: dict[str, tuple[Any, str] | None] = {}
 
     def of(self, step_id: str, depth: int = 0) -> tuple[Any, str] | None:
@@ -151,7 +148,7 @@ class Shapes:
             return None
         declared = (worker.output_schema, f"the output_schema of worker {worker.worker_id!r}")
         # an escalated step: a reviewer may approve any outputs its output_schema allows
-        if not self._derive_shapes or step.on_failure == "escalate":
+        if step.on_failure == "escalate":
             self._done[step_id] = declared
             return declared
         self._done[step_id] = None  # while it is being derived

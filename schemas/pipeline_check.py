@@ -43,7 +43,7 @@ from aiworker.schemas.callbacks import MAX_WAIT_ITEMS, TOKEN_FIELDS
 from aiworker.schemas.caps import SETTING_OF, Caps
 from aiworker.schemas.compile_caps import compile_cap_problems
 from aiworker.schemas.messages import suggest
-from aiworker.schemas.pipeline import Concurrency, PipelineSpec, Step, worker_steps
+from aiworker.schemas.pipeline import Concurrency, PipelineSpec, Step
 from aiworker.schemas.problems import Problem, field_problems
 from aiworker.schemas.refs import ReferenceError_, ReferenceLimitError, find_refs, json_depth
 from aiworker.schemas.spec import WorkerSpec
@@ -72,10 +72,6 @@ def parse_pipeline(
     raw: Any,
     known_workers: Workers,
     caps: Caps | None = None,
-    *,
-    compiled: bool = True,
-    compile_caps: bool = True,
-    output_shapes: bool = True,
 ) -> PipelineSpec:
     """Parse and check a pipeline spec.
 
@@ -84,18 +80,7 @@ def parse_pipeline(
         known_workers: the workers that steps may name: their ids, or their
             specs by id, with which each step's input is checked against its
             worker's contract as well.
-        caps: the caps to check against; the hard ceilings when omitted (the
-            check at workflow start, which cannot read settings).
-        compiled: check what compiles (schemas against the metaschema, patterns,
-            selectors, each step's input against its worker's contract); False:
-            only what costs no compiling (the workflow task's part, see
-            :func:`check_pipeline`).
-        compile_caps: apply the caps on schemas and patterns
-            (:mod:`~aiworker.schemas.compile_caps`); False only to replay runs
-            started before them.
-        output_shapes: hold references into a built-in step's outputs against
-            what its input makes (:mod:`~aiworker.schemas.output_shapes`); False
-            only to replay runs checked in their workflow task before that.
+        caps: the caps to check against; the hard ceilings when omitted.
 
     Returns:
         The parsed spec.
@@ -103,83 +88,30 @@ def parse_pipeline(
     Raises:
         PipelineSpecError: naming every problem found.
     """
-    spec = _validated(raw)
+    spec = parse_model(raw)
     problems = check_pipeline(
         spec,
         known_workers,
         caps,
-        compiled=compiled,
-        compile_caps=compile_caps,
-        output_shapes=output_shapes,
     )
     if problems:
         raise PipelineSpecError(problems)
     return spec
 
 
-def _validated(raw: Any) -> PipelineSpec:
-    """The pipeline model of ``raw``; its field errors as :class:`PipelineSpecError`."""
+def parse_model(raw: Any) -> PipelineSpec:
+    """The pipeline model of ``raw``, nothing checked as a whole; its field errors
+    as :class:`PipelineSpecError`. The pipeline workflow parses this much (and the
+    hard ceilings) and leaves the rest to its run-config local activity."""
     try:
         return PipelineSpec.model_validate(raw)
     except ValidationError as e:
         raise PipelineSpecError(field_problems(raw, e)) from None
 
 
-def parse_structure(raw: Any, *, compiled: bool = True, compile_caps: bool = True) -> PipelineSpec:
-    """Parse and check a pipeline as far as it can be without its workers' specs:
-    every check of :func:`parse_pipeline` but which workers exist and each step's
-    input against its worker's contract (every worker it names is taken as
-    known). A run does this first, then records the specs of the workers it names
-    and checks against them (:func:`check_workers`). ``compiled`` and
-    ``compile_caps`` as :func:`parse_pipeline`.
-
-    Raises:
-        PipelineSpecError: naming every problem found.
-    """
-    spec = _validated(raw)
-    named = {s.worker for s in worker_steps(spec)} | {s.fallback for s in spec.steps if s.fallback}
-    problems = check_pipeline(spec, named, compiled=compiled, compile_caps=compile_caps)
-    if problems:
-        raise PipelineSpecError(problems)
-    return spec
-
-
-def check_workers(
-    spec: PipelineSpec,
-    known_workers: Mapping[str, WorkerSpec | None],
-    *,
-    compiled: bool = True,
-    compile_caps: bool = True,
-    output_shapes: bool = True,
-) -> None:
-    """The rest of :func:`parse_pipeline` for a spec :func:`parse_structure` passed:
-    unknown workers and (``compiled``) each step's input against its worker's contract.
-    ``output_shapes`` as :func:`parse_pipeline`.
-
-    Raises:
-        PipelineSpecError: naming every problem found.
-    """
-    problems = check_pipeline(
-        spec,
-        known_workers,
-        compiled=compiled,
-        compile_caps=compile_caps,
-        output_shapes=output_shapes,
-    )
-    if problems:
-        raise PipelineSpecError(problems)
-
-
-def _schema_problems(schema: Any, compiled: bool = True) -> list[str]:
-    """Every problem of a literal schema (:func:`~aiworker.schemas.safe_schema.problems`);
-    without ``compiled`` only its remote references."""
-    if compiled:
-        return safe_schema.problems(schema)
-    try:
-        safe_schema.check_references(schema)
-    except SchemaError as e:
-        return [safe_schema.problem(e)]
-    return []
+def _schema_problems(schema: Any) -> list[str]:
+    """Every problem of a literal schema (:func:`~aiworker.schemas.safe_schema.problems`)."""
+    return safe_schema.problems(schema)
 
 
 def _input_schema_problems(step: Step, i: int) -> list[Problem]:
@@ -340,10 +272,6 @@ def check_pipeline(
     spec: PipelineSpec,
     known_workers: Workers,
     caps: Caps | None = None,
-    *,
-    compiled: bool = True,
-    compile_caps: bool = True,
-    output_shapes: bool = True,
 ) -> list[Problem]:
     """Every problem of a pipeline, each naming the step and field; empty when fine.
 
@@ -352,16 +280,13 @@ def check_pipeline(
     is checked against its worker's contract
     (:func:`~aiworker.schemas.step_inputs.step_problems`).
 
-    Then (``compile_caps``) the caps on schemas and patterns, counted before
-    anything compiles (:func:`~aiworker.schemas.compile_caps.compile_cap_problems`).
-    Without ``compiled`` nothing compiles at all: schemas are only walked for
-    remote references, and each step's input is not checked against its
-    worker's contract; the workflow task checks this much, and the ``run-config``
-    local activity the rest, so that no pipeline holds a workflow task.
-    ``output_shapes`` as :func:`parse_pipeline`.
+    Then the caps on schemas and patterns, counted before anything compiles
+    (:func:`~aiworker.schemas.compile_caps.compile_cap_problems`). A run makes
+    this check once, in its ``run-config`` local activity, so that what compiles
+    never holds a workflow task.
     """
     problems = cap_problems(spec, caps or Caps.ceilings())
-    if not problems and compile_caps:
+    if not problems:
         problems = compile_cap_problems(spec)
     if problems:
         return problems
@@ -380,7 +305,7 @@ def check_pipeline(
             problems.append(Problem(step.id, at, message, suggestion, i))  # noqa: B023
 
         if step.wait is not None:
-            problems.extend(_wait_problems(step, i, compiled))
+            problems.extend(_wait_problems(step, i))
         elif not step.worker:
             add("worker", "required: the worker_id to call (or a 'wait' instead)")
         elif step.worker not in known:
@@ -416,10 +341,10 @@ def check_pipeline(
             if set(step.when) != {"value", "schema"}:
                 add("when", "needs exactly 'value' and 'schema'")
             else:
-                for p in _schema_problems(step.when["schema"], compiled):
+                for p in _schema_problems(step.when["schema"]):
                     add("when.schema", p)
         if step.validate_ is not None:
-            for p in _schema_problems(step.validate_.schema_, compiled):
+            for p in _schema_problems(step.validate_.schema_):
                 add("validate.schema", p)
         if specs is None:
             problems.extend(_input_schema_problems(step, i))
@@ -499,10 +424,10 @@ def check_pipeline(
                     cycle[0], "depends_on", "cycle " + " -> ".join(cycle), index=index[cycle[0]]
                 )
             )
-    if specs is not None and compiled:
+    if specs is not None:
         # beside the problems above, so that one check names them all (each step's
         # checks stand on their own: an unknown worker or step is passed over there)
-        found = step_problems(spec, specs, output_shapes=output_shapes)
+        found = step_problems(spec, specs)
         problems.extend(p for p in found if p not in problems)
     return problems
 
@@ -523,7 +448,7 @@ _WAIT_FIELDS = frozenset(
 )
 
 
-def _wait_problems(step: Step, i: int, compiled: bool) -> list[Problem]:
+def _wait_problems(step: Step, i: int) -> list[Problem]:
     """A wait step: no worker or anything about calling one; a usable schema; at most
     :data:`MAX_WAIT_ITEMS` literal items."""
     if step.wait is None:
@@ -548,7 +473,7 @@ def _wait_problems(step: Step, i: int, compiled: bool) -> list[Problem]:
                 index=i,
             )
         )
-    for p in _schema_problems(step.wait.schema_, compiled):
+    for p in _schema_problems(step.wait.schema_):
         problems.append(Problem(step.id, "wait.schema", p, index=i))
     return problems
 

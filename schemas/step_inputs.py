@@ -332,19 +332,14 @@ def cache_refusal(worker: WorkerSpec) -> str | None:
 def step_problems(
     spec: PipelineSpec,
     workers: Mapping[str, WorkerSpec | None],
-    *,
-    output_shapes: bool = True,
 ) -> list[Problem]:
     """Every problem of the steps' inputs and references under the workers' specs
-    (a worker without a spec, or unknown, is checked by name only, elsewhere).
-
-    ``output_shapes``: hold references into a built-in step's outputs against what
-    its input makes (:mod:`~aiworker.schemas.output_shapes`); False: against the
-    workers' declared output_schema only, as runs checked in their workflow task
-    before the shapes existed replay."""
+    (a worker without a spec, or unknown, is checked by name only, elsewhere);
+    references into a built-in step's outputs are held against what its input
+    makes (:mod:`~aiworker.schemas.output_shapes`)."""
     out: list[Problem] = []
     steps = {s.id: s for s in spec.steps}
-    shapes = Shapes(steps, workers, derive=output_shapes)
+    shapes = Shapes(steps, workers)
     for i, step in enumerate(spec.steps):
         calls = [("input", step.worker, step.input)]
         if step.fallback is not None:

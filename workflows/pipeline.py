@@ -56,17 +56,13 @@ with workflow.unsafe.imports_passed_through():
     from pydantic.main import IncEx
 
     from aiworker.schemas import names
+    from aiworker.schemas.caps import Caps
     from aiworker.schemas.causes import PipelineError
     from aiworker.schemas.errors import ErrorCode
     from aiworker.schemas.limits import RunConfig
     from aiworker.schemas.outcomes import completes, pipeline_failure
     from aiworker.schemas.pipeline import PipelineResult, PipelineSpec, StepResult
-    from aiworker.schemas.pipeline_check import (
-        PipelineSpecError,
-        cap_problems,
-        check_workers,
-        parse_structure,
-    )
+    from aiworker.schemas.pipeline_check import PipelineSpecError, cap_problems, parse_model
     from aiworker.schemas.priority import task_priority
     from aiworker.schemas.protocol import TraceContext, Usage
     from aiworker.schemas.recorded import named_workers, open_tools
@@ -98,34 +94,30 @@ __all__ = [
 ]
 
 
-def _structure(raw: Any) -> PipelineSpec:
-    """:func:`~aiworker.schemas.pipeline_check.parse_structure` as ``invalid_input``:
-    what compiles nothing, with the caps on schemas and patterns. Schemas, patterns,
-    selectors and each step's input against its worker's contract are the
-    run-config local activity's check (``RunConfig.problems``), whose answer is in
-    the history: a pipeline full of schemas and patterns once held the workflow
-    task past the SDK's deadlock detector (TMPRL1101)."""
+def _parsed(raw: Any) -> PipelineSpec:
+    """The pipeline model of ``raw`` within the hard ceilings, as ``invalid_input``
+    otherwise: all the workflow task checks itself, so that what it holds in memory
+    is bounded. The check of the pipeline as a whole (workers, references, schemas,
+    patterns, the process's caps) is the run-config local activity's
+    (``RunConfig.problems``), whose answer is in the history: a pipeline full of
+    schemas and patterns once held the workflow task past the SDK's deadlock
+    detector (TMPRL1101), and one check per run is enough."""
     try:
-        return parse_structure(raw, compiled=False, compile_caps=True)
+        spec = parse_model(raw)
     except PipelineSpecError as e:
         raise invalid_input(str(e), e.problems) from None
+    if found := cap_problems(spec, Caps.ceilings()):
+        problems = [str(p) for p in found]
+        raise invalid_input("invalid pipeline: " + "; ".join(problems), problems)
+    return spec
 
 
-def recorded_workers(spec: PipelineSpec, run_config: RunConfig) -> Mapping[str, WorkerSpec]:
-    """The specs the run config recorded, once ``spec`` passed the check against
-    them: an unknown worker is ``invalid_input`` naming it and every worker the
-    answering process knows, and so is a step input its worker's contract refuses.
-    The workflow task checks only what compiles nothing; the rest is the run
-    config's answer (``problems``), which holds references into outputs against
-    the output shapes too."""
-    workers = {**dict.fromkeys(run_config.known), **run_config.specs}
-    try:
-        # Output shapes never here: the run config's own check held the references
-        # against them (its ``problems``), so the workflow task does not work them
-        # out again on every run.
-        check_workers(spec, workers, compiled=False, compile_caps=True, output_shapes=False)
-    except PipelineSpecError as e:
-        raise invalid_input(str(e), e.problems) from None
+def recorded_workers(run_config: RunConfig) -> Mapping[str, WorkerSpec]:
+    """The specs the run config recorded, once the pipeline passed its check
+    against them (``problems``: an unknown worker named with every worker the
+    answering process knows, a step input its worker's contract refuses, a
+    reference into an output its shape lacks, the process's caps), else
+    ``invalid_input`` naming every problem."""
     if run_config.problems:
         problems = run_config.problems
         raise invalid_input("invalid pipeline: " + "; ".join(problems), problems)
@@ -217,7 +209,7 @@ class PipelineWorkflow(PermitSignals):
         """
         board = self._board
         try:
-            spec = _structure(pipeline)
+            spec = _parsed(pipeline)
         except ApplicationError as e:
             board.set_status("failed", e.type)
             raise
@@ -226,11 +218,7 @@ class PipelineWorkflow(PermitSignals):
             run_config = await run.limits.load_run_config(
                 spec, named_workers(spec), open_tools(spec), pipeline
             )
-            run.workers = recorded_workers(spec, run_config)
-            # The spec passed the hard ceilings at the start; now the process's caps.
-            if found := cap_problems(spec, run_config.caps):
-                problems = [str(p) for p in found]
-                raise invalid_input("invalid pipeline: " + "; ".join(problems), problems)
+            run.workers = recorded_workers(run_config)
             run.limits.hold_to_tenant(spec, run.ledger)
             policy = run_config.tenant
             run.priority = task_priority(

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from aiworker.activities.run_config import full_check
 from aiworker.config.catalog import load_specs
 from aiworker.schemas.agent import AgentInput, agent_specs
+from aiworker.schemas.caps import Caps
 from aiworker.schemas.limits import RunConfig
 from aiworker.schemas.pipeline import ChunkInput, PipelineSpec
-from aiworker.schemas.pipeline_check import PipelineSpecError, check_workers, parse_structure
+from aiworker.schemas.pipeline_check import parse_model
 from aiworker.schemas.recorded import agent_tools, named_workers, open_tools
 from aiworker.schemas.spec import WorkerSpec, recorded
 
@@ -124,7 +127,7 @@ def test_a_recorded_spec_comes_back_equal_without_its_examples_and_unchecked() -
     assert agent.specs is None  # an agent started by older code: no specs
 
 
-def test_the_structure_is_checked_first_and_the_workers_against_the_record() -> None:
+def test_the_run_config_checks_a_pipeline_once_against_the_recorded_workers() -> None:
     raw = {
         "name": "p",
         "steps": [
@@ -132,16 +135,21 @@ def test_the_structure_is_checked_first_and_the_workers_against_the_record() -> 
             {"id": "b", "worker": "validator", "input": {"data": 1}},
         ],
     }
-    spec = parse_structure(raw)  # every worker it names taken as known
-    with pytest.raises(PipelineSpecError) as e:
-        check_workers(spec, {"validator": load_specs()["validator"], "aggregator": None})
+    caps = Caps.ceilings()
+    # the workflow task parses the model only; every problem is the run config's
+    assert parse_model(raw).steps[0].worker == "no-such"
+    recorded = {"validator": load_specs()["validator"], "aggregator": None}
+    problems = full_check(raw, recorded, caps)
     assert "step 'a': field 'worker': unknown worker 'no-such' (known: aggregator, validator)" in (
-        str(e.value)
+        "; ".join(problems)
     )
-    # each step's input against its worker's recorded contract (once nothing else is wrong)
-    only_b = parse_structure({"name": "p", "steps": raw["steps"][1:]})
-    with pytest.raises(PipelineSpecError, match=r"step 'b': field 'input'.*'schema'"):
-        check_workers(only_b, {"validator": load_specs()["validator"]})
+    # each step's input against its worker's recorded contract, in the same answer
+    assert any(re.search(r"step 'b': field 'input'.*'schema'", p) for p in problems)
     cyclic = {"name": "p", "steps": [{"id": "a", "worker": "x", "depends_on": ["a"], "input": {}}]}
-    with pytest.raises(PipelineSpecError, match="cannot depend on itself"):
-        parse_structure(cyclic)
+    assert any("cannot depend on itself" in p for p in full_check(cyclic, {"x": None}, caps))
+    assert full_check({"name": "p", "steps": raw["steps"][1:2]}, recorded, caps) != []
+    fine = {
+        "name": "p",
+        "steps": [{"id": "b", "worker": "validator", "input": {"data": 1, "schema": {}}}],
+    }
+    assert full_check(fine, recorded, caps) == []
