@@ -9,11 +9,15 @@ import asyncio
 import json
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import Stack
 from support.pipelines import one_step_pipeline
+
+from aiworker.schemas import pipeline_check
 
 # Runs main() once in a fresh interpreter with the three entry points counted: the
 # SDK's Client.connect, Settings.from_env and the pipeline check (parse_pipeline,
@@ -117,3 +121,26 @@ async def test_a_schedule_is_created_over_the_connection_that_checked_it(
         assert (doc.get("connect"), doc.get("settings"), doc.get("check")) == (1, 1, 1), doc
     finally:
         await stack.client.get_schedule_handle(sid).delete()
+
+
+async def test_a_run_checks_its_pipeline_once_in_its_worker(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other half of "checked once where it is started and once in its run":
+    the worker (in this process) checks a started pipeline only in the run's
+    run-config activity, never in its workflow task as well. Counted around
+    ``check_pipeline``, which every check of a whole pipeline goes through (the
+    workflow imports the module passed through its sandbox: the same function)."""
+    checks: list[str] = []
+    real = pipeline_check.check_pipeline
+
+    def check_pipeline(spec: Any, *a: Any, **k: Any) -> Any:
+        checks.append(spec.name)
+        return real(spec, *a, **k)
+
+    monkeypatch.setattr(pipeline_check, "check_pipeline", check_pipeline)
+    name = f"once-{uuid.uuid4().hex[:6]}"
+    handle = await stack.start(one_step_pipeline(name))
+    result = await handle.result()
+    assert result.status == "succeeded", result
+    assert checks.count(name) == 1, checks
