@@ -46,7 +46,7 @@ def _dig(value: Any, path: str | None) -> Any:
     for seg in path.split("."):
         if isinstance(cur, dict) and seg in cur:
             cur = cur[seg]
-        elif isinstance(cur, list) and seg.isdigit() and int(seg) < len(cur):
+        elif isinstance(cur, list) and seg.isascii() and seg.isdigit() and int(seg) < len(cur):
             cur = cur[int(seg)]
         else:
             return _MISSING

@@ -276,7 +276,7 @@ async def iter_body(
     (``contextlib.aclosing``) when leaving early.
     """
     declared = resp.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap and not truncate:
+    if declared.isascii() and declared.isdigit() and int(declared) > cap and not truncate:
         raise BodyTooLargeError(f"declares {declared} bytes, over the {cap}-byte limit", limit=cap)
     decoder: _Decoder = decoder_for(_content_encoding(resp)) if decode else _Identity()
     if isinstance(resp, httpx.Response) and resp.is_stream_consumed:

@@ -37,7 +37,7 @@ from typing import Any
 
 from aiworker.schemas.caps import MAX_REFERENCES_PER_STRING, SETTING_OF, Caps
 
-_SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*|\d+")
+_SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*|[0-9]+")
 _OPEN = "${{"
 _CLOSE = "}}"
 # What a pipeline step may refer to; a prompt worker's template refers to `input`.
@@ -86,7 +86,7 @@ def parse_ref(expr: str, roots: tuple[str, ...] = PIPELINE_ROOTS) -> Ref:
     if not text:
         raise ReferenceError_("empty reference ${{ }}")
     # a[0].b -> a.0.b
-    normalized = re.sub(r"\[(\d+)\]", r".\1", text)
+    normalized = re.sub(r"\[([0-9]+)\]", r".\1", text)
     parts = normalized.split(".")
     segments: list[str | int] = []
     for p in parts:

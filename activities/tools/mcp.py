@@ -576,7 +576,7 @@ class _CappedTransport(httpx2.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self.inner.handle_async_request(request)
         length = response.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.cap:
+        if length is not None and length.isascii() and length.isdigit() and int(length) > self.cap:
             await response.aclose()
             self.wire.too_large = True
             raise _TooLarge(f"response of {length} bytes")

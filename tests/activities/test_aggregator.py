@@ -143,3 +143,18 @@ async def test_concat_without_dedupe_and_non_list(settings: Settings) -> None:
 async def test_unknown_policy_is_invalid_input(settings: Settings) -> None:
     err = await _agg_error(settings, policy="average", branches=[1])
     assert err.type == "invalid_input"
+
+
+async def test_a_vote_on_a_path_with_a_superscript_digit_finds_no_field_instead_of_crashing(
+    settings: Settings,
+) -> None:
+    # "²".isdigit() is true and int("²") raises: such a segment is a missing field
+    # (every branch abstains), never an internal error
+    branches = {"a": {"v": [1, 2]}, "b": {"v": [1, 2]}, "c": {"v": [1, 2]}}
+    err = await _agg_error(settings, policy="majority", field="v.²", branches=branches)
+    assert (err.type, err.message) == (
+        "validation_failed",
+        "policy 'majority': no branch voted",
+    )
+    ok = await _agg(settings, policy="majority", field="v.1", branches=branches)
+    assert ok.outputs["result"] == 2, ok

@@ -7,6 +7,7 @@ from aiworker.schemas.refs import (
     ReferenceLimitError,
     find_refs,
     json_depth,
+    parse_ref,
     resolve,
 )
 
@@ -74,3 +75,11 @@ def test_json_depth_counts_mappings_and_lists_only() -> None:
     assert json_depth(deep, 201) == 201
     with pytest.raises(ReferenceLimitError):
         json_depth(deep, 200)
+
+
+@pytest.mark.parametrize("expr", ["steps.a.outputs.٣", "steps.a.outputs[٣]", "inputs.x.²"])
+def test_an_index_is_ascii_digits_only(expr: str) -> None:
+    # Unicode digits ("٣" is one to re's \d and to int()) are no index: a bad
+    # reference naming the segment, as any other character outside the grammar
+    with pytest.raises(ReferenceError_, match="bad reference"):
+        parse_ref(expr)

@@ -86,7 +86,7 @@ async def last_redrive(client: Client, root: str) -> int:
             f"WorkflowId STARTS_WITH {quote(prefix)}", limit=1000
         ):
             tail = wf.id[len(prefix) :]
-            if tail.isdigit():
+            if tail.isascii() and tail.isdigit():
                 last = max(last, int(tail))
     except RPCError as e:  # a store without STARTS_WITH: count from 1 and probe
         if e.status != RPCStatusCode.INVALID_ARGUMENT:

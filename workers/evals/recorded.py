@@ -338,7 +338,7 @@ class _Scan:
 def _index_of(key: Any) -> int | None:
     """A for_each item's index: the last part of its idempotency key."""
     tail = str(key).rsplit("/", 1)[-1]
-    return int(tail) if tail.isdigit() else None
+    return int(tail) if tail.isascii() and tail.isdigit() else None
 
 
 async def _scan(

@@ -334,7 +334,12 @@ def verify_stripe(
             stamp = value
         elif key == "v1":
             candidates.append(value.lower())
-    if stamp is None or not stamp.isdigit() or len(stamp) > 12 or not candidates:
+    if (
+        stamp is None
+        or not (stamp.isascii() and stamp.isdigit())
+        or len(stamp) > 12
+        or not candidates
+    ):
         raise SignatureError("Stripe-Signature is not of the form t=<unix time>,v1=<hex>")
     expected = _hmac_hex(secret, stamp.encode() + b"." + body)
     # Every candidate compared, in constant time: no early exit on a match.

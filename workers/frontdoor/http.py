@@ -127,7 +127,7 @@ def canonical(doc: Any) -> str:
 async def read_body(request: Request, cap: int) -> bytes:
     """The request body, refused with 413 as soon as it passes ``cap`` bytes."""
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > cap:
+    if length is not None and length.isascii() and length.isdigit() and int(length) > cap:
         raise _too_large(cap)
     chunks: list[bytes] = []
     size = 0
