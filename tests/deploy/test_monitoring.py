@@ -32,7 +32,7 @@ SDK_METER_METRICS = {
 # its /metrics (tests/workers/test_metrics.py reads each from a real worker).
 SDK_METRICS = {
     "temporal_workflow_task_execution_failed_total",
-    "temporal_workflow_failed_total",  # what the UI counts under Failures
+    "temporal_workflow_failed_total",  # what the UI counts under Failures (read there too)
 }
 
 # Debian's promtool (`apt-get install -y --no-install-recommends prometheus`).

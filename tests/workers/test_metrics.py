@@ -26,8 +26,9 @@ from support.pipelines import one_step_pipeline
 from support.waiting import wait_until
 from telemetry_helpers import tclient, telemetry, workflow_id  # noqa: F401 - pytest fixtures
 from temporalio import workflow
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -244,13 +245,28 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
 
         result = await _run_pipeline(tclient, names.PIPELINES_QUEUE + suffix)
         assert result.status == "succeeded"
+        # and one that fails: what the UI counts under Failures, and the
+        # dashboard's Failures panel queries, is the SDK's counter on this /metrics
+        broken = {**one_step_pipeline("scraped")}
+        broken["steps"] = [{**broken["steps"][0], "worker": "no-such-worker"}]
+        with pytest.raises(WorkflowFailureError) as failure:
+            await tclient.execute_workflow(
+                names.PIPELINE_WORKFLOW,
+                broken,
+                id=workflow_id("broken"),
+                task_queue=names.PIPELINES_QUEUE + suffix,
+                result_type=PipelineResult,
+            )
+        assert isinstance(failure.value.cause, ApplicationError)
+        assert failure.value.cause.type == "invalid_input"
 
         async def completed_counted() -> str:
             text = (await _get(f"{base}/metrics")).text
-            return text if "temporal_workflow_completed_total{" in text else ""
+            both = ("temporal_workflow_completed_total{", "temporal_workflow_failed_total{")
+            return text if all(series in text for series in both) else ""
 
         text = await wait_until(
-            completed_counted, "temporal_workflow_completed_total", timeout=10, interval=0.25
+            completed_counted, "the completed and failed counters", timeout=10, interval=0.25
         )
         samples = {
             (sample.name, tuple(sorted(sample.labels.items()))): sample.value
@@ -268,6 +284,7 @@ async def test_worker_process_serves_probes_metrics_and_json_logs(
         assert value("aiworker_requests_total", worker_id="validator", status="succeeded") == 1
         assert value("aiworker_request_duration_seconds_count", worker_id="validator") == 1
         assert value("temporal_workflow_completed_total") >= 1
+        assert value("temporal_workflow_failed_total", workflow_type="PipelineWorkflow") == 1
         assert value("aiworker_pipelines_total", status="succeeded", pipeline="scraped") == 1
         # the SDK's own activity metrics (the validator runs as a local activity)
         assert (
