@@ -16,7 +16,11 @@ task that made it (``history_length``).
 
 The numbering is a pure function of the history: the same results are written
 in the same order on every replay, so a worker that restarts (and replays)
-answers the ``events`` query with the same numbers. It is workflow memory
+answers the ``events`` query with the same numbers. ``history_length`` is the
+one field that is not: a local activity's attempt that outlasted a workflow task
+resolves in a later task live and at the scheduling task on replay (the SDK
+reads its marker ahead), so that step's events may carry an earlier length when
+an ended run is replayed to answer the query. It is workflow memory
 only: no command, no history event, no search attribute, so it changes
 neither the command sequence nor replay (the replay gate shows it).
 
