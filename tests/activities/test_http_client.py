@@ -31,6 +31,7 @@ from aiworker.activities.errors import (
     InvalidInputError,
 )
 from aiworker.activities.publish import REPLY_MAX_BYTES, WebhookPoster
+from aiworker.activities.tools import scrape_tools
 from aiworker.activities.tools.egress import EgressPolicy
 from aiworker.activities.tools.fetch import FetchLimits, FetchTool
 from aiworker.activities.tools.http_client import (
@@ -39,7 +40,7 @@ from aiworker.activities.tools.http_client import (
     client_session,
 )
 from aiworker.activities.tools.shares import tenant_share
-from aiworker.config.settings import Settings
+from aiworker.config.settings import Settings, SettingsError
 from aiworker.schemas.errors import ErrorCode
 
 LOOPBACK = EgressPolicy(allow_private_networks=True)
@@ -613,3 +614,32 @@ async def test_a_fetch_that_gets_no_share_in_time_is_fetch_timeout_naming_its_te
                 t.cancel()
             await asyncio.gather(*held, return_exceptions=True)
             await tool.aclose()
+
+
+async def test_the_pool_settings_reach_the_fetch_and_render_tools(tmp_path: Path) -> None:
+    settings = Settings.from_env(
+        {
+            "AIWORKER_DATA_DIR": str(tmp_path),
+            "AIWORKER_FETCH_MAX_CONNECTIONS": "8",
+            "AIWORKER_FETCH_TENANT_SHARE": "0.25",
+            "AIWORKER_BROWSER_MAX_IN_FLIGHT": "3",
+        }
+    )
+    tools = scrape_tools(settings)
+    try:
+        assert tools["fetch_url"].max_connections == 8
+        assert tools["fetch_url"].shares.per_tenant == 2
+        assert tools["render"].limits.max_in_flight == 3
+    finally:
+        await tools["fetch_url"].aclose()
+    defaults = Settings()
+    assert (defaults.fetch_max_connections, defaults.fetch_tenant_share) == (100, 0.5)
+    assert defaults.browser_max_in_flight == 6
+    for name, value in (
+        ("FETCH_TENANT_SHARE", "0"),
+        ("FETCH_TENANT_SHARE", "1.5"),
+        ("FETCH_MAX_CONNECTIONS", "0"),
+        ("BROWSER_MAX_IN_FLIGHT", "0"),
+    ):
+        with pytest.raises(SettingsError, match=f"AIWORKER_{name}"):
+            Settings.from_env({f"AIWORKER_{name}": value})
