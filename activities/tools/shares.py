@@ -20,6 +20,11 @@ The tenant comes from the call: the worker runtime sets it around each call
 inherit it. Fetches outside any call (tests, tools used directly) share the
 unnamed tenant ``""``.
 
+A robots.txt load is a hop like any other, under the share of the call that
+asked first: other tenants' fetches to that origin wait for that one load (the
+robots cache loads an origin once), at most until that call's deadline, and
+then load it themselves.
+
 Simple on purpose: a fixed share, no borrowing. With ``share`` at 0.5, two tenants
 that both fill their share fill the pool; fairness among many busy tenants of one
 process is Temporal's (its fairness keys) and the limiter's, not the pool's.
