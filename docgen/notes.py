@@ -333,7 +333,9 @@ WORKERS: dict[str, WorkerNotes] = {
             "egress_denied": "the address is not allowed by the egress policy",
             "access_denied": "robots.txt disallows the URL; 401 or 403",
             "not_found": "404 or 410",
-            "fetch_timeout": "connecting or reading timed out (retried)",
+            "fetch_timeout": "connecting or reading timed out, or no connection of the "
+            "tenant's share of the fetch pool came free in time (`reason: tenant_share`); "
+            "retried",
             "fetch_failed": "network error, 5xx, corrupt compressed body (retried)",
             "rate_limited": "429 with Retry-After (retried after it)",
             "circuit_open": "the host's breaker is open (retried after its wait)",

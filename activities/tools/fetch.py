@@ -5,7 +5,8 @@ robots.txt, breaker, politeness, status, bounded body) are read in the order
 they run, and each maps its failure to a stable code here.
 
 Every hop (redirects included) passes the egress policy, robots.txt (for the
-user agent actually sent), the host's circuit breaker and its politeness slot.
+user agent actually sent), the host's circuit breaker and its politeness slot,
+and holds one of its tenant's connections of the pool (``activities/tools/shares.py``).
 The HTTP client is aiohttp's (:mod:`~aiworker.activities.tools.http_client`:
 every address vetted before it is dialled, response heads bounded, interim
 ones included), with no retries of its own and redirects handled here, so
@@ -19,7 +20,8 @@ Failures raise the worker-protocol errors, mapped to the stable codes of ``schem
 robots/401/403 -> ``access_denied``, 404/410 -> ``not_found``, 429 ->
 ``rate_limited`` (``Retry-After`` as the next retry delay), 5xx and network
 errors and corrupt or cut-short compressed bodies -> ``fetch_failed``, timeouts
--> ``fetch_timeout`` (aiohttp's exceptions by ``http_client.ERROR_TABLE``: a
+-> ``fetch_timeout`` (also no connection of the tenant's share within the
+deadline: ``reason: tenant_share``; aiohttp's exceptions by ``http_client.ERROR_TABLE``: a
 response whose heads pass their bound, or that sends too many interim ``1xx``
 responses, is ``fetch_failed``), body over the cap, stacked (``gzip, gzip``) or
 unknown ``Content-Encoding`` -> ``payload_too_large``, policy ->
