@@ -72,6 +72,7 @@ from aiworker.activities.step_cache import StepCache
 from aiworker.activities.tenancy import admit
 from aiworker.activities.toolbox import Toolbox, tool_secrets
 from aiworker.activities.tools.egress import tenant_egress
+from aiworker.activities.tools.shares import tenant_share
 from aiworker.activities.usage import UsageBook, heartbeating
 from aiworker.config.settings import Settings
 from aiworker.schemas import messages, names, safe_schema
@@ -374,7 +375,10 @@ class WorkerRuntime:
                 call.note({"cached": True})
                 kept = WorkerResult(hit.outputs, warnings=hit.warnings, artifacts=hit.artifacts)
                 return self._respond(ctx, kept, call).model_copy(update={"cached": True})
-            with tenant_egress(policy.egress_allow if policy is not None else None):
+            with (
+                tenant_egress(policy.egress_allow if policy is not None else None),
+                tenant_share(request.tenant),
+            ):
                 result = await self._execute(worker, ctx, call)
             conform(self.contract(spec.output_schema), result.outputs, "output", depth)
             response = self._respond(ctx, result, call)

@@ -176,6 +176,12 @@ class Settings(BaseModel):
     # The headless Chromium that web-scrape's `render: "browser"` drives (Debian's
     # `chromium` package); launched only when a step asks for it.
     browser_executable: Path = Path("/usr/bin/chromium")
+    # Requests one rendered page has out at once (activities/tools/browser_gate.py).
+    browser_max_in_flight: int = Field(default=6, ge=1, le=1000)
+    # The fetch tool's connection pool (one per process, every tenant's fetches) and
+    # the part of it one tenant holds at once (activities/tools/shares.py).
+    fetch_max_connections: int = Field(default=100, ge=1, le=100_000)
+    fetch_tenant_share: float = Field(default=0.5, gt=0, le=1, allow_inf_nan=False)
 
     @field_validator("task_queue_suffix")
     @classmethod
@@ -296,6 +302,9 @@ class Settings(BaseModel):
             "AUTOTHROTTLE",
             "AUTOTHROTTLE_TARGET_CONCURRENCY",
             "BROWSER_EXECUTABLE",
+            "BROWSER_MAX_IN_FLIGHT",
+            "FETCH_MAX_CONNECTIONS",
+            "FETCH_TENANT_SHARE",
             "FOREACH_INLINE_ITEMS",
             *(name.removeprefix(ENV_PREFIX) for name in SETTING_OF.values()),
         }
@@ -339,6 +348,9 @@ class Settings(BaseModel):
             ("SCRAPE_MIN_DELAY_SECONDS", "scrape_min_delay_seconds"),
             ("SCRAPE_MAX_DELAY_SECONDS", "scrape_max_delay_seconds"),
             ("AUTOTHROTTLE_TARGET_CONCURRENCY", "autothrottle_target_concurrency"),
+            ("BROWSER_MAX_IN_FLIGHT", "browser_max_in_flight"),
+            ("FETCH_MAX_CONNECTIONS", "fetch_max_connections"),
+            ("FETCH_TENANT_SHARE", "fetch_tenant_share"),
         ):
             if (v := get(name)) is not None:
                 raw[key] = v

@@ -240,6 +240,13 @@ SETTINGS: dict[str, str] = {
     "and the client resumes with Last-Event-ID (an EventSource does so by itself)",
     "browser_executable": 'the Chromium that web-scrape\'s `render: "browser"` drives '
     "(Debian's `chromium` package; launched on first use, never downloaded)",
+    "browser_max_in_flight": "requests one rendered page has out at once (images, scripts, "
+    "styles, XHR); the others wait their turn, so one page cannot hold the fetch pool",
+    "fetch_max_connections": "connections the fetch tool (web-scrape, the browser's requests, "
+    "discovery) holds open at once in one worker process, every tenant's together",
+    "fetch_tenant_share": "the part of those connections one tenant's fetches hold at once "
+    "(0.5 of 100: 50), so one tenant cannot take them all; a fetch waiting for its "
+    "tenant's share past its deadline is `fetch_timeout` (`reason: tenant_share`)",
 }
 
 # Settings fields that are not variables of their own.
@@ -326,7 +333,9 @@ WORKERS: dict[str, WorkerNotes] = {
             "egress_denied": "the address is not allowed by the egress policy",
             "access_denied": "robots.txt disallows the URL; 401 or 403",
             "not_found": "404 or 410",
-            "fetch_timeout": "connecting or reading timed out (retried)",
+            "fetch_timeout": "connecting or reading timed out, or no connection of the "
+            "tenant's share of the fetch pool came free in time (`reason: tenant_share`); "
+            "retried",
             "fetch_failed": "network error, 5xx, corrupt compressed body (retried)",
             "rate_limited": "429 with Retry-After (retried after it)",
             "circuit_open": "the host's breaker is open (retried after its wait)",

@@ -68,7 +68,7 @@ def scrape_tools(
     require("scrape", "the web-scrape tools")
     from aiworker.activities.artifacts import FileArtifactStore
     from aiworker.activities.breakers import BreakerRegistry
-    from aiworker.activities.tools.browser import BrowserTool
+    from aiworker.activities.tools.browser import BrowserLimits, BrowserTool
     from aiworker.activities.tools.egress import EgressPolicy
     from aiworker.activities.tools.extract import HtmlParser
     from aiworker.activities.tools.fetch import FetchTool
@@ -84,13 +84,19 @@ def scrape_tools(
             else BreakerRegistry.from_settings("host", settings, metrics=metrics)
         ),
         meter=meter,
+        max_connections=settings.fetch_max_connections,
+        tenant_share=settings.fetch_tenant_share,
     )
     return {
         "fetch_url": fetcher,
         "parse_html": HtmlParser(max_json_depth=settings.caps.max_json_depth),
         "artifact_store": FileArtifactStore(settings.data_dir),
         # Launches Chromium only when a step asks for render: "browser".
-        "render": BrowserTool(fetcher, settings.browser_executable),
+        "render": BrowserTool(
+            fetcher,
+            settings.browser_executable,
+            BrowserLimits(max_in_flight=settings.browser_max_in_flight),
+        ),
     }
 
 

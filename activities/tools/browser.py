@@ -9,8 +9,10 @@ talks to the network:
 
 - every request of the page (scripts, styles, images, XHR, frames) is
   intercepted and answered through the fetcher, or refused and counted by
-  reason (``activities/tools/browser_gate.py``); WebSockets are closed before
-  they connect, service workers are blocked;
+  reason (``activities/tools/browser_gate.py``), at most
+  :attr:`BrowserLimits.max_in_flight` of them out at once so that one page
+  cannot hold the process's fetch pool; WebSockets are closed before they
+  connect, service workers are blocked;
 - the browser's proxy is a local sinkhole that answers nothing: whatever
   escapes interception fails there and is recorded in
   :attr:`BrowserTool.escaped`, so a leak shows up instead of reaching a host.
@@ -116,6 +118,9 @@ class BrowserLimits:
             ones are blocked (``quota``): the render tool's own quota.
         max_total_bytes: bytes of all its sub-resources together (each is also
             under the fetch tool's per-body cap).
+        max_in_flight: its requests out at once (a browser's six per host, here
+            for the whole page); the rest wait their turn, so one page cannot
+            take the process's fetch pool.
         max_pages: pages one process renders at once (Chromium is heavy).
         reserve_seconds: time kept back from the wait for reading the DOM.
         close_seconds: time kept back at the end of the call for closing the page's
@@ -129,6 +134,7 @@ class BrowserLimits:
 
     max_requests: int = 200
     max_total_bytes: int = 32 * 1024 * 1024
+    max_in_flight: int = 6
     max_pages: int = 2
     reserve_seconds: float = 0.5
     close_seconds: float = 1.0
@@ -315,6 +321,7 @@ class BrowserTool:
             fetcher=self.fetcher,
             max_requests=self.limits.max_requests,
             max_total_bytes=self.limits.max_total_bytes,
+            in_flight=asyncio.Semaphore(self.limits.max_in_flight),
             document=document,
             deadline=deadline,
             user_agent=user_agent,

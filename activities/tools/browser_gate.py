@@ -9,6 +9,11 @@ a scrape reads, it does not post forms or beacons), ``quota`` (past the
 page's request quota) and ``total_bytes``. The page's document itself was
 fetched before the browser started and is served from that fetch.
 
+At most ``max_in_flight`` of a page's requests are out at once
+(:attr:`PageCall.in_flight`); the others wait for one to end. Without it a page
+with 150 images on distinct hosts sent 150 fetches at once and held the
+process's whole fetch pool while a server that never answers kept them.
+
 What a page asked for is kept bounded (:class:`PageCall`): the first
 ``max_requests`` requests are recorded, each URL cut to :data:`MAX_KEPT_URL`
 characters; later ones are only counted. A page that asks for a million
@@ -91,6 +96,7 @@ class PageCall:
     fetcher: FetchTool
     max_requests: int
     max_total_bytes: int
+    in_flight: asyncio.Semaphore
 
     document: FetchResult
     deadline: float
@@ -146,13 +152,16 @@ async def serve(route: Any, call: PageCall) -> None:
             await _block(route, call, entry, reason)
             return
         try:
-            res = await call.fetcher.fetch_resource(
-                url,
-                timeout=max(0.001, call.deadline - time.monotonic()),
-                user_agent=call.user_agent,
-                respect_robots=call.respect_robots,
-                allow_domains=call.allow_domains,
-            )
+            # No deadline of its own: a wait that outlasts the render ends with it
+            # (the render cancels its requests' tasks).
+            async with call.in_flight:
+                res = await call.fetcher.fetch_resource(
+                    url,
+                    timeout=max(0.001, call.deadline - time.monotonic()),
+                    user_agent=call.user_agent,
+                    respect_robots=call.respect_robots,
+                    allow_domains=call.allow_domains,
+                )
         except EgressDeniedError:
             await _block(route, call, entry, "egress_denied")
             return

@@ -5,7 +5,8 @@ robots.txt, breaker, politeness, status, bounded body) are read in the order
 they run, and each maps its failure to a stable code here.
 
 Every hop (redirects included) passes the egress policy, robots.txt (for the
-user agent actually sent), the host's circuit breaker and its politeness slot.
+user agent actually sent), the host's circuit breaker and its politeness slot,
+and holds one of its tenant's connections of the pool (``activities/tools/shares.py``).
 The HTTP client is aiohttp's (:mod:`~aiworker.activities.tools.http_client`:
 every address vetted before it is dialled, response heads bounded, interim
 ones included), with no retries of its own and redirects handled here, so
@@ -19,7 +20,8 @@ Failures raise the worker-protocol errors, mapped to the stable codes of ``schem
 robots/401/403 -> ``access_denied``, 404/410 -> ``not_found``, 429 ->
 ``rate_limited`` (``Retry-After`` as the next retry delay), 5xx and network
 errors and corrupt or cut-short compressed bodies -> ``fetch_failed``, timeouts
--> ``fetch_timeout`` (aiohttp's exceptions by ``http_client.ERROR_TABLE``: a
+-> ``fetch_timeout`` (also no connection of the tenant's share within the
+deadline: ``reason: tenant_share``; aiohttp's exceptions by ``http_client.ERROR_TABLE``: a
 response whose heads pass their bound, or that sends too many interim ``1xx``
 responses, is ``fetch_failed``), body over the cap, stacked (``gzip, gzip``) or
 unknown ``Content-Encoding`` -> ``payload_too_large``, policy ->
@@ -62,6 +64,7 @@ from aiworker.activities.tools.http_client import (
     request_timeout,
 )
 from aiworker.activities.tools.robots import Politeness, RobotsCache
+from aiworker.activities.tools.shares import ConnectionShares, current_tenant, share_timeout
 
 if TYPE_CHECKING:  # protego comes with the 'scrape' extra (publish imports this module)
     from protego import Protego
@@ -157,6 +160,9 @@ class FetchTool:
         breakers: per-host circuit breakers (shared per process).
         user_agent: the default ``User-Agent``; requests may override it.
         meter: counts the bytes every body read received and produced.
+        max_connections: connections of the process's pool open at once.
+        tenant_share: the part of them one tenant's requests hold at once
+            (``activities/tools/shares.py``).
     """
 
     def __init__(
@@ -169,6 +175,8 @@ class FetchTool:
         breakers: BreakerRegistry | None = None,
         user_agent: str = DEFAULT_USER_AGENT,
         meter: bodies.BodyMeter | None = None,
+        max_connections: int = 100,
+        tenant_share: float = 0.5,
     ) -> None:
         self.egress = egress
         self.limits = limits or FetchLimits()
@@ -177,6 +185,8 @@ class FetchTool:
         self.breakers = breakers
         self.user_agent = user_agent
         self.meter = meter
+        self.max_connections = max_connections
+        self.shares = ConnectionShares(int(max_connections * tenant_share))
         # Made on first use, inside the event loop that uses it (aiohttp binds to it).
         self._session: aiohttp.ClientSession | None = None
         self._headers = {
@@ -275,10 +285,17 @@ class FetchTool:
         check_header_value(ua, "input.user_agent")
         domains = tuple(allow_domains or ())
         deadline = time.monotonic() + timeout
+        waiting: list[str] = []
         try:
             async with asyncio.timeout(timeout):
                 async with self._open(
-                    url, ua, domains, deadline, respect_robots, conditional=conditional
+                    url,
+                    ua,
+                    domains,
+                    deadline,
+                    respect_robots,
+                    conditional=conditional,
+                    waiting=waiting,
                 ) as (resp, final_url, redirects):
                     if resp.status == 304:
                         body = b""  # Not Modified: no body, whatever it says
@@ -287,6 +304,8 @@ class FetchTool:
                             self._check_content_type(resp, final_url)
                         body = await self._read(resp, final_url, self.limits.max_bytes)
         except TimeoutError:
+            if waiting:  # the deadline passed while a hop waited for its tenant's share
+                raise share_timeout(waiting[-1], current_tenant(), self.shares.per_tenant) from None
             raise FetchTimeoutError(
                 f"fetching {url} took longer than {timeout:.3g}s", url=url
             ) from None
@@ -302,8 +321,14 @@ class FetchTool:
         respect_robots: bool,
         max_redirects: int | None = None,
         conditional: tuple[str, Mapping[str, str]] | None = None,
+        waiting: list[str] | None = None,
     ) -> AsyncIterator[tuple[aiohttp.ClientResponse, str, list[str]]]:
-        """Follow redirects hop by hop; yield the final, still streaming response."""
+        """Follow redirects hop by hop; yield the final, still streaming response.
+
+        Each hop holds one of its tenant's connections (:class:`ConnectionShares`)
+        until its response is released; ``waiting`` holds the hop's URL while it
+        waits for one, so a caller whose own deadline ends that wait can say so.
+        """
         current = url
         visited = {url}
         redirects: list[str] = []
@@ -326,7 +351,10 @@ class FetchTool:
                         reason="robots",
                     )
             extra = conditional[1] if conditional and conditional[0] == current else None
-            async with self.politeness.slot(hostport, crawl_delay):
+            async with (
+                self._share(current, deadline, waiting),
+                self.politeness.slot(hostport, crawl_delay),
+            ):
                 resp = await self._send(current, ua, hostport, deadline, extra)
                 try:
                     location = resp.headers.get("location")
@@ -357,6 +385,18 @@ class FetchTool:
             reason="too_many_redirects",
         )
 
+    @contextlib.asynccontextmanager
+    async def _share(
+        self, url: str, deadline: float, waiting: list[str] | None
+    ) -> AsyncIterator[None]:
+        """One of the current tenant's connections, held for the block."""
+        if waiting is not None:
+            waiting.append(url)
+        async with self.shares.hold(url, deadline):
+            if waiting is not None:
+                waiting.pop()
+            yield
+
     async def _send(
         self,
         url: str,
@@ -375,7 +415,7 @@ class FetchTool:
             pool=remaining,
         )
         if self._session is None:
-            self._session = client_session(self.egress)
+            self._session = client_session(self.egress, max_connections=self.max_connections)
         healthy = False
         try:
             sent = time.monotonic()

@@ -13,7 +13,8 @@ One :func:`client_session` builds what both use, an ``aiohttp.ClientSession``:
   each new connection resolves and vets afresh, as before. Denials raise
   ``EgressDeniedError`` unchanged;
 - **the pool**: at most ``max_connections`` open, ``per_host`` to one
-  ``(scheme, host, port)``, idle ones kept 5 s; a response not read to its end
+  ``(scheme, host, port)``, idle ones kept 5 s (the fetch tool divides it
+  among tenants: :mod:`~aiworker.activities.tools.shares`); a response not read to its end
   closes its connection, and so do bytes past the end of a response (aiohttp
   closes a connection that sent more than its response; one that sends bytes
   while idle is closed by :class:`_BoundedHandler`, where aiohttp would have

@@ -8,6 +8,7 @@ install, where ``/usr/bin/chromium`` is absent (``.ci/run`` installs it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -23,7 +24,7 @@ from support.loopback import HTML, Exchange, Loopback, serve
 from support.payloads import stack_settings
 from support.scraping import scrape_stack
 from support.waiting import wait_until
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from aiworker.activities.errors import FetchFailedError, FetchTimeoutError
@@ -659,3 +660,168 @@ async def test_array_buffers_past_the_renderer_data_limit_fail_to_allocate(
     page = await tool.render(js_site.url("/buffers"), timeout=20)
     assert "<h1>Buffers</h1>" in page.html
     assert "data-n" not in page.html
+
+
+class Tarpit:
+    """A loopback server that accepts connections and never answers; counts those open
+    (and the most open at once) until :meth:`release` closes them all, and every later
+    one as it comes."""
+
+    def __init__(self) -> None:
+        self.open: set[asyncio.StreamWriter] = set()
+        self.peak = 0
+        self.port = 0
+        self.released = asyncio.Event()
+
+    async def _take(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.released.is_set():
+            writer.close()
+            return
+        self.open.add(writer)
+        self.peak = max(self.peak, len(self.open))
+        released = asyncio.ensure_future(self.released.wait())
+        try:
+            # Held until released, or until the client closes its end (read to EOF).
+            while not released.done():
+                read = asyncio.ensure_future(reader.read(65536))
+                await asyncio.wait({read, released}, return_when=asyncio.FIRST_COMPLETED)
+                if not read.done():
+                    read.cancel()
+                elif not read.result():
+                    break
+        except ConnectionError:
+            pass
+        finally:
+            released.cancel()
+            self.open.discard(writer)
+            writer.close()
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@contextlib.asynccontextmanager
+async def tarpit() -> AsyncIterator[Tarpit]:
+    pit = Tarpit()
+    server = await asyncio.start_server(pit._take, "127.0.0.1", 0)
+    pit.port = server.sockets[0].getsockname()[1]
+    try:
+        yield pit
+    finally:
+        pit.release()
+        server.close()
+        await server.wait_closed()
+
+
+# 150 images on distinct host names, every one served by the tarpit (issue 47).
+TARPIT_HOSTS = 150
+
+
+def tarpit_page(port: int) -> bytes:
+    imgs = "".join(
+        f'<img src="http://img{i}.tarpit.test:{port}/p.png">' for i in range(TARPIT_HOSTS)
+    )
+    return f"<!doctype html><html><body><h1>Hostile</h1>{imgs}</body></html>".encode()
+
+
+@needs_chromium
+async def test_a_render_of_150_tarpit_images_leaves_another_tenants_fetch_alone(
+    client: Client, tmp_path: Path
+) -> None:
+    """Tenant acme renders a page whose 150 images (each on its own host name) point at
+    a server that never answers; while that render is still held there, tenant globex's
+    plain scrape in the same worker process gets a connection and succeeds. Before: the
+    render's sub-requests took the process's whole pool (100 connections) and globex's
+    fetch waited for one until its own deadline (``fetch_timeout``)."""
+    cap = BrowserLimits().max_in_flight
+    async with tarpit() as pit:
+        pages = {"/hostile": tarpit_page(pit.port), "/plain": b"<html><h1>Plain</h1></html>"}
+
+        def handle(ex: Exchange) -> None:
+            body = pages.get(ex.path)
+            ex.send(200 if body else 404, body or b"", HTML)
+
+        with serve(handle) as site:
+
+            async def to_loopback(host: str, port: int) -> list[str]:
+                if host.endswith(".tarpit.test"):
+                    return ["127.0.0.1"]
+                raise OSError(f"no such host in this test: {host}")
+
+            settings = settings_for(tmp_path)
+            egress = EgressPolicy.from_settings(
+                settings,
+                trusted_endpoints=[("127.0.0.1", site.port), ("127.0.0.1", pit.port)],
+                resolver=to_loopback,
+            )
+            async with scrape_stack(client, settings, egress=egress) as s:
+                h1 = {"h1": {"selector": "h1", "required": True}}
+                hostile = await s.start(
+                    {
+                        "name": "hostile-render",
+                        "tenant": "acme",
+                        "steps": [
+                            step(
+                                "render",
+                                site.url("/hostile"),
+                                h1,
+                                timeout_seconds=120,
+                                retry={"max_attempts": 1},
+                                input={**BROWSER, "respect_robots": False},
+                            )
+                        ],
+                    }
+                )
+                # The render holds all the connections it will take at the tarpit: its
+                # cap's worth, and the count steady (before the cap: the whole pool).
+                seen: list[int] = []
+
+                def steady() -> bool:
+                    seen.append(len(pit.open))
+                    last = seen[-5:]
+                    return last[0] >= cap and len(last) == 5 and len(set(last)) == 1
+
+                await wait_until(
+                    steady,
+                    lambda: f"the render to hold connections steadily (open: {seen[-5:]})",
+                    timeout=60,
+                    interval=0.2,
+                )
+                plain = await s.start(
+                    {
+                        "name": "plain-fetch",
+                        "tenant": "globex",
+                        "steps": [
+                            step(
+                                "fetch",
+                                site.url("/plain"),
+                                h1,
+                                # far above a loopback fetch, below the tarpit's hold on
+                                # the render's requests (their 30 s read timeout)
+                                timeout_seconds=15,
+                                retry={"max_attempts": 1},
+                                input={"respect_robots": False},
+                            )
+                        ],
+                    }
+                )
+                result: PipelineResult = await plain.result()
+                fetched = result.steps["fetch"]
+                assert fetched.status == "succeeded", (
+                    fetched.error_code,
+                    fetched.error_message,
+                    len(pit.open),
+                )
+                assert fetched.outputs is not None and fetched.outputs["data"] == {"h1": "Plain"}
+                # ...while the hostile render was still in flight, held at the tarpit.
+                assert not pit.released.is_set() and pit.open
+                described = await hostile.describe()
+                assert described.status == WorkflowExecutionStatus.RUNNING
+                # A render holds no more than its cap of sub-requests at once.
+                assert pit.peak <= cap
+                pit.release()  # every image now fails at once; the page loads without them
+                done: PipelineResult = await hostile.result()
+                rendered = done.steps["render"]
+                assert rendered.status == "succeeded", rendered.error_message
+                assert rendered.outputs is not None
+                assert rendered.outputs["data"] == {"h1": "Hostile"}

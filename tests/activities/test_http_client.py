@@ -16,11 +16,13 @@ import ipaddress
 import socket
 import ssl
 import struct
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from support.waiting import wait_until
 
 from aiworker.activities.errors import (
     EgressDeniedError,
@@ -29,6 +31,7 @@ from aiworker.activities.errors import (
     InvalidInputError,
 )
 from aiworker.activities.publish import REPLY_MAX_BYTES, WebhookPoster
+from aiworker.activities.tools import scrape_tools
 from aiworker.activities.tools.egress import EgressPolicy
 from aiworker.activities.tools.fetch import FetchLimits, FetchTool
 from aiworker.activities.tools.http_client import (
@@ -36,7 +39,8 @@ from aiworker.activities.tools.http_client import (
     MAX_INTERIM,
     client_session,
 )
-from aiworker.config.settings import Settings
+from aiworker.activities.tools.shares import tenant_share
+from aiworker.config.settings import Settings, SettingsError
 from aiworker.schemas.errors import ErrorCode
 
 LOOPBACK = EgressPolicy(allow_private_networks=True)
@@ -481,3 +485,161 @@ async def test_bytes_sent_to_an_idle_connection_never_answer_the_next_request() 
         for _ in range(100):  # bounded: the unasked-for bytes reach the client
             await asyncio.sleep(0.01)
         assert await get(tool, site.url()) == "conn 2"
+
+
+# --- the pool across tenants ------------------------------------------------------------------
+
+
+class Tarpit:
+    """A handler that never answers: it holds each connection until the client closes it,
+    counting those open."""
+
+    def __init__(self) -> None:
+        self.open = 0
+
+    async def __call__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        self.open += 1
+        try:
+            await reader.read()  # until the client closes its end
+        finally:
+            self.open -= 1
+
+
+def tarpit_names(port: int) -> EgressPolicy:
+    """Loopback allowed, and every ``*.tarpit.test`` name resolving to 127.0.0.1: one
+    origin per name, so neither the per-host limit nor politeness binds."""
+
+    async def resolve(host: str, _port: int) -> list[str]:
+        if host.endswith(".tarpit.test"):
+            return ["127.0.0.1"]
+        raise OSError(f"no such host in this test: {host}")
+
+    return EgressPolicy(allow_private_networks=True, resolver=resolve)
+
+
+async def steady(count: Callable[[], int], at_least: int) -> int:
+    """Wait until ``count()`` is at least ``at_least`` and has not changed over five
+    polls (bounded); return it."""
+    seen: list[int] = []
+
+    def settled() -> bool:
+        seen.append(count())
+        last = seen[-5:]
+        return len(last) == 5 and last[0] >= at_least and len(set(last)) == 1
+
+    await wait_until(settled, lambda: f"a steady count (last: {seen[-5:]})", interval=0.2)
+    return seen[-1]
+
+
+async def test_one_tenant_holds_only_its_share_and_another_tenants_fetch_goes_through() -> None:
+    """acme sends 120 fetches at a server that never answers; with the default pool (100)
+    it holds its share (half), and globex's fetch of another site gets a connection and
+    succeeds while acme's are still held. Before: acme held all 100 and globex's fetch
+    waited for one until its deadline (``fetch_timeout``)."""
+    pit = Tarpit()
+    async with serving(pit) as hold, serving(keep_alive) as site:
+        tool = FetchTool(tarpit_names(hold.port))
+        held: list[asyncio.Task[object]] = []
+        try:
+            with tenant_share("acme"):
+                held = [
+                    asyncio.create_task(
+                        tool.fetch(
+                            f"http://h{i}.tarpit.test:{hold.port}/",
+                            timeout=120,
+                            respect_robots=False,
+                        )
+                    )
+                    for i in range(120)
+                ]
+            share = tool.shares.per_tenant
+            assert await steady(lambda: pit.open, share) == share == 50
+            with tenant_share("globex"):
+                # far above a loopback fetch: a wait for the pool would end it first
+                page = await tool.fetch(site.url("/"), timeout=15, respect_robots=False)
+            assert page.text == "conn 1 path /"
+            assert pit.open == share and not any(t.done() for t in held)
+        finally:
+            for t in held:
+                t.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+            await tool.aclose()
+
+
+async def test_a_fetch_that_gets_no_share_in_time_is_fetch_timeout_naming_its_tenant() -> None:
+    """A pool of 4, a share of 2: acme's third fetch waits for its own tenant's
+    connections only, within its own deadline, and then fails ``fetch_timeout``
+    (``reason: tenant_share``), through ``fetch`` (under its own timeout) and
+    ``stream`` (a deadline); globex's fetch meanwhile gets one of the other two."""
+    pit = Tarpit()
+    async with serving(pit) as hold, serving(keep_alive) as site:
+        tool = FetchTool(tarpit_names(hold.port), max_connections=4, tenant_share=0.5)
+        held: list[asyncio.Task[object]] = []
+        try:
+            with tenant_share("acme"):
+                held = [
+                    asyncio.create_task(
+                        tool.fetch(
+                            f"http://h{i}.tarpit.test:{hold.port}/",
+                            timeout=120,
+                            respect_robots=False,
+                        )
+                    )
+                    for i in range(2)
+                ]
+                assert await steady(lambda: pit.open, 2) == 2
+                with pytest.raises(FetchTimeoutError) as by_fetch:
+                    await tool.fetch(
+                        f"http://late.tarpit.test:{hold.port}/", timeout=0.5, respect_robots=False
+                    )
+                with pytest.raises(FetchTimeoutError) as by_stream:
+                    async with tool.stream(
+                        f"http://later.tarpit.test:{hold.port}/",
+                        deadline=time.monotonic() + 0.5,
+                        respect_robots=False,
+                    ):
+                        pass
+            for e in (by_fetch.value, by_stream.value):
+                assert e.code == ErrorCode.FETCH_TIMEOUT and e.retryable
+                assert (e.context["reason"], e.context["tenant"]) == ("tenant_share", "acme")
+                assert e.context["connections"] == 2
+                assert "AIWORKER_FETCH_TENANT_SHARE" in e.message
+            assert pit.open == 2  # the late fetches never connected
+            with tenant_share("globex"):
+                assert await get(tool, site.url("/")) == "conn 1 path /"
+        finally:
+            for t in held:
+                t.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+            await tool.aclose()
+
+
+async def test_the_pool_settings_reach_the_fetch_and_render_tools(tmp_path: Path) -> None:
+    settings = Settings.from_env(
+        {
+            "AIWORKER_DATA_DIR": str(tmp_path),
+            "AIWORKER_FETCH_MAX_CONNECTIONS": "8",
+            "AIWORKER_FETCH_TENANT_SHARE": "0.25",
+            "AIWORKER_BROWSER_MAX_IN_FLIGHT": "3",
+        }
+    )
+    tools = scrape_tools(settings)
+    try:
+        assert tools["fetch_url"].max_connections == 8
+        assert tools["fetch_url"].shares.per_tenant == 2
+        assert tools["render"].limits.max_in_flight == 3
+    finally:
+        await tools["fetch_url"].aclose()
+    defaults = Settings()
+    assert (defaults.fetch_max_connections, defaults.fetch_tenant_share) == (100, 0.5)
+    assert defaults.browser_max_in_flight == 6
+    for name, value in (
+        ("FETCH_TENANT_SHARE", "0"),
+        ("FETCH_TENANT_SHARE", "1.5"),
+        ("FETCH_MAX_CONNECTIONS", "0"),
+        ("BROWSER_MAX_IN_FLIGHT", "0"),
+    ):
+        with pytest.raises(SettingsError, match=f"AIWORKER_{name}"):
+            Settings.from_env({f"AIWORKER_{name}": value})
