@@ -56,6 +56,7 @@ from aiworker.workers.client.waits import (
     outcome_telling_waits,
     snapshot,
     stop_if_cancelled,
+    telling_unserved,
 )
 
 if TYPE_CHECKING:
@@ -231,12 +232,15 @@ async def _watch(pipelines: PipelineClient, workflow_id: str, view: View, start:
 
 async def follow(pipelines: PipelineClient, handle: PipelineHandle, view: View) -> dict[str, Any]:
     """:meth:`PipelineClient.outcome` of ``handle``, shown on ``view`` as it runs
-    and summed up when it ends."""
+    and summed up when it ends; a line on stderr when no worker picks it up
+    (:func:`~aiworker.workers.client.waits.tell_unserved`)."""
     start = time.monotonic()
     watch = asyncio.create_task(_watch(pipelines, handle.id, view, start))
     doc: dict[str, Any] | None = None
     try:
-        doc = await pipelines.outcome(handle.id, handle.result_run_id)
+        # a run no worker picks up answers no progress query: its description tells
+        async with telling_unserved(pipelines.temporal, handle.id, err):
+            doc = await pipelines.outcome(handle.id, handle.result_run_id)
         return doc
     finally:
         watch.cancel()
