@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 from conftest import running_stack
+from jsonschema import Draft202012Validator
 from support.front_door import bearer, running_door, write_config
 from support.payloads import stack_settings
 from support.pipelines import one_step_pipeline
@@ -134,7 +135,16 @@ async def test_the_front_door_status_says_which_worker_a_waiting_run_needs(
         assert hint["served"] is False and hint["pollers"] == [], hint
         assert hint["waited_seconds"] >= 5, hint
         assert HINT in hint["message"] and queue in hint["message"], hint
-        assert (await status_of(http, wid))["progress"] is None
+        waiting_doc = await status_of(http, wid)
+        assert waiting_doc["progress"] is None, waiting_doc
+        # the body is what the OpenAPI document says of the route
+        document = (await http.get("/openapi.json")).json()
+        ok = document["paths"]["/v1/pipelines/{workflow_id}"]["get"]["responses"]["200"]
+        ref = ok["content"]["application/json"]["schema"]["$ref"]
+        assert ref == "#/components/schemas/PipelineStatus", ok
+        status_schema = document["components"]["schemas"]["PipelineStatus"]
+        assert "waiting_for_worker" in status_schema["properties"], status_schema
+        Draft202012Validator({**document, "$ref": ref}).validate(waiting_doc)
 
         async with running_stack(client, settings):
 

@@ -84,6 +84,9 @@ class View(Protocol):
     def close(self, doc: dict[str, Any] | None, elapsed: float) -> None:
         """The run ended (``doc``, its outcome) or the watch stopped (``None``)."""
 
+    def notice(self, line: str) -> None:
+        """A line for stderr while the view shows (``aiworker: ...``)."""
+
 
 class _Output:
     """Where a view writes, and what its summary names: the pipeline, its steps'
@@ -146,6 +149,10 @@ class PlainView(_Output):
     def tick(self, elapsed: float) -> None:
         """Nothing moves between polls in plain lines."""
 
+    def notice(self, line: str) -> None:
+        """On stderr, as it comes."""
+        err(line)
+
     def close(self, doc: dict[str, Any] | None, elapsed: float) -> None:
         """The summary table: the last word on every step (changes after the last
         poll show there, not as lines of their own)."""
@@ -185,6 +192,13 @@ class LiveView(_Output):
         # Temporal, escaped (workers/client/terminal.py)
         raw_stream(self.out).write(f"\r{safe_text(line)}\x1b[K")
         self.out.flush()
+
+    def notice(self, line: str) -> None:
+        """Clear the live line first (stdout and stderr share the terminal); the next
+        tick draws it again under the notice."""
+        raw_stream(self.out).write("\r\x1b[K")
+        self.out.flush()
+        err(line)
 
     def close(self, doc: dict[str, Any] | None, elapsed: float) -> None:
         """Clear the line; then the summary table."""
@@ -239,7 +253,7 @@ async def follow(pipelines: PipelineClient, handle: PipelineHandle, view: View) 
     doc: dict[str, Any] | None = None
     try:
         # a run no worker picks up answers no progress query: its description tells
-        async with telling_unserved(pipelines.temporal, handle.id, err):
+        async with telling_unserved(pipelines.temporal, handle.id, view.notice):
             doc = await pipelines.outcome(handle.id, handle.result_run_id)
         return doc
     finally:
