@@ -270,7 +270,12 @@ class Unserved:
 
 def waiting_task(desc: WorkflowExecutionDescription, now: float | None = None) -> float | None:
     """How long a running workflow's workflow task has waited for a worker to pick
-    it up (scheduled, not started), or ``None`` when none waits."""
+    it up (scheduled, not started), or ``None`` when none waits.
+
+    A task past its first attempt is not counted: a worker took it and failed it
+    (a bug in workflow code, which waits for a fixed build), and the server
+    schedules its retries with a backoff; that is not a missing worker.
+    """
     if desc.status != WorkflowExecutionStatus.RUNNING:
         return None
     raw = desc.raw_description
@@ -278,6 +283,8 @@ def waiting_task(desc: WorkflowExecutionDescription, now: float | None = None) -
         return None
     task = raw.pending_workflow_task
     if task.state != PendingWorkflowTaskState.PENDING_WORKFLOW_TASK_STATE_SCHEDULED:
+        return None
+    if task.attempt > 1:
         return None
     since = task.original_scheduled_time if task.HasField("original_scheduled_time") else None
     if since is None and task.HasField("scheduled_time"):
