@@ -27,7 +27,7 @@ from temporalio.client import Client
 
 from aiworker.config.settings import Settings
 from aiworker.schemas import names
-from aiworker.workers.client.pollers import queue_service
+from aiworker.workers.client.pollers import Kind, queue_service
 from aiworker.workers.process.deployments import deployment_name, ensure_current, set_current
 
 HINT = "no worker has picked up"
@@ -47,7 +47,8 @@ def run_command(tmp: Path, env: dict[str, str], *flags: str) -> WorkerProcess:
 async def ended(proc: WorkerProcess, timeout: float = 120.0) -> int:
     """The exit code of ``proc``, waiting for it (bounded)."""
     await wait_until(lambda: proc.proc.poll() is not None, "aiworker run to end", timeout=timeout)
-    return proc.proc.wait()
+    code: int = proc.proc.wait()
+    return code
 
 
 async def test_aiworker_run_says_once_that_no_worker_polls_then_goes_on_when_one_starts(
@@ -182,7 +183,11 @@ async def test_aiworker_workers_says_per_queue_whether_a_poller_serves_the_curre
     assert nobody.returncode == 0, nobody.stderr
     lines = queue_lines(nobody.stdout, settings)
     # the pipelines queue's workflows and activities, each worker's queue's activities
-    kinds = [(pipelines, "workflow"), (pipelines, "activity"), (scrape, "activity")]
+    kinds: list[tuple[str, Kind]] = [
+        (pipelines, "workflow"),
+        (pipelines, "activity"),
+        (scrape, "activity"),
+    ]
     assert set(kinds) <= set(lines), nobody.stdout
     for key in kinds:
         assert lines[key].split()[2:6] == ["none", "(unversioned)", "NO", "no"], lines[key]
@@ -193,10 +198,13 @@ async def test_aiworker_workers_says_per_queue_whether_a_poller_serves_the_curre
         assert await ensure_current(client, v1, wait_seconds=60) == "v1"
 
         async def routed() -> bool:  # the queues learn their current build a moment later
-            q = await queue_service(client, scrape, "activity")
-            return q.current_build == "v1" and q.serves_current
+            for queue, kind in kinds:
+                q = await queue_service(client, queue, kind)
+                if not (q.current_build == "v1" and q.serves_current):
+                    return False
+            return True
 
-        await wait_until(routed, "the scrape queue to route to v1", timeout=60)
+        await wait_until(routed, "the queues to route to v1 and be served", timeout=60)
         served = await asyncio.to_thread(run_cli_module, ["workers"], env, cwd=tmp_path)
         as_json = await asyncio.to_thread(run_cli_module, ["workers", "--json"], env, cwd=tmp_path)
     assert served.returncode == 0, served.stderr
