@@ -15,8 +15,8 @@ Three output modes, chosen by :func:`choose_view`:
 The views end with the :func:`~aiworker.workers.client.progress.summary` table.
 The loop here is thin: it polls the ``progress`` query once a second (at most
 :data:`~aiworker.workers.client.waits.MAX_POLLS` times) and hands each snapshot to
-the view; what is drawn is decided by the pure functions of
-:mod:`aiworker.workers.client.progress`.
+the view, which ticks on its own between polls (a query can take long); what is
+drawn is decided by the pure functions of :mod:`aiworker.workers.client.progress`.
 """
 
 from __future__ import annotations
@@ -224,24 +224,36 @@ def choose_view(
     return PlainView(out, name, link, workers, fields, hint)
 
 
-async def _watch(pipelines: PipelineClient, workflow_id: str, view: View, start: float) -> None:
-    """Poll the run's snapshot every :data:`POLL_SECONDS` (at most
-    :data:`MAX_POLLS` polls) and tick the view between polls, until cancelled."""
-    polls, next_poll = 0, start
-    frames = int(MAX_POLLS * POLL_SECONDS / view.frame_seconds)
-    for _ in range(frames):
+async def _poll(pipelines: PipelineClient, workflow_id: str, view: View, start: float) -> None:
+    """Hand the view the run's snapshot every :data:`POLL_SECONDS` (at most
+    :data:`MAX_POLLS` polls), until cancelled."""
+    for _ in range(MAX_POLLS):
         clock = time.monotonic()
-        if polls < MAX_POLLS and clock >= next_poll:
-            polls += 1
-            next_poll = clock + POLL_SECONDS
-            try:
-                snap = await snapshot(pipelines.temporal, workflow_id)
-            except TemporalError:  # not started yet, or ended: the next poll
-                stop_if_cancelled()
-            else:
-                view.update(snap, clock - start)
-        view.tick(time.monotonic() - start)
-        await asyncio.sleep(view.frame_seconds)
+        try:
+            snap = await snapshot(pipelines.temporal, workflow_id)
+        except TemporalError:  # not started yet, or ended: the next poll
+            stop_if_cancelled()
+        else:
+            view.update(snap, clock - start)
+        await asyncio.sleep(max(0.0, clock + POLL_SECONDS - time.monotonic()))
+
+
+async def _watch(pipelines: PipelineClient, workflow_id: str, view: View, start: float) -> None:
+    """Poll the run's snapshot (:func:`_poll`) and tick the view, until cancelled.
+
+    The ticks do not wait for the polls: a run no worker has picked up answers its
+    query only when the server gives up on it (half a minute), and the live line
+    must keep moving meanwhile."""
+    polls = asyncio.create_task(_poll(pipelines, workflow_id, view, start))
+    try:
+        frames = int(MAX_POLLS * POLL_SECONDS / view.frame_seconds)
+        for _ in range(frames):
+            view.tick(time.monotonic() - start)
+            await asyncio.sleep(view.frame_seconds)
+    finally:
+        polls.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await polls
 
 
 async def follow(pipelines: PipelineClient, handle: PipelineHandle, view: View) -> dict[str, Any]:
