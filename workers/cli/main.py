@@ -393,7 +393,9 @@ async def cmd_workers(args: argparse.Namespace) -> int:
     """``aiworker workers``: the live workers, with the processes and build ids
     serving them, when the live registry answers; else the local worker specs
     (saying so). As a table or JSON; a worker id and version served with
-    different specs is reported on stderr."""
+    different specs is reported on stderr. When Temporal answered, a table of the
+    task queues follows: the build their new work goes to, whether a live poller
+    of it is there, the pollers seen (:mod:`aiworker.workers.client.pollers`)."""
     view = await command_view(args, say="workers from")  # stderr: which, and why
     settings = command_settings(args)
     if view.source == "live" and view.registry is not None:
