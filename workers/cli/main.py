@@ -33,9 +33,9 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from aiworker.workers.cli.bulk import cmd_cancel, cmd_terminate
 from aiworker.workers.cli.command_span import command_span
@@ -73,7 +73,10 @@ from aiworker.workers.client.terminal import safe_text
 from aiworker.workers.process.replay import cmd_replay
 
 if TYPE_CHECKING:
+    from aiworker.config.settings import Settings
+    from aiworker.schemas.spec import WorkerSpec
     from aiworker.workers.client.client import PipelineClient, PipelineHandle
+    from aiworker.workers.client.pollers import Kind, QueueService
     from aiworker.workers.devstack.supervisor import DevOptions
     from aiworker.workers.process.live_registry import LiveRegistry
 
@@ -390,17 +393,29 @@ async def cmd_workers(args: argparse.Namespace) -> int:
     """``aiworker workers``: the live workers, with the processes and build ids
     serving them, when the live registry answers; else the local worker specs
     (saying so). As a table or JSON; a worker id and version served with
-    different specs is reported on stderr."""
+    different specs is reported on stderr. When Temporal answered, a table of the
+    task queues follows: the build their new work goes to, whether a live poller
+    of it is there, the pollers seen (:mod:`aiworker.workers.client.pollers`)."""
     view = await command_view(args, say="workers from")  # stderr: which, and why
+    settings = command_settings(args)
     if view.source == "live" and view.registry is not None:
-        return _print_live_workers(view.registry, as_json=args.json)
-    cat = process_catalog(command_settings(args))
+        specs = view.registry.specs()
+        queues = await _queues_served(args, settings, specs.values())
+        return _print_live_workers(
+            view.registry, queues, settings.task_queue_suffix, as_json=args.json
+        )
+    cat = process_catalog(settings)
     entries = sorted(cat.entries.values(), key=lambda e: e.worker_id)
+    queues = await _queues_served(args, settings, [e.spec for e in entries])
     if args.json:
         print(
             json.dumps(
                 {
-                    e.worker_id: {**e.spec.model_dump(mode="json"), "origin": e.origin}
+                    e.worker_id: {
+                        **e.spec.model_dump(mode="json"),
+                        "origin": e.origin,
+                        **_queue_json(queues, settings.queue(e.spec.task_queue)),
+                    }
                     for e in entries
                 },
                 indent=2,
@@ -418,10 +433,61 @@ async def cmd_workers(args: argparse.Namespace) -> int:
             f"{s.worker_id:<{width}} {s.kind:<8} {s.version:<8} {s.task_queue:<20} "
             f"{s.constraints.timeout_seconds:>7g}s {s.retries.max_attempts:>8}  {e.origin}"
         )
+    _print_queues(queues)
     return EXIT_OK
 
 
-def _print_live_workers(registry: LiveRegistry, *, as_json: bool) -> int:
+QueueServices: TypeAlias = "dict[tuple[str, Kind], QueueService | str]"
+
+
+async def _queues_served(
+    args: argparse.Namespace, settings: Settings, specs: Iterable[WorkerSpec]
+) -> QueueServices:
+    """Who polls the pipelines queue (workflows) and each worker's queue (activities),
+    and which build takes their new work; empty when Temporal did not answer (the
+    listing said so)."""
+    from aiworker.schemas import names
+    from aiworker.workers.client.pollers import queue_services
+
+    client = getattr(args, "_client", None)
+    if client is None:
+        return {}
+    queues: list[tuple[str, Kind]] = [(settings.queue(names.PIPELINES_QUEUE), "workflow")]
+    queues += sorted({(settings.queue(s.task_queue), "activity") for s in specs})
+    return await queue_services(client, queues)
+
+
+def _queue_json(queues: QueueServices, task_queue: str) -> dict[str, Any]:
+    """A worker's ``task_queue_service`` in ``--json`` (none when Temporal did not answer)."""
+    found = queues.get((task_queue, "activity"))
+    if found is None:
+        return {}
+    return {"task_queue_service": found if isinstance(found, str) else found.as_json()}
+
+
+def _print_queues(queues: QueueServices) -> None:
+    """One line per task queue: the build its new work goes to, whether a live poller
+    of that build is there, and the pollers seen (``no poller`` where none)."""
+    if not queues:
+        return
+    width = max(10, *(len(safe_text(q)) for q, _ in queues))
+    print()
+    print(f"{'task queue':<{width}} {'kind':<8} {'current build':<24} {'served':<6}  pollers")
+    for (queue, kind), service in queues.items():
+        if isinstance(service, str):
+            print(f"{safe_text(queue):<{width}} {kind:<8} {'?':<24} {'?':<6}  {safe_text(service)}")
+            continue
+        current = safe_text(service.current_build or "none (unversioned)")
+        served = "yes" if service.serves_current else "NO"
+        print(
+            f"{safe_text(queue):<{width}} {kind:<8} {current:<24} {served:<6}  "
+            f"{service.pollers_text()}"
+        )
+
+
+def _print_live_workers(
+    registry: LiveRegistry, queues: QueueServices, suffix: str, *, as_json: bool
+) -> int:
     """The live registry's workers: one row per worker, version and spec hash, with
     the processes serving it and their build ids; conflicts on stderr."""
     rows = []
@@ -451,6 +517,7 @@ def _print_live_workers(registry: LiveRegistry, *, as_json: bool) -> int:
         doc = {
             wid: {
                 **specs[wid].model_dump(mode="json"),
+                **_queue_json(queues, f"{specs[wid].task_queue}{suffix}"),
                 "origin": "live registry",
                 "processes": [
                     {
@@ -485,6 +552,7 @@ def _print_live_workers(registry: LiveRegistry, *, as_json: bool) -> int:
             f"{safe_text(r['version']):<8} {safe_text(r['spec_hash'][:12]):<12} "
             f"{safe_text(r['task_queue']):<20} {served}"
         )
+    _print_queues(queues)
     return EXIT_OK
 
 

@@ -9,6 +9,11 @@ and kind of them (``aiworker run --json``, on stderr). The live display and
 the plain lines of :mod:`aiworker.workers.client.watch` poll the same snapshot, which
 also carries what streaming steps have said so far (their running attempts'
 heartbeat details, from the same ``describe`` call).
+
+A run whose workflow task no worker picks up answers no query at all:
+:func:`tell_unserved` watches its description instead and says once, after
+:data:`~aiworker.workers.client.pollers.NOTICE_SECONDS`, which queue and build it
+waits for and which pollers are there (:mod:`aiworker.workers.client.pollers`).
 """
 
 from __future__ import annotations
@@ -17,14 +22,15 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from temporalio.client import Client, WorkflowExecutionDescription
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.exceptions import TemporalError
 
 from aiworker.schemas import names
+from aiworker.workers.client.pollers import NOTICE_SECONDS, unserved
 from aiworker.workers.client.progress import Snapshot, Wait, stream_of
 
 if TYPE_CHECKING:
@@ -170,14 +176,58 @@ async def report_waits(
             say(line)
 
 
+async def tell_unserved(
+    temporal: Client,
+    workflow_id: str,
+    say: Callable[[str], None],
+    *,
+    notice_after: float = NOTICE_SECONDS,
+    poll: float = POLL_SECONDS,
+) -> None:
+    """Say one line (through ``say``) when the run's workflow task has waited
+    ``notice_after`` seconds with no worker picking it up: the queue, the build
+    it goes to, the pollers seen. Once; returns then, when the run ends, or after
+    :data:`MAX_POLLS` polls. A describe that fails is tried again at the next poll."""
+    handle = temporal.get_workflow_handle(workflow_id)
+    for _ in range(MAX_POLLS):
+        await asyncio.sleep(poll)
+        try:
+            desc = await handle.describe()
+            if desc.status != WorkflowExecutionStatus.RUNNING:
+                return
+            found = await unserved(temporal, desc, notice_after)
+        except TemporalError:  # advice only: try again
+            stop_if_cancelled()
+            continue
+        if found is not None:
+            say(found.message())
+            return
+
+
+@contextlib.asynccontextmanager
+async def telling_unserved(
+    temporal: Client, workflow_id: str, say: Callable[[str], None]
+) -> AsyncIterator[None]:
+    """:func:`tell_unserved` for as long as the block runs."""
+    task = asyncio.create_task(tell_unserved(temporal, workflow_id, say))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def outcome_telling_waits(
     pipelines: PipelineClient, handle: PipelineHandle, say: Callable[[str], None]
 ) -> dict[str, Any]:
     """:meth:`PipelineClient.outcome` of ``handle``, with :func:`report_waits`
-    saying (through ``say``) what the run waits for meanwhile."""
+    saying (through ``say``) what the run waits for meanwhile, and
+    :func:`tell_unserved` when no worker picks it up."""
     watch = asyncio.create_task(report_waits(pipelines.temporal, handle.id, say))
     try:
-        return await pipelines.outcome(handle.id, handle.result_run_id)
+        async with telling_unserved(pipelines.temporal, handle.id, say):
+            return await pipelines.outcome(handle.id, handle.result_run_id)
     finally:
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -15,8 +15,8 @@ Three output modes, chosen by :func:`choose_view`:
 The views end with the :func:`~aiworker.workers.client.progress.summary` table.
 The loop here is thin: it polls the ``progress`` query once a second (at most
 :data:`~aiworker.workers.client.waits.MAX_POLLS` times) and hands each snapshot to
-the view; what is drawn is decided by the pure functions of
-:mod:`aiworker.workers.client.progress`.
+the view, which ticks on its own between polls (a query can take long); what is
+drawn is decided by the pure functions of :mod:`aiworker.workers.client.progress`.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from aiworker.workers.client.waits import (
     outcome_telling_waits,
     snapshot,
     stop_if_cancelled,
+    telling_unserved,
 )
 
 if TYPE_CHECKING:
@@ -82,6 +83,9 @@ class View(Protocol):
 
     def close(self, doc: dict[str, Any] | None, elapsed: float) -> None:
         """The run ended (``doc``, its outcome) or the watch stopped (``None``)."""
+
+    def notice(self, line: str) -> None:
+        """A line for stderr while the view shows (``aiworker: ...``)."""
 
 
 class _Output:
@@ -145,6 +149,10 @@ class PlainView(_Output):
     def tick(self, elapsed: float) -> None:
         """Nothing moves between polls in plain lines."""
 
+    def notice(self, line: str) -> None:
+        """On stderr, as it comes."""
+        err(line)
+
     def close(self, doc: dict[str, Any] | None, elapsed: float) -> None:
         """The summary table: the last word on every step (changes after the last
         poll show there, not as lines of their own)."""
@@ -185,6 +193,13 @@ class LiveView(_Output):
         raw_stream(self.out).write(f"\r{safe_text(line)}\x1b[K")
         self.out.flush()
 
+    def notice(self, line: str) -> None:
+        """Clear the live line first (stdout and stderr share the terminal); the next
+        tick draws it again under the notice."""
+        raw_stream(self.out).write("\r\x1b[K")
+        self.out.flush()
+        err(line)
+
     def close(self, doc: dict[str, Any] | None, elapsed: float) -> None:
         """Clear the line; then the summary table."""
         raw_stream(self.out).write("\r\x1b[K")
@@ -209,34 +224,49 @@ def choose_view(
     return PlainView(out, name, link, workers, fields, hint)
 
 
-async def _watch(pipelines: PipelineClient, workflow_id: str, view: View, start: float) -> None:
-    """Poll the run's snapshot every :data:`POLL_SECONDS` (at most
-    :data:`MAX_POLLS` polls) and tick the view between polls, until cancelled."""
-    polls, next_poll = 0, start
-    frames = int(MAX_POLLS * POLL_SECONDS / view.frame_seconds)
-    for _ in range(frames):
+async def _poll(pipelines: PipelineClient, workflow_id: str, view: View, start: float) -> None:
+    """Hand the view the run's snapshot every :data:`POLL_SECONDS` (at most
+    :data:`MAX_POLLS` polls), until cancelled."""
+    for _ in range(MAX_POLLS):
         clock = time.monotonic()
-        if polls < MAX_POLLS and clock >= next_poll:
-            polls += 1
-            next_poll = clock + POLL_SECONDS
-            try:
-                snap = await snapshot(pipelines.temporal, workflow_id)
-            except TemporalError:  # not started yet, or ended: the next poll
-                stop_if_cancelled()
-            else:
-                view.update(snap, clock - start)
-        view.tick(time.monotonic() - start)
-        await asyncio.sleep(view.frame_seconds)
+        try:
+            snap = await snapshot(pipelines.temporal, workflow_id)
+        except TemporalError:  # not started yet, or ended: the next poll
+            stop_if_cancelled()
+        else:
+            view.update(snap, clock - start)
+        await asyncio.sleep(max(0.0, clock + POLL_SECONDS - time.monotonic()))
+
+
+async def _watch(pipelines: PipelineClient, workflow_id: str, view: View, start: float) -> None:
+    """Poll the run's snapshot (:func:`_poll`) and tick the view, until cancelled.
+
+    The ticks do not wait for the polls: a run no worker has picked up answers its
+    query only when the server gives up on it (half a minute), and the live line
+    must keep moving meanwhile."""
+    polls = asyncio.create_task(_poll(pipelines, workflow_id, view, start))
+    try:
+        frames = int(MAX_POLLS * POLL_SECONDS / view.frame_seconds)
+        for _ in range(frames):
+            view.tick(time.monotonic() - start)
+            await asyncio.sleep(view.frame_seconds)
+    finally:
+        polls.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await polls
 
 
 async def follow(pipelines: PipelineClient, handle: PipelineHandle, view: View) -> dict[str, Any]:
     """:meth:`PipelineClient.outcome` of ``handle``, shown on ``view`` as it runs
-    and summed up when it ends."""
+    and summed up when it ends; a line on stderr when no worker picks it up
+    (:func:`~aiworker.workers.client.waits.tell_unserved`)."""
     start = time.monotonic()
     watch = asyncio.create_task(_watch(pipelines, handle.id, view, start))
     doc: dict[str, Any] | None = None
     try:
-        doc = await pipelines.outcome(handle.id, handle.result_run_id)
+        # a run no worker picks up answers no progress query: its description tells
+        async with telling_unserved(pipelines.temporal, handle.id, view.notice):
+            doc = await pipelines.outcome(handle.id, handle.result_run_id)
         return doc
     finally:
         watch.cancel()

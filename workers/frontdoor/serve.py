@@ -80,6 +80,7 @@ from aiworker.workers.frontdoor.service import (
     MAX_RESULT_WAIT_SECONDS,
     FrontDoor,
     HeartbeatRequest,
+    PipelineStatus,
     RedriveRequest,
     ReviewRequest,
     Service,
@@ -191,13 +192,23 @@ def create_app(door: FrontDoor, stream_limits: StreamLimits | None = None) -> Fa
         body = await read_body(request, door.settings.serve_max_body_bytes)
         return await service.start(body, key, request.headers.get("idempotency-key"))
 
-    @app.get("/v1/pipelines/{workflow_id}", responses=errors_of_one, summary="Status and progress")
+    status_doc = {"description": "the status", "model": PipelineStatus}
+
+    @app.get(
+        "/v1/pipelines/{workflow_id}",
+        response_model=None,
+        responses={200: status_doc, **errors_of_one},
+        summary="Status and progress (and which worker a run that has not moved waits for)",
+    )
     async def get_pipeline(workflow_id: WorkflowId, key: Caller) -> dict[str, Any]:
         return await service.status(workflow_id, key)
 
     @app.get(
         "/v1/pipelines/{workflow_id}/result",
-        responses={202: {"description": "still running: the status"}, **errors_of_one},
+        responses={
+            202: {"description": "still running: the status", "model": PipelineStatus},
+            **errors_of_one,
+        },
         summary="The outcome, waiting at most `timeout` seconds",
     )
     async def get_result(

@@ -41,6 +41,7 @@ from aiworker.workers.client.callbacks import UNKNOWN as UNKNOWN_TOKEN
 from aiworker.workers.client.callbacks import CallbackError, run_of, send_callback
 from aiworker.workers.client.client import PipelineClient, QuoteNotAcceptedError, RedriveError
 from aiworker.workers.client.flow_start import FlowHandle, FlowRefusedError, flow_doc
+from aiworker.workers.client.pollers import unserved
 from aiworker.workers.client.step_items import ItemsPartError, StepItemsError
 from aiworker.workers.frontdoor.auth import (
     ApiKey,
@@ -113,6 +114,54 @@ class ReviewRequest(BaseModel):
     )
     note: str | None = Field(default=None, max_length=10_000)
     step: str | None = Field(default=None, description="the step, when several await review")
+
+
+class PollerSeen(BaseModel):
+    """A worker seen polling a run's task queue."""
+
+    identity: str = Field(description="the worker's identity (pid@host by default)")
+    build_id: str | None = Field(description="its build; null for an unversioned worker")
+    deployment: str | None = Field(description="its Worker Deployment; null when unversioned")
+    seconds_ago: float = Field(description="when it last polled")
+    live: bool = Field(description="seen recently enough to be polling still")
+
+
+class WaitingForWorker(BaseModel):
+    """Why a run has not moved: no worker has picked up its workflow task."""
+
+    task_queue: str = Field(description="the run's workflow task queue")
+    waited_seconds: float = Field(description="how long its workflow task has waited")
+    build_id: str | None = Field(
+        description="the build it goes to: the build the run is pinned to, else the "
+        "queue's current build; null: unversioned workers take it"
+    )
+    current_build: str | None = Field(description="the queue's current build")
+    deployment: str | None = Field(description="the Worker Deployment of the current build")
+    served: bool = Field(description="a live poller of that build is there")
+    pollers: list[PollerSeen] = Field(description="every poller the queue lists")
+    message: str = Field(description="the same in one line, with what to do")
+
+
+class PipelineStatus(BaseModel):
+    """The body of ``GET /v1/pipelines/{id}`` (and of a result's 202)."""
+
+    model_config = ConfigDict(extra="allow")
+    workflow_id: str
+    run_id: str
+    pipeline: str | None
+    tenant: str | None
+    status: str | None = Field(description="the pipeline's status (its search attribute)")
+    execution_status: str | None = Field(description="the workflow execution's status")
+    start_time: str | None
+    close_time: str | None
+    progress: dict[str, Any] | None = Field(
+        description="the progress query: each step's status, attempts, error code and "
+        "usage; null when the run does not answer (no worker has picked it up, or it ended)"
+    )
+    waiting_for_worker: WaitingForWorker | None = Field(
+        description="null unless no worker has picked up the run's workflow task for a "
+        "few seconds: then which queue and build it waits for, and the pollers seen"
+    )
 
 
 class RedriveRequest(BaseModel):
@@ -360,9 +409,26 @@ class Service:
         return desc
 
     async def status(self, workflow_id: str, key: ApiKey) -> dict[str, Any]:
-        """Describe plus the ``progress`` query (null when the workflow does not answer)."""
+        """Describe plus the ``progress`` query (null when the workflow does not answer),
+        and ``waiting_for_worker`` (null unless no worker has picked up the run's
+        workflow task for a few seconds: then the queue, the build it goes to and
+        the pollers seen, :mod:`aiworker.workers.client.pollers`)."""
         desc = await self.owned(workflow_id, key)
         doc = _summary(desc)
+        doc["waiting_for_worker"] = None
+        try:
+            waiting = await unserved(self.door.pipelines.temporal, desc)
+        except RPCError as e:  # advice only: the status stands without it
+            if e.status == RPCStatusCode.UNAVAILABLE:
+                raise
+            log.info("task queue of %s not described: %s", workflow_id, e.message)
+            waiting = None
+        if waiting is not None:
+            doc["waiting_for_worker"] = waiting.as_json()
+            # a query waits for the workflow task no worker takes: it would hold the
+            # caller for its whole timeout and answer nothing
+            doc["progress"] = None
+            return doc
         # An ended run answers only when a worker replays it: do not hold the caller long.
         running = desc.status == WorkflowExecutionStatus.RUNNING
         try:
