@@ -213,6 +213,9 @@ async def test_quote_from_history_multiplies_and_names_what_it_cannot_estimate(
     assert "validator" in unknown["detail"]
 
 
+# Three recorded calls of the local model, five CLI processes and a front door: about
+# a minute on a quiet machine, past the suite's 180 s beside a CPU hog on two cores.
+@pytest.mark.timeout(480)
 async def test_the_tenant_threshold_holds_a_start_until_it_is_accepted(
     quoting: QuoteStack, client: Client
 ) -> None:
