@@ -306,6 +306,9 @@ async def connect(
         TemporalUnreachableError: the connection failed, or the frontend was
             not healthy within ``wait_seconds``.
     """
+    from aiworker.workers.client.exit_guard import guard_exit
+
+    guard_exit()
     resolved = resolve_target(
         profile, data_dir=settings.data_dir if settings is not None else None, **overrides
     )
