@@ -226,3 +226,83 @@ async def test_the_dev_stack_signs_its_registry_and_commands_beside_it_verify_it
     told["AIWORKER_REGISTRY_SECRET"] = secret.read_text().strip()
     keyed = await asyncio.to_thread(_cli, ["workers"], elsewhere, told)
     assert "workers from the live registry (1 process)" in keyed.stderr, keyed.stderr
+
+
+def _scrape(url: str) -> dict[str, object]:
+    title = {"title": {"selector": "h1", "required": True}}
+    return {
+        "name": "rollout-scrape",
+        "steps": [
+            {
+                "id": "page",
+                "worker": "web-scrape",
+                "input": {"url": url, "extraction_spec": {"fields": title}},
+            }
+        ],
+        "output": {"title": "${{ steps.page.outputs.data.title }}"},
+    }
+
+
+@pytest.mark.timeout(300)
+async def test_a_worker_started_beside_the_dev_stack_takes_its_dev_settings(
+    dev: Dev, tmp_path: Path
+) -> None:
+    from temporalio.client import Client
+
+    from aiworker.workers.devstack.supervisor import join_dev_stack
+
+    state = json.loads((dev.folder / ".aiworker" / "dev.json").read_text())
+    assert state["worker_env"] == {"AIWORKER_ALLOW_PRIVATE_NETWORKS": "true"}, state
+    # the rollout of the docs, beside the stack: a new build, made current
+    v2 = WorkerProcess(
+        [AIWORKER, "worker"],
+        _env(
+            AIWORKER_BUILD_ID="v2", AIWORKER_METRICS_PORT="0", AIWORKER_SHUTDOWN_GRACE_SECONDS="2"
+        ),
+        tmp_path / "v2.out",
+        cwd=dev.folder,
+    )
+    try:
+        seen: list[subprocess.CompletedProcess[str]] = []
+
+        async def polls() -> bool:
+            seen.append(
+                await asyncio.to_thread(_cli, ["deployment", "versions"], dev.folder, _env())
+            )
+            return "v2" in seen[-1].stdout
+
+        await wait_until(polls, lambda: f"build v2 to poll: {seen[-1].stdout} {v2.output()}")
+        joined = [
+            line for line in v2.output().splitlines() if "joins the aiworker dev stack" in line
+        ]
+        assert joined == [
+            f"aiworker: this worker joins the aiworker dev stack at {dev.address} (from "
+            "./.aiworker/dev.json) and takes its dev settings: "
+            "AIWORKER_ALLOW_PRIVATE_NETWORKS=true (set a variable to choose otherwise)"
+        ], v2.output()
+        current = await asyncio.to_thread(
+            _cli, ["deployment", "set-current", "v2"], dev.folder, _env()
+        )
+        assert current.returncode == 0, current.stderr
+
+        # a page on loopback (the stack's sample site), scraped by build v2
+        pipeline = tmp_path / "scrape.json"
+        pipeline.write_text(json.dumps(_scrape(f"{state['site_url']}/kettle.html")))
+        ran = await asyncio.to_thread(_cli, ["run", str(pipeline), "--json"], dev.folder, _env())
+        result = json.loads(ran.stdout)
+        assert ran.returncode == 0 and result["status"] == "succeeded", ran.stdout + ran.stderr
+        assert result["output"]["title"], result
+        temporal = await Client.connect(dev.address)
+        described = await temporal.get_workflow_handle(result["workflow_id"]).describe()
+        info = described.raw_description.workflow_execution_info.versioning_info
+        assert info.deployment_version.build_id == "v2", info
+    finally:
+        v2.terminate()
+        v2.close()
+
+    # a variable of the worker's own wins, and another server takes nothing
+    data = str(dev.folder / ".aiworker")
+    own = {"AIWORKER_DATA_DIR": data, "AIWORKER_ALLOW_PRIVATE_NETWORKS": "false"}
+    assert join_dev_stack(own) == (own, None)
+    elsewhere = {"AIWORKER_DATA_DIR": data}
+    assert join_dev_stack(elsewhere, address=f"127.0.0.1:{free_port()}") == (elsewhere, None)

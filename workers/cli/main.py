@@ -55,6 +55,7 @@ from aiworker.workers.cli.common import (
     dev_settings,
     err,
     load_pipeline_file,
+    load_settings,
     local_view,
     no_answer,
     outcome_code,
@@ -332,9 +333,14 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
 
 async def cmd_worker(args: argparse.Namespace) -> int:
     """``aiworker worker``: poll task queues until SIGTERM or SIGINT, then drain."""
-    from aiworker.workers.devstack.supervisor import run_worker_process
+    from aiworker.workers.devstack.supervisor import join_dev_stack, run_worker_process
     from aiworker.workers.process.telemetry import Telemetry
 
+    # Beside `aiworker dev`, a second worker serves as the stack's own does.
+    environ, joined = join_dev_stack(os.environ, profile=args.profile, address=args.address)
+    if joined is not None:
+        err(joined)
+        args._settings = load_settings(environ)
     settings = command_settings(args)
     start_worker_process(settings)
     await run_worker_process(

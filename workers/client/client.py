@@ -72,6 +72,7 @@ from aiworker.schemas.priority import start_priority
 from aiworker.schemas.spec import WorkerSpec
 from aiworker.workers.client import visibility as visibility
 from aiworker.workers.client.callbacks import CallbackError, send_callback
+from aiworker.workers.client.exit_guard import guard_exit
 from aiworker.workers.client.flow_start import (
     FlowHandle,
     FlowRefusedError,
@@ -209,6 +210,8 @@ class PipelineClient:
         *,
         known_workers: Collection[str] | None = None,
     ) -> None:
+        # a script's exit must not race Core's threads (a client made elsewhere too)
+        guard_exit()
         self.temporal = client
         self.settings = settings if settings is not None else Settings()
         self._known = set(known_workers) if known_workers is not None else None

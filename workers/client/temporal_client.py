@@ -214,15 +214,16 @@ def resolve_target(
             # envconfig reads the stack's profile; TEMPORAL_NAMESPACE and the like still apply
             cfg = dict(ClientConfig.load_client_connect_config(config_file=str(stack.profile_path)))
             cfg.setdefault("target_host", stack.address)
-            where = _shown(place / state.STATE_FILE)
+            where = shown_path(place / state.STATE_FILE)
             if cfg["target_host"] not in _DEFAULT_ADDRESSES:  # the default says nothing
                 notice = (
                     f"aiworker: using the aiworker dev stack at {cfg['target_host']} "
                     f"(from {where}; TEMPORAL_ADDRESS or --address choose another server)"
                 )
         elif stale is not None:
+            recorded = shown_path(place / state.STATE_FILE)
             notice = (
-                f"aiworker: ignoring the dev stack recorded in {_shown(place / state.STATE_FILE)}"
+                f"aiworker: ignoring the dev stack recorded in {recorded}"
                 f": {stale}; connecting to {DEFAULT_ADDRESS}"
             )
     cfg.setdefault("target_host", DEFAULT_ADDRESS)
@@ -230,7 +231,7 @@ def resolve_target(
     return Target(cfg, stack, notice)
 
 
-def _shown(path: Path) -> str:
+def shown_path(path: Path) -> str:
     """``path`` relative to the working directory when it is under it."""
     path = path.absolute()
     try:
@@ -306,6 +307,9 @@ async def connect(
         TemporalUnreachableError: the connection failed, or the frontend was
             not healthy within ``wait_seconds``.
     """
+    from aiworker.workers.client.exit_guard import guard_exit
+
+    guard_exit()
     resolved = resolve_target(
         profile, data_dir=settings.data_dir if settings is not None else None, **overrides
     )

@@ -10,7 +10,8 @@ default) once its worker polls:
   stack stops (a profile is configuration; with nothing listening a client
   says it cannot connect).
 - ``dev.json``: the running stack's state (address, namespace, Web UI, the PIDs
-  of ``aiworker dev`` and its server, the sample site), removed on a clean stop.
+  of ``aiworker dev`` and its server, the sample site, the settings its worker
+  has beyond the environment's), removed on a clean stop.
 
 A third file, ``registry.secret``, is written before the stack starts when
 ``AIWORKER_REGISTRY_SECRET`` is unset (:func:`ensure_registry_secret`): the
@@ -39,7 +40,7 @@ import json
 import os
 import secrets
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,10 @@ class DevStack:
         server_pid: the Temporal server (a child of ``pid``).
         data_dir: the stack's data directory (absolute).
         site_url: the bundled sample site (``dev --site``), or ``None``.
+        worker_env: the settings ``aiworker dev`` gave its worker beyond the
+            environment's (``AIWORKER_*`` variable -> value: loopback access, the
+            local model), which an ``aiworker worker`` joining the stack takes
+            where its own environment is silent.
     """
 
     address: str
@@ -70,6 +75,7 @@ class DevStack:
     server_pid: int | None
     data_dir: str
     site_url: str | None = None
+    worker_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def state_path(self) -> Path:
@@ -116,6 +122,7 @@ def record(
     ui_url: str | None,
     server_pid: int | None,
     site_url: str | None = None,
+    worker_env: dict[str, str] | None = None,
 ) -> DevStack:
     """Write the profile file and ``dev.json`` for this process's stack."""
     data_dir = data_dir.resolve()
@@ -128,6 +135,7 @@ def record(
         server_pid=server_pid,
         data_dir=str(data_dir),
         site_url=site_url,
+        worker_env=dict(worker_env or {}),
     )
     _write_atomically(
         stack.profile_path,
@@ -161,9 +169,22 @@ def read(data_dir: Path) -> DevStack | None:
             server_pid=int(raw["server_pid"]) if raw.get("server_pid") else None,
             data_dir=str(raw.get("data_dir") or data_dir.resolve()),
             site_url=raw.get("site_url") or None,
+            worker_env=_worker_env(raw.get("worker_env")),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _worker_env(raw: Any) -> dict[str, str]:
+    """The recorded worker settings: ``AIWORKER_*`` names with string values only
+    (anything else in the file is not a setting this module wrote)."""
+    if not isinstance(raw, dict):
+        return {}
+    return {
+        k: v
+        for k, v in raw.items()
+        if isinstance(k, str) and k.startswith("AIWORKER_") and isinstance(v, str)
+    }
 
 
 def _process_alive(pid: int) -> bool:

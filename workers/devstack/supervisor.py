@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
@@ -389,6 +389,7 @@ async def run_dev_stack(
                 ui_url=server.ui_url,
                 server_pid=server.pid,
                 site_url=sample_site.url if sample_site is not None else None,
+                worker_env=dev_worker_env(settings, model),
             )
             stack.callback(state.forget, recorded)
             _announce(server.address, server.ui_url, settings.data_dir)
@@ -479,6 +480,73 @@ async def _background_worker(
         elif not task.cancelled():
             # Leaving on another error: that one is reported, not the worker's.
             task.exception()
+
+
+# The model settings go together: a worker that names any of them chose its models.
+_MODEL_VARIABLES = (
+    "AIWORKER_LLM_PROVIDER",
+    "AIWORKER_LLM_BASE_URL",
+    "AIWORKER_LLM_MODEL",
+    "AIWORKER_LLM_API_KEY",
+    "AIWORKER_MODELS_FILE",
+)
+
+
+def dev_worker_env(settings: Settings, model: ModelServer | None) -> dict[str, str]:
+    """What the dev stack's worker has beyond a plain ``aiworker worker``'s defaults,
+    as variables (recorded in ``dev.json`` for :func:`join_dev_stack`): loopback
+    and private addresses allowed, and the local model as the ``default`` alias."""
+    env = {"AIWORKER_ALLOW_PRIVATE_NETWORKS": str(settings.allow_private_networks).lower()}
+    if model is not None:
+        env |= {
+            "AIWORKER_LLM_PROVIDER": "openai",
+            "AIWORKER_LLM_BASE_URL": model.base_url,
+            "AIWORKER_LLM_MODEL": model.model_name,
+        }
+    return env
+
+
+def join_dev_stack(
+    environ: Mapping[str, str], *, profile: str | None = None, address: str | None = None
+) -> tuple[dict[str, str], str | None]:
+    """The environment of an ``aiworker worker`` that connects to the live dev stack
+    of its data directory: the stack's worker settings (:func:`dev_worker_env`)
+    under ``environ``'s own, and one line saying so; ``environ`` unchanged and
+    ``None`` for a worker of any other server.
+
+    A variable set in ``environ`` wins over the stack's; the model settings go as a
+    group (a worker that names any model setting keeps its own models).
+    """
+    from aiworker.workers.client.temporal_client import (
+        default_data_dir,
+        resolve_target,
+        shown_path,
+    )
+    from aiworker.workers.devstack import state
+
+    data_dir = Path(environ["AIWORKER_DATA_DIR"]) if environ.get("AIWORKER_DATA_DIR") else None
+    place = data_dir if data_dir is not None else default_data_dir()
+    stack, _ = state.find(place)
+    if stack is None or not stack.worker_env:
+        return dict(environ), None
+    target = resolve_target(profile, data_dir=place, target_host=address)
+    if target.config.get("target_host") != stack.address:
+        return dict(environ), None
+    own_models = any(environ.get(name) for name in _MODEL_VARIABLES)
+    taken = {
+        name: value
+        for name, value in stack.worker_env.items()
+        if not environ.get(name) and not (own_models and name in _MODEL_VARIABLES)
+    }
+    if not taken:
+        return dict(environ), None
+    settings = ", ".join(f"{name}={value}" for name, value in taken.items())
+    line = (
+        f"this worker joins the aiworker dev stack at {stack.address} "
+        f"(from {shown_path(place / state.STATE_FILE)}) and takes its dev settings: {settings} "
+        "(set a variable to choose otherwise)"
+    )
+    return {**taken, **environ}, line
 
 
 def _announce(address: str, ui_url: str | None, data_dir: Path) -> None:
