@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -205,17 +205,25 @@ async def tell_unserved(
 
 
 @contextlib.asynccontextmanager
-async def telling_unserved(
-    temporal: Client, workflow_id: str, say: Callable[[str], None]
-) -> AsyncIterator[None]:
-    """:func:`tell_unserved` for as long as the block runs."""
-    task = asyncio.create_task(tell_unserved(temporal, workflow_id, say))
+async def beside(*jobs: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """Run ``jobs`` as tasks for as long as the block runs; cancelled and awaited
+    when it ends, however it ends."""
+    tasks = [asyncio.create_task(job) for job in jobs]
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def telling_unserved(
+    temporal: Client, workflow_id: str, say: Callable[[str], None]
+) -> contextlib.AbstractAsyncContextManager[None]:
+    """:func:`tell_unserved` for as long as the block runs."""
+    return beside(tell_unserved(temporal, workflow_id, say))
 
 
 async def outcome_telling_waits(
@@ -224,11 +232,8 @@ async def outcome_telling_waits(
     """:meth:`PipelineClient.outcome` of ``handle``, with :func:`report_waits`
     saying (through ``say``) what the run waits for meanwhile, and
     :func:`tell_unserved` when no worker picks it up."""
-    watch = asyncio.create_task(report_waits(pipelines.temporal, handle.id, say))
-    try:
-        async with telling_unserved(pipelines.temporal, handle.id, say):
-            return await pipelines.outcome(handle.id, handle.result_run_id)
-    finally:
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
+    async with beside(
+        report_waits(pipelines.temporal, handle.id, say),
+        tell_unserved(pipelines.temporal, handle.id, say),
+    ):
+        return await pipelines.outcome(handle.id, handle.result_run_id)
