@@ -25,13 +25,19 @@ Written here rather than with a library: a few dozen lines of stdlib
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiworker.schemas.pipeline import PipelineSpec, Step, step_dependencies
+
+if TYPE_CHECKING:
+    from aiworker.workers.evals.recorded import UnreadableRun
+
+log = logging.getLogger(__name__)
 
 DEFAULT_DRAWS = 2000
 DEFAULT_SEED = 33
@@ -272,23 +278,38 @@ def _step_model(step: Step) -> str | None:
 
 
 async def step_history(
-    client: Any, spec: PipelineSpec, *, limit: int = HISTORY_LIMIT
+    client: Any,
+    spec: PipelineSpec,
+    *,
+    limit: int = HISTORY_LIMIT,
+    unreadable: list[UnreadableRun] | None = None,
 ) -> dict[str, list[CallSample]]:
     """Step id -> recorded successful calls of its worker (of the step's model
     alias when its input names one literally), for the pipeline's tenant, read
     with the evals reader (:mod:`aiworker.workers.evals.recorded`): at most
     ``limit`` calls per worker, newest runs first, the workers read at once,
-    each within :data:`READ_SECONDS`."""
+    each within :data:`READ_SECONDS`.
+
+    A run whose payloads this process cannot read (another stack's artifact
+    store) is left out of the quote, never its end: it is appended to
+    ``unreadable`` when given, and logged."""
     import asyncio
 
-    from aiworker.workers.evals.recorded import CallQuery, RecordedCall, recorded_calls
+    from aiworker.workers.evals.recorded import (
+        CallQuery,
+        RecordedCall,
+        recorded_calls,
+    )
+
+    skipped: list[UnreadableRun] = [] if unreadable is None else unreadable
+    before = len(skipped)
 
     async def read_worker(worker: str) -> list[RecordedCall]:
         calls: list[RecordedCall] = []
         query = CallQuery(worker=worker, tenant=spec.tenant, status="succeeded", limit=limit)
         try:
             async with asyncio.timeout(READ_SECONDS):
-                async for call in recorded_calls(client, query):
+                async for call in recorded_calls(client, query, unreadable=skipped):
                     calls.append(call)
         except TimeoutError:
             pass  # bounded: quote from what was read
@@ -298,6 +319,17 @@ async def step_history(
     # each worker once, all at the same time: a start waits READ_SECONDS at most
     workers = sorted({str(s.worker) for s in steps})
     read = dict(zip(workers, await asyncio.gather(*map(read_worker, workers)), strict=True))
+    if len(skipped) > before:
+        first = skipped[before]
+        log.warning(
+            "quote of %s left out %d recorded run(s) whose payloads cannot be read here; "
+            "first: %s (%s: %s)",
+            spec.name,
+            len(skipped) - before,
+            first.workflow_id,
+            first.code,
+            first.message,
+        )
     out: dict[str, list[CallSample]] = {}
     for step in steps:
         model = _step_model(step)

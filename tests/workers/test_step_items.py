@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -19,6 +20,7 @@ from support.front_door import bearer, running_door, write_config
 from support.payloads import client_for, stack_settings
 from support.procs import run_cli_module, worker_env
 from support.standins import fail, standin
+from support.waiting import wait_until
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
@@ -28,6 +30,7 @@ from aiworker.config.settings import Settings
 from aiworker.schemas.pipeline import ItemsRef
 from aiworker.workers.client.client import PipelineClient
 from aiworker.workers.client.step_items import ItemsPartError, StepItemsError
+from aiworker.workers.evals.recorded import CallQuery, UnreadableRun, recorded_calls
 
 N = 12
 INLINE = 5  # foreach_inline_items: `each` (12 items) by reference, `small` (3) inline
@@ -73,12 +76,14 @@ async def _echo(req: dict[str, Any]) -> dict[str, Any]:
     return {"n": n}
 
 
-async def _run(env: WorkflowEnvironment, tmp_path: Path) -> tuple[Client, Settings, str, Any]:
+async def _run(
+    env: WorkflowEnvironment, tmp_path: Path, pipeline: dict[str, Any] = PIPELINE
+) -> tuple[Client, Settings, str, Any]:
     settings = stack_settings(tmp_path, foreach_inline_items=INLINE)
     client = client_for(env, settings)
     acts = {"validator": standin("validator", _echo)}
     async with running_stack(client, settings, replace_activities=acts) as stack:
-        handle = await stack.start(PIPELINE)
+        handle = await stack.start(pipeline)
         result = await handle.result()
     return client, settings, handle.id, result
 
@@ -270,6 +275,43 @@ async def test_aiworker_items_from_another_folder_reads_the_runs_own_store(
     assert "AIWORKER_DATA_DIR" in proc.stderr and "(not_found)" in proc.stderr
     assert "belong" not in proc.stderr and "access_denied" not in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+async def test_a_run_whose_store_is_gone_is_left_out_of_a_quote_not_its_end(
+    env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """The recorded-call reader meets a run whose payloads are in a store this
+    process cannot read: evals get the store's ``not_found``; the quote leaves
+    the run out, lists it, and ``aiworker check --quote`` still prints a quote
+    (exit 0) and says which run it left out (it ended in ``unexpected error``)."""
+    name = f"items-gone-{uuid.uuid4().hex[:8]}"
+    client, settings, wid, result = await _run(env, tmp_path, {**PIPELINE, "name": name})
+    assert ItemsRef.of(result.steps["each"].outputs["items"]) is not None  # spilled
+    query = CallQuery(worker="validator", tenant="acme", pipeline=name, status="succeeded")
+
+    async def listed() -> bool:
+        return [w.id async for w in client.list_workflows(query.visibility_query())] == [wid]
+
+    await wait_until(listed, f"{wid} in visibility")
+    assert [c async for c in recorded_calls(client, query)]  # readable while the store is here
+    # the stack's store is gone from this machine (its spilled payloads with it)
+    settings.data_dir.rename(settings.data_dir.with_name("moved"))
+
+    with pytest.raises(NotFoundError):
+        _ = [c async for c in recorded_calls(client, query)]
+    unreadable: list[UnreadableRun] = []
+    assert [c async for c in recorded_calls(client, query, unreadable=unreadable)] == []
+    assert [(u.workflow_id, u.code) for u in unreadable] == [(wid, "not_found")]
+
+    spec_file = tmp_path / "quote.json"
+    spec_file.write_text(json.dumps({**PIPELINE, "name": name}))
+    proc = await asyncio.to_thread(
+        run_cli_module, ["check", "--quote", "--json", str(spec_file)], _cli_env(client, settings)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "unexpected error" not in proc.stderr
+    assert "left out" in proc.stderr and "AIWORKER_DATA_DIR" in proc.stderr, proc.stderr
+    assert json.loads(proc.stdout)["pipeline"] == name
 
 
 async def test_a_workers_store_reads_only_its_own_and_blames_tenancy_only_inside_it(

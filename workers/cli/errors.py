@@ -27,6 +27,7 @@ from temporalio.client import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from aiworker.activities.errors import WorkerError
 from aiworker.config.extras import MissingExtraError
 from aiworker.schemas.errors import ErrorCode
 from aiworker.workers.cli.common import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE
@@ -143,6 +144,10 @@ def explain(e: BaseException, args: argparse.Namespace) -> Failure:
         return Failure(f"{e} (invalid_input)", EXIT_USAGE)
     if isinstance(e, StepItemsError):
         return Failure(f"{_subject(args)}: {e} ({e.code.value})", _items_exit(e))
+    if isinstance(e, WorkerError):
+        # the store's errors reading a payload back (not_found, access_denied): stable codes
+        code = EXIT_NOT_FOUND if e.code == ErrorCode.NOT_FOUND else EXIT_FAILED
+        return Failure(f"{e} ({e.code.value})", code)
     if isinstance(e, TemporalUnreachableError):
         return Failure(f"cannot reach Temporal: {e}", EXIT_FAILED)
     if isinstance(e, RPCError):

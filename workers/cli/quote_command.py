@@ -29,6 +29,7 @@ async def history_for(args: argparse.Namespace, spec: PipelineSpec) -> dict[str,
     """The quote's history, read from the Temporal this command talks to."""
     from aiworker.workers.cli.common import command_client
     from aiworker.workers.client.temporal_client import TemporalUnreachableError
+    from aiworker.workers.evals.recorded import UnreadableRun
 
     try:
         client = await command_client(args)
@@ -36,7 +37,17 @@ async def history_for(args: argparse.Namespace, spec: PipelineSpec) -> dict[str,
         # the quote still names every step it cannot estimate
         err(f"cannot reach Temporal ({e}): no recorded calls to quote from")
         return {}
-    return await step_history(client, spec)
+    unreadable: list[UnreadableRun] = []
+    history = await step_history(client, spec, unreadable=unreadable)
+    if unreadable:
+        # the quote stands on the runs it could read; say which it could not
+        first = unreadable[0]
+        err(
+            f"left out {len(unreadable)} recorded run(s) whose payloads this process "
+            f"cannot read (first: {first.workflow_id}, {first.code}): set AIWORKER_DATA_DIR "
+            "or AIWORKER_ARTIFACT_STORE to the store the workers write"
+        )
+    return history
 
 
 async def cmd_check_quote(args: argparse.Namespace) -> int:

@@ -31,6 +31,12 @@ run ended (what it saw when it called: a step's results do not change once
 ended). A step's validator call (``<step> validate``) is not a step's call and
 is not read.
 
+A run whose payloads this process cannot read (they live in another stack's
+artifact store, or the store refuses them) raises the store's error
+(:class:`~aiworker.activities.errors.NotFoundError`, ``not_found``); a caller
+that can do without it passes ``unreadable`` and gets it listed instead
+(:class:`UnreadableRun`), the way the quote does.
+
 This is the one history reader of evals and of ``aiworker check --quote``:
 keep its names stable.
 """
@@ -50,6 +56,7 @@ from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
+from aiworker.activities.errors import WorkerError
 from aiworker.schemas import names
 from aiworker.schemas.batch import ITEMS_SUFFIX
 from aiworker.schemas.outcomes import carried_result
@@ -637,8 +644,22 @@ def _call(
     )
 
 
+@dataclass(frozen=True)
+class UnreadableRun:
+    """A run :func:`recorded_calls` left out: its payloads cannot be read here."""
+
+    workflow_id: str
+    run_id: str
+    code: str
+    message: str
+
+
 async def recorded_calls(
-    client: Client, query: CallQuery, *, page_size: int = 100
+    client: Client,
+    query: CallQuery,
+    *,
+    page_size: int = 100,
+    unreadable: list[UnreadableRun] | None = None,
 ) -> AsyncIterator[RecordedCall]:
     """The recorded calls matching ``query``: ended pipeline runs newest first
     (visibility's order), each run's calls in the order they were scheduled; at
@@ -652,15 +673,30 @@ async def recorded_calls(
             storage included).
         query: what to read.
         page_size: the visibility page size and the history page size.
+        unreadable: when given, a run whose payloads this process cannot read
+            (the store's error, a :class:`~aiworker.activities.errors.WorkerError`)
+            is appended here and left out; otherwise that error is raised.
     """
     if query.limit is not None and query.limit <= 0:
         return
     count = 0
     async for wf in client.list_workflows(query.visibility_query(), page_size=page_size):
         pipeline = wf.typed_search_attributes.get(names.PIPELINE_KEY)
-        for call in await run_calls(
-            client, wf.id, wf.run_id, worker=query.worker, pipeline=pipeline, page_size=page_size
-        ):
+        try:
+            calls = await run_calls(
+                client,
+                wf.id,
+                wf.run_id,
+                worker=query.worker,
+                pipeline=pipeline,
+                page_size=page_size,
+            )
+        except WorkerError as e:
+            if unreadable is None:
+                raise
+            unreadable.append(UnreadableRun(wf.id, wf.run_id, e.code.value, str(e)))
+            continue
+        for call in calls:
             if not _matches(query, call):
                 continue
             yield call
@@ -669,4 +705,4 @@ async def recorded_calls(
                 return
 
 
-__all__ = ["CallQuery", "RecordedCall", "recorded_calls", "run_calls"]
+__all__ = ["CallQuery", "RecordedCall", "UnreadableRun", "recorded_calls", "run_calls"]
