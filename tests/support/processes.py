@@ -15,6 +15,7 @@ can show the load was really spread over the processes.
 from __future__ import annotations
 
 import sys
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -35,6 +36,15 @@ from support.procs import WorkerProcess, worker_env
 from support.waiting import wait_until
 
 AIWORKER = str(Path(sys.executable).parent / "aiworker")
+
+# How long N processes get, together, to poll. Not a start-up time: a new build's
+# first poller of a queue can wait out a whole long poll (about 60 s) when its
+# version's registration meets the deployment's version workflow closing (another
+# process of the build made it current a moment before: the server answers
+# "workflow is closing", ResourceExhausted, and matching backs off). Seen here
+# 2 times in 4 with three processes beside a CPU hog (the third queue-poll at 61
+# and 64 s, the others at 10 s); sdk-python's own tests wait for the same delay.
+READY_SECONDS = 150.0
 
 # What every process must poll before it counts as up: the pipelines' workflow
 # queue (every pipeline starts there) and its activity side (worker calls).
@@ -76,7 +86,7 @@ async def worker_processes(
     n: int,
     env: Mapping[str, str] | None = None,
     queues: Iterable[tuple[str, TaskQueueType.ValueType]] = DEFAULT_QUEUES,
-    ready_timeout: float = 60.0,
+    ready_timeout: float = READY_SECONDS,
 ) -> AsyncIterator[list[WorkerProcess]]:
     """``n`` ``aiworker worker`` processes, each polling ``queues``, stopped on exit.
 
@@ -87,7 +97,7 @@ async def worker_processes(
         env: settings added to (or overriding) the processes' environment.
         queues: (base queue, kind) pairs each process must poll before the
             block runs.
-        ready_timeout: seconds for all of them to poll.
+        ready_timeout: seconds for all of them to poll (one deadline for all).
     """
     base = worker_env(client, settings, tmp_path / "data")
     base.update(env or {})
@@ -97,6 +107,7 @@ async def worker_processes(
     try:
         for i in range(n):
             procs.append(WorkerProcess([AIWORKER, "worker"], base, tmp_path / f"worker{i}.log"))
+        deadline = time.monotonic() + ready_timeout
         for p in procs:
 
             async def up(p: WorkerProcess = p) -> bool:
@@ -106,7 +117,7 @@ async def worker_processes(
             await wait_until(
                 up,
                 f"worker process {p.pid} to poll its queues (log {p.log})",
-                timeout=ready_timeout,
+                timeout=max(deadline - time.monotonic(), 1.0),
                 interval=0.2,
             )
             if p.proc.poll() is not None:

@@ -99,7 +99,8 @@ async def chunk_ids(client: Client, workflow_id: str) -> list[str]:
     ]
 
 
-@pytest.mark.timeout(240)
+# start-up (support.processes.READY_SECONDS) plus the pipelines' 180 s, with room
+@pytest.mark.timeout(420)
 async def test_budgets_stay_exact_across_three_worker_processes(
     client: Client, settings: Settings, tmp_path: Path
 ) -> None:
