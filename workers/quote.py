@@ -292,7 +292,7 @@ async def step_history(
 
     A run whose payloads this process cannot read (another stack's artifact
     store) is left out of the quote, never its end: it is appended to
-    ``unreadable`` when given, and logged."""
+    ``unreadable`` when given (the caller says so), else logged."""
     import asyncio
 
     from aiworker.workers.evals.recorded import (
@@ -302,7 +302,6 @@ async def step_history(
     )
 
     skipped: list[UnreadableRun] = [] if unreadable is None else unreadable
-    before = len(skipped)
 
     async def read_worker(worker: str) -> list[RecordedCall]:
         calls: list[RecordedCall] = []
@@ -319,13 +318,13 @@ async def step_history(
     # each worker once, all at the same time: a start waits READ_SECONDS at most
     workers = sorted({str(s.worker) for s in steps})
     read = dict(zip(workers, await asyncio.gather(*map(read_worker, workers)), strict=True))
-    if len(skipped) > before:
-        first = skipped[before]
+    if skipped and unreadable is None:
+        first = skipped[0]
         log.warning(
             "quote of %s left out %d recorded run(s) whose payloads cannot be read here; "
             "first: %s (%s: %s)",
             spec.name,
-            len(skipped) - before,
+            len(skipped),
             first.workflow_id,
             first.code,
             first.message,
