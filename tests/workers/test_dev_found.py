@@ -271,7 +271,14 @@ async def test_a_worker_started_beside_the_dev_stack_takes_its_dev_settings(
             )
             return "v2" in seen[-1].stdout
 
-        await wait_until(polls, lambda: f"build v2 to poll: {seen[-1].stdout} {v2.output()}")
+        # a new build's first poll can wait out a long poll while its version registers
+        # (support.processes.READY_SECONDS says when): CI saw v2 unlisted after 20 s
+        await wait_until(
+            polls,
+            lambda: f"build v2 to poll: {seen[-1].stdout} {v2.output()}",
+            timeout=120,
+            interval=1.0,
+        )
         joined = [
             line for line in v2.output().splitlines() if "joins the aiworker dev stack" in line
         ]

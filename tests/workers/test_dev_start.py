@@ -112,7 +112,7 @@ async def test_worker_started_before_its_server_waits_then_serves(tmp_path: Path
         await wait_until(
             lambda: asyncio.to_thread(_ready, metrics),
             lambda: f"the worker to poll: {worker.output()}",
-            timeout=60,
+            timeout=120,  # a new build's first poll may wait out a long poll (~60 s)
             interval=0.5,
         )
     finally:

@@ -293,7 +293,8 @@ async def test_installed_plugin_runs_in_a_pipeline_started_by_the_temporal_cli(
                 assert worker.proc.poll() is None, worker.output()
                 return False
 
-            await wait_until(polled, f"a poller on {queue}", timeout=60, interval=0.2)
+            # a new build's first poll may wait out a long poll (~60 s)
+            await wait_until(polled, f"a poller on {queue}", timeout=120, interval=0.2)
 
         # 1. The temporal CLI starts the pipeline and prints its result.
         workflow_id = f"redact-ticket-{uuid.uuid4().hex[:8]}"

@@ -87,7 +87,7 @@ async def external_worker(
         await wait_until(
             lambda: "polling" in proc.output() or proc.proc.poll() is not None,
             "the external worker to poll",
-            timeout=60,
+            timeout=120,  # a new build's first poll may wait out a long poll (~60 s)
         )
         assert proc.proc.poll() is None, proc.output()
         yield proc
