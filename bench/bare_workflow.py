@@ -16,20 +16,19 @@ async def noop(payload: dict[str, Any]) -> dict[str, Any]:
 
 @workflow.defn(name="BareBenchWorkflow")
 class BareBenchWorkflow:
-    """The floor: the same DAG shape with raw activities and nothing else."""
+    """The floor: the same DAG shape with raw activities and nothing else; local
+    activities when the shape says ``local``."""
 
     @workflow.run
     async def run(self, shape: dict[str, Any]) -> dict[str, Any]:
         opts: dict[str, Any] = {"start_to_close_timeout": timedelta(seconds=10)}
+        call = workflow.execute_local_activity if shape.get("local") else workflow.execute_activity
         if shape["kind"] == "fanout":
             await asyncio.gather(
-                *(
-                    workflow.execute_activity("bench-noop", {"i": i}, **opts)
-                    for i in range(shape["n"])
-                )
+                *(call("bench-noop", {"i": i}, **opts) for i in range(shape["n"]))
             )
-            await workflow.execute_activity("bench-noop", {"join": True}, **opts)
+            await call("bench-noop", {"join": True}, **opts)
         else:
             for i in range(shape["n"]):
-                await workflow.execute_activity("bench-noop", {"i": i}, **opts)
+                await call("bench-noop", {"i": i}, **opts)
         return {"ok": True}

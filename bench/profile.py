@@ -165,10 +165,10 @@ def _line(stream: IO[str], wanted: Callable[[str], bool]) -> str | None:
     return None
 
 
-def profile(bare: bool, quick: bool, rate: int) -> dict[str, Any]:
+def profile(bare: bool, quick: bool, rate: int, regular: bool = False) -> dict[str, Any]:
     """Run the child, sample it after its warm-up, and summarize the samples."""
     child_argv = [sys.executable, "-m", "bench.profile", "--child"]
-    child_argv += ["--bare"] * bare + ["--quick"] * quick
+    child_argv += ["--bare"] * bare + ["--quick"] * quick + ["--regular"] * regular
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -220,9 +220,13 @@ def profile(bare: bool, quick: bool, rate: int) -> dict[str, Any]:
                 child.kill()
         if not out.exists():
             raise SystemExit(f"py-spy wrote no samples: {err.strip()}")
-        summary = summarize(out.read_text())
+        raw = out.read_text()
+        summary = summarize(raw)
+    RESULTS.mkdir(exist_ok=True)
+    # the collapsed stacks themselves, for flame graphs and diffs (kept local)
+    (RESULTS / f"profile-{_name(bare, regular)}.raw.txt").write_text(raw)
     summary.update(report)
-    summary["path"] = "bare" if bare else "aiworker"
+    summary["path"] = _name(bare, regular)
     summary["rate_hz"] = rate
     summary["process_cpu_s"] = round(cpu, 2)
     summary["python_share_of_cpu"] = round(summary["samples"] / rate / cpu, 3) if cpu else None
@@ -232,11 +236,15 @@ def profile(bare: bool, quick: bool, rate: int) -> dict[str, Any]:
     return summary
 
 
-async def _child(bare: bool, quick: bool) -> None:
+def _name(bare: bool, regular: bool) -> str:
+    return ("bare" if bare else "aiworker") + ("-regular" * regular)
+
+
+async def _child(bare: bool, quick: bool, regular: bool) -> None:
     from bench.throughput import CASES, _burst, bench_stack, starters
 
     count = 60 if quick else 200
-    async with bench_stack() as (client, queue, _):
+    async with bench_stack(local=not regular) as (client, queue, _):
         paths = {
             f"{k}-{n}": starters(client, queue, k, n)["bare" if bare else "aiworker"]
             for k, n in CASES
@@ -304,13 +312,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split("\n")[0])
     p.add_argument("--bare", action="store_true", help="profile the bare workflow instead")
     p.add_argument("--quick", action="store_true", help="60 pipelines per shape, not 200")
+    p.add_argument(
+        "--regular",
+        action="store_true",
+        help="every step a regular activity (validator steps too), not the local default",
+    )
     p.add_argument("--rate", type=int, default=100, help="samples per second (default 100)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        asyncio.run(_child(args.bare, args.quick))
+        asyncio.run(_child(args.bare, args.quick, args.regular))
         return 0
-    summary = profile(args.bare, args.quick, args.rate)
+    summary = profile(args.bare, args.quick, args.rate, args.regular)
     _print(summary)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"profile-{summary['path']}.json"

@@ -57,15 +57,22 @@ CASES = (("chain", 1), ("chain", 3), ("fanout", 5))
 
 
 def starters(client: Client, queue: str, kind: str, n: int) -> dict[str, Starter]:
-    """Run one pipeline of the shape to its end, bare and through aiworker; each
-    returns the workflow id (to fetch its history)."""
+    """Run one pipeline of the shape to its end: bare with regular activities
+    (``bare``), bare with local activities (``bare_local``) and through aiworker;
+    each returns the workflow id (to fetch its history)."""
 
-    async def bare() -> str:
-        wid = f"bare-{kind}-{n}-{uuid.uuid4().hex}"
-        await client.execute_workflow(
-            BareBenchWorkflow.run, {"kind": kind, "n": n}, id=wid, task_queue=queue
-        )
-        return wid
+    def bare_path(local: bool) -> Starter:
+        async def bare() -> str:
+            wid = f"bare{'-local' * local}-{kind}-{n}-{uuid.uuid4().hex}"
+            await client.execute_workflow(
+                BareBenchWorkflow.run,
+                {"kind": kind, "n": n, "local": local},
+                id=wid,
+                task_queue=queue,
+            )
+            return wid
+
+        return bare
 
     spec = pipeline(kind, n)
 
@@ -77,7 +84,7 @@ def starters(client: Client, queue: str, kind: str, n: int) -> dict[str, Starter
         assert result["status"] == "succeeded", result
         return wid
 
-    return {"bare": bare, "aiworker": ours}
+    return {"bare": bare_path(False), "bare_local": bare_path(True), "aiworker": ours}
 
 
 async def _burst(
@@ -168,11 +175,17 @@ def bench_worker(client: Client, queue: str, runtime: WorkerRuntime) -> Worker:
 
 
 @asynccontextmanager
-async def bench_stack() -> AsyncIterator[tuple[Client, str, int | None]]:
-    """A fresh embedded server and a running bench worker: (client, queue, server pid)."""
+async def bench_stack(local: bool = True) -> AsyncIterator[tuple[Client, str, int | None]]:
+    """A fresh embedded server and a running bench worker: (client, queue, server pid).
+    ``local=False`` runs the validator steps as regular activities
+    (``AIWORKER_LOCAL_ACTIVITIES=0``), like every step that is not a validator."""
     with embedded_server() as server:
         client = await Client.connect(server.address, data_converter=data_converter(None))
-        settings = Settings(metrics_port=0, task_queue_suffix=f"-bench{uuid.uuid4().hex[:6]}")
+        settings = Settings(
+            metrics_port=0,
+            task_queue_suffix=f"-bench{uuid.uuid4().hex[:6]}",
+            local_activities=local,
+        )
         runtime = WorkerRuntime(settings, load_specs())
         queue = settings.queue(names.PIPELINES_QUEUE)
         async with bench_worker(client, queue, runtime):

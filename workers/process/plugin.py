@@ -68,8 +68,9 @@ fails and is retried until a build with the fix takes the run over."""
 # workflow module, so the sandbox still checks that code and isolates its state.
 # pipeline_body is PipelineWorkflow's handlers and run, moved out of pipeline.py
 # (which keeps the class and its @workflow.run): the per-run import of the module
-# with them, each handler's decorator resolving its type hints, was 4 ms of the
-# 46 ms of GIL time a pipeline took (``make profile``, chain-1/chain-3/fanout-5).
+# with them, each handler's decorator resolving its type hints, took 8.5 ms of
+# GIL time per pipeline to create a run's instance, 4.4 ms without (``make
+# profile --regular``, the mean of chain-1/chain-3/fanout-5).
 # limits is shared although it defines LimiterWorkflow: its PermitSignals mixin and
 # permit book are the same classes for the pipeline, the chunks and the limiter.
 SHARED_WORKFLOW_MODULES = (
