@@ -80,12 +80,23 @@ async def _engine(out: dict[str, Any], quick: bool) -> None:
     out["runtime_overhead"] = ov
     out["runtime_overhead_p50_us"] = round(ov["overhead_p50_us"], 1)
     tp = await throughput.run(quick)
-    out["throughput"] = tp["cases"]
-    one = next(c for c in tp["cases"] if c["case"] == "chain-1")
+    head = tp["validator"]  # the first headline's keys, kept as they were
+    out["throughput"] = head["cases"]
+    one = next(c for c in head["cases"] if c["case"] == "chain-1")
     out["throughput_ratio_vs_bare"] = round(one["ratio"], 3)
-    out["idle_latency_ratio_vs_bare"] = {case: i["ratio"] for case, i in tp["idle"].items()}
-    out["idle_latency"] = tp["idle"]
-    out["per_pipeline"] = tp["per_pipeline"]
+    out["idle_latency_ratio_vs_bare"] = {case: i["ratio"] for case, i in head["idle"].items()}
+    out["idle_latency"] = head["idle"]
+    out["per_pipeline"] = head["per_pipeline"]
+    # every shape, like against like (bench.throughput.SHAPES), each under its own keys
+    out["engine_shapes"] = tp
+    for key in ("regular", "local"):
+        shape = tp[key]
+        out[f"throughput_ratio_{key}"] = {c["case"]: round(c["ratio"], 3) for c in shape["cases"]}
+        out[f"worker_cpu_ratio_{key}"] = {c["case"]: c["worker_cpu_ratio"] for c in shape["cases"]}
+        out[f"idle_latency_ratio_{key}"] = {case: i["ratio"] for case, i in shape["idle"].items()}
+        out[f"per_pipeline_{key}"] = {
+            case: p["aiworker_vs_bare"] for case, p in shape["per_pipeline"].items()
+        }
 
 
 def _failed(previous: Any, error: BaseException) -> dict[str, Any]:

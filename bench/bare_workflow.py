@@ -24,9 +24,7 @@ class BareBenchWorkflow:
         opts: dict[str, Any] = {"start_to_close_timeout": timedelta(seconds=10)}
         call = workflow.execute_local_activity if shape.get("local") else workflow.execute_activity
         if shape["kind"] == "fanout":
-            await asyncio.gather(
-                *(call("bench-noop", {"i": i}, **opts) for i in range(shape["n"]))
-            )
+            await asyncio.gather(*(call("bench-noop", {"i": i}, **opts) for i in range(shape["n"])))
             await call("bench-noop", {"join": True}, **opts)
         else:
             for i in range(shape["n"]):

@@ -18,6 +18,11 @@ CRAWL_MIN_RATIO = 0.8
 PAGE_MIN_RATIO = 0.9
 LLM_STREAM_MIN_RATIO = 0.95
 LLM_FIRST_TOKEN_MAX_MS = 50.0
+# issue 48: every step a regular activity against bare regular activities, and
+# local activities against bare local activities
+REGULAR_MIN_RATIO = 0.9
+REGULAR_MAX_CPU_RATIO = 1.3
+LOCAL_MIN_RATIO = 1.0
 # issue 31: a hostile page leaves the worker within 10% of its memory; a slow-client
 # burst leaves the front door holding the descriptors it held before
 HOSTILE_MAX_RSS_RATIO = 1.1
@@ -73,6 +78,7 @@ def targets(out: dict[str, Any]) -> dict[str, Any]:
             factor <= RSS_MAX_FACTOR if factor is not None else None,
         )
     )
+    checks.extend(_issue48(out))
     checks.extend(_issue29(out))
     checks.extend(_issue31(out))
     return {"checks": checks, "all_met": all(c["met"] is True for c in checks)}
@@ -89,6 +95,32 @@ def _at_least(target: str, value: Any, limit: float) -> dict[str, Any]:
 
 def _below(target: str, value: Any, limit: float) -> dict[str, Any]:
     return _check(target, value, limit, value < limit if _number(value) else None)
+
+
+def _issue48(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """Like against like: regular-activity pipelines against bare regular
+    activities (throughput, idle p50, worker CPU), local against bare local."""
+    checks = []
+    for case, r in _part(out, "throughput_ratio_regular").items():
+        checks.append(_at_least(f"regular {case}: throughput ratio >= 0.9", r, REGULAR_MIN_RATIO))
+    for case, r in _part(out, "idle_latency_ratio_regular").items():
+        checks.append(
+            _check(f"regular {case}: idle p50 ratio <= 1.1", r, IDLE_MAX_RATIO, r <= IDLE_MAX_RATIO)
+        )
+    for case, r in _part(out, "worker_cpu_ratio_regular").items():
+        checks.append(
+            _check(
+                f"regular {case}: worker CPU per pipeline ratio <= 1.3",
+                r,
+                REGULAR_MAX_CPU_RATIO,
+                r <= REGULAR_MAX_CPU_RATIO,
+            )
+        )
+    for case, r in _part(out, "throughput_ratio_local").items():
+        checks.append(
+            _at_least(f"local {case}: throughput ratio to bare local >= 1.0", r, LOCAL_MIN_RATIO)
+        )
+    return checks
 
 
 def _issue29(out: dict[str, Any]) -> list[dict[str, Any]]:
@@ -171,14 +203,31 @@ def print_report(out: dict[str, Any]) -> None:
 
 
 def _print_engine(out: dict[str, Any]) -> None:
+    shapes = out.get("engine_shapes")
+    if not isinstance(shapes, dict):  # figures from before the shapes
+        shapes = {
+            "validator": {
+                "about": "validator steps local against bare regular activities",
+                "cases": out["throughput"],
+                "idle": out["idle_latency"],
+                "per_pipeline": out["per_pipeline"],
+            }
+        }
+    for key, shape in shapes.items():
+        print(f"\n== {key}: {shape['about']}")
+        _print_shape(shape)
+
+
+def _print_shape(shape: dict[str, Any]) -> None:
     rows = []
-    for c in out["throughput"]:
+    for c in shape["cases"]:
         rows.append(
             {
                 "case": c["case"],
                 "bare/s": c["bare_per_s"],
                 "aiworker/s": c["aiworker_per_s"],
                 "ratio": c["ratio"],
+                "cpu ratio": c.get("worker_cpu_ratio", "n/a"),
                 "bare p50/p95/p99 ms": _pcts(c["bare_latency_ms"]),
                 "aiworker p50/p95/p99 ms": _pcts(c["aiworker_latency_ms"]),
             }
@@ -194,11 +243,11 @@ def _print_engine(out: dict[str, Any]) -> None:
             "aiworker p95 ms": i["aiworker_ms"]["p95"],
             "runs": i["runs"],
         }
-        for case, i in out["idle_latency"].items()
+        for case, i in shape["idle"].items()
     ]
     print("\nidle latency (one pipeline at a time)\n" + table(rows, list(rows[0])))
     rows = []
-    for case, p in out["per_pipeline"].items():
+    for case, p in shape["per_pipeline"].items():
         b, o, r = p["bare"], p["aiworker"], p["aiworker_vs_bare"]
         rows.append(
             {

@@ -3,7 +3,11 @@
 Same server, same worker settings, same run, interleaved rounds: a bare
 workflow with N no-op activities (the floor Temporal sets) against
 ``PipelineWorkflow`` running the same shape through the worker runtime
-(validator steps with a trivial schema). Reports pipelines/s, end-to-end
+(validator steps with a trivial schema). Like is compared with like
+(``SHAPES``): every step a regular activity against bare regular activities
+(``regular``), validator steps as local activities against bare local
+activities (``local``), and the first headline, validator steps local against
+bare regular activities (``validator``). Reports pipelines/s, end-to-end
 latency percentiles and the ratio aiworker/bare, CPU seconds per pipeline
 of this process (the worker and the client that starts and awaits the
 workflows) and of the server, one-at-a-time latency (``bench.idle``) and
@@ -114,6 +118,49 @@ async def _burst(
     }
 
 
+async def run_paths(
+    paths: dict[str, Starter],
+    count: int,
+    concurrency: int,
+    rounds: int,
+    server_pid: int | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Pipelines/s of every path in bursts of ``count`` at ``concurrency``, rounds
+    interleaved (each round starts with the next path, so drift hits all alike):
+    each path's median round (:func:`_merge`)."""
+    # warm up every path, then interleave rounds
+    for start in paths.values():
+        await _burst(start, 5, 5, None)
+    names_ = list(paths)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names_}
+    for i in range(rounds):
+        shift = i % len(names_)
+        for name in names_[shift:] + names_[:shift]:
+            runs[name].append(await _burst(paths[name], count, concurrency, server_pid))
+    return {name: _merge(r) for name, r in runs.items()}
+
+
+def compare(case: str, merged: dict[str, dict[str, Any]], base: str = "bare") -> dict[str, Any]:
+    """aiworker's figures of ``case`` against the ``base`` path's: ``ratio`` of
+    pipelines/s and ``worker_cpu_ratio`` of the worker process's CPU per pipeline
+    (the ``bare_*`` keys are the base path's)."""
+    b, o = merged[base], merged["aiworker"]
+    return {
+        "case": case,
+        "baseline": base,
+        "bare_per_s": b["per_s"],
+        "aiworker_per_s": o["per_s"],
+        "ratio": o["per_s"] / b["per_s"],
+        "worker_cpu_ratio": round(o["worker_cpu_s"] / b["worker_cpu_s"], 3),
+        "bare_latency_ms": b["latency_ms"],
+        "aiworker_latency_ms": o["latency_ms"],
+        "bare_worker_cpu_s": b["worker_cpu_s"],
+        "aiworker_worker_cpu_s": o["worker_cpu_s"],
+        "bare_server_cpu_s": b["server_cpu_s"],
+        "aiworker_server_cpu_s": o["server_cpu_s"],
+    }
+
+
 async def run_case(
     paths: dict[str, Starter],
     case: str,
@@ -122,28 +169,9 @@ async def run_case(
     rounds: int,
     server_pid: int | None = None,
 ) -> dict[str, Any]:
-    """Pipelines/s of both paths in bursts of ``count`` at ``concurrency``,
-    alternating rounds; the median round of each path."""
-    # warm up both paths, then interleave rounds so drift hits both alike
-    for start in paths.values():
-        await _burst(start, 5, 5, None)
-    runs: dict[str, list[dict[str, Any]]] = {"bare": [], "aiworker": []}
-    for i in range(rounds):
-        for name in ("bare", "aiworker") if i % 2 == 0 else ("aiworker", "bare"):
-            runs[name].append(await _burst(paths[name], count, concurrency, server_pid))
-    b, o = _merge(runs["bare"]), _merge(runs["aiworker"])
-    return {
-        "case": case,
-        "bare_per_s": b["per_s"],
-        "aiworker_per_s": o["per_s"],
-        "ratio": o["per_s"] / b["per_s"],
-        "bare_latency_ms": b["latency_ms"],
-        "aiworker_latency_ms": o["latency_ms"],
-        "bare_worker_cpu_s": b["worker_cpu_s"],
-        "aiworker_worker_cpu_s": o["worker_cpu_s"],
-        "bare_server_cpu_s": b["server_cpu_s"],
-        "aiworker_server_cpu_s": o["server_cpu_s"],
-    }
+    """aiworker against bare (:func:`run_paths`, then :func:`compare`)."""
+    merged = await run_paths(paths, count, concurrency, rounds, server_pid)
+    return compare(case, merged)
 
 
 def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -192,31 +220,95 @@ async def bench_stack(local: bool = True) -> AsyncIterator[tuple[Client, str, in
             yield client, queue, server.process.pid if server.process else None
 
 
-async def run(quick: bool = False) -> dict[str, Any]:
-    """Every case on one fresh embedded server: throughput under load (with worker
-    and server CPU per pipeline), then one-at-a-time latency, then the counts of
-    the histories of a few of those idle runs."""
-    count, rounds = (40, 2) if quick else (150, 3)
-    idle_runs = 25 if quick else 60
-    concurrency = 20
-    cases, idle, counts = [], {}, {}
-    async with bench_stack() as (client, queue, server_pid):
-        shapes = {f"{k}-{n}": starters(client, queue, k, n) for k, n in CASES}
+SHAPES: dict[str, tuple[bool, str, str]] = {
+    # key: (aiworker's validator steps local, the baseline path, what it compares)
+    "validator": (
+        True,
+        "bare",
+        "validator steps as local activities (their spec's default) against bare "
+        "regular activities: the headline since issue 17",
+    ),
+    "regular": (
+        False,
+        "bare",
+        "every step a regular activity (AIWORKER_LOCAL_ACTIVITIES=0), as web-scrape, "
+        "llm-call, publish, prompt, plugin and external workers always are, against "
+        "bare regular activities",
+    ),
+    "local": (
+        True,
+        "bare_local",
+        "validator steps as local activities against a bare workflow of local activities",
+    ),
+}
+"""The engine's shapes, each under its own key of ``latest.json``: like against like."""
+
+
+async def _stack_figures(
+    local: bool, count: int, rounds: int, idle_runs: int
+) -> dict[str, dict[str, Any]]:
+    """Every SHAPES entry whose aiworker side has ``local``, from one fresh stack:
+    throughput per case (every path interleaved), then one-at-a-time latency, then
+    the counts of a few of those idle runs' histories."""
+    keys = [k for k, (is_local, _, _) in SHAPES.items() if is_local == local]
+    bases = sorted({SHAPES[k][1] for k in keys})
+    figures: dict[str, dict[str, Any]] = {
+        k: {"about": SHAPES[k][2], "cases": [], "idle": {}} for k in keys
+    }
+    counts: dict[str, dict[str, dict[str, Any]]] = {}
+    async with bench_stack(local=local) as (client, queue, server_pid):
+        shapes = {
+            f"{k}-{n}": {
+                name: start
+                for name, start in starters(client, queue, k, n).items()
+                if name in bases or name == "aiworker"
+            }
+            for k, n in CASES
+        }
         for case, paths in shapes.items():
-            cases.append(await run_case(paths, case, count, concurrency, rounds, server_pid))
+            merged = await run_paths(paths, count, 20, rounds, server_pid)
+            for k in keys:
+                figures[k]["cases"].append(compare(case, merged, SHAPES[k][1]))
         for case, paths in shapes.items():
-            idle[case] = await idle_latency(paths, idle_runs)
-        for case, res in idle.items():
-            ids = res.pop("ids")
+            idle = await idle_latency(paths, idle_runs, bases=bases)
+            ids = idle.pop("ids")
             counts[case] = {
                 name: median_counts([await pipeline_counts(client, wid) for wid in ids[name]])
-                for name in ("bare", "aiworker")
+                for name in paths
             }
-    for c in cases:
-        for name in ("bare", "aiworker"):
-            counts[c["case"]][name]["worker_cpu_s"] = c[f"{name}_worker_cpu_s"]
-            counts[c["case"]][name]["server_cpu_s"] = c[f"{name}_server_cpu_s"]
-    return {"cases": cases, "idle": idle, "per_pipeline": per_pipeline(counts)}
+            for k in keys:
+                base = SHAPES[k][1]
+                figures[k]["idle"][case] = {
+                    "bare_ms": idle[f"{base}_ms"],
+                    "aiworker_ms": idle["aiworker_ms"],
+                    "runs": idle["runs"],
+                    "ratio": idle["ratios"][base],
+                }
+    for k in keys:
+        base = SHAPES[k][1]
+        per_case = {}
+        for c in figures[k]["cases"]:
+            found = counts[c["case"]]
+            pair = {"bare": dict(found[base]), "aiworker": dict(found["aiworker"])}
+            for name in ("bare", "aiworker"):  # the CPU of the throughput rounds' bursts
+                pair[name]["worker_cpu_s"] = c[f"{name}_worker_cpu_s"]
+                pair[name]["server_cpu_s"] = c[f"{name}_server_cpu_s"]
+            per_case[c["case"]] = pair
+        figures[k]["per_pipeline"] = per_pipeline(per_case)
+    return figures
+
+
+async def run(quick: bool = False) -> dict[str, Any]:
+    """Every SHAPES entry: the local ones on one fresh embedded server, the regular
+    one on another. Each has ``cases`` (throughput under load, with worker and
+    server CPU per pipeline), ``idle`` (one at a time) and ``per_pipeline`` (the
+    histories' counts and the CPU, against its baseline)."""
+    count, rounds = (40, 2) if quick else (150, 3)
+    idle_runs = 25 if quick else 60
+    out: dict[str, Any] = {}
+    for local in (True, False):
+        out.update(await _stack_figures(local, count, rounds, idle_runs))
+    return out
 
 
 def per_pipeline(counts: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:

@@ -195,6 +195,28 @@ def test_targets_block_says_met_from_the_figures() -> None:
     assert block["all_met"] is False
 
 
+def test_like_against_like_targets_come_from_each_shapes_own_keys() -> None:
+    out = {
+        "throughput": [{"case": "chain-1", "ratio": 0.95}],
+        "throughput_ratio_regular": {"chain-1": 0.91, "fanout-5": 0.62},
+        "idle_latency_ratio_regular": {"chain-1": 1.12},
+        "worker_cpu_ratio_regular": {"chain-1": 1.29, "fanout-5": 1.93},
+        "throughput_ratio_local": {"chain-1": 0.57},
+    }
+    checks = {c["target"]: c for c in targets(out)["checks"]}
+    met = {t: c["met"] for t, c in checks.items() if t.startswith(("regular ", "local "))}
+    assert met == {
+        "regular chain-1: throughput ratio >= 0.9": True,
+        "regular fanout-5: throughput ratio >= 0.9": False,
+        "regular chain-1: idle p50 ratio <= 1.1": False,
+        "regular chain-1: worker CPU per pipeline ratio <= 1.3": True,
+        "regular fanout-5: worker CPU per pipeline ratio <= 1.3": False,
+        "local chain-1: throughput ratio to bare local >= 1.0": False,
+    }
+    # the first headline's target is its own (validator steps local against bare regular)
+    assert checks["throughput chain-1: ratio >= 0.9"]["met"] is True
+
+
 def test_targets_against_what_users_would_pick_instead() -> None:
     out = {
         "limiter": {"permits_per_s": 436.4, "grant_p95_ms": 120.0},
