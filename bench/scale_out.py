@@ -1,4 +1,4 @@
-"""One worker process against two, on the same embedded server, same run.
+"""One worker process against two and four, on the same embedded server, same run.
 
 The workload is ``bench.throughput``'s chain-3 pipeline (three validator
 steps): CPU-light work that still goes the whole step path (limiter plan,
@@ -7,13 +7,16 @@ is measured is the engine and the server, not the work. The workers are real
 ``aiworker worker`` processes, started as a user starts them and stopped by
 PID; this process only starts pipelines and awaits their results.
 
-Rounds alternate one and two processes (one, two, two, one, ...): the second
-process is started before a two-round and stopped (SIGTERM, drained) after
-it, so drift on a shared machine hits both alike. Each round is a burst of
-``count`` pipelines with ``concurrency`` in flight. Reports pipelines/s per
-setup, ``ratio`` = two / one (median rounds), and CPU seconds per pipeline
-of the worker processes, the server and this client process, plus the
-share of the machine's cores they kept busy.
+Each round runs one, two and four processes, forwards and backwards in
+turn (1, 2, 4, 4, 2, 1, ...): processes are started before a round that needs
+more and stopped (SIGTERM, drained) before one that needs fewer, so drift on
+a shared machine hits all alike. Each run is a burst of ``count`` pipelines
+with ``concurrency`` in flight. Reports pipelines/s per setup, ``ratio`` =
+two / one and ``ratio_four`` = four / one (median rounds), CPU seconds per
+pipeline of the worker processes, the server and this client process, the
+share of the machine's cores they kept busy, and ``ceiling``: for each
+setup, what the cores allow and which bound binds (a worker's event loop,
+one core per process, or the machine's cores, shared with the server).
 """
 
 from __future__ import annotations
@@ -169,11 +172,32 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+SETUPS = (1, 2, 4)
+"""How many worker processes each round runs."""
+_WORDS = {1: "one", 2: "two", 4: "four"}
+
+
+def _ceiling(cost: dict[str, float], n: int, cores: int) -> dict[str, Any]:
+    """What the cores allow ``n`` worker processes, from the CPU a pipeline cost
+    (``cost``: CPU seconds per pipeline by role): each worker process runs its
+    event loop on at most one core (``n / workers``), and every process together
+    on at most every core (``cores / (workers + server + client)``). ``binds``
+    names the lower bound: the worker's event loop or the machine's cores, and
+    ``server_share`` is the server's part of the CPU a pipeline cost."""
+    own = cost["workers"] + cost["server"] + cost["client"]
+    loop, machine = n / cost["workers"], cores / own
+    return {
+        "per_s": min(loop, machine),
+        "binds": "worker event loop" if loop < machine else "cores (server, workers, client)",
+        "server_share": round(cost["server"] / own, 3),
+    }
+
+
 async def run(quick: bool = False) -> dict[str, Any]:
-    """Chain-3 pipelines/s with one and with two worker processes (see the module doc)."""
+    """Chain-3 pipelines/s with one, two and four worker processes (see the module doc)."""
     count, rounds, concurrency = (200, 3, 100) if quick else (500, 5, 100)
     spec = pipeline("chain", 3)
-    samples: dict[str, list[dict[str, Any]]] = {"one": [], "two": []}
+    samples: dict[int, list[dict[str, Any]]] = {n: [] for n in SETUPS}
     with (
         embedded_server() as server,
         tempfile.TemporaryDirectory(prefix="aiworker-scale-") as tmp,
@@ -183,63 +207,64 @@ async def run(quick: bool = False) -> dict[str, Any]:
         queue = f"{names.PIPELINES_QUEUE}{suffix}"
         env = worker_env(server.address, suffix, Path(tmp) / "data")
         server_pid = server.process.pid if server.process else None
-        first = _Proc(env, Path(tmp) / "worker0.log")
-        second: _Proc | None = None
+        procs: list[_Proc] = [_Proc(env, Path(tmp) / "worker0.log")]
+        started = 1
+
+        def roles() -> dict[str, list[int]]:
+            return {
+                "workers": [p.pid for p in procs],
+                "server": [server_pid] if server_pid else [],
+                "client": [],
+            }
+
         try:
-            await _polling(client, queue, first.pid)
-
-            def roles(*procs: _Proc) -> dict[str, list[int]]:
-                return {
-                    "workers": [p.pid for p in procs],
-                    "server": [server_pid] if server_pid else [],
-                    "client": [],
-                }
-
+            await _polling(client, queue, procs[0].pid)
             # warm-up: imports, sandbox caches and the server's queues
-            await _burst(client, queue, spec, 20, 10, roles(first))
-            order = [s for i in range(rounds) for s in (("one", "two"), ("two", "one"))[i % 2]]
-            for setup in order:
-                if setup == "two" and second is None:
-                    second = _Proc(env, Path(tmp) / f"worker{len(samples['two']) + 1}.log")
-                    await _polling(client, queue, second.pid)
-                    await _burst(client, queue, spec, 40, 20, roles(first, second))
-                if setup == "one" and second is not None:
-                    second.stop()
-                    second = None
-                procs = (first, second) if second is not None else (first,)
-                samples[setup].append(
-                    await _burst(client, queue, spec, count, concurrency, roles(*procs))
-                )
+            await _burst(client, queue, spec, 20, 10, roles())
+            # each round runs every setup, in turn forwards and backwards, so drift
+            # on a shared machine hits all alike
+            order = [n for i in range(rounds) for n in (SETUPS if i % 2 == 0 else SETUPS[::-1])]
+            for n in order:
+                while len(procs) > n:  # drained: SIGTERM, then wait
+                    procs.pop().stop()
+                if len(procs) < n:
+                    while len(procs) < n:
+                        procs.append(_Proc(env, Path(tmp) / f"worker{started}.log"))
+                        started += 1
+                        await _polling(client, queue, procs[-1].pid)
+                    await _burst(client, queue, spec, 40, 20, roles())  # warm the new ones
+                samples[n].append(await _burst(client, queue, spec, count, concurrency, roles()))
         finally:
-            for p in (first, second):
-                if p is not None:
-                    p.stop()
-    one, two = _summary(samples["one"]), _summary(samples["two"])
-    for summary in (one, two):
+            for p in procs:
+                p.stop()
+    cores = os.cpu_count() or 1
+    summaries = {n: _summary(samples[n]) for n in SETUPS}
+    for summary in summaries.values():
         # what the cores could do if nothing else ran: cores / CPU-seconds per pipeline
         # of the workers, the server and this client together
         own = sum(v for k, v in summary["cpu_s_per_pipeline"].items() if k != "others")
-        summary["cpu_ceiling_per_s"] = (os.cpu_count() or 1) / own if own else float("nan")
-    # The bound the cores set, from the CPU each pipeline cost (two-process rounds'
-    # figures): a worker process runs its event loop on at most one core, and all
-    # processes together on at most every core.
-    cost = two["cpu_s_per_pipeline"]
-    own = cost["workers"] + cost["server"] + cost["client"]
-    cores = os.cpu_count() or 1
-    bound = {n: min(n / cost["workers"], cores / own) for n in (1, 2)}
+        summary["cpu_ceiling_per_s"] = cores / own if own else float("nan")
+    # The bound the cores set for each setup, from the CPU each pipeline cost in the
+    # two-process rounds (see _ceiling)
+    cost = summaries[2]["cpu_s_per_pipeline"]
+    ceilings = {n: _ceiling(cost, n, cores) for n in SETUPS}
+    one, two, four = summaries[1], summaries[2], summaries[4]
     return {
         "ratio": two["per_s"] / one["per_s"],
+        "ratio_four": four["per_s"] / one["per_s"],
         "one_per_s": one["per_s"],
         "two_per_s": two["per_s"],
-        "one": one,
-        "two": two,
+        "four_per_s": four["per_s"],
+        **{_WORDS[n]: summaries[n] for n in SETUPS},
         # what the cores allow if nothing else ran (see docs/benchmarks.md, "Scale out")
-        "bound_one_per_s": bound[1],
-        "bound_two_per_s": bound[2],
-        "ratio_bound": bound[2] / bound[1],
+        "bound_one_per_s": ceilings[1]["per_s"],
+        "bound_two_per_s": ceilings[2]["per_s"],
+        "bound_four_per_s": ceilings[4]["per_s"],
+        "ratio_bound": ceilings[2]["per_s"] / ceilings[1]["per_s"],
+        "ceiling": {_WORDS[n]: c for n, c in ceilings.items()},
         "workload": f"chain-3 validator pipelines, {count} per round at {concurrency} in flight",
         "rounds": rounds,
-        "cores": os.cpu_count(),
+        "cores": cores,
         "command": COMMAND if quick else ".venv/bin/python -m bench.scale_out",
     }
 

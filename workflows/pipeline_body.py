@@ -95,6 +95,7 @@ def _no_outputs() -> dict[str, IncEx | bool]:
     a cause keeps (a new dict each time: this module is shared by every run)."""
     return {"outputs": True, "cause": {"__all__": {"outputs"}}}
 
+
 __all__ = [
     "PipelineBody",
     "error_code_of",
