@@ -43,7 +43,7 @@ from aiworker.workers.frontdoor.auth import hash_key
 from aiworker.workers.process.deployments import build_id
 from aiworker.workers.process.live_registry import process_entry, publishing
 from aiworker.workers.process.resources import build_language_model
-from aiworker.workers.quote import step_history
+from aiworker.workers.quote import CallSample, step_history
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "prompts"
 WORKER = "classify-ticket"
@@ -136,8 +136,8 @@ def triage(tenant: str, **step: Any) -> dict[str, Any]:
     }
 
 
-async def record(q: QuoteStack) -> list[int]:
-    """Three recorded runs of the worker for the test's tenant; their tokens."""
+async def record(q: QuoteStack) -> list[CallSample]:
+    """Three recorded runs of the worker for the test's tenant; their calls."""
     succeeded, failed = 0, []
     for subject, body in TICKETS * 2:
         if succeeded == 3:
@@ -154,15 +154,15 @@ async def record(q: QuoteStack) -> list[int]:
     assert succeeded == 3, failed
     spec = PipelineSpec.model_validate(triage(q.tenant))
 
-    async def three() -> list[int] | None:
+    async def three() -> list[CallSample] | None:
         got = (await step_history(q.stack.client, spec))["triage"]
-        return [s.tokens for s in got] if len(got) == 3 else None
+        return list(got) if len(got) == 3 else None
 
-    tokens: list[int] | None = await wait_until(
+    calls: list[CallSample] | None = await wait_until(
         three, "three calls in visibility", timeout=60, interval=0.5
     )
-    assert tokens is not None
-    return tokens
+    assert calls is not None
+    return calls
 
 
 async def accepted(client: Client, workflow_id: str) -> None:
@@ -184,8 +184,13 @@ async def test_quote_from_history_multiplies_and_names_what_it_cannot_estimate(
     quoting: QuoteStack,
 ) -> None:
     q = quoting
-    tokens = await record(q)
+    calls = await record(q)
+    tokens = [c.tokens for c in calls]
     assert all(t > 0 for t in tokens)
+    # one model call each, or two when the local model timed out once on a loaded
+    # machine and the step's retry answered: the quote stands on what was recorded
+    external = [c.external_calls for c in calls]
+    assert all(e >= 1 for e in external), external
 
     code, out, errs = await q.cli(
         "check", "--quote", "--json", q.write(triage(q.tenant), "one.json")
@@ -196,7 +201,8 @@ async def test_quote_from_history_multiplies_and_names_what_it_cannot_estimate(
     for key in ("tokens", "cost_usd", "duration_s"):
         assert 0 < doc[key]["p50"] <= doc[key]["p95"], (key, doc[key])
     assert min(tokens) <= doc["tokens"]["p50"] <= doc["tokens"]["p95"] <= max(tokens)
-    assert doc["external_calls"] == {"p50": 1, "p95": 1}  # each call is one model call
+    ext = doc["external_calls"]
+    assert min(external) <= ext["p50"] <= ext["p95"] <= max(external), (ext, external)
 
     # a for_each size known at check time multiplies; a worker with no history is named
     many = triage(q.tenant, for_each=[t[0] for t in TICKETS])
@@ -207,7 +213,8 @@ async def test_quote_from_history_multiplies_and_names_what_it_cannot_estimate(
     doc = json.loads(out)
     assert doc["items"] == {"triage": 3}
     assert 3 * min(tokens) <= doc["tokens"]["p50"] <= doc["tokens"]["p95"] <= 3 * max(tokens)
-    assert doc["external_calls"] == {"p50": 3, "p95": 3}
+    ext = doc["external_calls"]
+    assert 3 * min(external) <= ext["p50"] <= ext["p95"] <= 3 * max(external), (ext, external)
     (unknown,) = doc["unknown"]
     assert unknown["step"] == "check" and unknown["reason"] == "no_recorded_calls"
     assert "validator" in unknown["detail"]
