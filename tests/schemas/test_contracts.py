@@ -85,9 +85,12 @@ def test_request_trace_ids_are_w3c() -> None:
         WorkerRequest.model_validate({**base, "surprise": 1})
 
 
-def test_settings_from_env() -> None:
+def test_settings_from_env(tmp_path: Path) -> None:
     s = Settings.from_env(
         {
+            # its own data dir: a dev stack's (./.aiworker, after `make demo`) holds a
+            # registry secret, which would be one more secret here
+            "AIWORKER_DATA_DIR": str(tmp_path / "data"),
             "AIWORKER_TASK_QUEUES": "aiworker-scrape, aiworker-llm",
             "AIWORKER_ALLOW_PRIVATE_NETWORKS": "yes",
             "AIWORKER_RATE_LIMITS": "web-scrape:acme=600/min,llm-call:*=60/min",
