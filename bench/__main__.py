@@ -89,7 +89,7 @@ async def _engine(out: dict[str, Any], quick: bool) -> None:
     out["per_pipeline"] = head["per_pipeline"]
     # every shape, like against like (bench.throughput.SHAPES), each under its own keys
     out["engine_shapes"] = tp
-    for key in ("regular", "local"):
+    for key in ("regular", "regular_unsandboxed", "local"):
         shape = tp[key]
         out[f"throughput_ratio_{key}"] = {c["case"]: round(c["ratio"], 3) for c in shape["cases"]}
         out[f"worker_cpu_ratio_{key}"] = {c["case"]: c["worker_cpu_ratio"] for c in shape["cases"]}

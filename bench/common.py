@@ -129,7 +129,7 @@ def process_cpu_seconds(pid: int | None = None) -> float:
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """A plain text table."""
-    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}
+    widths = {c: max([len(c), *(len(_fmt(r.get(c))) for r in rows)]) for c in columns}
     lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
     lines.append("  ".join("-" * widths[c] for c in columns))
     for r in rows:

@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from aiworker.activities.runtime import WorkerRuntime
 from aiworker.config.catalog import load_specs
@@ -65,14 +65,14 @@ def starters(client: Client, queue: str, kind: str, n: int) -> dict[str, Starter
     (``bare``), bare with local activities (``bare_local``) and through aiworker;
     each returns the workflow id (to fetch its history)."""
 
-    def bare_path(local: bool) -> Starter:
+    def bare_path(local: bool, on: str = queue) -> Starter:
         async def bare() -> str:
             wid = f"bare{'-local' * local}-{kind}-{n}-{uuid.uuid4().hex}"
             await client.execute_workflow(
                 BareBenchWorkflow.run,
                 {"kind": kind, "n": n, "local": local},
                 id=wid,
-                task_queue=queue,
+                task_queue=on,
             )
             return wid
 
@@ -88,7 +88,17 @@ def starters(client: Client, queue: str, kind: str, n: int) -> dict[str, Starter
         assert result["status"] == "succeeded", result
         return wid
 
-    return {"bare": bare_path(False), "bare_local": bare_path(True), "aiworker": ours}
+    return {
+        "bare": bare_path(False),
+        "bare_local": bare_path(True),
+        "bare_unsandboxed": bare_path(False, unsandboxed_queue(queue)),
+        "aiworker": ours,
+    }
+
+
+def unsandboxed_queue(queue: str) -> str:
+    """The queue of the bare workflow with the sandbox off (``bare_unsandboxed``)."""
+    return f"{queue}-unsandboxed"
 
 
 async def _burst(
@@ -185,20 +195,39 @@ def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+_WORKER_OPTIONS: dict[str, Any] = {
+    "max_concurrent_activity_task_polls": 20,
+    "max_concurrent_workflow_task_polls": 20,
+    "max_concurrent_activities": 200,
+    "max_concurrent_workflow_tasks": 200,
+}
+
+
 def bench_worker(client: Client, queue: str, runtime: WorkerRuntime) -> Worker:
     """One worker for both paths: the bare workflow and its no-op activity next to
-    ``PipelineWorkflow`` and the pipelines queue's activities, in the production
-    sandbox (``workflow_runner()`` and its pass-through modules)."""
+    ``PipelineWorkflow`` and the pipelines queue's activities, with the production
+    runner (``workflow_runner()``): the bare workflow in the SDK's sandbox, as a
+    Temporal user's workflow runs by default, aiworker's own unsandboxed."""
     return Worker(
         client,
         task_queue=queue,
         workflows=[PipelineWorkflow, BareBenchWorkflow],
         activities=[noop, *activities_for(names.PIPELINES_QUEUE, runtime, builtin_set())],
-        max_concurrent_activity_task_polls=20,
-        max_concurrent_workflow_task_polls=20,
-        max_concurrent_activities=200,
-        max_concurrent_workflow_tasks=200,
         workflow_runner=workflow_runner(),
+        **_WORKER_OPTIONS,
+    )
+
+
+def bare_unsandboxed_worker(client: Client, queue: str) -> Worker:
+    """The bare workflow with the sandbox off (``UnsandboxedWorkflowRunner``), as
+    aiworker's own workflows run: the ``regular_unsandboxed`` shape's baseline."""
+    return Worker(
+        client,
+        task_queue=unsandboxed_queue(queue),
+        workflows=[BareBenchWorkflow],
+        activities=[noop],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+        **_WORKER_OPTIONS,
     )
 
 
@@ -216,7 +245,7 @@ async def bench_stack(local: bool = True) -> AsyncIterator[tuple[Client, str, in
         )
         runtime = WorkerRuntime(settings, load_specs())
         queue = settings.queue(names.PIPELINES_QUEUE)
-        async with bench_worker(client, queue, runtime):
+        async with bench_worker(client, queue, runtime), bare_unsandboxed_worker(client, queue):
             yield client, queue, server.process.pid if server.process else None
 
 
@@ -234,6 +263,14 @@ SHAPES: dict[str, tuple[bool, str, str]] = {
         "every step a regular activity (AIWORKER_LOCAL_ACTIVITIES=0), as web-scrape, "
         "llm-call, publish, prompt, plugin and external workers always are, against "
         "bare regular activities",
+    ),
+    "regular_unsandboxed": (
+        False,
+        "bare_unsandboxed",
+        "every step a regular activity against bare regular activities with the sandbox "
+        "off on both sides: aiworker runs its own workflows unsandboxed "
+        "(AIWORKER_WORKFLOW_SANDBOX), the bare baseline above runs in the SDK's sandbox, "
+        "Temporal's default",
     ),
     "local": (
         True,

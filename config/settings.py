@@ -95,6 +95,9 @@ class Settings(BaseModel):
     # Workers whose spec says `"execution": "local"` run as local activities in the
     # process that runs the pipeline (schemas/execution.py); false: every call an activity.
     local_activities: bool = True
+    # aiworker's own workflows in the SDK's workflow sandbox too (workers/process/plugin.py
+    # OwnWorkflowsRunner); false: they run unsandboxed, every other workflow sandboxed.
+    workflow_sandbox: bool = False
     # A for_each over more items than this keeps its items' outputs in the artifact
     # store and its `outputs.items` as a reference (schemas.pipeline.ItemsRef).
     foreach_inline_items: int = Field(default=DEFAULT_FOREACH_INLINE_ITEMS, ge=0)
@@ -263,6 +266,7 @@ class Settings(BaseModel):
             "LOCAL_MODEL",
             "LOCAL_MODEL_FILE",
             "LOCAL_ACTIVITIES",
+            "WORKFLOW_SANDBOX",
             "RATE_LIMITS",
             "LOG_LEVEL",
             "MAX_CONCURRENT_ACTIVITIES",
@@ -388,6 +392,9 @@ class Settings(BaseModel):
         raw["local_model"] = _bool(ENV_PREFIX + "LOCAL_MODEL", get("LOCAL_MODEL"), True)
         raw["local_activities"] = _bool(
             ENV_PREFIX + "LOCAL_ACTIVITIES", get("LOCAL_ACTIVITIES"), True
+        )
+        raw["workflow_sandbox"] = _bool(
+            ENV_PREFIX + "WORKFLOW_SANDBOX", get("WORKFLOW_SANDBOX"), False
         )
         if (v := get("VERSIONING")) is not None:
             raw["versioning"] = _bool(ENV_PREFIX + "VERSIONING", v, True)

@@ -162,6 +162,10 @@ SETTINGS: dict[str, str] = {
     "every call as an activity on its task queue (each visible in the UI as its own events). "
     "Read when a pipeline starts and kept for that run: set it alike on every process polling "
     "aiworker-pipelines",
+    "workflow_sandbox": "true runs aiworker's own workflows in the Temporal SDK's workflow "
+    "sandbox too, as any other workflow on the worker runs; false (the default) runs them "
+    "unsandboxed, which costs a pipeline about a third less worker CPU; their determinism is "
+    "checked by replaying their histories in the sandbox in the test suite (docs/benchmarks.md)",
     "foreach_inline_items": "a `for_each` over more items keeps no item's outputs in the "
     "pipeline: its chunks store them in the artifact store and `outputs.items` in the result "
     'is a reference (`{"kind": "aiworker.items", "count", "parts"}`); a `${{ }}` '

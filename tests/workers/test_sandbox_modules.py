@@ -18,6 +18,7 @@ import types
 import typing
 import uuid
 from decimal import Decimal
+from pathlib import Path
 
 from sandbox_probe import ClockProbeWorkflow
 from support.waiting import wait_until
@@ -26,7 +27,15 @@ from temporalio.worker import Worker
 from temporalio.workflow import _Definition
 
 import aiworker.workflows
-from aiworker.workers.process.plugin import SHARED_WORKFLOW_MODULES, workflow_runner
+from aiworker.config.settings import Settings
+from aiworker.workers.process.plugin import (
+    SHARED_WORKFLOW_MODULES,
+    OwnWorkflowsRunner,
+    with_shared_modules,
+    workflow_runner,
+)
+from aiworker.workers.process.replay import aiworker_workflows
+from aiworker.workflows.pipeline import PipelineWorkflow
 
 _IMMUTABLE = (str, bytes, int, float, bool, Decimal, type(None), frozenset, enum.Enum)
 # limits defines LimiterWorkflow, yet is shared: its PermitSignals mixin and permit
@@ -129,3 +138,25 @@ async def test_the_sandbox_still_refuses_a_clock_read(client: Client) -> None:
         await handle.terminate()
     assert "datetime.datetime.now" in message
     assert "Cannot access" in message
+
+
+def test_aiworkers_own_workflows_run_unsandboxed_and_every_other_sandboxed() -> None:
+    """OwnWorkflowsRunner: aiworker's workflows skip the sandbox (their histories are
+    replayed in the SDK's default sandbox by tests/workflows/test_replay.py instead);
+    a user's workflow beside them keeps it; AIWORKER_WORKFLOW_SANDBOX sandboxes all."""
+    own = [_Definition.must_from_class(c) for c in aiworker_workflows()]
+    probe = _Definition.must_from_class(ClockProbeWorkflow)
+    default, everything = workflow_runner(), workflow_runner(sandbox_own=True)
+    assert [d.name for d in own if default.sandboxes(d)] == []
+    assert default.sandboxes(probe)
+    assert all(everything.sandboxes(d) for d in [*own, probe])
+
+
+def test_the_workflow_sandbox_setting_reaches_the_plugins_runner(tmp_path: Path) -> None:
+    pipeline = _Definition.must_from_class(PipelineWorkflow)
+    for env, sandboxed in (({"AIWORKER_WORKFLOW_SANDBOX": "true"}, True), ({}, False)):
+        settings = Settings.from_env({"AIWORKER_DATA_DIR": str(tmp_path), **env})
+        assert settings.workflow_sandbox is sandboxed
+        runner = with_shared_modules(None, settings.workflow_sandbox)
+        assert isinstance(runner, OwnWorkflowsRunner)
+        assert runner.sandboxes(pipeline) is sandboxed
