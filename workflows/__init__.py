@@ -8,6 +8,6 @@ top-level run), ``foreach`` (``PipelineForEachWorkflow``), ``limits``
 runner), ``fanout`` (for_each), ``review`` (the review desk),
 ``pipeline_limits``, ``budget`` (ledger and deadline), ``calls`` (one worker
 call), ``runs`` (which run an object belongs to). Nothing is imported here,
-so that the sandbox, which re-imports a workflow's modules for every run,
-loads only what that workflow needs.
+so that a sandboxed run (``AIWORKER_WORKFLOW_SANDBOX=true``; the replay tests),
+which re-imports a workflow's modules, loads only what that workflow needs.
 """

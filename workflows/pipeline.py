@@ -3,9 +3,10 @@
 The definition only: what a run does, its handlers (``progress``, ``events``,
 ``review``, ``callback``, ``callback_state``, the permit signals) and how it ends
 are :class:`~aiworker.workflows.pipeline_body.PipelineBody`'s, in a module
-shared with every run. The sandbox re-imports this module for each run and
-checks it, as it does every workflow module; kept to the class, that import
-costs a step what Temporal's own bare workflow module costs.
+shared with every run. Sandboxed (``AIWORKER_WORKFLOW_SANDBOX=true``, and the
+replay tests), this module is imported again for each run and checked, as
+every workflow module is; kept to the class, that import costs what
+Temporal's own bare workflow module costs.
 """
 
 from __future__ import annotations

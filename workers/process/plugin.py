@@ -61,8 +61,9 @@ a ``TypeError`` or ``KeyError`` in workflow code is a bug, whose workflow task
 fails and is retried until a build with the fix takes the run over."""
 
 
-# The workflows' helper modules are shared with the sandbox instead of being
-# re-imported (and their dataclasses rebuilt) for every workflow run: that import
+# When aiworker's workflows run sandboxed (AIWORKER_WORKFLOW_SANDBOX=true, the replay
+# tests; OwnWorkflowsRunner below runs them unsandboxed otherwise), the workflows'
+# helper modules are shared with the sandbox instead of being re-imported (and their dataclasses rebuilt) for every workflow run: that import
 # was about a third of a short pipeline's worker CPU. Temporal's guidance is to
 # pass through every module whose calls are deterministic. Safe because each of
 # these modules (a) keeps no module state a run could change: only constants,
@@ -71,7 +72,7 @@ fails and is retried until a build with the fix takes the run over."""
 # immutable), and (b) follows the sandbox rules like any workflow code (the replay
 # tests run them in the SDK's default sandbox, which passes none of them through).
 # The modules that define the workflows the SDK loads per run (pipeline, foreach,
-# agent, breakers, conformance, flow) stay sandboxed: each run re-imports its own
+# agent, breakers, conformance, flow) are not shared: each run re-imports its own
 # workflow module, so the sandbox still checks that code and isolates its state.
 # pipeline_body is PipelineWorkflow's handlers and run, moved out of pipeline.py
 # (which keeps the class and its @workflow.run): the per-run import of the module
