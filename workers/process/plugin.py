@@ -63,24 +63,24 @@ fails and is retried until a build with the fix takes the run over."""
 
 # When aiworker's workflows run sandboxed (AIWORKER_WORKFLOW_SANDBOX=true, the replay
 # tests; OwnWorkflowsRunner below runs them unsandboxed otherwise), the workflows'
-# helper modules are shared with the sandbox instead of being re-imported (and their dataclasses rebuilt) for every workflow run: that import
-# was about a third of a short pipeline's worker CPU. Temporal's guidance is to
-# pass through every module whose calls are deterministic. Safe because each of
-# these modules (a) keeps no module state a run could change: only constants,
-# functions and classes, whose instances live in the run's own objects
-# (tests/workers/test_sandbox_modules.py checks every module-level value is
-# immutable), and (b) follows the sandbox rules like any workflow code (the replay
-# tests run them in the SDK's default sandbox, which passes none of them through).
-# The modules that define the workflows the SDK loads per run (pipeline, foreach,
-# agent, breakers, conformance, flow) are not shared: each run re-imports its own
-# workflow module, so the sandbox still checks that code and isolates its state.
-# pipeline_body is PipelineWorkflow's handlers and run, moved out of pipeline.py
-# (which keeps the class and its @workflow.run): the per-run import of the module
-# with them, each handler's decorator resolving its type hints, took 8.5 ms of
-# GIL time per pipeline to create a run's instance, 4.4 ms without (``make
-# profile --regular``, the mean of chain-1/chain-3/fanout-5).
-# limits is shared although it defines LimiterWorkflow: its PermitSignals mixin and
-# permit book are the same classes for the pipeline, the chunks and the limiter.
+# helper modules are shared with the sandbox instead of being re-imported (and their
+# dataclasses rebuilt) for every workflow run: that import was about a third of a short
+# pipeline's worker CPU. Temporal's guidance is to pass through every module whose calls
+# are deterministic. Safe because each of these modules (a) keeps no module state a run
+# could change: only constants, functions and classes, whose instances live in the run's
+# own objects (tests/workers/test_sandbox_modules.py checks every module-level value is
+# immutable), and (b) follows the sandbox rules like any workflow code (the replay tests
+# run them in the SDK's default sandbox, which passes none of them through). The modules
+# that define the workflows the SDK loads per run (pipeline, foreach, agent, breakers,
+# conformance, flow) are not shared: each run re-imports its own workflow module, so the
+# sandbox still checks that code and isolates its state. pipeline_body is
+# PipelineWorkflow's handlers and run, moved out of pipeline.py (which keeps the class
+# and its @workflow.run): the per-run import of the module with them, each handler's
+# decorator resolving its type hints, took 8.5 ms of GIL time per pipeline to create a
+# run's instance, 4.4 ms without (``make profile --regular``, the mean of
+# chain-1/chain-3/fanout-5). limits is shared although it defines LimiterWorkflow: its
+# PermitSignals mixin and permit book are the same classes for the pipeline, the chunks
+# and the limiter.
 SHARED_WORKFLOW_MODULES = (
     "aiworker.workflows.agent_step",
     "aiworker.workflows.budget",
