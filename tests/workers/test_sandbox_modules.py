@@ -17,6 +17,7 @@ import sys
 import types
 import typing
 import uuid
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from aiworker.workers.process.plugin import (
 from aiworker.workers.process.replay import aiworker_workflows
 from aiworker.workflows.pipeline import PipelineWorkflow
 
-_IMMUTABLE = (str, bytes, int, float, bool, Decimal, type(None), frozenset, enum.Enum)
+_IMMUTABLE = (str, bytes, int, float, bool, Decimal, type(None), frozenset, enum.Enum, timedelta)
 # limits defines LimiterWorkflow, yet is shared: its PermitSignals mixin and permit
 # book must be the same classes for the pipeline, the chunks and the limiter.
 _SHARED_DESPITE_WORKFLOW = {"aiworker.workflows.limits"}
@@ -98,10 +99,14 @@ def _workflow_modules() -> list[types.ModuleType]:
     ]
 
 
-def test_shared_modules_keep_no_mutable_state() -> None:
+def test_workflow_modules_keep_no_mutable_state() -> None:
+    """Every module of aiworker.workflows, not only the shared ones: unsandboxed
+    (OwnWorkflowsRunner), every run of a process uses the same module objects."""
+    names_ = sorted({*SHARED_WORKFLOW_MODULES, *(m.__name__ for m in _workflow_modules())})
+    assert set(SHARED_WORKFLOW_MODULES) < set(names_)
     mutable = {
         f"{name}.{key}": type(value).__name__
-        for name in SHARED_WORKFLOW_MODULES
+        for name in names_
         for key, value in _module_data(importlib.import_module(name)).items()
         if not _immutable(value)
     }
