@@ -56,6 +56,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,8 @@ QUICK_PAGES = 2_000
 # recommendation before) stays as a variant to compare with.
 ITEMS_PER_TASK = 100
 DEFAULT_VARIANTS = f"on+tasks{ITEMS_PER_TASK},off+tasks{ITEMS_PER_TASK},on+tasks16,on"
+# every site after the first: the headline and one item per task
+OTHER_SITE_VARIANTS = f"on+tasks{ITEMS_PER_TASK},on"
 FULL_PAGES = 10_000
 CONCURRENCY = 16
 WARMUP_PAGES = 20
@@ -104,10 +108,73 @@ def page_html(i: int) -> bytes:
     ).encode()
 
 
-def _site(base: str, n: int) -> dict[bytes, tuple[bytes, bytes]]:
+JOURNAL_FIELDS = {
+    "title": "h2.headline",
+    "price": "dl.facts dd.price",
+    "category": "span.byline a[rel=tag]",
+}
+
+
+def journal_html(i: int) -> bytes:
+    """Page ``i`` of the second site, of another shape: an article of ~6 KB (a head
+    with inline style and JSON-LD, nested wrappers, twelve paragraphs of filler
+    with inline markup, a side list of links), its three fields in a header, a
+    definition list and a byline."""
+    paras = []
+    for p in range(12):
+        words = [_WORDS[(i * 5 + p * 11 + k) % len(_WORDS)] for k in range(44)]
+        words[7] = f"<em>{words[7]}</em>"
+        words[21] = f"<a href='/j/{(i + p) % 991}.html'>{words[21]}</a>"
+        paras.append(f"<p>{' '.join(words)}.</p>")
+    side = "".join(
+        f"<li><a href='/j/{(i * 3 + k) % 991}.html'>Note {k}</a></li>" for k in range(12)
+    )
+    topic = f"Topic {i % 17}"
+    ld = json.dumps({"@context": "https://schema.org", "@type": "Article", "headline": f"Note {i}"})
+    return (
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>Journal {i}</title>"
+        "<style>body{font:16px/1.5 serif;margin:0}.wrap{max-width:42em;margin:auto}"
+        "dl.facts{display:grid;grid-template-columns:auto 1fr}aside{font-size:.9em}</style>"
+        f"<script type='application/ld+json'>{ld}</script></head><body>"
+        "<div class='wrap'><div class='col'><article class='entry'>"
+        f"<header><h2 class='headline'>Field note {i}</h2>"
+        f"<span class='byline'>Filed under <a rel='tag' href='/t/{i % 17}/'>{topic}</a>"
+        f" by <a rel='author' href='/a/{i % 5}/'>Author {i % 5}</a></span></header>"
+        "<dl class='facts'><dt>Edition</dt><dd class='edition'>"
+        f"{2000 + i % 25}</dd><dt>Price</dt><dd class='price'>{(i * 53) % 900 + 0.5:.2f}"
+        f"</dd></dl><section class='body'>{''.join(paras)}</section></article>"
+        f"<aside><h3>More notes</h3><ul>{side}</ul></aside></div></div>"
+        "<footer><p>Generated for bench.crawl, second site</p></footer></body></html>"
+    ).encode()
+
+
+@dataclass(frozen=True)
+class SiteShape:
+    """A generated site: what it is, its page ``i`` and the CSS selectors of its
+    three fields (both crawlers extract the same)."""
+
+    about: str
+    page: Callable[[int], bytes]
+    fields: dict[str, str]
+
+
+SITES = {
+    "shop": SiteShape("product pages of ~5.7 KB (the bench's own site)", page_html, FIELDS),
+    "journal": SiteShape(
+        "article pages of ~6 KB of another shape: nested wrappers, inline markup in "
+        "the filler, fields in a header, a definition list and a byline",
+        journal_html,
+        JOURNAL_FIELDS,
+    ),
+}
+"""The sites a crawl runs on: ``shop`` first (the headline), then ``journal``."""
+
+
+def _site(base: str, n: int, shape: str = "shop") -> dict[bytes, tuple[bytes, bytes]]:
     pages: dict[bytes, tuple[bytes, bytes]] = {}
     for i in range(n):
-        pages[f"/p/{i}.html".encode()] = (b"text/html; charset=utf-8", page_html(i))
+        pages[f"/p/{i}.html".encode()] = (b"text/html; charset=utf-8", SITES[shape].page(i))
     locs = "".join(f"<url><loc>{base}/p/{i}.html</loc></url>" for i in range(n))
     sitemap = (
         '<?xml version="1.0" encoding="UTF-8"?>'
@@ -134,9 +201,9 @@ def _response(status: bytes, ctype: bytes, body: bytes, head_only: bool) -> byte
     return head if head_only else head + body
 
 
-async def _serve(port: int, n: int) -> None:
+async def _serve(port: int, n: int, shape: str) -> None:
     base = f"http://127.0.0.1:{port}"
-    site = _site(base, n)
+    site = _site(base, n, shape)
     get = {k: _response(b"200 OK", ct, body, False) for k, (ct, body) in site.items()}
     head = {k: _response(b"200 OK", ct, body, True) for k, (ct, body) in site.items()}
     missing = _response(b"404 Not Found", b"text/plain", b"not found", False)
@@ -168,13 +235,13 @@ async def _serve(port: int, n: int) -> None:
 class Site:
     """The site's server process (started and stopped by its PID)."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, shape: str = "shop") -> None:
         from aiworker.workers.devstack.devserver import free_port
 
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.crawl", "serve", str(self.port), str(n)],
+            [sys.executable, "-m", "bench.crawl", "serve", str(self.port), str(n), shape],
             stdout=subprocess.PIPE,
         )
         assert self.proc.stdout is not None
@@ -193,7 +260,7 @@ class Site:
 # ---------------------------------------------------------------- Scrapy
 
 
-def _scrapy_main(base: str, out: str) -> None:
+def _scrapy_main(base: str, out: str, shape: str) -> None:
     """In its own process: crawl the site with Scrapy, write items and figures to ``out``."""
     import resource
 
@@ -210,7 +277,7 @@ def _scrapy_main(base: str, out: str) -> None:
 
         def parse(self, response: Any) -> Any:
             row = {"url": response.url}
-            for key, sel in FIELDS.items():
+            for key, sel in SITES[shape].fields.items():
                 row[key] = response.css(f"{sel}::text").get()
             yield row
 
@@ -254,11 +321,11 @@ def _scrapy_main(base: str, out: str) -> None:
     )
 
 
-def run_scrapy(base: str) -> dict[str, Any]:
+def run_scrapy(base: str, shape: str = "shop") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-scrapy-") as tmp:
         out = Path(tmp) / "out.json"
         subprocess.run(
-            [sys.executable, "-m", "bench.crawl", "scrapy", base, str(out)],
+            [sys.executable, "-m", "bench.crawl", "scrapy", base, str(out), shape],
             check=True,
             cwd=Path(__file__).resolve().parent.parent,
         )
@@ -273,7 +340,7 @@ _NO_LIMIT = (
 )
 
 
-def _pipeline(sitemap: str, per_task: int = 1) -> dict[str, Any]:
+def _pipeline(sitemap: str, per_task: int = 1, fields: dict[str, str] = FIELDS) -> dict[str, Any]:
     # BENCH_CRAWL_CHUNK_SIZE: a diagnostic (the default is 100)
     chunk = os.environ.get("BENCH_CRAWL_CHUNK_SIZE")
     return {
@@ -301,7 +368,7 @@ def _pipeline(sitemap: str, per_task: int = 1) -> dict[str, Any]:
                 "input": {
                     "url": "${{ item }}",
                     "cache": "off",
-                    "extraction_spec": {"fields": {k: {"selector": v} for k, v in FIELDS.items()}},
+                    "extraction_spec": {"fields": {k: {"selector": v} for k, v in fields.items()}},
                 },
             },
         ],
@@ -396,7 +463,12 @@ def _server_pid(data_dir: Path) -> int:
 
 
 async def run_aiworker(
-    base: str, n: int, limiter: bool, flags: list[str], per_task: int = 1
+    base: str,
+    n: int,
+    limiter: bool,
+    flags: list[str],
+    per_task: int = 1,
+    fields: dict[str, str] = FIELDS,
 ) -> dict[str, Any]:
     from aiworker.config.settings import Settings
     from aiworker.schemas import names
@@ -435,7 +507,7 @@ async def run_aiworker(
             async def crawl(sitemap: str, wid: str) -> dict[str, Any]:
                 result: dict[str, Any] = await client.execute_workflow(
                     names.PIPELINE_WORKFLOW,
-                    _pipeline(sitemap, per_task),
+                    _pipeline(sitemap, per_task, fields),
                     id=wid,
                     task_queue=queue,
                 )
@@ -463,7 +535,7 @@ async def run_aiworker(
                 raise RuntimeError(f"crawl: {result['status']}, {got} of {n} pages")
             outputs = await pipelines.items(wid, "pages")
             items = [
-                {"url": u, **{k: (o or {}).get("data", {}).get(k) for k in FIELDS}}
+                {"url": u, **{k: (o or {}).get("data", {}).get(k) for k in fields}}
                 for u, o in zip(result["output"]["urls"], outputs, strict=True)
             ]
             hist = {"history_bytes": 0, "events": 0, "workflows": 0, "largest": 0}
@@ -540,7 +612,9 @@ async def run_aiworker(
     } | ({"profile": profile} if profile else {})
 
 
-def _agreement(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
+def _agreement(
+    a: list[dict[str, Any]], b: list[dict[str, Any]], fields: dict[str, str] = FIELDS
+) -> dict[str, Any]:
     """Share of pages whose three fields are equal in both crawls (by URL)."""
 
     def norm(v: Any) -> Any:
@@ -550,7 +624,7 @@ def _agreement(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, An
     same = sum(
         1
         for r in a
-        if r["url"] in by_url and all(norm(r[k]) == norm(by_url[r["url"]][k]) for k in FIELDS)
+        if r["url"] in by_url and all(norm(r[k]) == norm(by_url[r["url"]][k]) for k in fields)
     )
     return {
         "pages_compared": len(a),
@@ -560,16 +634,39 @@ def _agreement(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, An
 
 
 async def run(quick: bool = False) -> dict[str, Any]:
+    """The crawl of each site of ``BENCH_CRAWL_SITES`` (default ``shop,journal``):
+    the first site's figures at the top level (the headline), every other under
+    ``sites.<name>``, each with Scrapy beside it on the same site."""
     if importlib.util.find_spec("scrapy") is None:
         # the baseline is missing, so there is no ratio to report
         return {"skipped": "Scrapy is not installed: pip install -e '.[bench]' (make bench does)"}
     n = int(os.environ.get("BENCH_CRAWL_PAGES") or (QUICK_PAGES if quick else FULL_PAGES))
-    variants = os.environ.get("BENCH_CRAWL_VARIANTS", DEFAULT_VARIANTS).split(",")
-    site = Site(n)
+    sites = os.environ.get("BENCH_CRAWL_SITES", ",".join(SITES)).split(",")
+    unknown = [x for x in sites if x not in SITES]
+    if unknown:
+        raise SystemExit(f"BENCH_CRAWL_SITES: unknown {unknown}; known: {', '.join(SITES)}")
+    out: dict[str, Any] = {}
+    for i, shape in enumerate(sites):
+        # the first site runs every variant; the others the headline and one item a task
+        default = DEFAULT_VARIANTS if i == 0 else OTHER_SITE_VARIANTS
+        variants = os.environ.get("BENCH_CRAWL_VARIANTS", default).split(",")
+        figures = await crawl_site(shape, n, variants)
+        if i == 0:
+            out.update(figures)
+        else:
+            out.setdefault("sites", {})[shape] = figures
+    out["command"] = ("BENCH_QUICK=1 " if quick else "") + ".venv/bin/python -m bench.crawl"
+    return out
+
+
+async def crawl_site(shape: str, n: int, variants: list[str]) -> dict[str, Any]:
+    """Every variant's crawl of the ``shape`` site against Scrapy's beside it."""
+    fields = SITES[shape].fields
+    site = Site(n, shape)
     try:
         # Scrapy before and after each aiworker run: each run's ratio is against the
         # two Scrapy runs beside it (the machine's load drifts over minutes)
-        scrapys = [run_scrapy(site.base)]
+        scrapys = [run_scrapy(site.base, shape)]
         runs = []
         for v in variants:
             limiter, *parts = v.split("+")
@@ -577,10 +674,10 @@ async def run(quick: bool = False) -> dict[str, Any]:
             flags = [f"--{f}" for f in parts if not f.startswith("tasks")]
             runs.append(
                 await run_aiworker(
-                    site.base, n, limiter == "on", flags, per_task[0] if per_task else 1
+                    site.base, n, limiter == "on", flags, per_task[0] if per_task else 1, fields
                 )
             )
-            scrapys.append(run_scrapy(site.base))
+            scrapys.append(run_scrapy(site.base, shape))
     finally:
         site.stop()
     rows = []
@@ -600,6 +697,8 @@ async def run(quick: bool = False) -> dict[str, Any]:
     for r in rows[1:]:
         r.pop("_items")
     out: dict[str, Any] = {
+        "site": shape,
+        "site_is": SITES[shape].about,
         "pages": n,
         "concurrency": CONCURRENCY,
         "scrapy": {
@@ -615,7 +714,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
         r["scrapy_pages_per_s_beside"] = round(beside, 2)
         r["ratio_to_scrapy"] = round(r["pages_per_s"] / beside, 3)
         r["cpu_ratio_to_scrapy"] = round(r["cpu_s_per_page"]["total"] / cpu_beside, 2)
-        r["fields"] = _agreement(items, scrapy_items)
+        r["fields"] = _agreement(items, scrapy_items, fields)
         key = "+".join([r["limiter"], *r["dev_flags"].split()])
         if r["items_per_task"] > 1:
             key += f"+items_per_task_{r['items_per_task']}"
@@ -627,15 +726,17 @@ async def run(quick: bool = False) -> dict[str, Any]:
     out["ratio_is"] = f"aiworker (limiter {headline['limiter']}) pages/s / Scrapy pages/s" + (
         f", items_per_task {headline['items_per_task']}" if headline["items_per_task"] > 1 else ""
     )
+    one = [r for r in runs if r["items_per_task"] == 1 and r["limiter"] == "on"]
+    if one:
+        out["ratio_one_item_per_task"] = one[0]["ratio_to_scrapy"]
     out["field_agreement"] = min(r["fields"]["agreement"] for r in runs)
-    out["command"] = ("BENCH_QUICK=1 " if quick else "") + ".venv/bin/python -m bench.crawl"
     return out
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "serve":
-        asyncio.run(_serve(int(sys.argv[2]), int(sys.argv[3])))
+        asyncio.run(_serve(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))
     elif len(sys.argv) > 1 and sys.argv[1] == "scrapy":
-        _scrapy_main(sys.argv[2], sys.argv[3])
+        _scrapy_main(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         standalone(run)

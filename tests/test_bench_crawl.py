@@ -16,7 +16,7 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from aiworker.config.catalog import load_specs
 from aiworker.schemas.pipeline_check import check_pipeline, parse_pipeline
-from bench.crawl import FIELDS, Site, _agreement, _pipeline, page_html
+from bench.crawl import FIELDS, SITES, Site, _agreement, _pipeline, journal_html, page_html
 
 
 def test_the_site_serves_robots_a_sitemap_of_every_page_and_pages_of_about_5_7_kb() -> None:
@@ -46,6 +46,31 @@ def test_the_site_serves_robots_a_sitemap_of_every_page_and_pages_of_about_5_7_k
 
 def test_pages_differ_from_one_another() -> None:
     assert page_html(1) != page_html(2)
+    assert journal_html(1) != journal_html(2)
+
+
+def test_the_second_site_has_pages_of_another_shape_whose_three_fields_both_read() -> None:
+    """The journal site: ~6 KB article pages, its fields where the shop has none."""
+    fields = SITES["journal"].fields
+    site = Site(12, "journal")
+    try:
+        with httpx.Client(base_url=site.base, timeout=10) as client:
+            assert "Disallow" not in client.get("/robots.txt").text
+            locs = re.findall(r"<loc>([^<]+)</loc>", client.get("/sitemap.xml").text)
+            assert locs == [f"{site.base}/p/{i}.html" for i in range(12)]
+            page = client.get("/p/7.html")
+            assert 5_800 <= len(page.content) <= 6_600
+            soup = BeautifulSoup(page.text, "lxml")
+            got = {k: soup.select_one(sel).get_text() for k, sel in fields.items()}  # type: ignore[union-attr]
+            assert got == {"title": "Field note 7", "price": "371.50", "category": "Topic 7"}
+            # the shop's selectors find nothing here: another shape, not a copy
+            assert all(soup.select_one(sel) is None for sel in FIELDS.values())
+    finally:
+        site.stop()
+    assert site.proc.poll() is not None
+    spec = _pipeline("http://127.0.0.1:9/sitemap.xml", 1, fields)
+    specs = load_specs()
+    assert check_pipeline(parse_pipeline(spec, specs), specs) == []
 
 
 def test_the_bench_pipeline_passes_the_checks_aiworker_check_runs() -> None:
