@@ -12,13 +12,19 @@ extraction's questions on lxml's own tree, with BeautifulSoup's meaning:
   with the same options, fed the same text (a leading byte order mark
   dropped, as BeautifulSoup drops it): the same tree.
 - **Selectors**: type (``div``, any case), ``*``, ``.class``, ``#id``,
-  compounds of them, the descendant and child (``>``) combinators and
-  selector lists, translated to XPath here. A class matches one of the
+  attribute presence (``[rel]``) and equality (``a[rel=tag]``,
+  ``[itemprop="price"]``: a value without spaces or escapes), compounds of
+  them, the descendant and child (``>``) combinators and selector lists,
+  translated to XPath here. A class matches one of the
   attribute's whitespace-separated words, split on the characters
   BeautifulSoup splits ``class`` on (Python's ``\\s``); an id matches the
   attribute exactly; a selector asked under a container matches the
   container's descendants in the whole document's context, as soupsieve
-  scopes it. Anything else (attribute selectors, pseudo-classes, escapes,
+  scopes it. An attribute's value is compared as soupsieve compares it: a
+  multi-valued attribute's words joined with one space, the attributes HTML
+  matches without case in ASCII lowercase (an attribute that is multi-valued
+  on some elements only, asked without a type, goes to BeautifulSoup).
+  Anything else (other attribute operators, pseudo-classes, escapes,
   non-ASCII names) goes to BeautifulSoup.
 - **Text**: the strings BeautifulSoup's ``get_text`` counts: no comments or
   processing instructions, and nothing inside ``script``, ``style``,
@@ -50,12 +56,18 @@ from typing import Any
 from bs4.builder import HTMLTreeBuilder
 from bs4.element import nonwhitespace_re
 from lxml import etree  # type: ignore[import-untyped]
+from soupsieve.css_parser import HTML_CASE_INSENSITIVE_ATTRIBUTES
 
 from aiworker.schemas.extraction_spec import CompiledSpec, FieldSpec
 
 _IDENT = r"-?[A-Za-z_][A-Za-z0-9_-]*"
-_COMPOUND = re.compile(rf"(?P<tag>\*|{_IDENT})?(?P<rest>(?:[.#]{_IDENT})*)")
-_PART = re.compile(rf"([.#])({_IDENT})")
+# an attribute selector this engine serves: presence, or ``=`` with an identifier or
+# a quoted value without quotes, backslashes or spaces (anything else: BeautifulSoup)
+_ATTR = rf"""\[{_IDENT}(?:=(?:{_IDENT}|"[^"'\\\s]*"|'[^"'\\\s]*'))?\]"""
+_COMPOUND = re.compile(rf"(?P<tag>\*|{_IDENT})?(?P<rest>(?:[.#]{_IDENT}|{_ATTR})*)")
+_PART = re.compile(
+    rf"""([.#])({_IDENT})|\[({_IDENT})(?:=({_IDENT}|"[^"'\\\s]*"|'[^"'\\\s]*'))?\]"""
+)
 _CHILD = re.compile(r"\s*>\s*")
 # What BeautifulSoup splits multi-valued attributes on (``\S+``'s complement) and an
 # XPath literal can hold; the rest (_ODD_SPACE) sends the page to BeautifulSoup.
@@ -72,6 +84,8 @@ _XPATH_SPACES = "".join(c for c in _SPACES if not _ODD_SPACE.match(c))
 _CONTAINERS: dict[str, type] = dict(HTMLTreeBuilder.DEFAULT_STRING_CONTAINERS)
 _LIST_ATTRS: dict[str, set[str]] = HTMLTreeBuilder.DEFAULT_CDATA_LIST_ATTRIBUTES
 _BOM = "\N{BYTE ORDER MARK}"
+_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_ASCII_LOWER = str.maketrans(_UPPER, _UPPER.lower())
 
 
 def _compound_xpath(compound: str, axis: str) -> str | None:
@@ -79,15 +93,50 @@ def _compound_xpath(compound: str, axis: str) -> str | None:
     m = _COMPOUND.fullmatch(compound)
     if m is None or not compound:
         return None
-    tag = m["tag"]
-    step = f"{axis}::{tag.lower() if tag and tag != '*' else '*'}"
-    for kind, name in _PART.findall(m["rest"]):
+    tag = m["tag"].lower() if m["tag"] and m["tag"] != "*" else None
+    step = f"{axis}::{tag or '*'}"
+    for kind, name, attr, value in _PART.findall(m["rest"]):
         if kind == ".":
-            words = f"translate(@class, '{_XPATH_SPACES}', '{' ' * len(_XPATH_SPACES)}')"
-            step += f"[contains(concat(' ', {words}, ' '), ' {name} ')]"
-        else:
+            step += f"[contains(concat(' ', {_words('class')}, ' '), ' {name} ')]"
+        elif kind == "#":
             step += f"[@id = '{name}']"
+        else:
+            test = _attribute_test(attr.lower(), value, tag)
+            if test is None:
+                return None
+            step += test
     return step
+
+
+def _words(attr: str) -> str:
+    """The XPath of attribute ``attr`` with every space BeautifulSoup splits on made
+    a plain space."""
+    return f"translate(@{attr}, '{_XPATH_SPACES}', '{' ' * len(_XPATH_SPACES)}')"
+
+
+def _attribute_test(name: str, value: str, tag: str | None) -> str | None:
+    """``[name]`` or ``[name=value]`` as soupsieve matches it on an HTML element of
+    ``tag`` (None: any), as an XPath predicate; None where the meaning depends on a
+    tag the selector does not name.
+
+    soupsieve compares a multi-valued attribute (the builder's table: ``class``
+    anywhere, ``rel`` on ``a``, ...) as its words joined with one space, and the
+    values of the attributes HTML matches without case (``rel``, ``type``, ``lang``,
+    ...: its ``HTML_CASE_INSENSITIVE_ATTRIBUTES``) in ASCII lowercase.
+    """
+    if not value:
+        return f"[@{name}]"
+    if value[0] in "\"'":
+        value = value[1:-1]
+    if tag is None and any(name in names for key, names in _LIST_ATTRS.items() if key != "*"):
+        return None  # a list on some elements only: which, the selector does not say
+    listed = name in _LIST_ATTRS["*"] or name in _LIST_ATTRS.get(tag or "", set())
+    actual = f"normalize-space({_words(name)})" if listed else f"@{name}"
+    if name in HTML_CASE_INSENSITIVE_ATTRIBUTES:
+        actual = f"translate({actual}, '{_UPPER}', '{_UPPER.lower()}')"
+        value = value.translate(_ASCII_LOWER)
+    # the attribute itself first: a function of a missing one is the empty string
+    return f"[@{name} and {actual} = '{value}']"
 
 
 @lru_cache(maxsize=1024)
