@@ -63,11 +63,9 @@ from aiworker.schemas.extraction_spec import CompiledSpec, FieldSpec
 _IDENT = r"-?[A-Za-z_][A-Za-z0-9_-]*"
 # an attribute selector this engine serves: presence, or ``=`` with an identifier or
 # a quoted value without quotes, backslashes or spaces (anything else: BeautifulSoup)
-_ATTR = rf"""\[{_IDENT}(?:=(?:{_IDENT}|"[^"'\\\s]*"|'[^"'\\\s]*'))?\]"""
+_ATTR = rf"""\[({_IDENT})(?:=({_IDENT}|"[^"'\\\s]*"|'[^"'\\\s]*'))?\]"""
 _COMPOUND = re.compile(rf"(?P<tag>\*|{_IDENT})?(?P<rest>(?:[.#]{_IDENT}|{_ATTR})*)")
-_PART = re.compile(
-    rf"""([.#])({_IDENT})|\[({_IDENT})(?:=({_IDENT}|"[^"'\\\s]*"|'[^"'\\\s]*'))?\]"""
-)
+_PART = re.compile(rf"([.#])({_IDENT})|{_ATTR}")
 _CHILD = re.compile(r"\s*>\s*")
 # What BeautifulSoup splits multi-valued attributes on (``\S+``'s complement) and an
 # XPath literal can hold; the rest (_ODD_SPACE) sends the page to BeautifulSoup.

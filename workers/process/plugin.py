@@ -109,6 +109,7 @@ SHARED_WORKFLOW_MODULES = (
 
 OWN_WORKFLOW_MODULES = "aiworker.workflows."
 """The package of aiworker's own workflows (:class:`OwnWorkflowsRunner`)."""
+_UNSANDBOXED = UnsandboxedWorkflowRunner()  # stateless: one for every run
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class OwnWorkflowsRunner(SandboxedWorkflowRunner):
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         if self.sandboxes(det.defn):
             return super().create_instance(det)
-        return UnsandboxedWorkflowRunner().create_instance(det)
+        return _UNSANDBOXED.create_instance(det)
 
 
 def workflow_runner(sandbox_own: bool = False) -> OwnWorkflowsRunner:
