@@ -102,8 +102,12 @@ async def test_run_says_when_a_step_waits_at_a_rate_limit(
     client: Client, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     tenant = f"w-{uuid.uuid4().hex[:8]}"
-    # one validator call per 7 s for this tenant: each call after the first waits
-    rules = tuple(parse_rate_limits(f"validator:{tenant}=1/7s"))
+    # one validator call per 12 s for this tenant: each call after the first waits.
+    # The items of `each` start waiting about a second after b's permit and are
+    # told of 5 s later; the first item's permit comes 12 s after b's, so the
+    # notice sees both items waiting with seconds to spare on a loaded machine
+    # (at 7 s per call the margin was under a second, and a busy CI lost it).
+    rules = tuple(parse_rate_limits(f"validator:{tenant}=1/12s"))
     settings = stack_settings(tmp_path, rate_limits=rules)
     check = {"worker": "validator", "input": {"data": 1, "schema": {}}}
     pipeline = {
@@ -130,14 +134,14 @@ async def test_run_says_when_a_step_waits_at_a_rate_limit(
     ), proc.stdout
     # which limit, at its configured rate
     assert any(
-        line.startswith("step 'b' has waited ") and f"rate:validator:{tenant} (1 per 7s)" in line
+        line.startswith("step 'b' has waited ") and f"rate:validator:{tenant} (1 per 12s)" in line
         for line in lines
     ), proc.stdout
     assert any(
         line.startswith("step 'each' has waited") and "2 of its for_each items" in line
         for line in lines
     ), proc.stdout
-    # one line per step status change the polls saw (a ended before b's 7 s wait)
+    # one line per step status change the polls saw (a ended before b's 12 s wait)
     assert lines.count("b: waiting") == 1, proc.stdout
     assert len([x for x in lines if x.startswith("a: succeeded (1 attempt, ")]) == 1, proc.stdout
     # then the summary table has every step
