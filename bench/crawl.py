@@ -27,6 +27,13 @@ core; both crawlers need a few hundred).
   worker is warm: a 20-page crawl ran first); its CPU is the dev process's plus
   the Temporal server's over that span.
 
+- **Temporal's ceiling** (``temporal_ceiling``, once per run, after the sites):
+  bare Temporal running one no-op regular activity per page at the same
+  concurrency on a dev server started the same way. A crawl of one item per
+  activity task cannot pass it on this machine, whatever a page costs:
+  ``temporal_ceiling.ratio_to_scrapy`` says how near Scrapy's pace that ceiling
+  is, ``one_item_per_task_of_ceiling`` (per site) how much of it aiworker reaches.
+
 Reported: pages/s and its ratio to Scrapy's (top-level ``ratio``: the shipped
 configuration, limiter on), CPU-seconds per page, peak RSS of the worker
 process and of the Temporal server, bytes written per page (growth of the data
@@ -655,8 +662,70 @@ async def run(quick: bool = False) -> dict[str, Any]:
             out.update(figures)
         else:
             out.setdefault("sites", {})[shape] = figures
+    if os.environ.get("BENCH_CRAWL_CEILING", "1") != "0":
+        ceiling = await temporal_ceiling(n)
+        ceiling["ratio_to_scrapy"] = round(
+            ceiling["activities_per_s"] / out["scrapy"]["pages_per_s"], 3
+        )
+        out["temporal_ceiling"] = ceiling
+        for figures in (out, *out.get("sites", {}).values()):
+            one = figures.get("aiworker_limiter_on")
+            if one is not None:
+                share = one["pages_per_s"] / ceiling["activities_per_s"]
+                figures["one_item_per_task_of_ceiling"] = round(share, 3)
     out["command"] = ("BENCH_QUICK=1 " if quick else "") + ".venv/bin/python -m bench.crawl"
     return out
+
+
+async def temporal_ceiling(n: int, concurrency: int = CONCURRENCY) -> dict[str, Any]:
+    """Bare Temporal's own pace at one regular activity per page: ``n`` no-op
+    activities, ``concurrency`` in flight (``concurrency`` bare workflows of a
+    chain each, the sandbox on as Temporal's default), on a dev server started
+    as ``aiworker dev`` starts it, worker and client in this process. The most a
+    crawl of one activity task per page can reach on this machine, whatever its
+    pages cost; ``ratio_to_scrapy`` sets it against Scrapy's pace (``BENCH_CRAWL_CEILING=0``
+    leaves it out)."""
+    from temporalio.client import Client
+    from temporalio.worker import Worker
+
+    from bench.bare_workflow import BareBenchWorkflow, noop
+    from bench.common import embedded_server
+
+    per = max(1, n // concurrency)
+    with embedded_server() as server:
+        client = await Client.connect(server.address)
+        queue = f"bench-ceiling-{uuid.uuid4().hex[:6]}"
+        async with Worker(
+            client, task_queue=queue, workflows=[BareBenchWorkflow], activities=[noop]
+        ):
+
+            async def chain(length: int) -> None:
+                await client.execute_workflow(
+                    BareBenchWorkflow.run,
+                    {"kind": "chain", "n": length},
+                    id=f"bench-ceiling-{uuid.uuid4().hex}",
+                    task_queue=queue,
+                )
+
+            await chain(WARMUP_PAGES)
+            pid = server.process.pid if server.process else None
+            cpu0 = (time.process_time(), process_cpu_seconds(pid) if pid else 0.0)
+            t0 = time.perf_counter()
+            await asyncio.gather(*(chain(per) for _ in range(concurrency)))
+            wall = time.perf_counter() - t0
+            cpu1 = (time.process_time(), process_cpu_seconds(pid) if pid else 0.0)
+    done = per * concurrency
+    return {
+        "about": "bare Temporal, one no-op regular activity per page at the crawl's "
+        "concurrency: the ceiling of one item per activity task on this machine",
+        "activities": done,
+        "concurrency": concurrency,
+        "activities_per_s": round(done / wall, 2),
+        "cpu_s_per_activity": {
+            "worker_and_client": round((cpu1[0] - cpu0[0]) / done, 5),
+            "temporal_server": round((cpu1[1] - cpu0[1]) / done, 5),
+        },
+    }
 
 
 async def crawl_site(shape: str, n: int, variants: list[str]) -> dict[str, Any]:

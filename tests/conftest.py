@@ -183,6 +183,7 @@ _PROCESS_HINTS = (
     "BrowserTool(",
     "chromium.launch(",
     "DevServer(",
+    "from bench.crawl import",  # its Site serves from a process, its ceiling a dev server
 )
 _process_modules: dict[str, bool] = {}
 

@@ -16,7 +16,16 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from aiworker.config.catalog import load_specs
 from aiworker.schemas.pipeline_check import check_pipeline, parse_pipeline
-from bench.crawl import FIELDS, SITES, Site, _agreement, _pipeline, journal_html, page_html
+from bench.crawl import (
+    FIELDS,
+    SITES,
+    Site,
+    _agreement,
+    _pipeline,
+    journal_html,
+    page_html,
+    temporal_ceiling,
+)
 
 
 def test_the_site_serves_robots_a_sitemap_of_every_page_and_pages_of_about_5_7_kb() -> None:
@@ -91,3 +100,14 @@ def test_agreement_counts_a_page_only_when_all_three_fields_match() -> None:
     assert _agreement(rows, other) == {"pages_compared": 4, "pages_agreeing": 3, "agreement": 0.75}
     # a page one crawler never returned counts against agreement
     assert _agreement(rows, rows[:3])["agreement"] == 0.75
+
+
+async def test_the_ceiling_runs_bare_temporal_activities_at_the_crawl_s_concurrency() -> None:
+    """Temporal's own pace at one activity per page, on a dev server of its own: every
+    activity ran (a chain per slot in flight), its CPU split between this process
+    and the server. No timing asserted: the figure is the bench's to report."""
+    got = await temporal_ceiling(24, concurrency=4)
+    assert got["activities"] == 24 and got["concurrency"] == 4
+    assert got["activities_per_s"] > 0
+    assert got["cpu_s_per_activity"]["temporal_server"] > 0
+    assert got["cpu_s_per_activity"]["worker_and_client"] > 0
