@@ -40,11 +40,16 @@ nodes are never remembered.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
+import re
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
+import jsonschema_rs
 from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
@@ -110,9 +115,12 @@ class Contract:
         self.heavy: tuple[str, ...] = heavy_properties(schema) if remember else ()
         self._shallow: Validator | None = None
         self._valid: OrderedDict[bytes, None] = OrderedDict()
+        self.fast: Any = rs_validator(schema)
 
     def errors(self, value: Any) -> list[ValidationError]:
         """Every error of ``value``, as ``safe_schema.errors(self.validator, value)``."""
+        if self.fast is not None and surely_valid(self.fast, value):
+            return []
         digests = self._digests(value) if self.heavy else None
         if digests and all(d in self._valid for d in digests):
             for d in digests:
@@ -166,9 +174,11 @@ def heavy_properties(schema: Any) -> tuple[str, ...]:
     )
 
 
-def plain_json(value: Any) -> bool:
+def plain_json(value: Any, *, exact: bool = False) -> bool:
     """Whether ``value`` holds only ``dict`` (``str`` keys), ``list`` and JSON scalars,
-    in at most :data:`MAX_NODES` nodes."""
+    in at most :data:`MAX_NODES` nodes. ``exact``: and every float finite, every
+    int within :data:`MAX_EXACT_INT` either way (what jsonschema-rs reads as Python
+    does, :func:`surely_valid`)."""
     stack = [value]
     nodes = 0
     while stack:
@@ -186,7 +196,123 @@ def plain_json(value: Any) -> bool:
             stack.extend(v)
         elif v is not None and t not in _SCALARS:
             return False
+        elif exact and t is float and not math.isfinite(v):
+            return False
+        elif exact and t is int and not -MAX_EXACT_INT <= v <= MAX_EXACT_INT:
+            return False
     return True
 
 
-__all__ = ["MAX_NODES", "MAX_REMEMBERED", "Contract", "heavy_properties", "plain_json"]
+# --- jsonschema-rs: the "surely valid" check in front of jsonschema ----------------------------
+
+# Schema keywords whose meaning jsonschema-rs does not share with safe_schema:
+# patternProperties (its keys are patterns), multipleOf (float arithmetic of its own)
+# and the unevaluated keywords (safe_schema collects the evaluated keys itself). A
+# schema that has any of these as a key anywhere (a property named so too: erring on
+# the safe side) is checked by jsonschema alone.
+RS_UNSHARED = frozenset(
+    {"patternProperties", "multipleOf", "unevaluatedProperties", "unevaluatedItems"}
+)
+# A ``pattern`` that means the same on RE2 (safe_schema) and on Rust's regex after
+# jsonschema-rs's ECMA 262 translation: ASCII letters, digits and the plain operators,
+# no escapes (``\d`` and ``\s`` differ in Unicode), no ``.`` (which line terminators
+# each refuses differ), no empty class (``[]`` matches nothing in ECMA 262) and braces
+# only as counted repetition (``{2}``, ``{0,63}``, ``{2,}``: ``{,3}`` is a repetition
+# in Rust and text in the others). Any other pattern: jsonschema alone.
+_SHARED_PATTERN = re.compile(r"[A-Za-z0-9^$*+?\[\],|()_:/-]*")
+_REPEAT = re.compile(r"\{[0-9]+(,[0-9]*)?\}")
+# Ints past 2**53 either way go to jsonschema: exact there, floats in some paths of Rust.
+MAX_EXACT_INT = 2**53
+
+
+def _shared_pattern(pattern: Any) -> bool:
+    if not isinstance(pattern, str) or "[]" in pattern or "[^]" in pattern:
+        return False
+    return _SHARED_PATTERN.fullmatch(_REPEAT.sub("", pattern)) is not None
+
+
+def rs_shares(schema: Any) -> bool:
+    """Whether every keyword of ``schema`` means on jsonschema-rs what it means on
+    safe_schema: no key of :data:`RS_UNSHARED` anywhere and every ``pattern`` key a
+    string of the shared subset (a property named ``pattern`` fails that too)."""
+    stack = [schema]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            for k, c in v.items():
+                if k in RS_UNSHARED:
+                    return False
+                if k == "pattern" and not _shared_pattern(c):
+                    return False
+                stack.append(c)
+        elif isinstance(v, list):
+            stack.extend(v)
+    return True
+
+
+def _format(check: tuple[Callable[[Any], Any], Any]) -> Callable[[str], bool]:
+    func, raises = check
+
+    def conforms(value: str) -> bool:
+        try:
+            return bool(func(value))
+        except raises:
+            return False
+
+    return conforms
+
+
+def _refuse(uri: str) -> Any:
+    raise ValueError(f"{uri}: aiworker never fetches schemas")
+
+
+@functools.lru_cache(maxsize=1)
+def _formats() -> dict[str, Callable[[str], bool]]:
+    return {name: _format(c) for name, c in safe_schema.FORMATS.checkers.items()}
+
+
+def rs_validator(schema: Any, *, shared_only: bool = True) -> Any:
+    """jsonschema-rs's Draft 2020-12 validator of ``schema`` with safe_schema's
+    formats (the same Python checks), no retrieval and its linear-time regex
+    engine; None where its answers could differ from safe_schema's (not
+    :func:`rs_shares`; ``shared_only=False``, for benches only, compiles it all
+    the same), or for a schema it does not compile."""
+    if not isinstance(schema, (dict, bool)) or (shared_only and not rs_shares(schema)):
+        return None
+    try:
+        return jsonschema_rs.Draft202012Validator(
+            schema,
+            retriever=_refuse,
+            pattern_options=jsonschema_rs.RegexOptions(),
+            formats=_formats(),
+            validate_formats=True,
+        )
+    except Exception:  # not compiled there: jsonschema alone decides
+        return None
+
+
+def surely_valid(fast: Any, value: Any) -> bool:
+    """Whether jsonschema-rs (``fast``, from :func:`rs_validator`) finds ``value``
+    valid, for a value it reads as Python does (:func:`plain_json` with ``exact``:
+    no tuple, no NaN, no non-string key, no int past 2**53). False says nothing:
+    jsonschema then checks and words the errors."""
+    if not plain_json(value, exact=True):
+        return False
+    try:
+        return bool(fast.is_valid(value))
+    except Exception:  # a lone surrogate, say: jsonschema decides
+        return False
+
+
+__all__ = [
+    "MAX_EXACT_INT",
+    "MAX_NODES",
+    "MAX_REMEMBERED",
+    "RS_UNSHARED",
+    "Contract",
+    "heavy_properties",
+    "plain_json",
+    "rs_shares",
+    "rs_validator",
+    "surely_valid",
+]

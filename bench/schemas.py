@@ -1,19 +1,21 @@
-"""The contracts' validator against jsonschema-rs, on the step path and per runtime call.
+"""The contracts' validator: jsonschema alone, jsonschema-rs in front of it (shipped),
+and jsonschema-rs alone, on the step path and per runtime call.
 
 aiworker applies every JSON Schema with jsonschema behind
-:mod:`aiworker.schemas.safe_schema`. This part times, in one run and
-interleaved, the checks a step makes (the built-in specs' input and output
-schemas on the values a step sends and returns) with that validator and with
-jsonschema-rs configured to keep the same guarantees as far as it can: its
-linear-time ``regex`` engine (``RegexOptions``), a retriever that refuses every
-``$ref`` retrieval, and the same format checks (``safe_schema.FORMATS``' Python
-functions, which replace jsonschema-rs's own). Then the runtime's own cost per
-call (``bench/overhead.py``'s validator call) with each validator behind the
-runtime's contracts, and web-scrape's input through the contracts' memo of
-valid parts (``input_memo``). Figures are medians in microseconds and ratios.
+:mod:`aiworker.schemas.safe_schema`; a contract (:mod:`aiworker.activities.contracts`)
+asks jsonschema-rs first whether a value is surely valid, where the schema means the
+same to both, and jsonschema words the errors. This part times, in one run and
+interleaved, the checks a step makes (the built-in specs' input and output schemas
+on the values a step sends and returns): ``jsonschema`` (safe_schema alone),
+``contract`` (the shipped contract) and ``jsonschema_rs`` (jsonschema-rs alone,
+configured as the contract configures it: its linear-time ``regex`` engine, a
+retriever that refuses every ``$ref`` retrieval, ``safe_schema.FORMATS``' Python
+format checks). Then the runtime's own cost per call (``bench/overhead.py``'s
+validator call) with jsonschema-only contracts and with the shipped ones, and
+web-scrape's input through the contracts' memo of valid parts (``input_memo``).
+Figures are medians in microseconds and ratios.
 
-jsonschema-rs comes with the ``bench`` extra (``pip install -e '.[bench]'``);
-aiworker never imports it. Why it is not the validator (yet): the docstring of
+Why jsonschema-rs is not the validator on its own: the docstring of
 :mod:`aiworker.schemas.safe_schema`.
 
 ``python -m bench.schemas`` (``--quick``) runs it alone.
@@ -31,7 +33,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from aiworker.activities.call_telemetry import observe_call
-from aiworker.activities.contracts import Contract
+from aiworker.activities.contracts import Contract, rs_validator
 from aiworker.activities.metrics import WorkerMetrics
 from aiworker.activities.runtime import WorkerContext, WorkerRuntime
 from aiworker.activities.toolbox import Toolbox
@@ -43,41 +45,7 @@ from aiworker.schemas.protocol import WorkerRequest
 from bench.overhead import REQUEST
 from bench.scrape import ITEMS_PER_PAGE, SPEC
 
-try:
-    import jsonschema_rs
-except ImportError:  # the bench extra is not installed
-    jsonschema_rs = None
-
 Check = Callable[[Any], list[Any]]
-
-
-def _refuse(uri: str) -> Any:
-    raise ValueError(f"{uri}: aiworker never fetches schemas")
-
-
-def _format(check: tuple[Callable[[Any], Any], Any]) -> Callable[[str], bool]:
-    func, raises = check
-
-    def conforms(value: str) -> bool:
-        try:
-            return bool(func(value))
-        except raises:
-            return False
-
-    return conforms
-
-
-def rs_validator(schema: dict[str, Any]) -> Any:
-    """jsonschema-rs with no retrieval, the linear-time engine and aiworker's formats."""
-    assert jsonschema_rs is not None
-    formats = {name: _format(c) for name, c in safe_schema.FORMATS.checkers.items()}
-    return jsonschema_rs.validator_for(
-        schema,
-        retriever=_refuse,
-        pattern_options=jsonschema_rs.RegexOptions(),
-        formats=formats,
-        validate_formats=True,
-    )
 
 
 def _page() -> dict[str, Any]:
@@ -117,12 +85,17 @@ def _cases() -> dict[str, tuple[dict[str, Any], Any]]:
     }
 
 
+def _rs(schema: dict[str, Any]) -> Check:
+    rs = rs_validator(schema, shared_only=False)
+    return lambda v: [] if rs.is_valid(v) else list(rs.iter_errors(v))
+
+
 def _arms(schema: dict[str, Any]) -> dict[str, Check]:
     js = safe_schema.cached_validator(schema)
-    rs = rs_validator(schema)
     return {
         "jsonschema": lambda v: safe_schema.errors(js, v),
-        "jsonschema_rs": lambda v: [] if rs.is_valid(v) else list(rs.iter_errors(v)),
+        "contract": Contract(schema, remember=False).errors,
+        "jsonschema_rs": _rs(schema),
     }
 
 
@@ -132,7 +105,7 @@ def step_path(rounds: int, n: int) -> dict[str, Any]:
     for name, (schema, value) in _cases().items():
         arms = _arms(schema)
         for arm, check in arms.items():
-            if check(value):  # both must find the value valid, or the race is unfair
+            if check(value):  # all must find the value valid, or the race is unfair
                 raise AssertionError(f"{name}: {arm} finds the bench value invalid")
         samples: dict[str, list[float]] = {arm: [] for arm in arms}
         for _ in range(rounds):
@@ -143,8 +116,8 @@ def step_path(rounds: int, n: int) -> dict[str, Any]:
                 samples[arm].append((time.perf_counter_ns() - t0) / n / 1000)
         med = {arm: statistics.median(s) for arm, s in samples.items()}
         out[name] = {
-            "jsonschema_us": round(med["jsonschema"], 2),
-            "jsonschema_rs_us": round(med["jsonschema_rs"], 2),
+            **{f"{arm}_us": round(us, 2) for arm, us in med.items()},
+            "contract_vs_jsonschema": round(med["contract"] / med["jsonschema"], 4),
             "rs_vs_jsonschema": round(med["jsonschema_rs"] / med["jsonschema"], 4),
         }
     return out
@@ -155,12 +128,12 @@ def input_memo(rounds: int) -> dict[str, Any]:
     call): jsonschema in full, through the contract's memo of valid parts
     (:mod:`aiworker.activities.contracts`), and jsonschema-rs; median us per call."""
     schema, value = _cases()["web-scrape input"]
-    full, memo, rs = Contract(schema, remember=False), Contract(schema), rs_validator(schema)
+    full, memo = _JsonschemaContract(schema, remember=False), Contract(schema)
     values = [{**value, "url": f"http://127.0.0.1:8000/p/{i}"} for i in range(100)]
     arms: dict[str, Check] = {
         "jsonschema": full.errors,
         "jsonschema_memo": memo.errors,
-        "jsonschema_rs": lambda v: [] if rs.is_valid(v) else list(rs.iter_errors(v)),
+        "jsonschema_rs": _rs(schema),
     }
     samples: dict[str, list[float]] = {arm: [] for arm in arms}
     for _ in range(rounds):
@@ -177,20 +150,17 @@ def input_memo(rounds: int) -> dict[str, Any]:
     }
 
 
-class _RsContract(Contract):
-    """A contract whose errors come from jsonschema-rs (valid values: no errors)."""
+class _JsonschemaContract(Contract):
+    """A contract without jsonschema-rs in front: jsonschema checks every value."""
 
     def __init__(self, schema: dict[str, Any], *, remember: bool = True) -> None:
-        super().__init__(schema, remember=False)
-        self.rs = rs_validator(schema)
-
-    def errors(self, value: Any) -> list[Any]:
-        return [] if self.rs.is_valid(value) else list(self.rs.iter_errors(value))
+        super().__init__(schema, remember=remember)
+        self.fast = None
 
 
 async def runtime_cost(n: int) -> dict[str, Any]:
     """The runtime's cost per validator call (p50 through the runtime minus p50 direct)
-    with each validator behind its contracts, interleaved call by call."""
+    with jsonschema-only contracts and with the shipped ones, interleaved call by call."""
     settings = Settings(metrics_port=0)
     specs = load_specs()
     logging.getLogger("aiworker.worker").addHandler(logging.NullHandler())
@@ -206,17 +176,17 @@ async def runtime_cost(n: int) -> dict[str, Any]:
         max_tokens=None,
     )
     shipped = WorkerRuntime(settings, specs, metrics=WorkerMetrics(CollectorRegistry()))
-    rs = WorkerRuntime(settings, specs, metrics=WorkerMetrics(CollectorRegistry()))
-    rs_contracts: dict[int, _RsContract] = {}
+    alone = WorkerRuntime(settings, specs, metrics=WorkerMetrics(CollectorRegistry()))
+    js_contracts: dict[int, Contract] = {}
 
-    def rs_contract(schema: dict[str, Any], *, remember: bool = False) -> Contract:
-        hit = rs_contracts.get(id(schema))
+    def js_contract(schema: dict[str, Any], *, remember: bool = False) -> Contract:
+        hit = js_contracts.get(id(schema))
         if hit is None:
-            hit = rs_contracts[id(schema)] = _RsContract(schema)
+            hit = js_contracts[id(schema)] = _JsonschemaContract(schema, remember=remember)
         return hit
 
-    rs.contract = rs_contract  # type: ignore[method-assign]
-    runtimes = {"jsonschema": shipped, "jsonschema_rs": rs}
+    alone.contract = js_contract  # type: ignore[method-assign]
+    runtimes = {"jsonschema": alone, "contract": shipped}
 
     async def through(runtime: WorkerRuntime) -> None:
         with observe_call(worker.worker_id, runtime.metrics):
@@ -241,19 +211,18 @@ async def runtime_cost(n: int) -> dict[str, Any]:
         "calls": n,
         "direct_p50_us": round(med["direct"], 1),
         "jsonschema_us": round(cost["jsonschema"], 1),
-        "jsonschema_rs_us": round(cost["jsonschema_rs"], 1),
-        "rs_vs_jsonschema": round(cost["jsonschema_rs"] / cost["jsonschema"], 3),
+        "contract_us": round(cost["contract"], 1),
+        "contract_vs_jsonschema": round(cost["contract"] / cost["jsonschema"], 3),
     }
 
 
 async def run(quick: bool = False) -> dict[str, Any]:
-    if jsonschema_rs is None:
-        return {"skipped": "jsonschema-rs is not installed: pip install -e '.[bench]'"}
     per_call = await runtime_cost(1000 if quick else 6000)
     return {
         "jsonschema_rs": importlib.metadata.version("jsonschema-rs"),
-        # the headline: jsonschema-rs's runtime cost per call against jsonschema's
-        "ratio": per_call["rs_vs_jsonschema"],
+        # the headline: the runtime's cost per call with the shipped contracts (jsonschema-rs
+        # in front) against jsonschema-only contracts
+        "ratio": per_call["contract_vs_jsonschema"],
         "step_path": step_path(rounds=5 if quick else 15, n=100 if quick else 400),
         "input_memo": input_memo(rounds=5 if quick else 15),
         "runtime_per_call": per_call,
