@@ -38,7 +38,7 @@ its output (a page of 30 items: 6.9 against 525 us) and 0.007 on the
 validator worker's input (0.6 against 81 us); the runtime's own cost per
 call (``bench/overhead.py``'s validator call) 0.75 (303 against 405 us).
 
-It is that much faster and it is not the validator, because it does not
+It is that much faster and it is not the validator on its own, because it does not
 keep what this module promises for values JSON allows: a string with a lone
 surrogate (``"\\ud800b"``) raises ``UnicodeEncodeError`` instead of being
 checked, NaN and infinities are read as ``null`` (not numbers), a tuple is an
@@ -48,7 +48,9 @@ array and a non-string key raises ``ValueError``; its ``pattern`` dialect
 (the most relevant branch of an ``anyOf``, an unknown key with a close
 match, every metaschema error at once) reads jsonschema's error tree.
 Bridging those is a rewrite of this module and of :mod:`.messages`, not a
-swap.
+swap. What it does instead: a worker's contracts ask it first whether a value
+is surely valid, where a schema and a value mean the same to both, and come
+here for the errors (:mod:`aiworker.activities.contracts`).
 
 The home-made "surely valid" pre-check that sat in front of jsonschema for
 plain schemas (``fast_valid``) is gone. In one run against it (the commit
