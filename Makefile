@@ -76,7 +76,7 @@ docs: $(STAMP)
 
 ## bench/crawl.py compares against Scrapy, bench/schemas.py against jsonschema-rs: the `bench` extra installs them (bench only).
 bench: compile
-	$(BIN)/python -c 'import scrapy, jsonschema_rs' 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -c 'import scrapy' 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m bench
 
 ## Where the bench worker's CPU goes: the throughput shapes under py-spy, by module.
