@@ -16,11 +16,12 @@ order is exact only where the two agree, so jsonschema-rs stands aside:
   array there, not for jsonschema), NaN or an infinity (null there), an int past
   2**53, a non-string key, a string it cannot encode (a lone surrogate).
 
-Measured (``python -m bench.schemas``, one quick run on a 2-core machine):
-web-scrape's output checked in 0.21 of jsonschema's time (38 against 177 us,
-most of it the walk that looks for such values; jsonschema-rs alone 4.8 us),
-the validator's input and output in 0.16 and 0.06; the runtime's own cost per
-validator call 0.79 of what it was with jsonschema alone (322 against 409 us).
+Measured (``python -m bench.schemas``, one full run on a quiet 2-core machine,
+jsonschema-rs 0.60.3): web-scrape's output checked in 0.28 of jsonschema's time
+(48 against 167 us, 43 of them the walk that looks for such values;
+jsonschema-rs alone 4.7 us), the validator's input and output in 0.16 and
+0.06; the runtime's own cost per validator call 0.81 of what it was with
+jsonschema alone (199 against 245 us).
 ``tests/activities/test_contract_fast_path.py`` holds the two to the same answers
 on every built-in contract and on generated patterns of the plain subset.
 
