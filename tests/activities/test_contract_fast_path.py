@@ -4,49 +4,16 @@ and every error still comes from jsonschema."""
 
 from __future__ import annotations
 
-import copy
 import random
 from typing import Any
 
 import pytest
+from support.schema_values import error_tuples, mutation
 
 from aiworker.activities.contracts import Contract, plain_json, rs_shares, rs_validator
 from aiworker.config.catalog import load_specs
 from aiworker.schemas import safe_schema
 from aiworker.schemas.safe_schema import cached_validator
-
-_ODD = [None, 7, -1, 2.5, 0, "", "x", "é", [], {}, True, False, {"zz": 1}, ["a"], 10**3]
-
-
-def _errors(found: list[Any]) -> list[tuple[Any, ...]]:
-    return [(tuple(e.absolute_path), e.message, e.validator) for e in found]
-
-
-def _mutation(value: Any, rng: random.Random) -> Any:
-    """``value`` with one random part replaced, dropped or added to."""
-    out = copy.deepcopy(value)
-    spots: list[tuple[Any, Any]] = []
-    stack = [out]
-    while stack:
-        v = stack.pop()
-        keys = list(v) if isinstance(v, dict) else range(len(v)) if isinstance(v, list) else []
-        for k in keys:
-            spots.append((v, k))
-            stack.append(v[k])
-    if not spots:
-        return rng.choice(_ODD)
-    parent, key = rng.choice(spots)
-    move = rng.random()
-    if move < 0.6:
-        parent[key] = rng.choice(_ODD)
-    elif move < 0.8 and isinstance(parent, dict):
-        del parent[key]
-    elif isinstance(parent, dict):
-        parent[rng.choice(["extra", "zz", "a"])] = rng.choice(_ODD)
-    else:
-        parent.append(rng.choice(_ODD))
-    return out
-
 
 _SHA = "0123456789abcdef" * 4
 # Valid outputs of the workers whose outputs the benches check on every call.
@@ -89,9 +56,9 @@ def test_every_builtin_contract_gives_jsonschema_s_errors_with_the_fast_check_in
         contract, full = Contract(schema, remember=False), cached_validator(schema)
         assert not safe_schema.errors(full, base)
         for i in range(300):
-            value = base if i == 0 else _mutation(base, rng)
-            expected = _errors(safe_schema.errors(full, value))
-            assert _errors(contract.errors(value)) == expected, (schema.get("title"), value)
+            value = base if i == 0 else mutation(base, rng)
+            expected = error_tuples(safe_schema.errors(full, value))
+            assert error_tuples(contract.errors(value)) == expected, (schema.get("title"), value)
             if not expected and contract.fast is not None:
                 fast_answers += contract.fast.is_valid(value)
     assert fast_answers > 100
@@ -115,9 +82,9 @@ def test_every_builtin_contract_gives_jsonschema_s_errors_with_the_fast_check_in
 def test_values_jsonschema_rs_reads_otherwise_go_to_jsonschema(schema: Any, value: Any) -> None:
     contract = Contract(schema, remember=False)
     assert contract.fast is not None
-    expected = _errors(safe_schema.errors(cached_validator(schema), value))
+    expected = error_tuples(safe_schema.errors(cached_validator(schema), value))
     assert expected  # each is invalid for safe_schema
-    assert _errors(contract.errors(value)) == expected
+    assert error_tuples(contract.errors(value)) == expected
     assert not plain_json(value, exact=True)
 
 

@@ -3,11 +3,11 @@ check, on every built-in worker's input schema, with valid parts remembered."""
 
 from __future__ import annotations
 
-import copy
 import random
 from typing import Any
 
 import pytest
+from support.schema_values import error_tuples, mutation
 
 from aiworker.activities.contracts import MAX_REMEMBERED, Contract, heavy_properties, plain_json
 from aiworker.config.catalog import builtin_spec, load_specs
@@ -25,27 +25,6 @@ SCRAPE_SPEC = {
 }
 
 
-def _errors(found: list[Any]) -> list[tuple[Any, ...]]:
-    return [(tuple(e.absolute_path), e.message, e.validator) for e in found]
-
-
-def _mutations(value: Any, rng: random.Random) -> Any:
-    """``value`` with one random part replaced by something of another JSON type."""
-    out = copy.deepcopy(value)
-    spots: list[tuple[Any, Any]] = []
-    stack = [out]
-    while stack:
-        v = stack.pop()
-        keys = list(v) if isinstance(v, dict) else range(len(v)) if isinstance(v, list) else []
-        for k in keys:
-            spots.append((v, k))
-            stack.append(v[k])
-    if spots:
-        parent, key = rng.choice(spots)
-        parent[key] = rng.choice([None, 7, 2.5, "", "x", [], {}, True, {"zz": 1}, ["a"]])
-    return out
-
-
 def test_the_memo_gives_the_errors_of_a_full_check() -> None:
     """Random valid and broken web-scrape inputs, each checked with the memo after its
     valid parts were remembered: error for error what the full check says."""
@@ -61,10 +40,10 @@ def test_the_memo_gives_the_errors_of_a_full_check() -> None:
     }
     hits = 0
     for i in range(400):
-        value = base if i % 3 == 0 else _mutations(base, rng)
+        value = base if i % 3 == 0 else mutation(base, rng, reshape=False)
         before = len(memo._valid)
-        expected = _errors(list(full.iter_errors(value)))
-        assert _errors(memo.errors(value)) == expected, value
+        expected = error_tuples(list(full.iter_errors(value)))
+        assert error_tuples(memo.errors(value)) == expected, value
         hits += bool(before) and not expected
     assert hits > 50  # the shallow check ran, and agreed
 
@@ -119,6 +98,6 @@ def test_every_builtin_input_schema_agrees() -> None:
         contract, full = Contract(schema), cached_validator(schema)
         sample = {k: {} for k in heavy_properties(schema)}
         for _ in range(30):
-            value = _mutations(sample, rng)
-            expected = _errors(list(full.iter_errors(value)))
-            assert _errors(contract.errors(value)) == expected, (spec.worker_id, value)
+            value = mutation(sample, rng, reshape=False)
+            expected = error_tuples(list(full.iter_errors(value)))
+            assert error_tuples(contract.errors(value)) == expected, (spec.worker_id, value)
