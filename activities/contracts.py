@@ -287,7 +287,7 @@ def _format(check: tuple[Callable[[Any], Any], Any]) -> Callable[[str], bool]:
 
 
 def _refuse(uri: str) -> Any:
-    raise ValueError(f"{uri}: aiworker never fetches schemas")
+    raise ValueError(f"$ref {uri!r} {safe_schema.NOT_FETCHED}")
 
 
 @functools.lru_cache(maxsize=1)

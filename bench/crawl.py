@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import process_cpu_seconds, standalone
+from bench.common import embedded_server, process_cpu_seconds, standalone
 from bench.foreach import _PeakRss, _rss_mb
 
 QUICK_PAGES = 2_000
@@ -689,7 +689,6 @@ async def temporal_ceiling(n: int, concurrency: int = CONCURRENCY) -> dict[str, 
     from temporalio.worker import Worker
 
     from bench.bare_workflow import BareBenchWorkflow, noop
-    from bench.common import embedded_server
 
     per = max(1, n // concurrency)
     with embedded_server() as server:
