@@ -46,7 +46,10 @@ processes' ``write_bytes`` from ``/proc``), history bytes and events per page
 ``on`` only the shipped one (default ``on+tasks100,off+tasks100,on+tasks16,on``); a variant may add
 flags of ``aiworker dev`` after ``+`` (``off+fast-poll`` runs ``aiworker dev
 --fast-poll``), and ``+tasksN`` sets the step's ``items_per_task`` to N (key
-``aiworker_limiter_on+items_per_task_N``). The headline ``ratio`` is the first
+``aiworker_limiter_on+items_per_task_N``). ``BENCH_CRAWL_REPEATS`` runs the
+variants in turn that many times (default 3 for a quick crawl, 1 for 10,000
+pages), each aiworker run between two Scrapy runs: a variant's figures are
+those of its median run, ``ratio_runs`` every run's ratio. The headline ``ratio`` is the first
 limiter-on variant with ``items_per_task`` (the recommended crawl,
 docs/scrape-discovery.md), else the first variant.
 """
@@ -72,6 +75,11 @@ from bench.common import embedded_server, process_cpu_seconds, standalone
 from bench.foreach import _PeakRss, _rss_mb
 
 QUICK_PAGES = 2_000
+# A quick crawl of 2,000 pages lasts seconds, and one pair of it swings from 0.75 to
+# 1.11 of Scrapy between runs minutes apart on the 2-core bench machine (the CPU
+# per page of both crawlers moves as much): each variant runs three times, in
+# turn with the others, and is reported by its median run.
+QUICK_REPEATS = 3
 # The recommended items_per_task for a crawl (docs/scrape-discovery.md), the headline:
 # a whole chunk (the default chunk_size, 100) to one task, whose pages keep
 # max_parallel in flight as each ends. 16 (one task of 16 pages at a time, the
@@ -652,12 +660,13 @@ async def run(quick: bool = False) -> dict[str, Any]:
     unknown = [x for x in sites if x not in SITES]
     if unknown:
         raise SystemExit(f"BENCH_CRAWL_SITES: unknown {unknown}; known: {', '.join(SITES)}")
+    repeats = int(os.environ.get("BENCH_CRAWL_REPEATS") or (QUICK_REPEATS if quick else 1))
     out: dict[str, Any] = {}
     for i, shape in enumerate(sites):
         # the first site runs every variant; the others the headline and one item a task
         default = DEFAULT_VARIANTS if i == 0 else OTHER_SITE_VARIANTS
         variants = os.environ.get("BENCH_CRAWL_VARIANTS", default).split(",")
-        figures = await crawl_site(shape, n, variants)
+        figures = await crawl_site(shape, n, variants, repeats)
         if i == 0:
             out.update(figures)
         else:
@@ -727,8 +736,10 @@ async def temporal_ceiling(n: int, concurrency: int = CONCURRENCY) -> dict[str, 
     }
 
 
-async def crawl_site(shape: str, n: int, variants: list[str]) -> dict[str, Any]:
-    """Every variant's crawl of the ``shape`` site against Scrapy's beside it."""
+async def crawl_site(shape: str, n: int, variants: list[str], repeats: int = 1) -> dict[str, Any]:
+    """Every variant's crawl of the ``shape`` site against Scrapy's beside it,
+    the variants in turn ``repeats`` times, each variant reported by its median
+    run (:func:`median_run`)."""
     fields = SITES[shape].fields
     site = Site(n, shape)
     try:
@@ -736,7 +747,7 @@ async def crawl_site(shape: str, n: int, variants: list[str]) -> dict[str, Any]:
         # two Scrapy runs beside it (the machine's load drifts over minutes)
         scrapys = [run_scrapy(site.base, shape)]
         runs = []
-        for v in variants:
+        for v in variants * repeats:
             limiter, *parts = v.split("+")
             per_task = [int(f[len("tasks") :]) for f in parts if f.startswith("tasks")]
             flags = [f"--{f}" for f in parts if not f.startswith("tasks")]
@@ -775,6 +786,7 @@ async def crawl_site(shape: str, n: int, variants: list[str]) -> dict[str, Any]:
         }
         | {"runs": rows},
     }
+    paired: dict[str, list[dict[str, Any]]] = {}
     for i, r in enumerate(runs):
         items = r.pop("_items")
         beside = (rows[i]["pages_per_s"] + rows[i + 1]["pages_per_s"]) / 2
@@ -786,7 +798,11 @@ async def crawl_site(shape: str, n: int, variants: list[str]) -> dict[str, Any]:
         key = "+".join([r["limiter"], *r["dev_flags"].split()])
         if r["items_per_task"] > 1:
             key += f"+items_per_task_{r['items_per_task']}"
-        out["aiworker_limiter_" + key] = r
+        paired.setdefault("aiworker_limiter_" + key, []).append(r)
+    runs = []
+    for key, repeated in paired.items():
+        out[key] = median_run(repeated)
+        runs.append(out[key])
     # the shipped recommendation: items_per_task where a variant ran it, else limiter on
     batched = [r for r in runs if r["items_per_task"] > 1 and r["limiter"] == "on"]
     headline = batched[0] if batched else runs[0]
@@ -797,8 +813,22 @@ async def crawl_site(shape: str, n: int, variants: list[str]) -> dict[str, Any]:
     one = [r for r in runs if r["items_per_task"] == 1 and r["limiter"] == "on"]
     if one:
         out["ratio_one_item_per_task"] = one[0]["ratio_to_scrapy"]
-    out["field_agreement"] = min(r["fields"]["agreement"] for r in runs)
+    out["field_agreement"] = min(r["fields"]["agreement"] for rs in paired.values() for r in rs)
+    out["repeats"] = repeats
     return out
+
+
+def median_run(repeated: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of one variant whose ratio to the Scrapy runs beside it is the
+    median of its repeats (the lower of the middle two for an even count), with
+    every repeat's paired ratio in order (``ratio_runs``): one run's figures,
+    never a mix of several."""
+    ratios = [r["ratio_to_scrapy"] for r in repeated]
+    middle = statistics.median_low(ratios)
+    chosen = dict(repeated[ratios.index(middle)])
+    if len(repeated) > 1:
+        chosen["ratio_runs"] = ratios
+    return chosen
 
 
 if __name__ == "__main__":

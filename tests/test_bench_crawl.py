@@ -23,6 +23,7 @@ from bench.crawl import (
     _agreement,
     _pipeline,
     journal_html,
+    median_run,
     page_html,
     temporal_ceiling,
 )
@@ -100,6 +101,21 @@ def test_agreement_counts_a_page_only_when_all_three_fields_match() -> None:
     assert _agreement(rows, other) == {"pages_compared": 4, "pages_agreeing": 3, "agreement": 0.75}
     # a page one crawler never returned counts against agreement
     assert _agreement(rows, rows[:3])["agreement"] == 0.75
+
+
+def test_a_repeated_variant_is_reported_by_its_median_run_whole() -> None:
+    runs = [
+        {"ratio_to_scrapy": r, "pages_per_s": 100 * r, "wall_seconds": 10 / r}
+        for r in (1.11, 0.75, 0.96)
+    ]
+    chosen = median_run(runs)
+    # the figures of one run (the median's), never a mix of several
+    assert chosen == {**runs[2], "ratio_runs": [1.11, 0.75, 0.96]}
+    assert "ratio_runs" not in runs[2]
+    # an even count: the lower of the middle two
+    assert median_run(runs[:2])["ratio_to_scrapy"] == 0.75
+    # one run: as it was, with no list of one
+    assert median_run(runs[:1]) == runs[0]
 
 
 async def test_the_ceiling_runs_bare_temporal_activities_at_the_crawl_s_concurrency() -> None:
