@@ -26,16 +26,20 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from aiworker.schemas.base import Model
+from aiworker.schemas.limits import RunConfig
 from aiworker.schemas.pipeline import PipelineResult, StepResult
 from aiworker.schemas.protocol import WorkerRequest, WorkerResponse
 
 # The envelopes written compact: every reader decodes them with their model
-# (the SDK's result and argument types, PipelineClient, the worker runtime).
+# (the SDK's result and argument types, PipelineClient, the worker runtime). The
+# run config too: the marker every pipeline records at its start, read back by the
+# workflow (its result type) and PipelineClient.recorded_specs, both with the model.
 COMPACT_MODELS: tuple[type[Model], ...] = (
     WorkerRequest,
     WorkerResponse,
     StepResult,
     PipelineResult,
+    RunConfig,
 )
 
 # pydantic's exclude argument: field name -> True (leave out) or a nested exclude

@@ -12,6 +12,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from aiworker.schemas.causes import ErrorCause, PipelineError
+from aiworker.schemas.limits import RunConfig
 from aiworker.schemas.pipeline import PipelineResult, StepResult
 from aiworker.schemas.protocol import (
     ArtifactRef,
@@ -23,6 +24,7 @@ from aiworker.schemas.protocol import (
     WorkerRequest,
     WorkerResponse,
 )
+from aiworker.schemas.spec import WorkerSpec, recorded
 from aiworker.workers.client.temporal_client import data_converter
 
 JSON_DIR = Path(__file__).parents[2] / "schemas" / "json"
@@ -57,6 +59,14 @@ RESULT = PipelineResult(
     steps={"s0": STEP, "s1": FAILED},
     trace_id=TRACE,
     error=PipelineError(code="timeout", message="step s1: too slow", step="s1"),
+)
+WORKERS = Path(__file__).parents[2] / "schemas" / "workers"
+RUN_CONFIG = RunConfig(
+    specs={
+        w: recorded(WorkerSpec.from_file(WORKERS / f"{w}.json"))
+        for w in ("validator", "web-scrape")
+    },
+    problems=[],
 )
 SCHEMA_OF = {
     WorkerRequest: "worker-request",
@@ -109,7 +119,23 @@ def test_a_response_and_a_result_leave_out_empty_defaults() -> None:
     assert "usage" not in doc and "warnings" not in doc and "output" not in doc
 
 
-@pytest.mark.parametrize("value", [REQUEST, RESPONSE, STEP, FAILED, RESULT])
+def test_the_run_config_leaves_out_empty_defaults_and_keeps_what_a_run_decides_from() -> None:
+    doc = _wire(RUN_CONFIG)
+    # no tenant entry, no rate limits, no local workers, nothing unknown
+    assert {"tenant", "rate_limited", "local", "known"}.isdisjoint(doc)
+    # "checked, no problems" is not "not checked" (None, the default): it stays
+    assert doc["problems"] == []
+    # the caps and the for_each threshold are not empty: recorded in full
+    assert doc["caps"] == RUN_CONFIG.caps.model_dump(mode="json")
+    assert doc["inline_items"] == RUN_CONFIG.inline_items
+    spec = doc["specs"]["validator"]
+    assert {"examples", "heartbeat_seconds", "side_effects", "observability"}.isdisjoint(spec)
+    assert spec["input_schema"] == RUN_CONFIG.specs["validator"].input_schema
+    assert spec["retries"] == RUN_CONFIG.specs["validator"].retries.model_dump(mode="json")
+    assert spec["execution"] == "local"
+
+
+@pytest.mark.parametrize("value", [REQUEST, RESPONSE, STEP, FAILED, RESULT, RUN_CONFIG])
 def test_compact_payloads_decode_to_the_same_model(value: Any) -> None:
     converter = data_converter(None).payload_converter
     payload = converter.to_payloads([value])[0]
@@ -124,7 +150,7 @@ def test_compact_payloads_match_the_exported_schemas(value: Any) -> None:
     assert errors == []
 
 
-@pytest.mark.parametrize("value", [REQUEST, RESPONSE, RESULT])
+@pytest.mark.parametrize("value", [REQUEST, RESPONSE, RESULT, RUN_CONFIG])
 def test_payloads_with_every_field_still_decode(value: Any) -> None:
     # as older histories, external workers and other SDKs write them
     full = value.model_dump(mode="json")
