@@ -75,8 +75,8 @@ from bench.common import embedded_server, process_cpu_seconds, standalone
 from bench.foreach import _PeakRss, _rss_mb
 
 QUICK_PAGES = 2_000
-# A quick crawl of 2,000 pages lasts seconds, and one pair of it swings from 0.75 to
-# 1.11 of Scrapy between runs minutes apart on the 2-core bench machine (the CPU
+# A quick crawl of 2,000 pages lasts seconds, and one pair of it swings from 0.66 to
+# 1.17 of Scrapy between runs minutes apart on the 2-core bench machine (the CPU
 # per page of both crawlers moves as much): each variant runs three times, in
 # turn with the others, and is reported by its median run.
 QUICK_REPEATS = 3
@@ -799,18 +799,18 @@ async def crawl_site(shape: str, n: int, variants: list[str], repeats: int = 1) 
         if r["items_per_task"] > 1:
             key += f"+items_per_task_{r['items_per_task']}"
         paired.setdefault("aiworker_limiter_" + key, []).append(r)
-    runs = []
+    reported = []  # each variant's median run, in the variants' order
     for key, repeated in paired.items():
         out[key] = median_run(repeated)
-        runs.append(out[key])
+        reported.append(out[key])
     # the shipped recommendation: items_per_task where a variant ran it, else limiter on
-    batched = [r for r in runs if r["items_per_task"] > 1 and r["limiter"] == "on"]
-    headline = batched[0] if batched else runs[0]
+    batched = [r for r in reported if r["items_per_task"] > 1 and r["limiter"] == "on"]
+    headline = batched[0] if batched else reported[0]
     out["ratio"] = headline["ratio_to_scrapy"]
     out["ratio_is"] = f"aiworker (limiter {headline['limiter']}) pages/s / Scrapy pages/s" + (
         f", items_per_task {headline['items_per_task']}" if headline["items_per_task"] > 1 else ""
     )
-    one = [r for r in runs if r["items_per_task"] == 1 and r["limiter"] == "on"]
+    one = [r for r in reported if r["items_per_task"] == 1 and r["limiter"] == "on"]
     if one:
         out["ratio_one_item_per_task"] = one[0]["ratio_to_scrapy"]
     out["field_agreement"] = min(r["fields"]["agreement"] for rs in paired.values() for r in rs)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from aiworker.config.catalog import builtin_spec
 from aiworker.schemas.causes import ErrorCause, PipelineError
 from aiworker.schemas.limits import RunConfig
 from aiworker.schemas.pipeline import PipelineResult, StepResult
@@ -24,7 +25,7 @@ from aiworker.schemas.protocol import (
     WorkerRequest,
     WorkerResponse,
 )
-from aiworker.schemas.spec import WorkerSpec, recorded
+from aiworker.schemas.spec import recorded
 from aiworker.workers.client.temporal_client import data_converter
 
 JSON_DIR = Path(__file__).parents[2] / "schemas" / "json"
@@ -60,12 +61,8 @@ RESULT = PipelineResult(
     trace_id=TRACE,
     error=PipelineError(code="timeout", message="step s1: too slow", step="s1"),
 )
-WORKERS = Path(__file__).parents[2] / "schemas" / "workers"
 RUN_CONFIG = RunConfig(
-    specs={
-        w: recorded(WorkerSpec.from_file(WORKERS / f"{w}.json"))
-        for w in ("validator", "web-scrape")
-    },
+    specs={w: recorded(builtin_spec(w)) for w in ("validator", "web-scrape")},
     problems=[],
 )
 SCHEMA_OF = {
